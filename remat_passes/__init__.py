@@ -1,0 +1,18 @@
+"""remat_passes: gradient checkpointing (rematerialization) as MLIR passes over StableHLO."""
+from remat_passes import policies
+from remat_passes.jax_bridge import (checkpoint, checkpoint_name, compile, export_vjp,
+                                     from_exported, to_exported)
+from remat_passes.mlir import RematError
+from remat_passes.module import Module, load
+from remat_passes.passes.remat_partial_eval import Residual
+from remat_passes.pipeline import remat, run_pipeline, parse_pipeline
+from remat_passes.report import print_fwd_bwd, print_saved_residuals, saved_residuals
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Module", "load", "from_exported", "to_exported", "compile", "export_vjp",
+    "checkpoint", "checkpoint_name", "policies", "remat", "run_pipeline", "parse_pipeline",
+    "saved_residuals", "print_saved_residuals", "print_fwd_bwd", "Residual", "RematError",
+    "__version__",
+]

@@ -1,0 +1,330 @@
+"""Dataflow view of one function body, shared by every pass.
+
+It answers the questions the passes ask about a `func.func` whose body is one
+block of StableHLO: which ops are backward (depend on a cotangent), which
+region chain (`remat[N]` frames) an op sits in, where in the source it came
+from, what JAX calls it, which values an op reads (operands and values its
+nested regions capture), how many bytes a value has, and whether an op may be
+duplicated.
+"""
+from __future__ import annotations
+
+import re
+
+from remat_passes.mlir import RematError, ir, op_id, value_id
+
+COTANGENT_ATTR = "remat.cotangent"
+GRADIENT_RESULT_ATTR = "remat.gradient"
+RECOMPUTE_ATTR = "remat.recompute"
+REGION_FRAME_RE = re.compile(r"remat\[\d+\]")
+
+# Ops that must never be duplicated, whatever the policy says.
+SIDE_EFFECT_OPS = {
+    "stablehlo.infeed", "stablehlo.outfeed", "stablehlo.send", "stablehlo.recv",
+    "stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.all_to_all",
+    "stablehlo.reduce_scatter", "stablehlo.collective_permute",
+    "stablehlo.collective_broadcast", "stablehlo.cross-replica-sum",
+    "stablehlo.after_all", "stablehlo.create_token",
+    "stablehlo.rng",  # random: a recomputation would draw different numbers
+    "stablehlo.replica_id", "stablehlo.partition_id",
+}
+
+
+# ------------------------------------------------------------- op questions --
+def op_name(op) -> str:
+    return op.operation.name
+
+
+def is_side_effecting(op) -> bool:
+    op = op.operation
+    if op.name in SIDE_EFFECT_OPS:
+        return True
+    if op.name == "stablehlo.custom_call":
+        attr = op.attributes["has_side_effect"] if "has_side_effect" in op.attributes else None
+        if attr is not None and str(attr) == "true":
+            return True
+    if op.name.startswith("func.") or op.name.startswith("sdy."):
+        return op.name != "func.return"
+    # Nested side effects (e.g. an outfeed inside a while body) make the op effectful.
+    found = []
+
+    def visit(inner):
+        if inner is not op and inner.name in SIDE_EFFECT_OPS:
+            found.append(inner)
+        return ir.WalkResult.ADVANCE
+    if len(op.regions):
+        op.walk(visit)
+    return bool(found)
+
+
+def is_free(op) -> bool:
+    """Constants, iota and other pure ops with no operands: always recomputed."""
+    op = op.operation
+    return len(op.operands) == 0 and len(op.regions) == 0 and not is_side_effecting(op)
+
+
+def marker_name(op) -> str | None:
+    """The checkpoint name if `op` is the `@remat.name` marker."""
+    op = op.operation
+    if op.name != "stablehlo.custom_call":
+        return None
+    if str(op.attributes["call_target_name"]) != '"remat.name"':
+        return None
+    if "backend_config" not in op.attributes:
+        return ""
+    try:
+        return ir.StringAttr(op.attributes["backend_config"]).value
+    except ValueError:
+        return str(op.attributes["backend_config"])
+
+
+# ----------------------------------------------------------- location facts --
+_NAME_LOC_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"\(')
+_CALLEE_RE = re.compile(r'"((?:[^"\\]|\\.)*)"\("((?:[^"\\]|\\.)*)":(\d+):(\d+)')
+_FILE_RE = re.compile(r'"((?:[^"\\]|\\.)*)":(\d+):(\d+)')
+
+
+def name_stack(op) -> str:
+    """JAX's name stack from the op's NameLoc, e.g. 'jit(f)/jvp(remat[1])/sin'."""
+    m = _NAME_LOC_RE.match(str(op.operation.location))
+    return m.group(1) if m else ""
+
+
+def jax_primitive(op) -> str:
+    """JAX's word for the op ('sin'); the StableHLO op name ('sine') when unknown."""
+    stack = name_stack(op)
+    if stack:
+        return stack.rsplit("/", 1)[-1]
+    return op_name(op).split(".", 1)[-1]
+
+
+def source_position(op) -> tuple[str, str]:
+    """('FILE:LINE:COL', 'function') of the innermost user frame; '' when unknown."""
+    text = str(op.operation.location)
+    m = _CALLEE_RE.search(text)
+    if m:
+        return f"{m.group(2)}:{m.group(3)}:{m.group(4)}", m.group(1)
+    m = _FILE_RE.search(text)
+    if m and m.group(1) != "-":
+        return f"{m.group(1)}:{m.group(2)}:{m.group(3)}", ""
+    if m:
+        return f"line {m.group(2)}", ""
+    return "", ""
+
+
+def _frames(stack: str) -> list[str]:
+    """Name-stack frames with transform wrappers removed.
+
+    'jit(f)/transpose(jvp(remat[1]))/remat[2]/mul' -> ['f', 'remat[1]', 'remat[2]']
+    (the last component, the primitive, is dropped).
+    """
+    parts = stack.split("/")[:-1]
+    frames = []
+    for part in parts:
+        inner = part
+        while True:
+            m = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\((.*)\)", inner)
+            if not m:
+                break
+            inner = m.group(1)
+        frames.extend(f for f in inner.split("/") if f)
+    return frames
+
+
+def region_chain(op, scope_re: re.Pattern | None = None) -> tuple[str, ...]:
+    """The checkpoint regions the op sits in, outermost first.
+
+    A region is a `remat[N]` frame (made by `remat_passes.checkpoint`) or a
+    frame matching `scope_re` (a user option that turns name scopes, e.g.
+    Flax module paths, into regions). Regions are identified by their path.
+    """
+    chain = []
+    path = []
+    for frame in _frames(name_stack(op)):
+        path.append(frame)
+        if REGION_FRAME_RE.fullmatch(frame) or (scope_re is not None and scope_re.search(frame)):
+            chain.append("/".join(path))
+    return tuple(chain)
+
+
+def region_key(region_path: str) -> str:
+    """The last frame of a region path: how its policy is recorded."""
+    return region_path.rsplit("/", 1)[-1]
+
+
+# ------------------------------------------------------------------ values --
+def read_values(op) -> list:
+    """Operands of `op` plus the outer values its nested regions capture."""
+    op = op.operation
+    values = list(op.operands)
+    if len(op.regions) == 0:
+        return values
+    inner_defs = set()
+    captured = []
+
+    def visit(inner):
+        if inner is not op:
+            for r in inner.results:
+                inner_defs.add(value_id(r))
+        for region in inner.regions:
+            for block in region.blocks:
+                for a in block.arguments:
+                    inner_defs.add(value_id(a))
+        return ir.WalkResult.ADVANCE
+    op.walk(visit, ir.WalkOrder.PRE_ORDER)
+
+    def collect(inner):
+        if inner is not op:
+            for v in inner.operands:
+                if value_id(v) not in inner_defs:
+                    captured.append(v)
+        return ir.WalkResult.ADVANCE
+    op.walk(collect)
+    return values + captured
+
+
+def replace_reads(op, old, new) -> None:
+    """Replace every read of `old` by `op` (operands and nested captures)."""
+    op = op.operation
+
+    def visit(inner):
+        inner.replace_uses_of_with(old, new)
+        return ir.WalkResult.ADVANCE
+    op.walk(visit)
+
+
+_ELEM_BITS = {"i1": 8, "pred": 8}
+
+
+def element_bits(elem: str) -> int:
+    if elem in _ELEM_BITS:
+        return _ELEM_BITS[elem]
+    m = re.fullmatch(r"complex<(.*)>", elem)
+    if m:
+        return 2 * element_bits(m.group(1))
+    m = re.search(r"(\d+)", elem)
+    if m:
+        bits = int(m.group(1))
+        return max(bits, 8) if elem.startswith(("f", "bf", "i", "ui", "si")) else bits
+    return 32
+
+
+def type_bytes(t) -> int:
+    """Bytes of a ranked tensor type; 0 for tokens and other non-tensors."""
+    try:
+        rt = ir.RankedTensorType(t)
+    except (ValueError, TypeError):
+        return 0
+    n = 1
+    for d in rt.shape:
+        n *= max(d, 0)
+    return n * element_bits(str(rt.element_type)) // 8
+
+
+_JAX_DTYPE = {"i1": "bool", "complex<f32>": "c64", "complex<f64>": "c128"}
+
+
+def jax_type_str(t) -> str:
+    """JAX's short form of a tensor type: tensor<5x4xf32> -> f32[5,4]."""
+    try:
+        rt = ir.RankedTensorType(t)
+    except (ValueError, TypeError):
+        return str(t)
+    elem = str(rt.element_type)
+    elem = _JAX_DTYPE.get(elem, elem)
+    if elem.startswith("ui"):
+        elem = "u" + elem[2:]
+    return f"{elem}[{','.join(str(d) for d in rt.shape)}]"
+
+
+# -------------------------------------------------------------- functions --
+def find_func(module: ir.Module, name: str):
+    funcs = {}
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            funcs[ir.StringAttr(op.operation.attributes["sym_name"]).value] = op
+    if name not in funcs:
+        listing = ", ".join(f"@{n}" for n in funcs) or "none"
+        raise RematError(f"error: no function @{name} in the module (functions: {listing})")
+    return funcs[name]
+
+
+def func_name(func_op) -> str:
+    return ir.StringAttr(func_op.operation.attributes["sym_name"]).value
+
+
+def body_block(func_op):
+    return func_op.regions[0].blocks[0]
+
+
+def arg_attr_names(func_op, index: int) -> set[str]:
+    attrs = func_op.operation.attributes
+    if "arg_attrs" not in attrs:
+        return set()
+    arr = ir.ArrayAttr(attrs["arg_attrs"])
+    if index >= len(arr):
+        return set()
+    d = ir.DictAttr(arr[index])
+    return {d[i].name for i in range(len(d))}
+
+
+def result_attr_names(func_op, index: int) -> set[str]:
+    attrs = func_op.operation.attributes
+    if "res_attrs" not in attrs:
+        return set()
+    arr = ir.ArrayAttr(attrs["res_attrs"])
+    if index >= len(arr):
+        return set()
+    d = ir.DictAttr(arr[index])
+    return {d[i].name for i in range(len(d))}
+
+
+def arg_name(func_op, index: int) -> str:
+    """The argument's name from its location (JAX writes loc("W1")), else argN."""
+    arg = body_block(func_op).arguments[index]
+    m = re.match(r'^loc\("((?:[^"\\]|\\.)*)"\)$', str(arg.location))
+    return m.group(1) if m else f"arg{index}"
+
+
+def backward_ops(func_op, cotangent_indices=None) -> tuple[set, str]:
+    """The ids (`op_id`) of the backward (cotangent-dependent) top-level ops, and how
+    they were found.
+
+    In order: arguments with `remat.cotangent` (or `cotangent_indices`), then
+    JAX name stacks (`transpose(` frames), else an error saying how to mark them.
+    """
+    block = body_block(func_op)
+    nargs = len(block.arguments)
+    if cotangent_indices is None:
+        cotangent_indices = [i for i in range(nargs) if COTANGENT_ATTR in arg_attr_names(func_op, i)]
+        how = "remat.cotangent arguments"
+    else:
+        how = "cotangent indices option"
+    for i in cotangent_indices:
+        if not 0 <= i < nargs:
+            raise RematError(f"error: cotangent argument index {i} is out of range "
+                             f"(@{func_name(func_op)} has {nargs} arguments)")
+    ops = [op for op in block.operations]
+    seeds_values = {value_id(block.arguments[i]) for i in cotangent_indices}
+    by_name = not seeds_values
+    if by_name:
+        how = "JAX name stacks (transpose frames)"
+        if not any("transpose(" in name_stack(op) for op in ops):
+            raise RematError(
+                f"error: cannot tell forward from backward in @{func_name(func_op)}: no argument "
+                f"carries the '{COTANGENT_ATTR}' attribute and no op location has a JAX "
+                "'transpose(' name-stack frame. Mark the cotangent arguments with "
+                f"{{{COTANGENT_ATTR}}} (remat_passes.export_vjp does this), or pass "
+                "cotangent-args=<i,j,...> to remat-partial-eval.")
+    backward = set()
+    bvalues = set(seeds_values)
+    for op in ops:
+        if op.operation.name == "func.return":
+            continue
+        is_bwd = (by_name and "transpose(" in name_stack(op)) or \
+            RECOMPUTE_ATTR in op.operation.attributes or \
+            any(value_id(v) in bvalues for v in read_values(op))
+        if is_bwd:
+            backward.add(op_id(op))
+            bvalues.update(value_id(r) for r in op.operation.results)
+    return backward, how

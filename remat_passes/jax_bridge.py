@@ -1,0 +1,280 @@
+"""The JAX side: export a joint VJP module, names and regions, compile and call.
+
+* `export_vjp(fun, *primals)` exports `@main(primals..., cotangents...) ->
+  (outputs..., primal cotangents...)` with `remat.cotangent` on the cotangent
+  arguments, while `checkpoint_name` (ours and JAX's) lowers to the
+  `@remat.name` marker instead of vanishing.
+* `checkpoint(fun, policy=...)` marks each call as a `remat[N]` name-stack
+  region (it survives jvp/transpose) and remembers its policy; `export_vjp`
+  records the policies of the regions in the module (`remat.regions`).
+* `to_exported` / `compile` turn any function of a Module back into a
+  `jax.export.Exported` and a jitted callable, on the default backend.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import export as jax_export
+from jax._src import ad_checkpoint as _ad_checkpoint
+from jax._src.interpreters import mlir as _jax_lowering
+
+from remat_passes import graph
+from remat_passes.mlir import RematError, ir, stablehlo
+from remat_passes.module import Module
+from remat_passes.policies import Policy, as_policy, nothing_saveable
+from remat_passes.passes.remat_partial_eval import REGIONS_ATTR
+
+MARKER_TARGET = "remat.name"
+_MARKER_CHECK = jax_export.DisabledSafetyCheck.custom_call(MARKER_TARGET)
+
+# --------------------------------------------------------------- names --
+
+
+def checkpoint_name(x, name: str):
+    """Name a value for name-based policies; the same primitive as JAX's own.
+
+    Under `export_vjp` it becomes `stablehlo.custom_call @remat.name`; under
+    plain `jax.jit` it lowers to nothing, exactly like
+    `jax.ad_checkpoint.checkpoint_name`.
+    """
+    return _ad_checkpoint.checkpoint_name(x, name)
+
+
+def _marker_lowering(ctx, x, *, name):
+    op = stablehlo.CustomCallOp(
+        [x.type], [x],
+        call_target_name=ir.StringAttr.get(MARKER_TARGET),
+        backend_config=ir.StringAttr.get(name))
+    return op.results
+
+
+@contextlib.contextmanager
+def names_as_markers():
+    """Lower `name_p` to the marker for the duration; restore JAX's rule after."""
+    prim = _ad_checkpoint.name_p
+    saved = _jax_lowering._lowerings.get(prim)
+    _jax_lowering.register_lowering(prim, _marker_lowering)
+    try:
+        yield
+    finally:
+        if saved is None:
+            _jax_lowering._lowerings.pop(prim, None)
+        else:
+            _jax_lowering._lowerings[prim] = saved
+
+
+# ------------------------------------------------------------- regions --
+_region_ids = itertools.count(1)
+_REGION_POLICIES: dict[str, Policy] = {}
+
+
+def checkpoint(fun, *, policy=None, prevent_cse: bool = True, static_argnums=()):
+    """Mark each call of `fun` as a checkpoint region (the StableHLO-level jax.checkpoint).
+
+    Nothing is rematerialized at trace time: the call is traced inside a
+    unique `remat[N]` name scope, which JAX keeps through jvp and transpose,
+    and `policy` (default `nothing_saveable`, as for jax.checkpoint) is
+    recorded for it. `remat-partial-eval` then applies it. `static_argnums` is
+    accepted for jax.checkpoint compatibility: arguments stay Python values
+    here anyway, since no separate trace is made.
+    """
+    pol = nothing_saveable if policy is None else as_policy(policy)
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    if not (isinstance(static_argnums, tuple) and all(isinstance(d, int) for d in static_argnums)):
+        raise TypeError("the `static_argnums` argument to `remat_passes.checkpoint` must be an "
+                        f"int or a tuple of ints, got {static_argnums!r}")
+
+    @functools.wraps(fun)
+    def region(*args, **kwargs):
+        key = f"remat[{next(_region_ids)}]"
+        _REGION_POLICIES[key] = pol
+        with jax.named_scope(key):
+            return fun(*args, **kwargs)
+    region.prevent_cse = prevent_cse
+    return region
+
+
+# ---------------------------------------------------------- export_vjp --
+def _param_names(fun, n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:n]
+    if len(names) < n or any(p.kind == p.VAR_POSITIONAL for p in params[:len(names)]):
+        names = names + [f"arg{i}" for i in range(len(names), n)]
+    return names
+
+
+def export_vjp(fun, *primals, platforms=None) -> Module:
+    """Export the joint VJP of `fun` at `primals` as a Module.
+
+    `@main(primals..., cotangents...) -> (outputs..., primal cotangents...)`,
+    pytrees flattened as `jax.vjp` does; calling it equals `jax.vjp(fun,
+    *primals)` followed by the VJP function on the same cotangents.
+    """
+    out_shape = jax.eval_shape(fun, *primals)
+    for leaf in jax.tree_util.tree_leaves(out_shape):
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+            raise RematError(f"error: export_vjp needs floating-point outputs, got {leaf.dtype}")
+    cotangent = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), out_shape)
+    n = len(primals)
+
+    def joint(*args):
+        out, vjp_fn = jax.vjp(fun, *args[:n])
+        return out, vjp_fn(args[n])
+    names = _param_names(fun, n) + ["cotangent"]
+    joint.__signature__ = inspect.Signature(
+        [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
+    joint.__name__ = getattr(fun, "__name__", "fun")
+
+    first_region = next(_region_ids)
+    with names_as_markers():
+        exported = jax_export.export(jax.jit(joint), platforms=platforms,
+                                     disabled_checks=[_MARKER_CHECK])(*primals, cotangent)
+    module = Module.parse(exported.mlir_module())
+    n_primal_leaves = len(jax.tree_util.tree_leaves(primals))
+    n_out_leaves = len(jax.tree_util.tree_leaves(out_shape))
+    main = graph.find_func(module.op, "main")
+    nargs = len(graph.body_block(main).arguments)
+    nres = len(main.type.results)
+    with module.op.context:
+        _add_unit_attr(main, "arg_attrs", range(n_primal_leaves, nargs), graph.COTANGENT_ATTR, nargs)
+        _add_unit_attr(main, "res_attrs", range(n_out_leaves, nres), graph.GRADIENT_RESULT_ATTR, nres)
+        regions = _regions_in(module.op, first_region)
+        if regions:
+            specs = {}
+            for key in regions:
+                pol = _REGION_POLICIES[key]
+                specs[key] = ir.StringAttr.get(pol.spec)
+                if pol.spec.startswith("<callable"):
+                    module.region_policies[key] = pol
+            module.op.operation.attributes[REGIONS_ATTR] = ir.DictAttr.get(specs)
+    module.exported = exported
+    return module
+
+
+def _add_unit_attr(func_op, which: str, indices, attr: str, count: int):
+    attrs = func_op.operation.attributes
+    old = list(ir.ArrayAttr(attrs[which])) if which in attrs else []
+    old += [ir.DictAttr.get({})] * (count - len(old))
+    new = []
+    for i, d in enumerate(old):
+        d = ir.DictAttr(d)
+        entries = {d[j].name: d[j].attr for j in range(len(d))}
+        if i in indices:
+            entries[attr] = ir.UnitAttr.get()
+        new.append(ir.DictAttr.get(entries))
+    attrs[which] = ir.ArrayAttr.get(new)
+
+
+def _regions_in(module_op, first_id: int) -> list[str]:
+    found = {}
+
+    def visit(op):
+        for frame in graph.REGION_FRAME_RE.findall(graph.name_stack(op)):
+            if int(frame[6:-1]) >= first_id:
+                found[frame] = None
+        return ir.WalkResult.ADVANCE
+    module_op.operation.walk(visit)
+    return sorted(found, key=lambda k: int(k[6:-1]))
+
+
+# ------------------------------------------------------ compile & call --
+_DTYPES = {
+    "f16": jnp.float16, "bf16": jnp.bfloat16, "f32": jnp.float32, "f64": jnp.float64,
+    "i1": jnp.bool_, "i8": jnp.int8, "i16": jnp.int16, "i32": jnp.int32, "i64": jnp.int64,
+    "ui8": jnp.uint8, "ui16": jnp.uint16, "ui32": jnp.uint32, "ui64": jnp.uint64,
+    "complex<f32>": jnp.complex64, "complex<f64>": jnp.complex128,
+    "f8E4M3FN": jnp.float8_e4m3fn, "f8E5M2": jnp.float8_e5m2,
+}
+
+
+def _aval(t):
+    rt = ir.RankedTensorType(t)
+    elem = str(rt.element_type)
+    if elem not in _DTYPES:
+        raise RematError(f"error: cannot call a function with element type {elem}")
+    return jax.core.ShapedArray(tuple(rt.shape), np.dtype(_DTYPES[elem]))
+
+
+def _single_function_module(module: Module, function: str):
+    """A copy holding `function` as public @main (plus private callees), markers stripped."""
+    from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
+    copy = module.clone()
+    graph.find_func(copy.op, function)  # raises a clear error if absent
+    with copy.op.context:
+        StripCheckpointNames().run(copy.op, {}, None)
+        for op in list(copy.op.body.operations):
+            if op.operation.name != "func.func":
+                continue
+            name = graph.func_name(op)
+            attrs = op.operation.attributes
+            private = "sym_visibility" in attrs and str(attrs["sym_visibility"]) == '"private"'
+            if name == function:
+                attrs["sym_name"] = ir.StringAttr.get("main")
+                if "sym_visibility" in attrs:
+                    del attrs["sym_visibility"]
+            elif not private or name == "main":
+                op.operation.erase()
+    return copy
+
+
+def to_exported(module: Module, function: str = "main"):
+    """A jax.export.Exported that runs `function` of `module`."""
+    copy = _single_function_module(module, function)
+    main = graph.find_func(copy.op, "main")
+    in_avals = tuple(_aval(t) for t in main.type.inputs)
+    out_avals = tuple(_aval(t) for t in main.type.results)
+    serialized = copy.bytecode()
+    exp = module.exported
+    if exp is not None and function == "main" and tuple(exp.in_avals) == in_avals \
+            and tuple(exp.out_avals) == out_avals:
+        return dataclasses.replace(exp, mlir_module_serialized=serialized)
+    n_in, n_out = len(in_avals), len(out_avals)
+    platforms = exp.platforms if exp is not None else (jax.default_backend(),)
+    out_tree = jax.tree_util.tree_structure(0 if n_out == 1 else (0,) * n_out)
+    return jax_export.Exported(
+        fun_name=function,
+        in_tree=jax.tree_util.tree_structure(((0,) * n_in, {})),
+        in_avals=in_avals,
+        out_tree=out_tree,
+        out_avals=out_avals,
+        _has_named_shardings=False,
+        _in_named_shardings=(None,) * n_in,
+        _out_named_shardings=(None,) * n_out,
+        in_shardings_hlo=(None,) * n_in,
+        out_shardings_hlo=(None,) * n_out,
+        nr_devices=1,
+        platforms=tuple(platforms),
+        ordered_effects=(),
+        unordered_effects=(),
+        disabled_safety_checks=(_MARKER_CHECK,),
+        mlir_module_serialized=serialized,
+        calling_convention_version=exp.calling_convention_version if exp is not None else 10,
+        module_kept_var_idx=tuple(range(n_in)),
+        uses_global_constants=False,
+        _get_vjp=None,
+    )
+
+
+def compile(module: Module, function: str = "main"):
+    """Compile `function` of `module` with XLA (default backend); returns a callable."""
+    return jax.jit(to_exported(module, function).call)
+
+
+def from_exported(exported) -> Module:
+    """A Module from a jax.export.Exported, keeping its calling convention."""
+    module = Module.parse(exported.mlir_module())
+    module.exported = exported
+    return module
+

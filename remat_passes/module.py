@@ -1,0 +1,94 @@
+"""`remat_passes.Module`: one MLIR module, its origin, and ways in and out.
+
+A Module wraps an `ir.Module` and remembers the `jax.export.Exported` it came
+from (so it can be called with the original pytree calling convention) and
+the Python policies of checkpoint regions made with callables.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from remat_passes import mlir
+from remat_passes.mlir import RematError
+
+
+class Module:
+    def __init__(self, op, exported=None, region_policies=None, filename=None):
+        self.op = op                      # the ir.Module
+        self.exported = exported          # jax.export.Exported or None
+        self.region_policies = dict(region_policies or {})
+        self.filename = filename
+
+    # ---------------------------------------------------------------- in --
+    @classmethod
+    def parse(cls, data: str | bytes, filename: str | None = None) -> "Module":
+        """MLIR text or bytecode, a StableHLO portable artifact, or a serialized Exported."""
+        op, exported = mlir.parse(data, filename)
+        return cls(op, exported=exported, filename=filename)
+
+    def clone(self) -> "Module":
+        with mlir.context():
+            op = mlir.ir.Module.parse(mlir.to_bytecode(self.op))
+        return Module(op, self.exported, self.region_policies, self.filename)
+
+    # --------------------------------------------------------------- out --
+    def __str__(self) -> str:
+        return mlir.to_text(self.op)
+
+    def text(self, debug_info: bool = False) -> str:
+        return mlir.to_text(self.op, debug_info=debug_info)
+
+    def bytecode(self) -> bytes:
+        return mlir.to_bytecode(self.op)
+
+    def save(self, path: str, bytecode: bool = False, debug_info: bool = True) -> None:
+        """Write text (with locations, so reports keep source positions) or bytecode.
+
+        The file is written next to `path` and renamed into place, so a failure
+        never leaves a half-written file.
+        """
+        data = self.bytecode() if bytecode else self.text(debug_info=debug_info).encode()
+        write_atomically(path, data)
+
+    def functions(self) -> list[str]:
+        from remat_passes import graph
+        return [graph.func_name(op) for op in self.op.body.operations
+                if op.operation.name == "func.func"]
+
+    def verify(self) -> None:
+        mlir.verify(self.op.operation, self.filename)
+
+    # ----------------------------------------------------------- compile --
+    def to_exported(self, function: str = "main"):
+        from remat_passes import jax_bridge
+        return jax_bridge.to_exported(self, function)
+
+    def call(self, *args, function: str = "main"):
+        from remat_passes import jax_bridge
+        return jax_bridge.compile(self, function)(*args)
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".remat-", dir=directory)
+    except OSError as e:
+        raise RematError(f"error: cannot write '{path}': {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        os.unlink(tmp)
+        raise RematError(f"error: cannot write '{path}': {e.strerror}") from None
+
+
+def load(path: str) -> Module:
+    """Read a module from a file in any supported format."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise RematError(f"error: cannot read '{path}': {e.strerror}") from None
+    return Module.parse(data, filename=path)

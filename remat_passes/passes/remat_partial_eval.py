@@ -1,0 +1,424 @@
+"""remat-partial-eval: decide which forward values are saved and recompute the rest.
+
+The StableHLO analog of JAX's `partial_eval_jaxpr_custom` + `remat_partial_eval`
+(`jax/_src/ad_checkpoint.py`). Input: one joint forward+backward function.
+Backward ops are those that depend on a cotangent (see `graph.backward_ops`);
+everything else is forward. A forward value read by a backward op is a
+residual candidate:
+
+* function arguments, side-effecting ops and values whose producer the policy
+  in force calls Saveable/Offloadable are saved (kept alive into the backward);
+* Recompute values are cloned into the backward, recursively from saved values,
+  *just in time*: right before the first backward op that needs them;
+* constants, iota and other zero-operand pure ops are always cloned (free).
+
+Regions (`remat[N]` name-stack frames made by `remat_passes.checkpoint`, or
+scopes matched by `region-regex`) nest like `jax.checkpoint` calls. The policy
+in force for an op is that of its outermost region (the module-level policy
+outside regions); values flowing into a region are saved. When a region is
+recomputed inside the backward, an inner region's policy decides which of its
+values that recomputation keeps for the whole outer region and which are
+recomputed again just before the inner region's own backward ops. This is
+implemented by `_Rewriter.get(value, ctx)`, where `ctx` is the chain of regions
+whose backward is being served.
+
+`mode=split` then cuts the rewritten function in two:
+`<f>_fwd(primals) -> (outputs..., residuals...)` and
+`<f>_bwd(residuals..., cotangents...) -> (gradients...)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+
+from remat_passes import graph
+from remat_passes.mlir import RematError, func, ir, op_id, passmanager, value_id
+from remat_passes.passes import ModulePass, Option, PassState, parse_int_list
+from remat_passes.policies import (Offloadable, OpInfo, Recompute, Saveable, as_policy,
+                                   everything_saveable, nothing_saveable, parse_policy)
+
+REGIONS_ATTR = "remat.regions"      # module attribute: {"remat[3]" = "<policy spec>"}
+RESIDUAL_ATTR = "remat.residual"    # result attribute of <f>_fwd: the residual's description
+OFFLOAD_ATTR = "remat.offload"      # op attribute: "src:dst" for offloaded residuals
+
+
+@dataclasses.dataclass
+class Residual:
+    """One saved residual, described the way JAX's saved_residuals does."""
+    type: str            # 'f32[5,4]'
+    description: str     # 'from the argument W1' / 'output of sin from f.py:3:4 (g)'
+    bytes: int
+    offload: Offloadable | None = None
+
+    def __str__(self):
+        return f"{self.type} {self.description}"
+
+
+def _parse_mode(text):
+    if text not in ("joint", "split"):
+        raise ValueError(f"expected joint or split, got '{text}'")
+    return text
+
+
+def _parse_regex(text):
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise ValueError(f"invalid regex '{text}': {e}") from None
+
+
+class RematPartialEval(ModulePass):
+    name = "remat-partial-eval"
+    summary = ("Save or recompute forward values of a joint VJP function per a checkpoint "
+               "policy; recomputation placed just in time")
+    options = (
+        Option("policy", parse_policy, None,
+               "policy outside checkpoint regions, e.g. dots_saveable or "
+               "save_only_these_names(a,b) (default: save everything, like JAX without "
+               "jax.checkpoint)"),
+        Option("mode", _parse_mode, "joint",
+               "joint: one function; split: <f>_fwd and <f>_bwd with explicit residuals"),
+        Option("cotangent-args", parse_int_list, None,
+               "indices of the cotangent arguments (default: arguments marked "
+               "remat.cotangent, else JAX transpose name stacks)"),
+        Option("func", str, "main", "the joint function to rewrite"),
+        Option("region-regex", _parse_regex, None,
+               "turn name-stack scopes matching this regex into checkpoint regions"),
+        Option("region-policy", parse_policy, nothing_saveable,
+               "policy of the regions made by region-regex"),
+    )
+
+    def run(self, module, options, state: PassState):
+        rw = _Rewriter(module, options, state)
+        state.residuals[options["func"]] = rw.run()
+
+
+def _common_prefix(a: tuple, b: tuple) -> tuple:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def op_info(op) -> OpInfo:
+    op = op.operation
+    attrs = {name: str(op.attributes[name]) for name in op.attributes}
+    lhs_b = rhs_b = ()
+    if op.name == "stablehlo.dot_general" and "dot_dimension_numbers" in op.attributes:
+        text = str(op.attributes["dot_dimension_numbers"])
+        m = re.search(r"lhs_batching_dimensions = \[([^\]]*)\]", text)
+        lhs_b = tuple(int(x) for x in m.group(1).split(",")) if m else ()
+        m = re.search(r"rhs_batching_dimensions = \[([^\]]*)\]", text)
+        rhs_b = tuple(int(x) for x in m.group(1).split(",")) if m else ()
+    return OpInfo(name=op.name,
+                  operand_types=[str(v.type) for v in op.operands],
+                  result_types=[str(r.type) for r in op.results],
+                  attributes=attrs,
+                  checkpoint_name=graph.marker_name(op),
+                  lhs_batching_dims=lhs_b, rhs_batching_dims=rhs_b)
+
+
+def describe_value(value, func_op) -> str:
+    """JAX's words for where a residual comes from."""
+    if isinstance(value, ir.BlockArgument):
+        return f"from the argument {graph.arg_name(func_op, value.arg_number)}"
+    op = value.owner
+    pos, fn = graph.source_position(op)
+    where = f" from {pos}" if pos else ""
+    where += f" ({fn})" if fn else ""
+    name = graph.marker_name(op)
+    if name is not None:
+        return f"named '{name}'{where}"
+    return f"output of {graph.jax_primitive(op)}{where}"
+
+
+class _Rewriter:
+    def __init__(self, module, options, state: PassState):
+        self.module = module
+        self.func_name = options["func"]
+        self.mode = options["mode"]
+        self.policy = as_policy(options["policy"]) if options["policy"] is not None else None
+        self.scope_re = options["region-regex"]
+        self.region_policy = options["region-policy"]
+        self.cotangent_indices = options["cotangent-args"]
+        self.state = state
+        self.region_policies = self._recorded_region_policies()
+        self.region_policies.update({k: as_policy(p) for k, p in state.region_policies.items()})
+
+    # ------------------------------------------------------------ set-up --
+    def _recorded_region_policies(self) -> dict:
+        attrs = self.module.operation.attributes
+        if REGIONS_ATTR not in attrs:
+            return {}
+        d = ir.DictAttr(attrs[REGIONS_ATTR])
+        out = {}
+        for i in range(len(d)):
+            named = d[i]
+            spec = ir.StringAttr(named.attr).value
+            if spec.startswith("<callable"):
+                out[named.name] = spec  # must come from state.region_policies
+            else:
+                out[named.name] = parse_policy(spec)
+        return out
+
+    def _policy_of_region(self, region_path: str):
+        key = graph.region_key(region_path)
+        pol = self.region_policies.get(key)
+        if pol is None:
+            if graph.REGION_FRAME_RE.fullmatch(key):
+                return nothing_saveable  # jax.checkpoint's default
+            return self.region_policy
+        if isinstance(pol, str):
+            raise RematError(
+                f"error: region {key} was made with the Python callable policy {pol}; it is "
+                "only available in the process that exported the module (pass the Module "
+                "returned by export_vjp, not a reloaded copy)")
+        return pol
+
+    def _inline_calls(self):
+        found = []
+
+        def visit(op):
+            if op.name == "func.call":
+                found.append(op)
+            return ir.WalkResult.ADVANCE
+        self.func_op.operation.walk(visit)
+        if found:
+            pm = passmanager.PassManager.parse("builtin.module(inline)")
+            pm.run(self.module.operation)
+
+    # --------------------------------------------------------------- run --
+    def run(self) -> list[Residual]:
+        self.func_op = graph.find_func(self.module, self.func_name)
+        self._inline_calls()
+        self.func_op = graph.find_func(self.module, self.func_name)
+        block = self.block = graph.body_block(self.func_op)
+        self.backward, _ = graph.backward_ops(self.func_op, self.cotangent_indices)
+        if self.cotangent_indices is None:
+            self.cotangent_indices = [
+                i for i in range(len(block.arguments))
+                if graph.COTANGENT_ATTR in graph.arg_attr_names(self.func_op, i)]
+        self.cotangent_args = {value_id(block.arguments[i]) for i in self.cotangent_indices}
+        ops = [op.operation for op in block.operations]
+        self.terminator = ops[-1]
+        # Everything below is keyed by op_id / value_id (see mlir.op_id).
+        self.chain = {op_id(op): graph.region_chain(op, self.scope_re) for op in ops}
+        self.fwd_consumers: dict = {op_id(op): [] for op in ops}
+        for op in ops[:-1]:
+            if op_id(op) in self.backward:
+                continue
+            for v in graph.read_values(op):
+                if isinstance(v, ir.OpResult):
+                    self.fwd_consumers[op_id(v.owner)].append(op_id(op))
+        self.verdict_cache: dict = {}
+        self.clones: dict = {}
+        self.saved: dict = {}     # value_id -> Offloadable or None (an ordered set)
+        self.recomputed: set = set()
+        self.group = 0
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 10 * len(ops) + 1000))
+        try:
+            for op in ops:
+                if op_id(op) in self.backward:
+                    self.group += 1
+                    self._serve(op, self.chain[op_id(op)])
+            bwd_flags = self._serve_split_results() if self.mode == "split" else None
+        finally:
+            sys.setrecursionlimit(limit)
+        self._dce()
+        residuals = self._residual_list()
+        if self.mode == "split":
+            self._split(bwd_flags)
+        return residuals
+
+    def _is_backward(self, op) -> bool:
+        return op_id(op) in self.backward or op_id(op) in self.recomputed
+
+    def _serve(self, consumer, ctx):
+        """Make every forward value `consumer` reads available right before it."""
+        self.insert_before = consumer
+        seen = set()
+        for v in graph.read_values(consumer):
+            if value_id(v) in seen:
+                continue
+            seen.add(value_id(v))
+            new = self._get_for(v, ctx)
+            if value_id(new) != value_id(v):
+                graph.replace_reads(consumer, v, new)
+
+    def _get_for(self, v, consumer_ctx):
+        """The value to use for forward value `v` in the backward of regions `consumer_ctx`."""
+        if isinstance(v, ir.BlockArgument):
+            vid = value_id(v)
+            if vid not in self.cotangent_args and v.owner == self.block:
+                self.saved.setdefault(vid, None)
+            return v
+        owner = v.owner.operation
+        if self._is_backward(owner):
+            return v
+        return self._get(v, _common_prefix(consumer_ctx, self.chain.get(op_id(owner), ())))
+
+    # ------------------------------------------------------ the decision --
+    def _verdict(self, policy, op):
+        key = (id(policy), op_id(op))
+        if key not in self.verdict_cache:
+            self.verdict_cache[key] = policy.verdict(op_info(op))
+        return self.verdict_cache[key]
+
+    def _saved_top(self, op):
+        """The verdict of the forward pass itself for `op`: is its result a residual?"""
+        oid = op_id(op)
+        chain = self.chain[oid]
+        module_policy = self.policy or everything_saveable
+        consumers = self.fwd_consumers[oid]
+        if not chain:
+            if any(self.chain[c] for c in consumers):
+                return Saveable  # a region input: jax.checkpoint saves its arguments
+            return self._verdict(module_policy, op)
+        outer = chain[0]
+        if any(self.chain[c] and self.chain[c][0] != outer for c in consumers):
+            return Saveable  # the output of one region is the input of another
+        if any(not self.chain[c] for c in consumers):
+            return self._verdict(module_policy, op)  # a region output, seen from outside
+        return self._verdict(self._policy_of_region(outer), op)
+
+    def _kept_by_parent(self, op, ctx):
+        """In the backward of region ctx[-1], is `op`'s value taken from the level above?"""
+        if len(ctx) == 1:
+            return self._saved_top(op) is not Recompute
+        if any(self.chain[c][:len(ctx)] != ctx for c in self.fwd_consumers[op_id(op)]):
+            return True  # an output of region ctx[-1]: kept by the enclosing recomputation
+        return self._verdict(self._policy_of_region(ctx[-1]), op) is not Recompute
+
+    def _get(self, v, ctx):
+        op = v.owner.operation
+        if graph.is_side_effecting(op):
+            self.saved.setdefault(value_id(v), None)   # never duplicated
+            return v
+        if not graph.is_free(op):
+            if not ctx:
+                verdict = self._saved_top(op)
+                if verdict is not Recompute:
+                    self.saved[value_id(v)] = verdict if isinstance(verdict, Offloadable) else None
+                    return v
+            elif self._kept_by_parent(op, ctx):
+                return self._get(v, ctx[:-1])
+        key = (op_id(op), ctx)
+        if key not in self.clones:
+            self.clones[key] = self._clone(op, ctx)
+        return self.clones[key].results[v.result_number]
+
+    def _clone(self, op, ctx):
+        reads, seen = [], set()
+        for u in graph.read_values(op):
+            if value_id(u) not in seen:
+                seen.add(value_id(u))
+                reads.append(u)
+        new_values = [self._get_for(u, ctx) for u in reads]
+        clone = op.clone(ip=ir.InsertionPoint(self.insert_before))
+        for old, new in zip(reads, new_values):
+            if value_id(new) != value_id(old):
+                graph.replace_reads(clone, old, new)
+        with self.module.context:
+            clone.attributes[graph.RECOMPUTE_ATTR] = ir.IntegerAttr.get(
+                ir.IntegerType.get_signless(64), self.group)
+        self.recomputed.add(op_id(clone))
+        return clone
+
+    # ----------------------------------------------------------- results --
+    def _residual_list(self) -> list[Residual]:
+        values = [a for a in self.block.arguments if value_id(a) in self.saved]
+        for op in self.block.operations:
+            values.extend(r for r in op.results if value_id(r) in self.saved)
+        self.residual_values = values
+        out = []
+        for v in values:
+            offload = self.saved[value_id(v)]
+            if offload is not None:
+                with self.module.context:
+                    v.owner.attributes[OFFLOAD_ATTR] = ir.StringAttr.get(
+                        f"{offload.src}:{offload.dst}")
+            out.append(Residual(graph.jax_type_str(v.type), describe_value(v, self.func_op),
+                                graph.type_bytes(v.type), offload))
+        return out
+
+    def _dce(self):
+        """Erase forward ops left without uses (e.g. a cosine only the backward needed)."""
+        changed = True
+        while changed:
+            changed = False
+            for op in reversed([o.operation for o in self.block.operations]):
+                if op.name == "func.return" or graph.is_side_effecting(op):
+                    continue
+                if all(len(list(r.uses)) == 0 for r in op.results):
+                    op.erase()
+                    changed = True
+
+    # ------------------------------------------------------------- split --
+    def _is_bwd_value(self, v):
+        if isinstance(v, ir.BlockArgument):
+            return value_id(v) in self.cotangent_args
+        return self._is_backward(v.owner.operation)
+
+    def _serve_split_results(self):
+        """Which results belong to <f>_bwd; forward values they need become residuals."""
+        term = self.terminator
+        flags = [graph.GRADIENT_RESULT_ATTR in graph.result_attr_names(self.func_op, i)
+                 or self._is_bwd_value(v) for i, v in enumerate(term.operands)]
+        self.group += 1
+        self.insert_before = term
+        for i, v in enumerate(term.operands):
+            if flags[i] and not self._is_bwd_value(v):
+                term.operands[i] = self._get_for(v, ())
+        return flags
+
+    def _split(self, bwd_flags):
+        f = self.func_op
+        name = self.func_name
+        term = self.terminator
+        ops = [op.operation for op in self.block.operations][:-1]
+        bwd_ops = [o for o in ops if self._is_backward(o)]
+        fwd_ops = [o for o in ops if not self._is_backward(o)]
+        primal_args = [a for a in self.block.arguments if value_id(a) not in self.cotangent_args]
+        cot_args = [a for a in self.block.arguments if value_id(a) in self.cotangent_args]
+        results = list(term.operands)
+        fwd_results = [v for v, b in zip(results, bwd_flags) if not b]
+        bwd_results = [v for v, b in zip(results, bwd_flags) if b]
+        residuals = self.residual_values
+        descs = [f"{graph.jax_type_str(v.type)} {describe_value(v, f)}" for v in residuals]
+
+        with self.module.context, ir.Location.unknown():
+            ip = ir.InsertionPoint(f)
+            fwd = self._new_func(f"{name}_fwd", primal_args, fwd_results + residuals, fwd_ops,
+                                 [a.location for a in primal_args], ip)
+            bwd = self._new_func(f"{name}_bwd", residuals + cot_args, bwd_results, bwd_ops,
+                                 [ir.Location.name(f"residual{i}") for i in range(len(residuals))]
+                                 + [a.location for a in cot_args], ip)
+            fwd.attributes["res_attrs"] = ir.ArrayAttr.get(
+                [ir.DictAttr.get({}) for _ in fwd_results]
+                + [ir.DictAttr.get({RESIDUAL_ATTR: ir.StringAttr.get(d)}) for d in descs])
+            bwd.attributes["arg_attrs"] = ir.ArrayAttr.get(
+                [ir.DictAttr.get({}) for _ in residuals]
+                + [ir.DictAttr.get({graph.COTANGENT_ATTR: ir.UnitAttr.get()}) for _ in cot_args])
+        f.operation.erase()
+
+    @staticmethod
+    def _new_func(name, args, results, body_ops, locs, ip):
+        ftype = ir.FunctionType.get([a.type for a in args], [r.type for r in results])
+        new = func.FuncOp(name, ftype, ip=ip)
+        block = new.add_entry_block(arg_locs=locs)
+        mapping = {value_id(a): b for a, b in zip(args, block.arguments)}
+        for op in body_ops:
+            reads = graph.read_values(op)
+            clone = op.clone(ip=ir.InsertionPoint(block))
+            done = set()
+            for old in reads:
+                if value_id(old) in mapping and value_id(old) not in done:
+                    done.add(value_id(old))
+                    graph.replace_reads(clone, old, mapping[value_id(old)])
+            for old, new_v in zip(op.results, clone.results):
+                mapping[value_id(old)] = new_v
+        with ir.InsertionPoint(block):
+            func.ReturnOp([mapping.get(value_id(r), r) for r in results])
+        return new

@@ -1,0 +1,303 @@
+"""Checkpoint policies on StableHLO ops: the names of `jax.checkpoint_policies`.
+
+A policy is called once per forward op with an `OpInfo` and returns a verdict:
+`True`/`Saveable` (the op's results may be kept as residuals), `False`/
+`Recompute` (they are recomputed in the backward pass when needed), or
+`Offloadable(src, dst)` (kept, but moved to another memory space between the
+passes). JAX's primitives map onto StableHLO ops as follows:
+
+  dot_general_p            -> stablehlo.dot_general, stablehlo.dot
+  conv_general_dilated_p   -> stablehlo.convolution
+  name_p (checkpoint_name) -> stablehlo.custom_call @remat.name {backend_config = "<name>"}
+
+Every built-in policy carries a `spec`: the expression that recreates it, e.g.
+`save_only_these_names('a', 'b')`. Specs are what the CLI accepts
+(`policy=...`) and what regions record in a module; `parse_policy` reads them.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+from typing import Any, Callable
+
+from remat_passes.mlir import RematError
+
+NAME_MARKER = "remat.name"
+
+
+# ----------------------------------------------------------------- verdicts --
+class _Verdict:
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return self._name
+
+
+Saveable = _Verdict("Saveable")
+Recompute = _Verdict("Recompute")
+
+
+@dataclasses.dataclass(frozen=True)
+class Offloadable:
+    src: str
+    dst: str
+
+
+def normalize_verdict(value, policy=None):
+    """Map a policy's return value to Saveable / Recompute / Offloadable."""
+    if value is True or value is Saveable:
+        return Saveable
+    if value is False or value is Recompute or value is None:
+        return Recompute
+    if isinstance(value, Offloadable):
+        return value
+    # Accept JAX's own pe.Saveable / pe.Recompute / pe.Offloadable too.
+    tname = type(value).__name__
+    if tname == "Offloadable" and hasattr(value, "src") and hasattr(value, "dst"):
+        return Offloadable(str(value.src), str(value.dst))
+    if repr(value) in ("Saveable", "Recompute"):
+        return Saveable if repr(value) == "Saveable" else Recompute
+    raise RematError(
+        f"error: policy {getattr(policy, 'spec', policy)!r} returned {value!r}; a policy must "
+        "return a bool, Saveable, Recompute or Offloadable(src, dst)")
+
+
+# ------------------------------------------------------------------ op info --
+@dataclasses.dataclass
+class OpInfo:
+    """What a policy sees of one forward op."""
+    name: str                      # e.g. "stablehlo.dot_general"
+    operand_types: list[str]       # e.g. ["tensor<8x4xf32>", ...]
+    result_types: list[str]
+    attributes: dict[str, str]     # attribute name -> printed value
+    checkpoint_name: str | None    # for the @remat.name marker, its name
+    lhs_batching_dims: tuple[int, ...] = ()
+    rhs_batching_dims: tuple[int, ...] = ()
+
+    @property
+    def is_dot(self) -> bool:
+        return self.name in ("stablehlo.dot_general", "stablehlo.dot")
+
+    @property
+    def is_conv(self) -> bool:
+        return self.name == "stablehlo.convolution"
+
+
+# ----------------------------------------------------------------- policies --
+class Policy:
+    """A callable OpInfo -> verdict with a spec string that recreates it."""
+
+    def __init__(self, fn: Callable[[OpInfo], Any], spec: str):
+        self._fn = fn
+        self.spec = spec
+
+    def __call__(self, op: OpInfo):
+        return self._fn(op)
+
+    def verdict(self, op: OpInfo):
+        return normalize_verdict(self._fn(op), self)
+
+    def __repr__(self):
+        return f"<policy {self.spec}>"
+
+
+def _q(names):
+    return ", ".join(repr(n) for n in names)
+
+
+def _everything(op):
+    return True
+
+
+def _nothing(op):
+    return False
+
+
+def _dots(op):
+    return op.is_dot or op.is_conv
+
+
+def _dots_no_batch(op):
+    if op.name == "stablehlo.dot":  # plain dot has no batch dimensions
+        return True
+    return op.name == "stablehlo.dot_general" and not op.lhs_batching_dims \
+        and not op.rhs_batching_dims
+
+
+everything_saveable = Policy(_everything, "everything_saveable")
+nothing_saveable = Policy(_nothing, "nothing_saveable")
+dots_saveable = Policy(_dots, "dots_saveable")
+checkpoint_dots = dots_saveable
+dots_with_no_batch_dims_saveable = Policy(_dots_no_batch, "dots_with_no_batch_dims_saveable")
+checkpoint_dots_with_no_batch_dims = dots_with_no_batch_dims_saveable
+
+
+def offload_dot_with_no_batch_dims(offload_src, offload_dst):
+    def policy(op):
+        if _dots_no_batch(op):
+            return Offloadable(offload_src, offload_dst)
+        return Recompute
+    return Policy(policy, f"offload_dot_with_no_batch_dims({offload_src!r}, {offload_dst!r})")
+
+
+def save_anything_except_these_names(*names_not_to_save):
+    """Save any values (not just named ones) excluding the names given."""
+    excluded = frozenset(names_not_to_save)
+
+    def policy(op):
+        if op.checkpoint_name is not None:
+            return op.checkpoint_name not in excluded
+        return True
+    return Policy(policy, f"save_anything_except_these_names({_q(names_not_to_save)})")
+
+
+def save_any_names_but_these(*names_not_to_save):
+    """Save only named values, excluding the names given."""
+    excluded = frozenset(names_not_to_save)
+
+    def policy(op):
+        if op.checkpoint_name is not None:
+            return op.checkpoint_name not in excluded
+        return False
+    return Policy(policy, f"save_any_names_but_these({_q(names_not_to_save)})")
+
+
+def save_only_these_names(*names_which_can_be_saved):
+    """Save only named values, and only among the names given."""
+    allowed = frozenset(names_which_can_be_saved)
+
+    def policy(op):
+        return op.checkpoint_name is not None and op.checkpoint_name in allowed
+    return Policy(policy, f"save_only_these_names({_q(names_which_can_be_saved)})")
+
+
+def save_and_offload_only_these_names(*, names_which_can_be_saved, names_which_can_be_offloaded,
+                                      offload_src, offload_dst):
+    saved = set(names_which_can_be_saved)
+    offloaded = set(names_which_can_be_offloaded)
+    intersection = saved & offloaded
+    if intersection:
+        raise ValueError(
+            "The names should be exclusive and should not intersect in"
+            " `names_which_can_be_saved` and `names_which_can_be_offloaded`. Got"
+            f" names_which_can_be_saved={saved}, names_which_can_be_offloaded={offloaded}"
+            f" and the intersection={intersection}")
+
+    def policy(op):
+        if op.checkpoint_name in saved:
+            return Saveable
+        if op.checkpoint_name in offloaded:
+            return Offloadable(offload_src, offload_dst)
+        return Recompute
+    spec = ("save_and_offload_only_these_names("
+            f"names_which_can_be_saved=[{_q(sorted(saved))}], "
+            f"names_which_can_be_offloaded=[{_q(sorted(offloaded))}], "
+            f"offload_src={offload_src!r}, offload_dst={offload_dst!r})")
+    return Policy(policy, spec)
+
+
+def save_from_both_policies(policy_1, policy_2):
+    p1, p2 = as_policy(policy_1), as_policy(policy_2)
+
+    def policy(op):
+        out1, out2 = p1(op), p2(op)
+        if not (isinstance(out1, bool) and isinstance(out2, bool)):
+            raise ValueError(
+                "The return value of the policies should be a boolean. Got:"
+                f" {out1} and {out2}. Please write a custom policy function directly,"
+                " rather than using this helper function.")
+        return out1 or out2
+    return Policy(policy, f"save_from_both_policies({p1.spec}, {p2.spec})")
+
+
+# Names usable in a policy spec, with the number of arguments they take
+# (None: the name itself is the policy).
+POLICIES: dict[str, Any] = {
+    "everything_saveable": everything_saveable,
+    "nothing_saveable": nothing_saveable,
+    "dots_saveable": dots_saveable,
+    "checkpoint_dots": checkpoint_dots,
+    "dots_with_no_batch_dims_saveable": dots_with_no_batch_dims_saveable,
+    "checkpoint_dots_with_no_batch_dims": checkpoint_dots_with_no_batch_dims,
+    "offload_dot_with_no_batch_dims": offload_dot_with_no_batch_dims,
+    "save_anything_except_these_names": save_anything_except_these_names,
+    "save_any_names_but_these": save_any_names_but_these,
+    "save_only_these_names": save_only_these_names,
+    "save_from_both_policies": save_from_both_policies,
+    "save_and_offload_only_these_names": save_and_offload_only_these_names,
+}
+
+
+def as_policy(policy) -> Policy:
+    """A Policy from a Policy, a spec string or a user callable."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        return parse_policy(policy)
+    if callable(policy):
+        name = getattr(policy, "__qualname__", None) or repr(policy)
+        return Policy(policy, f"<callable {name}>")
+    raise RematError(f"error: a policy must be a name, a spec string or a callable, got {policy!r}")
+
+
+# ------------------------------------------------------------- spec parsing --
+def parse_policy(spec: str) -> Policy:
+    """Read a policy spec such as `save_only_these_names(a, 'b.c')`.
+
+    Bare identifiers among the arguments are names (strings), so specs can be
+    written on a command line without quotes.
+    """
+    text = spec.strip()
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as e:
+        raise RematError(f"error: cannot parse policy '{spec}': {e.msg}") from None
+    return _eval_policy(tree, spec)
+
+
+def _unknown_policy(name, spec):
+    close = difflib.get_close_matches(name, POLICIES, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else \
+        f"; known policies: {', '.join(POLICIES)}"
+    return RematError(f"error: unknown policy '{name}' in '{spec}'{hint}")
+
+
+def _eval_policy(node, spec):
+    if isinstance(node, ast.Name):
+        if node.id not in POLICIES:
+            raise _unknown_policy(node.id, spec)
+        value = POLICIES[node.id]
+        if not isinstance(value, Policy):
+            raise RematError(f"error: policy '{node.id}' needs arguments (in '{spec}')")
+        return value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        name = node.func.id
+        if name not in POLICIES:
+            raise _unknown_policy(name, spec)
+        factory = POLICIES[name]
+        if isinstance(factory, Policy):
+            raise RematError(f"error: policy '{name}' takes no arguments (in '{spec}')")
+        if name == "save_from_both_policies":
+            args = [_eval_policy(a, spec) for a in node.args]
+        else:
+            args = [_eval_arg(a, spec) for a in node.args]
+        kwargs = {k.arg: _eval_arg(k.value, spec) for k in node.keywords}
+        try:
+            return factory(*args, **kwargs)
+        except TypeError as e:
+            raise RematError(f"error: bad arguments for policy '{name}' in '{spec}': {e}") from None
+        except ValueError as e:
+            raise RematError(f"error: {e}") from None
+    raise RematError(f"error: cannot read policy '{spec}': expected NAME or NAME(args)")
+
+
+def _eval_arg(node, spec):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [_eval_arg(e, spec) for e in node.elts]
+    raise RematError(f"error: policy arguments must be names or strings, in '{spec}'")
