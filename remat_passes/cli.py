@@ -1,0 +1,207 @@
+"""remat-opt: an mlir-opt-style driver for the remat_passes pipeline.
+
+    remat-opt in.mlir --pass-pipeline='builtin.module(inline,remat-partial-eval{policy=dots_saveable})'
+    remat-opt in.mlir --remat-partial-eval='policy=nothing_saveable mode=split' -o out.mlir
+    remat-opt in.mlir --print-saved-residuals --remat-partial-eval='policy=dots_saveable'
+
+User errors (bad MLIR, unknown passes or options, failed verification,
+missing files) print a message naming the problem and where it is, exit 1,
+and write no output file.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+
+from remat_passes import __version__
+from remat_passes.mlir import RematError
+from remat_passes.module import Module, write_atomically
+from remat_passes.passes import CORE_PASSES, PassState, registry
+from remat_passes.pipeline import Step, check_steps, parse_options, parse_pipeline, run_pipeline
+from remat_passes.report import residual_bytes
+
+SPLIT_MARKER = "// -----"
+
+
+class _PassFlag(argparse.Action):
+    """`--<pass-name>[=options]`: append the pass to the pipeline, in command-line order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        steps = getattr(namespace, "pass_flags", None) or []
+        steps.append(Step(self.dest.replace("_", "-"), parse_options(values or "")))
+        namespace.pass_flags = steps
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        if message.startswith("unrecognized arguments:"):
+            flags = [o for a in self._actions for o in a.option_strings]
+            hints = []
+            for arg in message.split(":", 1)[1].split():
+                close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=3)
+                if close:
+                    hints.append(f"{arg}: did you mean {', '.join(close)}?")
+            if hints:
+                message += " (" + "; ".join(hints) + ")"
+        sys.stderr.write(f"remat-opt: error: {message}\n")
+        sys.stderr.write("(see remat-opt --help)\n")
+        sys.exit(1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _ArgumentParser(
+        prog="remat-opt",
+        description="Rematerialization (gradient checkpointing) passes over StableHLO, "
+                    "mlir-opt style. Input: MLIR text or bytecode, a StableHLO portable "
+                    "artifact, or a serialized jax.export.Exported.")
+    p.add_argument("input", nargs="?", default="-", help="input file, or - for stdin (default)")
+    p.add_argument("-o", dest="output", default="-", help="output file (default: stdout)")
+    p.add_argument("--pass-pipeline", help="MLIR pipeline, e.g. 'builtin.module(inline,cse)'")
+    p.add_argument("--split-input-file", action="store_true",
+                   help="split the input at '// -----' lines and process each part on its own")
+    p.add_argument("--verify-each", default="true", choices=["true", "false"],
+                   help="run the verifier after each pass (default: true)")
+    p.add_argument("--mlir-print-ir-before-all", action="store_true",
+                   help="print the IR before each pass (to stderr)")
+    p.add_argument("--mlir-print-ir-after-all", action="store_true",
+                   help="print the IR after each pass (to stderr)")
+    p.add_argument("--mlir-print-debuginfo", action="store_true",
+                   help="print locations in the output")
+    p.add_argument("--emit-bytecode", action="store_true", help="write MLIR bytecode")
+    p.add_argument("--print-saved-residuals", action="store_true",
+                   help="print the residuals each remat-partial-eval saves, one per line as "
+                        "JAX prints them (runs remat-partial-eval with its defaults if the "
+                        "pipeline has none); the module goes to -o only")
+    p.add_argument("--list-passes", action="store_true", help="list the passes and their options")
+    p.add_argument("--version", action="version", version=f"remat-opt {__version__}")
+    group = p.add_argument_group("passes (run in command-line order)")
+    for name, pass_ in registry().items():
+        group.add_argument(f"--{name}", dest=name.replace("-", "_"), action=_PassFlag,
+                           nargs="?", const="", metavar="OPTIONS", help=pass_.summary)
+    for name, (_, summary) in CORE_PASSES.items():
+        group.add_argument(f"--{name}", dest=name.replace("-", "_"), action=_PassFlag,
+                           nargs="?", const="", metavar="OPTIONS", help=summary)
+    return p
+
+
+def list_passes() -> str:
+    lines = ["Passes of remat_passes:"]
+    for name, pass_ in sorted(registry().items()):
+        lines.append(f"  {name:28s} {pass_.summary}")
+        for opt in pass_.options:
+            default = "" if opt.default is None else f" (default: {getattr(opt.default, 'spec', opt.default)})"
+            lines.append(f"      {opt.name:24s} {opt.help}{default}")
+    lines.append("Core MLIR passes (from jaxlib):")
+    for name, (_, summary) in sorted(CORE_PASSES.items()):
+        lines.append(f"  {name:28s} {summary}")
+    return "\n".join(lines) + "\n"
+
+
+def _read_input(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise RematError(f"error: cannot read '{path}': {e.strerror}") from None
+
+
+def _chunks(data: bytes, split: bool) -> list[bytes]:
+    """Split at '// -----' lines; pad with newlines so errors keep their line numbers."""
+    if not split:
+        return [data]
+    text = data.decode("utf-8", errors="replace")
+    chunks, cur, line_no, start = [], [], 0, 0
+    for line in text.splitlines(keepends=True):
+        if line.startswith(SPLIT_MARKER):
+            chunks.append("\n" * start + "".join(cur))
+            cur, start = [], line_no + 1
+        else:
+            cur.append(line)
+        line_no += 1
+    chunks.append("\n" * start + "".join(cur))
+    return [c.encode() for c in chunks]
+
+
+def _process(data: bytes, steps: list[Step], args, filename: str) -> tuple[bytes, str]:
+    module = Module.parse(data, filename=filename)
+    state = PassState(filename=filename)
+    run_pipeline(module.op, steps, state,
+                 verify_each=args.verify_each == "true",
+                 print_before=args.mlir_print_ir_before_all,
+                 print_after=args.mlir_print_ir_after_all)
+    report = ""
+    if args.print_saved_residuals:
+        for fname, residuals in state.residuals.items():
+            report += f"// saved residuals of @{fname}: {len(residuals)} values, " \
+                      f"{residual_bytes(residuals)} bytes\n"
+            report += "".join(f"{r}\n" for r in residuals)
+    out = module.bytecode() if args.emit_bytecode else \
+        module.text(debug_info=args.mlir_print_debuginfo).encode()
+    return out, report
+
+
+def run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_passes:
+        sys.stdout.write(list_passes())
+        return 0
+    flags = getattr(args, "pass_flags", None) or []
+    if args.pass_pipeline and flags:
+        raise RematError("error: use either --pass-pipeline or per-pass flags, not both")
+    steps = parse_pipeline(args.pass_pipeline) if args.pass_pipeline else flags
+    check_steps(steps)
+    if args.print_saved_residuals and not any(s.name == "remat-partial-eval" for s in steps):
+        steps = [Step("remat-partial-eval", {})] + steps
+        check_steps(steps)
+    if args.emit_bytecode and args.split_input_file:
+        raise RematError("error: --emit-bytecode cannot be combined with --split-input-file")
+    filename = "<stdin>" if args.input == "-" else args.input
+    data = _read_input(args.input)
+    outputs, reports, errors = [], [], []
+    for chunk in _chunks(data, args.split_input_file):
+        try:
+            out, report = _process(chunk, [Step(s.name, s.options) for s in steps], args, filename)
+            outputs.append(out)
+            reports.append(report)
+        except RematError as e:
+            if not args.split_input_file:
+                raise
+            errors.append(str(e))
+    if errors:
+        sys.stderr.write("\n".join(errors) + "\n")
+        return 1
+    joiner = f"\n{SPLIT_MARKER}\n".encode()
+    result = outputs[0] if args.emit_bytecode else joiner.join(o.rstrip(b"\n") for o in outputs) + b"\n"
+    if args.print_saved_residuals:
+        sys.stdout.write(f"{SPLIT_MARKER}\n".join(reports))
+        if args.output != "-":
+            write_atomically(args.output, result)
+        return 0
+    if args.output == "-":
+        sys.stdout.buffer.write(result)
+    else:
+        write_atomically(args.output, result)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+    except RematError as e:
+        msg = str(e)
+        # 'FILE:LINE:COL: error: ...' is printed as is (as mlir-opt does);
+        # errors without a location get the tool's name in front.
+        sys.stderr.write(f"remat-opt: {msg}" if msg.startswith("error:") else msg)
+        sys.stderr.write("\n")
+        code = 1
+    except BrokenPipeError:
+        code = 0
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
