@@ -17,12 +17,14 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 from jax._src import ad_checkpoint as _ad_checkpoint
+from jax._src import source_info_util as _source_info_util
 from jax._src.interpreters import mlir as _jax_lowering
 
 from remat_passes import graph
@@ -32,6 +34,10 @@ from remat_passes.policies import Policy, as_policy, nothing_saveable
 from remat_passes.passes.remat_partial_eval import REGIONS_ATTR
 
 MARKER_TARGET = "remat.name"
+
+# Source positions in locations should name the user's code, not our wrappers
+# (JAX excludes its own files the same way).
+_source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
 _MARKER_CHECK = jax_export.DisabledSafetyCheck.custom_call(MARKER_TARGET)
 
 # --------------------------------------------------------------- names --
