@@ -274,8 +274,16 @@ def to_exported(module: Module, function: str = "main"):
 
 
 def compile(module: Module, function: str = "main"):
-    """Compile `function` of `module` with XLA (default backend); returns a callable."""
-    return jax.jit(to_exported(module, function).call)
+    """Compile `function` of `module` with XLA (default backend); returns a callable.
+
+    A function that kept an Exported's calling convention takes the original
+    pytrees; any other (the split <f>_fwd/<f>_bwd, hand-written modules) takes
+    flat arrays, and pytrees of arrays are flattened for it.
+    """
+    exported = to_exported(module, function)
+    if module.exported is not None and exported.in_tree == module.exported.in_tree:
+        return jax.jit(exported.call)
+    return jax.jit(lambda *args: exported.call(*jax.tree_util.tree_leaves(args)))
 
 
 def from_exported(exported) -> Module:
