@@ -28,7 +28,7 @@ from jax._src import source_info_util as _source_info_util
 from jax._src.interpreters import mlir as _jax_lowering
 
 from remat_passes import graph
-from remat_passes.mlir import RematError, ir, stablehlo
+from remat_passes.mlir import RematError, func, ir, stablehlo
 from remat_passes.module import Module
 from remat_passes.policies import Policy, as_policy, nothing_saveable
 from remat_passes.passes.remat_partial_eval import REGIONS_ATTR
@@ -213,39 +213,57 @@ def _aval(t):
     return jax.core.ShapedArray(tuple(rt.shape), np.dtype(_DTYPES[elem]))
 
 
+def main_signature(module_op) -> str | None:
+    """The printed type of @main, to tell whether a rewrite changed the calling convention."""
+    for op in module_op.body.operations:
+        if op.operation.name == "func.func" and graph.func_name(op) == "main":
+            return str(op.type)
+    return None
+
+
 def _single_function_module(module: Module, function: str):
-    """A copy holding `function` as public @main (plus private callees), markers stripped."""
+    """A copy whose public @main runs `function`, markers stripped.
+
+    For another function, a public @main wrapper calls it, so calls between
+    private functions keep their symbols.
+    """
     from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
     copy = module.clone()
-    graph.find_func(copy.op, function)  # raises a clear error if absent
-    with copy.op.context:
+    target = graph.find_func(copy.op, function)  # raises a clear error if absent
+    with copy.op.context, ir.Location.unknown():
         StripCheckpointNames().run(copy.op, {}, None)
+        if function == "main":
+            return copy
         for op in list(copy.op.body.operations):
-            if op.operation.name != "func.func":
-                continue
-            name = graph.func_name(op)
-            attrs = op.operation.attributes
-            private = "sym_visibility" in attrs and str(attrs["sym_visibility"]) == '"private"'
-            if name == function:
-                attrs["sym_name"] = ir.StringAttr.get("main")
-                if "sym_visibility" in attrs:
-                    del attrs["sym_visibility"]
-            elif not private or name == "main":
-                op.operation.erase()
+            if op.operation.name == "func.func" and graph.func_name(op) == "main":
+                op.operation.attributes["sym_name"] = ir.StringAttr.get("main_original")
+                op.operation.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        target.operation.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        ftype = target.type
+        wrapper = func.FuncOp("main", ftype, ip=ir.InsertionPoint(copy.op.body))
+        block = wrapper.add_entry_block()
+        with ir.InsertionPoint(block):
+            call = func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get(function),
+                               list(block.arguments))
+            func.ReturnOp(list(call.results))
     return copy
 
 
 def to_exported(module: Module, function: str = "main"):
-    """A jax.export.Exported that runs `function` of `module`."""
+    """A jax.export.Exported that runs `function` of `module`.
+
+    @main keeps the Exported's calling convention (pytrees, platform index,
+    symbolic shapes) as long as its signature is what was imported.
+    """
     copy = _single_function_module(module, function)
+    serialized = copy.bytecode()
+    exp = module.exported
+    if exp is not None and function == "main" and \
+            main_signature(copy.op) == module.exported_signature:
+        return dataclasses.replace(exp, mlir_module_serialized=serialized)
     main = graph.find_func(copy.op, "main")
     in_avals = tuple(_aval(t) for t in main.type.inputs)
     out_avals = tuple(_aval(t) for t in main.type.results)
-    serialized = copy.bytecode()
-    exp = module.exported
-    if exp is not None and function == "main" and tuple(exp.in_avals) == in_avals \
-            and tuple(exp.out_avals) == out_avals:
-        return dataclasses.replace(exp, mlir_module_serialized=serialized)
     n_in, n_out = len(in_avals), len(out_avals)
     platforms = exp.platforms if exp is not None else (jax.default_backend(),)
     out_tree = jax.tree_util.tree_structure(0 if n_out == 1 else (0,) * n_out)

@@ -104,6 +104,7 @@ def parse(data: str | bytes, filename: str | None = None) -> tuple[ir.Module, ob
             raise RematError(diagnostics_message(e, filename, None)) from None
         if isinstance(data, (bytes, bytearray)) and _is_portable_artifact(module):
             module = _jax_mlir.deserialize_portable_artifact(bytes(data), ctx)
+            _map_remat_flags(module, to_bool=False)
     return module, exported
 
 
@@ -128,10 +129,43 @@ def to_bytecode(module: ir.Module) -> bytes:
     return buf.getvalue()
 
 
+def _map_remat_flags(module: ir.Module, to_bool: bool) -> None:
+    """Rewrite unit-valued `remat.*` argument/result attributes to `true` or back."""
+    for op in module.body.operations:
+        for which in ("arg_attrs", "res_attrs"):
+            if which not in op.operation.attributes:
+                continue
+            dicts = []
+            for d in ir.ArrayAttr(op.operation.attributes[which]):
+                d = ir.DictAttr(d)
+                entries = {}
+                for i in range(len(d)):
+                    name, value = d[i].name, d[i].attr
+                    if name.startswith("remat."):
+                        if to_bool and isinstance(value, ir.UnitAttr):
+                            value = ir.BoolAttr.get(True)
+                        elif not to_bool and str(value) == "true":
+                            value = ir.UnitAttr.get()
+                    entries[name] = value
+                dicts.append(ir.DictAttr.get(entries))
+            op.operation.attributes[which] = ir.ArrayAttr.get(dicts)
+
+
 def to_portable_artifact(module: ir.Module, target: str | None = None) -> bytes:
-    """A StableHLO portable artifact (VHLO bytecode) for `target` version."""
+    """A StableHLO portable artifact (VHLO bytecode) for `target` version.
+
+    VHLO has no unit attribute, so our unit flags (`{remat.cotangent}`) travel
+    as `true` and are turned back into unit attributes by `parse`.
+    """
     target = target or stablehlo.get_current_version()
-    return _jax_mlir.serialize_portable_artifact(to_text(module, debug_info=True), target)
+    with context():
+        copy = ir.Module.parse(to_bytecode(module))
+        _map_remat_flags(copy, to_bool=True)
+        text = to_text(copy, debug_info=True)
+    try:
+        return _jax_mlir.serialize_portable_artifact(text, target)
+    except Exception as e:  # jaxlib raises its runtime error type
+        raise RematError(f"error: cannot write a StableHLO portable artifact: {e}") from None
 
 
 def verify(module_op, filename: str | None = None, after: str | None = None) -> None:

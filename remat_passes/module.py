@@ -16,9 +16,26 @@ from remat_passes.mlir import RematError
 class Module:
     def __init__(self, op, exported=None, region_policies=None, filename=None):
         self.op = op                      # the ir.Module
-        self.exported = exported          # jax.export.Exported or None
         self.region_policies = dict(region_policies or {})
         self.filename = filename
+        self.exported = exported          # jax.export.Exported or None
+        self.residuals = None             # set by remat(): what partial-eval saved
+
+    @property
+    def exported(self):
+        """The jax.export.Exported this module came from, or None.
+
+        Setting it also records the type of @main at that moment: while @main
+        keeps that type, calls use the Exported's own calling convention
+        (pytrees, platform index, symbolic shapes).
+        """
+        return self._exported
+
+    @exported.setter
+    def exported(self, value):
+        from remat_passes.jax_bridge import main_signature
+        self._exported = value
+        self.exported_signature = main_signature(self.op) if value is not None else None
 
     # ---------------------------------------------------------------- in --
     @classmethod
@@ -30,7 +47,9 @@ class Module:
     def clone(self) -> "Module":
         with mlir.context():
             op = mlir.ir.Module.parse(mlir.to_bytecode(self.op))
-        return Module(op, self.exported, self.region_policies, self.filename)
+        copy = Module(op, self.exported, self.region_policies, self.filename)
+        copy.exported_signature = self.exported_signature
+        return copy
 
     # --------------------------------------------------------------- out --
     def __str__(self) -> str:
@@ -78,6 +97,15 @@ def write_atomically(path: str, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        # mkstemp creates 0600; give the file the mode a plain open() would
+        # (or keep the mode of the file it replaces).
+        try:
+            mode = os.stat(path).st_mode & 0o777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as e:
         os.unlink(tmp)

@@ -1,0 +1,277 @@
+"""remat-opt, the mlir-opt style driver, run as a subprocess.
+
+Success exits 0; user errors exit 1 with a message whose first line names the
+problem, no Python traceback, nothing on stdout and no `-o` file written or
+truncated. The output equals the Python API's result for the same pipeline.
+Verification failures after a pass name the pass.
+"""
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import pytest
+
+import remat_passes as rp
+from remat_passes import cli, mlir, pipeline
+from remat_passes.passes import ModulePass, registry
+
+PIPELINE = "builtin.module(remat-partial-eval{policy=dots_saveable},strip-checkpoint-names)"
+
+BAD_OP_TEXT = """module {
+  func.func @main(%a: tensor<f32>) -> tensor<f32> {
+    %0 = stablehlo.bogus %a : tensor<f32>
+    return %0 : tensor<f32>
+  }
+}
+"""
+
+OLD_OUTPUT = b"previous output, must survive a failed run\n"
+
+
+def f(w, x):
+    h = rp.checkpoint_name(jnp.sin(x @ w), "h")
+    return jnp.sum(jnp.tanh(h) @ w.T)
+
+
+@pytest.fixture(scope="module")
+def vjp_module():
+    return rp.export_vjp(f, jnp.ones((3, 4)) * 0.5, jnp.ones((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, vjp_module):
+    d = tmp_path_factory.mktemp("cli")
+    vjp = d / "vjp.mlir"
+    vjp_module.save(str(vjp))
+    vjp_bc = d / "vjp.mlirbc"
+    vjp_module.save(str(vjp_bc), bytecode=True)
+    bad = d / "bad.mlir"
+    bad.write_text(BAD_OP_TEXT)
+    return {"vjp": str(vjp), "vjp_bc": str(vjp_bc), "bad": str(bad), "dir": d}
+
+
+def remat_opt(*args, stdin=None):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-m", "remat_passes.cli", *map(str, args)],
+                          input=stdin, capture_output=True, env=env, timeout=300)
+
+
+def api_result(path, pipeline_text=PIPELINE):
+    m = rp.load(path)
+    rp.run_pipeline(m.op, rp.parse_pipeline(pipeline_text))
+    return str(m)
+
+
+def assert_user_error(proc, *needles):
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    assert proc.stdout == b""
+    first = err.splitlines()[0]
+    assert "error" in first, err
+    for needle in needles:
+        assert needle in first, f"{needle!r} not in first line {first!r}"
+    return err
+
+
+# ---------------------------------------------------------------- success --
+
+
+def test_pipeline_output_equals_python_api(files):
+    proc = remat_opt(files["vjp"], f"--pass-pipeline={PIPELINE}")
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode()
+    assert out == api_result(files["vjp"])
+    assert "remat.name" not in out
+    assert "remat.name" in open(files["vjp"]).read()
+
+
+def test_pass_flags_equal_pipeline_and_remat_api(files):
+    proc = remat_opt(files["vjp"], "--remat-partial-eval=policy=dots_saveable",
+                     "--strip-checkpoint-names")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode() == api_result(files["vjp"])
+    assert proc.stdout.decode() == str(rp.remat(rp.load(files["vjp"]), "dots_saveable"))
+
+
+def test_split_mode_output(files):
+    proc = remat_opt(files["vjp"], "--remat-partial-eval=policy=nothing_saveable mode=split")
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode()
+    assert out == api_result(
+        files["vjp"], "builtin.module(remat-partial-eval{policy=nothing_saveable mode=split})")
+    assert rp.Module.parse(out).functions() == ["main_fwd", "main_bwd"]
+
+
+@pytest.mark.parametrize("which", ["vjp", "vjp_bc"])
+def test_stdin_input(files, which):
+    data = open(files[which], "rb").read()
+    proc = remat_opt(f"--pass-pipeline={PIPELINE}", stdin=data)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode() == api_result(files["vjp"])
+    explicit = remat_opt("-", f"--pass-pipeline={PIPELINE}", stdin=data)
+    assert explicit.returncode == 0 and explicit.stdout == proc.stdout
+
+
+def test_output_file(files, tmp_path):
+    out = tmp_path / "out.mlir"
+    out.write_bytes(OLD_OUTPUT)
+    proc = remat_opt(files["vjp"], f"--pass-pipeline={PIPELINE}", "-o", out)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout == b""
+    assert out.read_text() == api_result(files["vjp"])
+
+
+def test_emit_bytecode(files, tmp_path):
+    out = tmp_path / "out.mlirbc"
+    proc = remat_opt(files["vjp"], f"--pass-pipeline={PIPELINE}", "--emit-bytecode", "-o", out)
+    assert proc.returncode == 0, proc.stderr.decode()
+    data = out.read_bytes()
+    assert data[:4] == mlir.BYTECODE_MAGIC
+    assert str(rp.Module.parse(data)) == api_result(files["vjp"])
+
+
+def test_no_passes_round_trips(files):
+    proc = remat_opt(files["vjp"])
+    assert proc.returncode == 0
+    assert proc.stdout.decode() == str(rp.load(files["vjp"]))
+
+
+# ----------------------------------------------------------------- errors --
+
+
+def _error_cases(files):
+    return {
+        "malformed-mlir": ([files["bad"]], [f"{files['bad']}:3:10", "stablehlo.bogus"]),
+        "unknown-pass-in-pipeline": ([files["vjp"], "--pass-pipeline=builtin.module(no-such-pass)"],
+                                     ["unknown pass", "no-such-pass"]),
+        "unknown-pass-flag": ([files["vjp"], "--no-such-pass"], ["--no-such-pass"]),
+        "unknown-option": ([files["vjp"], "--remat-partial-eval=polcy=dots_saveable"],
+                           ["unknown option", "polcy", "remat-partial-eval"]),
+        "bad-option-value": ([files["vjp"], "--remat-partial-eval=policy=no_such_policy"],
+                             ["policy", "no_such_policy"]),
+        "bad-core-pass-option": ([files["vjp"], "--cse=bogus=1"], ["cse"]),
+        "missing-file": ([files["dir"] / "missing.mlir"], ["missing.mlir", "No such file"]),
+        "missing-function": ([files["vjp"], "--remat-partial-eval=func=nope"], ["@nope"]),
+        "missing-function-pipeline": (
+            [files["vjp"], "--pass-pipeline=builtin.module(remat-partial-eval{func=nope})"],
+            ["@nope"]),
+        "garbage-input": (None, ["MLIR text", "Exported"]),
+    }
+
+
+ERROR_CASES = ["malformed-mlir", "unknown-pass-in-pipeline", "unknown-pass-flag", "unknown-option",
+               "bad-option-value", "bad-core-pass-option", "missing-file", "missing-function",
+               "missing-function-pipeline", "garbage-input"]
+
+
+@pytest.mark.parametrize("case", ERROR_CASES)
+def test_user_errors(files, tmp_path, case):
+    args, needles = _error_cases(files)[case]
+    if args is None:
+        junk = tmp_path / "junk.bin"
+        junk.write_bytes(b"\x00\xff\xfe\x89garbage\x00" * 8)
+        args = [junk]
+    out = tmp_path / "out.mlir"
+    out.write_bytes(OLD_OUTPUT)
+    proc = remat_opt(*args, "-o", out)
+    assert_user_error(proc, *needles)
+    assert out.read_bytes() == OLD_OUTPUT
+    # No temporary file is left next to the output either.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["out.mlir"] + (["junk.bin"] if case == "garbage-input" else []))
+
+
+def test_error_on_missing_output_dir(files, tmp_path):
+    out = tmp_path / "no" / "dir" / "out.mlir"
+    proc = remat_opt(files["vjp"], "-o", out)
+    assert_user_error(proc, "cannot write", "out.mlir")
+    assert not (tmp_path / "no").exists()
+
+
+def test_error_without_output_file_writes_nothing_to_stdout(files):
+    proc = remat_opt(files["bad"])
+    err = assert_user_error(proc, "stablehlo.bogus")
+    assert err.startswith(f"{files['bad']}:3:10: error:")
+
+
+def test_no_cotangents_is_a_user_error(tmp_path):
+    plain = tmp_path / "plain.mlir"
+    plain.write_text("func.func @main(%a: tensor<f32>) -> tensor<f32> {\n"
+                     "  %0 = stablehlo.sine %a : tensor<f32>\n"
+                     "  return %0 : tensor<f32>\n}\n")
+    proc = remat_opt(plain, "--remat-partial-eval")
+    assert_user_error(proc, "remat.cotangent")
+
+
+# ------------------------------------------------- verification after a pass --
+
+
+class BreakDominance(ModulePass):
+    """Test-only pass producing invalid IR: moves the op before the return to the
+    top of @main, before the producers of its operands."""
+    name = "break-dominance"
+    summary = "test only: break SSA dominance"
+
+    def run(self, module, options, state):
+        func = next(op for op in module.body.operations if op.operation.name == "func.func")
+        ops = list(func.regions[0].blocks[0].operations)
+        ops[-2].move_before(ops[0])
+
+
+class BreakTypes(ModulePass):
+    """Test-only pass producing invalid IR: returns the first argument in place of
+    the first result, of another type."""
+    name = "break-types"
+    summary = "test only: return a value of the wrong type"
+
+    def run(self, module, options, state):
+        func = next(op for op in module.body.operations if op.operation.name == "func.func")
+        block = func.regions[0].blocks[0]
+        ret = list(block.operations)[-1]
+        ret.operands[0] = block.arguments[0]
+
+
+@pytest.fixture
+def broken_passes(monkeypatch):
+    original = registry
+
+    def patched():
+        return {**original(), BreakDominance.name: BreakDominance(), BreakTypes.name: BreakTypes()}
+    monkeypatch.setattr(pipeline, "registry", patched)
+    return patched
+
+
+@pytest.mark.parametrize("bad_pass, symptom", [("break-dominance", "does not dominate"),
+                                               ("break-types", "type of return operand")])
+def test_verification_failure_names_the_pass(broken_passes, files, bad_pass, symptom):
+    m = rp.load(files["vjp"])
+    steps = pipeline.parse_pipeline(f"builtin.module(cse,{bad_pass},canonicalize)")
+    with pytest.raises(rp.RematError) as info:
+        pipeline.run_pipeline(m.op, steps)
+    msg = str(info.value)
+    assert f"verification failed after pass '{bad_pass}'" in msg.splitlines()[0]
+    assert symptom in msg
+    assert "'cse'" not in msg and "canonicalize" not in msg
+
+
+def test_verify_each_false_skips_verification(broken_passes, files):
+    """The error above comes from verify-each (not from the pass itself)."""
+    m = rp.load(files["vjp"])
+    pipeline.run_pipeline(m.op, pipeline.parse_pipeline("builtin.module(break-dominance)"),
+                          verify_each=False)
+    with pytest.raises(rp.RematError, match="verification failed"):
+        m.verify()
+
+
+def test_cli_reports_verification_failure(broken_passes, files, tmp_path, capsys):
+    out = tmp_path / "out.mlir"
+    out.write_bytes(OLD_OUTPUT)
+    code = cli.main([files["vjp"], "--pass-pipeline=builtin.module(break-dominance)",
+                     "-o", str(out)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "verification failed after pass 'break-dominance'" in captured.err.splitlines()[0]
+    assert "Traceback" not in captured.err
+    assert out.read_bytes() == OLD_OUTPUT
