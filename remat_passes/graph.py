@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from remat_passes.mlir import RematError, ir, op_id, value_id
+from remat_passes.mlir import RematError, ir, op_id
 
 COTANGENT_ATTR = "remat.cotangent"
 GRADIENT_RESULT_ATTR = "remat.gradient"
@@ -86,7 +86,10 @@ _FILE_RE = re.compile(r'"((?:[^"\\]|\\.)*)":(\d+):(\d+)')
 
 def name_stack(op) -> str:
     """JAX's name stack from the op's NameLoc, e.g. 'jit(f)/jvp(remat[1])/sin'."""
-    m = _NAME_LOC_RE.match(str(op.operation.location))
+    loc = op.operation.location
+    if isinstance(loc, ir.NameLoc):
+        return loc.name_str
+    m = _NAME_LOC_RE.match(str(loc))
     return m.group(1) if m else ""
 
 
@@ -98,18 +101,35 @@ def jax_primitive(op) -> str:
     return op_name(op).split(".", 1)[-1]
 
 
+def _innermost_frame(loc):
+    """(FileLineColLoc, function name) of the first callee frame, or (None, '')."""
+    fn = ""
+    for _ in range(64):  # locations nest a handful of levels deep
+        if isinstance(loc, ir.NameLoc):
+            if fn == "" and loc.name_str and not loc.name_str.startswith(("jit(", "pjit(")) \
+                    and "/" not in loc.name_str:
+                fn = loc.name_str
+            loc = loc.child_loc
+        elif isinstance(loc, ir.CallSiteLoc):
+            loc = loc.callee
+        elif isinstance(loc, ir.FileLineColLoc):
+            return loc, fn
+        else:
+            return None, fn
+    return None, fn
+
+
 def source_position(op) -> tuple[str, str]:
     """('FILE:LINE:COL', 'function') of the innermost user frame; '' when unknown."""
-    text = str(op.operation.location)
-    m = _CALLEE_RE.search(text)
-    if m:
-        return f"{m.group(2)}:{m.group(3)}:{m.group(4)}", m.group(1)
-    m = _FILE_RE.search(text)
-    if m and m.group(1) != "-":
-        return f"{m.group(1)}:{m.group(2)}:{m.group(3)}", ""
-    if m:
-        return f"line {m.group(2)}", ""
-    return "", ""
+    loc, fn = _innermost_frame(op.operation.location)
+    if loc is None:
+        return "", ""
+    if loc.filename == "-":   # text parsed from a string or stdin
+        return f"line {loc.start_line}", fn
+    return f"{loc.filename}:{loc.start_line}:{loc.start_col}", fn
+
+
+_WRAPPER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\((.*)\)")
 
 
 def _frames(stack: str) -> list[str]:
@@ -123,7 +143,7 @@ def _frames(stack: str) -> list[str]:
     for part in parts:
         inner = part
         while True:
-            m = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\((.*)\)", inner)
+            m = _WRAPPER_RE.fullmatch(inner)
             if not m:
                 break
             inner = m.group(1)
@@ -138,9 +158,12 @@ def region_chain(op, scope_re: re.Pattern | None = None) -> tuple[str, ...]:
     frame matching `scope_re` (a user option that turns name scopes, e.g.
     Flax module paths, into regions). Regions are identified by their path.
     """
+    stack = name_stack(op)
+    if scope_re is None and "remat[" not in stack:
+        return ()
     chain = []
     path = []
-    for frame in _frames(name_stack(op)):
+    for frame in _frames(stack):
         path.append(frame)
         if REGION_FRAME_RE.fullmatch(frame) or (scope_re is not None and scope_re.search(frame)):
             chain.append("/".join(path))
@@ -154,9 +177,9 @@ def region_key(region_path: str) -> str:
 
 # ------------------------------------------------------------------ values --
 def read_values(op) -> list:
-    """Operands of `op` plus the outer values its nested regions capture."""
+    """Operands of `op` plus the outer values its nested regions capture (no duplicates)."""
     op = op.operation
-    values = list(op.operands)
+    values = list(dict.fromkeys(op.operands))
     if len(op.regions) == 0:
         return values
     inner_defs = set()
@@ -165,22 +188,22 @@ def read_values(op) -> list:
     def visit(inner):
         if inner is not op:
             for r in inner.results:
-                inner_defs.add(value_id(r))
+                inner_defs.add(r)
         for region in inner.regions:
             for block in region.blocks:
                 for a in block.arguments:
-                    inner_defs.add(value_id(a))
+                    inner_defs.add(a)
         return ir.WalkResult.ADVANCE
     op.walk(visit, ir.WalkOrder.PRE_ORDER)
 
     def collect(inner):
         if inner is not op:
             for v in inner.operands:
-                if value_id(v) not in inner_defs:
+                if v not in inner_defs:
                     captured.append(v)
         return ir.WalkResult.ADVANCE
     op.walk(collect)
-    return values + captured
+    return list(dict.fromkeys(values + captured))
 
 
 def replace_reads(op, old, new) -> None:
@@ -305,7 +328,7 @@ def backward_ops(func_op, cotangent_indices=None) -> tuple[set, str]:
             raise RematError(f"error: cotangent argument index {i} is out of range "
                              f"(@{func_name(func_op)} has {nargs} arguments)")
     ops = [op for op in block.operations]
-    seeds_values = {value_id(block.arguments[i]) for i in cotangent_indices}
+    seeds_values = {block.arguments[i] for i in cotangent_indices}
     by_name = not seeds_values
     if by_name:
         how = "JAX name stacks (transpose frames)"
@@ -323,8 +346,8 @@ def backward_ops(func_op, cotangent_indices=None) -> tuple[set, str]:
             continue
         is_bwd = (by_name and "transpose(" in name_stack(op)) or \
             RECOMPUTE_ATTR in op.operation.attributes or \
-            any(value_id(v) in bvalues for v in read_values(op))
+            any(v in bvalues for v in read_values(op))
         if is_bwd:
             backward.add(op_id(op))
-            bvalues.update(value_id(r) for r in op.operation.results)
+            bvalues.update(op.operation.results)
     return backward, how

@@ -188,19 +188,15 @@ _capsule_name.restype = ctypes.c_char_p
 _capsule_name.argtypes = [ctypes.py_object]
 
 
+_OP_CAPSULE = b"jaxlib.mlir.ir.Operation._CAPIPtr"
+
+
 def op_id(op) -> int:
     """A stable identity for an operation while it lives (its C pointer)."""
+    global _OP_CAPSULE
     cap = op.operation._CAPIPtr
-    return _capsule_pointer(cap, _capsule_name(cap))
-
-
-def value_id(v) -> tuple:
-    """A stable identity for a value: ('arg', block pointer, n) or (op pointer, n)."""
-    if isinstance(v, ir.BlockArgument):
-        return ("arg", id_of_block(v.owner), v.arg_number)
-    return (op_id(v.owner), v.result_number)
-
-
-def id_of_block(block) -> int:
-    cap = block._CAPIPtr
-    return _capsule_pointer(cap, _capsule_name(cap))
+    try:
+        return _capsule_pointer(cap, _OP_CAPSULE)
+    except ValueError:  # another capsule name in this jaxlib build: learn it once
+        _OP_CAPSULE = _capsule_name(cap)
+        return _capsule_pointer(cap, _OP_CAPSULE)

@@ -65,16 +65,36 @@ def normalize_verdict(value, policy=None):
 
 
 # ------------------------------------------------------------------ op info --
-@dataclasses.dataclass
 class OpInfo:
-    """What a policy sees of one forward op."""
-    name: str                      # e.g. "stablehlo.dot_general"
-    operand_types: list[str]       # e.g. ["tensor<8x4xf32>", ...]
-    result_types: list[str]
-    attributes: dict[str, str]     # attribute name -> printed value
-    checkpoint_name: str | None    # for the @remat.name marker, its name
-    lhs_batching_dims: tuple[int, ...] = ()
-    rhs_batching_dims: tuple[int, ...] = ()
+    """What a policy sees of one forward op.
+
+    name             e.g. "stablehlo.dot_general"
+    operand_types    e.g. ["tensor<8x4xf32>", ...]
+    result_types
+    attributes       attribute name -> printed value (built on first use)
+    checkpoint_name  for the @remat.name marker, its name; else None
+    lhs_batching_dims / rhs_batching_dims  for dot_general
+    """
+
+    def __init__(self, name, operand_types, result_types, attributes, checkpoint_name,
+                 lhs_batching_dims=(), rhs_batching_dims=()):
+        self.name = name
+        self.operand_types = operand_types
+        self.result_types = result_types
+        self._attributes = attributes
+        self.checkpoint_name = checkpoint_name
+        self.lhs_batching_dims = tuple(lhs_batching_dims)
+        self.rhs_batching_dims = tuple(rhs_batching_dims)
+
+    @property
+    def attributes(self) -> dict[str, str]:
+        if callable(self._attributes):
+            self._attributes = self._attributes()
+        return self._attributes
+
+    def __repr__(self):
+        extra = f", checkpoint_name={self.checkpoint_name!r}" if self.checkpoint_name else ""
+        return f"OpInfo({self.name}{extra})"
 
     @property
     def is_dot(self) -> bool:

@@ -136,29 +136,57 @@ def time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, old)
 
 
-def time_remat(module, policy, mode, repeat, timeout, profiler=None):
-    """Best-of-`repeat` seconds of remat(); (seconds, result op count, n residuals, note)."""
-    best = math.inf
+class GCTimer:
+    """Seconds the cyclic garbage collector runs while enabled (via gc.callbacks)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
+
+    def __enter__(self):
+        self.seconds = 0.0
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self)
+
+
+def time_remat(module, policy, mode, repeat, timeout, profiler=None, disable_gc=False):
+    """Best-of-`repeat` remat(): (seconds, GC seconds in that run, result op count,
+    n residuals, note)."""
+    best, best_gc = math.inf, 0.0
     out = None
     for _ in range(repeat):
         gc.collect()
+        if disable_gc:
+            gc.disable()
         try:
-            with time_limit(timeout):
+            with time_limit(timeout), GCTimer() as gct:
                 if profiler is not None:
                     profiler.enable()
-                t0 = time.perf_counter()
-                out = rp.remat(module, policy, mode=mode)
-                dt = time.perf_counter() - t0
-                if profiler is not None:
-                    profiler.disable()
+                try:
+                    t0 = time.perf_counter()
+                    out = rp.remat(module, policy, mode=mode)
+                    dt = time.perf_counter() - t0
+                finally:
+                    if profiler is not None:
+                        profiler.disable()
         except RunTimeout:
-            if profiler is not None:
-                profiler.disable()
-            return None, None, None, f"timeout > {timeout:g} s"
+            return None, None, None, None, f"timeout > {timeout:g} s"
         except RecursionError as e:
-            return None, None, None, f"RecursionError: {e}"
-        best = min(best, dt)
-    return best, count_ops(out.op), len(out.residuals), ""
+            return None, None, None, None, f"RecursionError: {e}"
+        finally:
+            gc.enable()
+        if dt < best:
+            best, best_gc = dt, gct.seconds
+    return best, best_gc, count_ops(out.op), len(out.residuals), ""
 
 
 # ---------------------------------------------------------------- reports --
@@ -192,9 +220,13 @@ def render(meta, modules, rows, sizes, policies, modes) -> str:
     L.append(f"- model: chain of `h = sin(tanh(h @ W[i % {N_WEIGHTS}]))` layers, "
              f"checkpoint_name'd `layer<i>`, f32[{BATCH},{D}] activations, "
              "exported with `remat_passes.export_vjp` (joint VJP: forward + backward in @main)")
-    L.append(f"- timed: `remat_passes.remat(module, policy, mode=...)` (policy None for everything_saveable) (module clone, "
-             "remat-partial-eval, strip-checkpoint-names, verifier), "
-             f"best of {meta['repeat']} (`time.perf_counter`)")
+    L.append(f"- timed: `remat_passes.remat(module, policy, mode=...)` (policy None for "
+             "everything_saveable; module clone, remat-partial-eval, strip-checkpoint-names, "
+             "verifier), "
+             f"best of {meta['repeat']} (`time.perf_counter`); modules over "
+             f"{meta['once_above']:,} ops timed once (column n); 'of which GC': seconds "
+             "Python's cyclic GC ran inside that run (gc.callbacks)"
+             + ("; **GC disabled during remat()**" if meta["disable_gc"] else ""))
     L.append(f"- targets: <= {TARGET_US_PER_OP:g} us/op (1 s per 10k ops); linear growth "
              f"(exponent k in t ~ n^k at most {LINEAR_EXPONENT_MAX})\n")
 
@@ -208,9 +240,9 @@ def render(meta, modules, rows, sizes, policies, modes) -> str:
     L.append("")
 
     L.append("## remat() time\n")
-    L.append("| policy | mode | ops (in) | ops (out) | residuals | seconds | us/op "
-             "| s per 10k ops | target |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|:---:|")
+    L.append("| policy | mode | ops (in) | ops (out) | residuals | n | seconds | of which GC "
+             "| us/op | s per 10k ops | target |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
     for p in policies:
         for mode in modes:
             for s in sizes:
@@ -224,8 +256,9 @@ def render(meta, modules, rows, sizes, policies, modes) -> str:
                 note = f" ({r['note']})" if r["note"] else ""
                 L.append(f"| {label} | {mode} | {r['ops']:,} | "
                          f"{'—' if r['ops_out'] is None else format(r['ops_out'], ',')} | "
-                         f"{'—' if r['residuals'] is None else r['residuals']} | "
-                         f"{fmt_s(r['seconds'])}{note} | {fmt_us(r['us_per_op'])} | "
+                         f"{'—' if r['residuals'] is None else r['residuals']} | {r['repeat']} | "
+                         f"{fmt_s(r['seconds'])}{note} | {fmt_s(r['gc'])} | "
+                         f"{fmt_us(r['us_per_op'])} | "
                          f"{fmt_s(per10k)} | {ok} |")
     L.append("")
 
@@ -273,12 +306,17 @@ def main(argv=None):
     ap.add_argument("--sizes", default="1000,10000,100000",
                     help="target op counts, comma-separated (default: 1000,10000,100000)")
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs (default 3)")
+    ap.add_argument("--once-above", type=int, default=50000, metavar="OPS",
+                    help="modules with more ops than this are timed once, not best of N "
+                         "(default 50000; 0: always best of N)")
     ap.add_argument("--out", help="also write the Markdown report to this file")
     ap.add_argument("--policies", default=",".join(POLICY_NAMES),
                     help=f"comma-separated subset of {','.join(POLICY_NAMES)}")
     ap.add_argument("--modes", default=",".join(MODES), help="joint,split or one of them")
     ap.add_argument("--timeout", type=float, default=0,
                     help="give up on a single remat() run after this many seconds (0: never)")
+    ap.add_argument("--disable-gc", action="store_true",
+                    help="run remat() with Python's cyclic GC off (isolates the GC's share)")
     ap.add_argument("--profile", metavar="FILE",
                     help="cProfile only the timed remat() calls; write pstats to FILE")
     args = ap.parse_args(argv)
@@ -298,7 +336,8 @@ def main(argv=None):
     console = Console(stderr=True)
     profiler = cProfile.Profile() if args.profile else None
     meta = {"host": f"{platform.machine()} {os.cpu_count()} cpus",
-            "python": platform.python_version(), "repeat": args.repeat}
+            "python": platform.python_version(), "repeat": args.repeat,
+            "once_above": args.once_above or math.inf, "disable_gc": args.disable_gc}
     modules, rows = {}, {}
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -321,11 +360,13 @@ def main(argv=None):
                 policy = make_policy(p, layers)
                 for mode in modes:
                     progress.update(task, description=f"{s:,} ops: {p} / {mode}")
-                    secs, ops_out, nres, note = time_remat(module, policy, mode, args.repeat,
-                                                           args.timeout, profiler)
+                    repeat = 1 if args.once_above and ops > args.once_above else args.repeat
+                    secs, gc_s, ops_out, nres, note = time_remat(
+                        module, policy, mode, repeat, args.timeout, profiler, args.disable_gc)
                     rows[(p, mode, s)] = {
                         "policy": p, "mode": mode, "size": s, "ops": ops, "ops_out": ops_out,
-                        "residuals": nres, "seconds": secs, "note": note,
+                        "residuals": nres, "seconds": secs, "gc": gc_s, "note": note,
+                        "repeat": repeat,
                         "us_per_op": None if secs is None else secs / ops * 1e6}
                     progress.advance(task)
                     if secs is not None:

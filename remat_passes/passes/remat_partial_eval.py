@@ -29,11 +29,12 @@ whose backward is being served.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import re
 import sys
 
 from remat_passes import graph
-from remat_passes.mlir import RematError, func, ir, op_id, passmanager, value_id
+from remat_passes.mlir import RematError, func, ir, op_id, passmanager
 from remat_passes.passes import ModulePass, Option, PassState, parse_int_list
 from remat_passes.policies import (Offloadable, OpInfo, Recompute, Saveable, as_policy,
                                    everything_saveable, nothing_saveable, parse_policy)
@@ -103,7 +104,8 @@ def _common_prefix(a: tuple, b: tuple) -> tuple:
 
 def op_info(op) -> OpInfo:
     op = op.operation
-    attrs = {name: str(op.attributes[name]) for name in op.attributes}
+    def attrs():
+        return {name: str(op.attributes[name]) for name in op.attributes}
     lhs_b = rhs_b = ()
     if op.name == "stablehlo.dot_general" and "dot_dimension_numbers" in op.attributes:
         text = str(op.attributes["dot_dimension_numbers"])
@@ -199,33 +201,39 @@ class _Rewriter:
             self.cotangent_indices = [
                 i for i in range(len(block.arguments))
                 if graph.COTANGENT_ATTR in graph.arg_attr_names(self.func_op, i)]
-        self.cotangent_args = {value_id(block.arguments[i]) for i in self.cotangent_indices}
+        self.cotangent_args = {block.arguments[i] for i in self.cotangent_indices}
         ops = [op.operation for op in block.operations]
         self.terminator = ops[-1]
-        # Everything below is keyed by op_id / value_id (see mlir.op_id).
-        self.chain = {op_id(op): graph.region_chain(op, self.scope_re) for op in ops}
-        self.fwd_consumers: dict = {op_id(op): [] for op in ops}
-        for op in ops[:-1]:
-            if op_id(op) in self.backward:
+        # Ops are keyed by op_id (their hash changes when an operand is replaced);
+        # Values hash by pointer and are used as keys directly.
+        ids = [op_id(op) for op in ops]
+        self.chain = {i: graph.region_chain(op, self.scope_re) for i, op in zip(ids, ops)}
+        self.fwd_consumers: dict = {i: [] for i in ids}
+        for i, op in zip(ids[:-1], ops[:-1]):
+            if i in self.backward:
                 continue
             for v in graph.read_values(op):
                 if isinstance(v, ir.OpResult):
-                    self.fwd_consumers[op_id(v.owner)].append(op_id(op))
+                    self.fwd_consumers[op_id(v.owner)].append(i)
         self.verdict_cache: dict = {}
         self.clones: dict = {}
-        self.saved: dict = {}     # value_id -> Offloadable or None (an ordered set)
+        self.saved: dict = {}     # Value -> Offloadable or None (an ordered set)
         self.recomputed: set = set()
         self.group = 0
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(limit, 10 * len(ops) + 1000))
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # many small long-lived objects: full collections cost more than the pass
         try:
-            for op in ops:
-                if op_id(op) in self.backward:
+            for i, op in zip(ids, ops):
+                if i in self.backward:
                     self.group += 1
-                    self._serve(op, self.chain[op_id(op)])
+                    self._serve(op, self.chain[i])
             bwd_flags = self._serve_split_results() if self.mode == "split" else None
         finally:
             sys.setrecursionlimit(limit)
+            if gc_was_enabled:
+                gc.enable()
         self._dce()
         residuals = self._residual_list()
         if self.mode == "split":
@@ -238,21 +246,16 @@ class _Rewriter:
     def _serve(self, consumer, ctx):
         """Make every forward value `consumer` reads available right before it."""
         self.insert_before = consumer
-        seen = set()
         for v in graph.read_values(consumer):
-            if value_id(v) in seen:
-                continue
-            seen.add(value_id(v))
             new = self._get_for(v, ctx)
-            if value_id(new) != value_id(v):
+            if new != v:
                 graph.replace_reads(consumer, v, new)
 
     def _get_for(self, v, consumer_ctx):
         """The value to use for forward value `v` in the backward of regions `consumer_ctx`."""
         if isinstance(v, ir.BlockArgument):
-            vid = value_id(v)
-            if vid not in self.cotangent_args and v.owner == self.block:
-                self.saved.setdefault(vid, None)
+            if v not in self.cotangent_args and v.owner == self.block:
+                self.saved.setdefault(v, None)
             return v
         owner = v.owner.operation
         if self._is_backward(owner):
@@ -294,13 +297,13 @@ class _Rewriter:
     def _get(self, v, ctx):
         op = v.owner.operation
         if graph.is_side_effecting(op):
-            self.saved.setdefault(value_id(v), None)   # never duplicated
+            self.saved.setdefault(v, None)   # never duplicated
             return v
         if not graph.is_free(op):
             if not ctx:
                 verdict = self._saved_top(op)
                 if verdict is not Recompute:
-                    self.saved[value_id(v)] = verdict if isinstance(verdict, Offloadable) else None
+                    self.saved[v] = verdict if isinstance(verdict, Offloadable) else None
                     return v
             elif self._kept_by_parent(op, ctx):
                 return self._get(v, ctx[:-1])
@@ -310,15 +313,11 @@ class _Rewriter:
         return self.clones[key].results[v.result_number]
 
     def _clone(self, op, ctx):
-        reads, seen = [], set()
-        for u in graph.read_values(op):
-            if value_id(u) not in seen:
-                seen.add(value_id(u))
-                reads.append(u)
+        reads = graph.read_values(op)
         new_values = [self._get_for(u, ctx) for u in reads]
         clone = op.clone(ip=ir.InsertionPoint(self.insert_before))
         for old, new in zip(reads, new_values):
-            if value_id(new) != value_id(old):
+            if new != old:
                 graph.replace_reads(clone, old, new)
         with self.module.context:
             clone.attributes[graph.RECOMPUTE_ATTR] = ir.IntegerAttr.get(
@@ -328,13 +327,13 @@ class _Rewriter:
 
     # ----------------------------------------------------------- results --
     def _residual_list(self) -> list[Residual]:
-        values = [a for a in self.block.arguments if value_id(a) in self.saved]
+        values = [a for a in self.block.arguments if a in self.saved]
         for op in self.block.operations:
-            values.extend(r for r in op.results if value_id(r) in self.saved)
+            values.extend(r for r in op.results if r in self.saved)
         self.residual_values = values
         out = []
         for v in values:
-            offload = self.saved[value_id(v)]
+            offload = self.saved[v]
             if offload is not None:
                 with self.module.context:
                     v.owner.attributes[OFFLOAD_ATTR] = ir.StringAttr.get(
@@ -345,20 +344,18 @@ class _Rewriter:
 
     def _dce(self):
         """Erase forward ops left without uses (e.g. a cosine only the backward needed)."""
-        changed = True
-        while changed:
-            changed = False
-            for op in reversed([o.operation for o in self.block.operations]):
-                if op.name == "func.return" or graph.is_side_effecting(op):
-                    continue
-                if all(len(list(r.uses)) == 0 for r in op.results):
-                    op.erase()
-                    changed = True
+        # One reverse sweep: a dead op's operands are visited after it is gone.
+        for op in reversed([o.operation for o in self.block.operations]):
+            if any(next(iter(r.uses), None) is not None for r in op.results):
+                continue
+            if op.name == "func.return" or graph.is_side_effecting(op):
+                continue
+            op.erase()
 
     # ------------------------------------------------------------- split --
     def _is_bwd_value(self, v):
         if isinstance(v, ir.BlockArgument):
-            return value_id(v) in self.cotangent_args
+            return v in self.cotangent_args
         return self._is_backward(v.owner.operation)
 
     def _serve_split_results(self):
@@ -374,14 +371,13 @@ class _Rewriter:
         return flags
 
     def _split(self, bwd_flags):
+        """Move forward ops into <f>_fwd and backward ops into <f>_bwd, then rewire."""
         f = self.func_op
         name = self.func_name
         term = self.terminator
         ops = [op.operation for op in self.block.operations][:-1]
-        bwd_ops = [o for o in ops if self._is_backward(o)]
-        fwd_ops = [o for o in ops if not self._is_backward(o)]
-        primal_args = [a for a in self.block.arguments if value_id(a) not in self.cotangent_args]
-        cot_args = [a for a in self.block.arguments if value_id(a) in self.cotangent_args]
+        primal_args = [a for a in self.block.arguments if a not in self.cotangent_args]
+        cot_args = [a for a in self.block.arguments if a in self.cotangent_args]
         results = list(term.operands)
         fwd_results = [v for v, b in zip(results, bwd_flags) if not b]
         bwd_results = [v for v, b in zip(results, bwd_flags) if b]
@@ -390,11 +386,26 @@ class _Rewriter:
 
         with self.module.context, ir.Location.unknown():
             ip = ir.InsertionPoint(f)
-            fwd = self._new_func(f"{name}_fwd", primal_args, fwd_results + residuals, fwd_ops,
-                                 [a.location for a in primal_args], ip)
-            bwd = self._new_func(f"{name}_bwd", residuals + cot_args, bwd_results, bwd_ops,
-                                 [ir.Location.name(f"residual{i}") for i in range(len(residuals))]
-                                 + [a.location for a in cot_args], ip)
+            fwd = self._empty_func(f"{name}_fwd", primal_args, fwd_results + residuals,
+                                   [a.location for a in primal_args], ip)
+            bwd = self._empty_func(f"{name}_bwd", residuals + cot_args, bwd_results,
+                                   [ir.Location.name(f"residual{i}") for i in range(len(residuals))]
+                                   + [a.location for a in cot_args], ip)
+            fwd_block, bwd_block = graph.body_block(fwd), graph.body_block(bwd)
+            fwd_ret = func.ReturnOp(fwd_results + residuals, ip=ir.InsertionPoint(fwd_block))
+            bwd_ret = func.ReturnOp(bwd_results, ip=ir.InsertionPoint(bwd_block))
+            for op in ops:
+                op.move_before(bwd_ret if self._is_backward(op) else fwd_ret)
+            # Residuals: their uses in <f>_bwd read the new arguments.
+            for v, arg in zip(residuals, bwd_block.arguments):
+                for use in list(v.uses):
+                    owner = use.owner
+                    if owner == bwd_ret.operation or self._inside(owner, bwd):
+                        owner.operands[use.operand_number] = arg
+            for v, arg in zip(cot_args, bwd_block.arguments[len(residuals):]):
+                v.replace_all_uses_with(arg)
+            for v, arg in zip(primal_args, fwd_block.arguments):
+                v.replace_all_uses_with(arg)
             fwd.attributes["res_attrs"] = ir.ArrayAttr.get(
                 [ir.DictAttr.get({}) for _ in fwd_results]
                 + [ir.DictAttr.get({RESIDUAL_ATTR: ir.StringAttr.get(d)}) for d in descs])
@@ -404,21 +415,18 @@ class _Rewriter:
         f.operation.erase()
 
     @staticmethod
-    def _new_func(name, args, results, body_ops, locs, ip):
+    def _inside(op, func_op) -> bool:
+        """Is `op` (possibly nested in regions) inside `func_op`?"""
+        target = op_id(func_op)
+        while op is not None:
+            if op_id(op) == target:
+                return True
+            op = op.parent
+        return False
+
+    @staticmethod
+    def _empty_func(name, args, results, locs, ip):
         ftype = ir.FunctionType.get([a.type for a in args], [r.type for r in results])
         new = func.FuncOp(name, ftype, ip=ip)
-        block = new.add_entry_block(arg_locs=locs)
-        mapping = {value_id(a): b for a, b in zip(args, block.arguments)}
-        for op in body_ops:
-            reads = graph.read_values(op)
-            clone = op.clone(ip=ir.InsertionPoint(block))
-            done = set()
-            for old in reads:
-                if value_id(old) in mapping and value_id(old) not in done:
-                    done.add(value_id(old))
-                    graph.replace_reads(clone, old, mapping[value_id(old)])
-            for old, new_v in zip(op.results, clone.results):
-                mapping[value_id(old)] = new_v
-        with ir.InsertionPoint(block):
-            func.ReturnOp([mapping.get(value_id(r), r) for r in results])
+        new.add_entry_block(arg_locs=locs)
         return new
