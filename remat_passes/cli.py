@@ -51,7 +51,7 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _ArgumentParser(
-        prog="remat-opt",
+        prog="remat-opt", allow_abbrev=False,
         description="Rematerialization (gradient checkpointing) passes over StableHLO, "
                     "mlir-opt style. Input: MLIR text or bytecode, a StableHLO portable "
                     "artifact, or a serialized jax.export.Exported.")
@@ -135,7 +135,8 @@ def _process(data: bytes, steps: list[Step], args, filename: str) -> tuple[bytes
     report = ""
     if args.print_saved_residuals:
         for fname, residuals in state.residuals.items():
-            report += f"// saved residuals of @{fname}: {len(residuals)} values, " \
+            count = f"{len(residuals)} value" + ("" if len(residuals) == 1 else "s")
+            report += f"// saved residuals of @{fname}: {count}, " \
                       f"{residual_bytes(residuals)} bytes\n"
             report += "".join(f"{r}\n" for r in residuals)
     out = module.bytecode() if args.emit_bytecode else \
@@ -169,7 +170,7 @@ def run(argv: list[str]) -> int:
         except RematError as e:
             if not args.split_input_file:
                 raise
-            errors.append(str(e))
+            errors.append(_format_error(e))
     if errors:
         sys.stderr.write("\n".join(errors) + "\n")
         return 1
@@ -187,15 +188,17 @@ def run(argv: list[str]) -> int:
     return 0
 
 
+def _format_error(e: RematError) -> str:
+    """'FILE:LINE:COL: error: ...' as is (as mlir-opt prints it); others get our name."""
+    msg = str(e)
+    return f"remat-opt: {msg}" if msg.startswith("error:") else msg
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except RematError as e:
-        msg = str(e)
-        # 'FILE:LINE:COL: error: ...' is printed as is (as mlir-opt does);
-        # errors without a location get the tool's name in front.
-        sys.stderr.write(f"remat-opt: {msg}" if msg.startswith("error:") else msg)
-        sys.stderr.write("\n")
+        sys.stderr.write(_format_error(e) + "\n")
         code = 1
     except BrokenPipeError:
         code = 0

@@ -269,6 +269,9 @@ def find_func(module: ir.Module, name: str):
     if name not in funcs:
         listing = ", ".join(f"@{n}" for n in funcs) or "none"
         raise RematError(f"error: no function @{name} in the module (functions: {listing})")
+    if len(funcs[name].regions[0].blocks) == 0:
+        raise RematError(f"error: @{name} is a declaration without a body; there is nothing "
+                         "to rewrite")
     return funcs[name]
 
 

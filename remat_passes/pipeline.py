@@ -7,9 +7,12 @@ pass with MLIR's `// -----// IR Dump After ...` headers when asked.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
 import sys
+import tempfile
 from typing import TextIO
 
 from remat_passes import mlir
@@ -110,14 +113,38 @@ def check_steps(steps: list[Step]) -> None:
         if step.name in ours:
             step.parsed = ours[step.name].parse_options(step.options)
         elif step.name in CORE_PASSES:
-            with mlir.context():
+            with mlir.context(), _quiet_stderr() as captured:
                 try:
                     passmanager.PassManager.parse(f"builtin.module({step.spec()})")
+                    error = None
                 except Exception as e:  # MLIRError / ValueError from the option parser
-                    msg = " ".join(str(e).split())
-                    raise RematError(f"error: bad options for pass '{step.name}': {msg}") from None
+                    error = e
+            if error is not None:
+                detail = " ".join((captured.text + " " + str(error)).split())
+                raise RematError(f"error: bad options for pass '{step.name}': {detail}")
         else:
             raise unknown_pass_error(step.name)
+
+
+class _Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Capture what LLVM's option parser writes straight to file descriptor 2."""
+    captured = _Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.text = tmp.read().decode("utf-8", errors="replace")
 
 
 def _class_name(step: Step) -> str:

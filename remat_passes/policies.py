@@ -26,6 +26,10 @@ from remat_passes.mlir import RematError
 NAME_MARKER = "remat.name"
 
 
+class PolicyError(RematError, ValueError):
+    """A policy raised or returned nonsense: a ValueError, as in JAX, and a user error."""
+
+
 # ----------------------------------------------------------------- verdicts --
 class _Verdict:
     def __init__(self, name):
@@ -77,7 +81,8 @@ class OpInfo:
     """
 
     def __init__(self, name, operand_types, result_types, attributes, checkpoint_name,
-                 lhs_batching_dims=(), rhs_batching_dims=()):
+                 lhs_batching_dims=(), rhs_batching_dims=(), lhs_contracting_dims=(),
+                 rhs_contracting_dims=()):
         self.name = name
         self.operand_types = operand_types
         self.result_types = result_types
@@ -85,6 +90,8 @@ class OpInfo:
         self.checkpoint_name = checkpoint_name
         self.lhs_batching_dims = tuple(lhs_batching_dims)
         self.rhs_batching_dims = tuple(rhs_batching_dims)
+        self.lhs_contracting_dims = tuple(lhs_contracting_dims)
+        self.rhs_contracting_dims = tuple(rhs_contracting_dims)
 
     @property
     def attributes(self) -> dict[str, str]:
@@ -117,7 +124,11 @@ class Policy:
         return self._fn(op)
 
     def verdict(self, op: OpInfo):
-        return normalize_verdict(self._fn(op), self)
+        try:
+            value = self._fn(op)
+        except (ValueError, TypeError) as e:
+            raise PolicyError(f"error: policy {self.spec} failed on {op.name}: {e}") from None
+        return normalize_verdict(value, self)
 
     def __repr__(self):
         return f"<policy {self.spec}>"
@@ -250,12 +261,46 @@ POLICIES: dict[str, Any] = {
 }
 
 
+def _from_jax_policy(policy) -> Policy:
+    """Adapt a policy written for jaxprs (`policy(prim, *avals, **params)`).
+
+    `jax.checkpoint_policies.*` and user policies in JAX's style see the JAX
+    primitive that lowers to the op: dot_general_p, conv_general_dilated_p,
+    name_p (with its `name`), or a stand-in primitive named like the op.
+    """
+    from jax._src import core
+    from jax._src.ad_checkpoint import name_p
+    from jax._src.lax import convolution, lax
+    stand_ins: dict[str, Any] = {}
+
+    def adapted(op: OpInfo):
+        if op.checkpoint_name is not None:
+            return policy(name_p, name=op.checkpoint_name)
+        if op.name in ("stablehlo.dot_general", "stablehlo.dot"):
+            dims = ((op.lhs_contracting_dims, op.rhs_contracting_dims),
+                    (op.lhs_batching_dims, op.rhs_batching_dims))
+            return policy(lax.dot_general_p, dimension_numbers=dims)
+        if op.name == "stablehlo.convolution":
+            return policy(convolution.conv_general_dilated_p)
+        prim = stand_ins.setdefault(op.name, core.Primitive(op.name.split(".", 1)[-1]))
+        return policy(prim)
+    name = getattr(policy, "__qualname__", None) or repr(policy)
+    return Policy(adapted, f"<jax policy {name}>")
+
+
+def _is_jax_policy(policy) -> bool:
+    module = getattr(policy, "__module__", "") or ""
+    return module.startswith("jax.") or module == "jax"
+
+
 def as_policy(policy) -> Policy:
-    """A Policy from a Policy, a spec string or a user callable."""
+    """A Policy from a Policy, a spec string, a JAX policy or a user callable."""
     if isinstance(policy, Policy):
         return policy
     if isinstance(policy, str):
         return parse_policy(policy)
+    if callable(policy) and _is_jax_policy(policy):
+        return _from_jax_policy(policy)
     if callable(policy):
         name = getattr(policy, "__qualname__", None) or repr(policy)
         return Policy(policy, f"<callable {name}>")

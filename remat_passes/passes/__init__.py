@@ -76,7 +76,6 @@ class ModulePass:
 CORE_PASSES = {
     "canonicalize": ("Canonicalizer", "Canonicalize operations (MLIR core)"),
     "cse": ("CSE", "Eliminate common sub-expressions (MLIR core)"),
-    "inline": ("Inliner", "Inline function calls (MLIR core)"),
     "symbol-dce": ("SymbolDCE", "Eliminate dead symbols (MLIR core)"),
     "sccp": ("SCCP", "Sparse conditional constant propagation (MLIR core)"),
     "remove-dead-values": ("RemoveDeadValues", "Remove dead values (MLIR core)"),
@@ -90,9 +89,10 @@ CORE_PASSES = {
 
 def registry() -> dict[str, ModulePass]:
     """Our passes by pipeline name (imported lazily to keep start-up fast)."""
+    from remat_passes.passes.inline import Inline
     from remat_passes.passes.remat_partial_eval import RematPartialEval
     from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
-    passes = [RematPartialEval(), StripCheckpointNames()]
+    passes = [Inline(), RematPartialEval(), StripCheckpointNames()]
     return {p.name: p for p in passes}
 
 

@@ -34,8 +34,9 @@ import re
 import sys
 
 from remat_passes import graph
-from remat_passes.mlir import RematError, func, ir, op_id, passmanager
+from remat_passes.mlir import RematError, func, ir, op_id
 from remat_passes.passes import ModulePass, Option, PassState, parse_int_list
+from remat_passes.passes.inline import inline_calls
 from remat_passes.policies import (Offloadable, OpInfo, Recompute, Saveable, as_policy,
                                    everything_saveable, nothing_saveable, parse_policy)
 
@@ -106,19 +107,20 @@ def op_info(op) -> OpInfo:
     op = op.operation
     def attrs():
         return {name: str(op.attributes[name]) for name in op.attributes}
-    lhs_b = rhs_b = ()
+    dims = {}
     if op.name == "stablehlo.dot_general" and "dot_dimension_numbers" in op.attributes:
         text = str(op.attributes["dot_dimension_numbers"])
-        m = re.search(r"lhs_batching_dimensions = \[([^\]]*)\]", text)
-        lhs_b = tuple(int(x) for x in m.group(1).split(",")) if m else ()
-        m = re.search(r"rhs_batching_dimensions = \[([^\]]*)\]", text)
-        rhs_b = tuple(int(x) for x in m.group(1).split(",")) if m else ()
+        for key in ("lhs_batching", "rhs_batching", "lhs_contracting", "rhs_contracting"):
+            m = re.search(key + r"_dimensions = \[([^\]]*)\]", text)
+            dims[key + "_dims"] = tuple(int(x) for x in m.group(1).split(",")) if m else ()
+    elif op.name == "stablehlo.dot":
+        dims = {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (0,)}
     return OpInfo(name=op.name,
                   operand_types=[str(v.type) for v in op.operands],
                   result_types=[str(r.type) for r in op.results],
                   attributes=attrs,
                   checkpoint_name=graph.marker_name(op),
-                  lhs_batching_dims=lhs_b, rhs_batching_dims=rhs_b)
+                  **dims)
 
 
 def describe_value(value, func_op) -> str:
@@ -178,22 +180,10 @@ class _Rewriter:
                 "returned by export_vjp, not a reloaded copy)")
         return pol
 
-    def _inline_calls(self):
-        found = []
-
-        def visit(op):
-            if op.name == "func.call":
-                found.append(op)
-            return ir.WalkResult.ADVANCE
-        self.func_op.operation.walk(visit)
-        if found:
-            pm = passmanager.PassManager.parse("builtin.module(inline)")
-            pm.run(self.module.operation)
-
     # --------------------------------------------------------------- run --
     def run(self) -> list[Residual]:
-        self.func_op = graph.find_func(self.module, self.func_name)
-        self._inline_calls()
+        graph.find_func(self.module, self.func_name)  # a clear error before any rewrite
+        inline_calls(self.module)                     # func.call is inlined first
         self.func_op = graph.find_func(self.module, self.func_name)
         block = self.block = graph.body_block(self.func_op)
         self.backward, _ = graph.backward_ops(self.func_op, self.cotangent_indices)

@@ -1,0 +1,38 @@
+// func.call is inlined before remat-partial-eval decides anything (DESIGN.md
+// section 4: "`func.call` is inlined first"), and the `inline` pass inlines it.
+//
+// KNOWN FAILURE: in jaxlib's MLIR context the func dialect's inliner
+// extension is not registered, so `inline` (and remat-partial-eval's own
+// inlining step) leave the call in place; remat-partial-eval then treats the
+// call as side-effecting and saves its result even under nothing_saveable.
+//
+// RUN: remat-opt %s --pass-pipeline='builtin.module(inline)' | filecheck %s --check-prefix=INLINE
+// RUN: remat-opt %s --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=PE
+// RUN: remat-opt %s --remat-partial-eval='policy=nothing_saveable' --print-saved-residuals | filecheck %s --check-prefix=RES
+
+// INLINE-LABEL: func.func @main
+// INLINE-NOT: call @helper
+// INLINE: stablehlo.sine %arg0
+// INLINE-NOT: call @helper
+// INLINE: return
+
+// After inlining, the sine is an ordinary forward op: nothing_saveable
+// recomputes it in the backward from the saved argument.
+// PE-LABEL: func.func @main
+// PE-NOT: call @helper
+// PE: %[[S:.*]] = stablehlo.sine %arg0 :
+// PE-NEXT: %[[S2:.*]] = stablehlo.sine %arg0 {remat.recompute = {{[0-9]+}} : i64}
+// PE-NEXT: stablehlo.multiply %arg1, %[[S2]]
+
+// RES: // saved residuals of @main: 1 value, 16 bytes
+// RES-NEXT: f32[4] from the argument x
+
+func.func @main(%x: tensor<4xf32> loc("x"), %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+  %s = func.call @helper(%x) : (tensor<4xf32>) -> tensor<4xf32>
+  %g = stablehlo.multiply %ct, %s : tensor<4xf32>
+  return %s, %g : tensor<4xf32>, tensor<4xf32>
+}
+func.func private @helper(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.sine %x : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
