@@ -35,25 +35,31 @@ def op_name(op) -> str:
     return op.operation.name
 
 
-def is_side_effecting(op) -> bool:
-    op = op.operation
+def _own_side_effect(op) -> bool:
     if op.name in SIDE_EFFECT_OPS:
         return True
-    if op.name == "stablehlo.custom_call":
-        attr = op.attributes["has_side_effect"] if "has_side_effect" in op.attributes else None
-        if attr is not None and str(attr) == "true":
-            return True
+    if op.name == "stablehlo.custom_call" and "has_side_effect" in op.attributes:
+        return str(op.attributes["has_side_effect"]) == "true"
     if op.name.startswith("func.") or op.name.startswith("sdy."):
-        return op.name != "func.return"
-    # Nested side effects (e.g. an outfeed inside a while body) make the op effectful.
+        return op.name not in ("func.return",)
+    return False
+
+
+def is_side_effecting(op) -> bool:
+    """Must this op (or anything nested in its regions) never be duplicated?"""
+    op = op.operation
+    if _own_side_effect(op):
+        return True
+    if len(op.regions) == 0:
+        return False
     found = []
 
     def visit(inner):
-        if inner is not op and inner.name in SIDE_EFFECT_OPS:
+        if _own_side_effect(inner):
             found.append(inner)
+            return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE
-    if len(op.regions):
-        op.walk(visit)
+    op.walk(visit)
     return bool(found)
 
 
@@ -342,15 +348,32 @@ def backward_ops(func_op, cotangent_indices=None) -> tuple[set, str]:
                 "'transpose(' name-stack frame. Mark the cotangent arguments with "
                 f"{{{COTANGENT_ATTR}}} (remat_passes.export_vjp does this), or pass "
                 "cotangent-args=<i,j,...> to remat-partial-eval.")
+    # Forward sweep: everything that depends on a cotangent is backward.
     backward = set()
     bvalues = set(seeds_values)
-    for op in ops:
-        if op.operation.name == "func.return":
-            continue
-        is_bwd = (by_name and "transpose(" in name_stack(op)) or \
-            RECOMPUTE_ATTR in op.operation.attributes or \
-            any(v in bvalues for v in read_values(op))
-        if is_bwd:
+    body = [op.operation for op in ops if op.operation.name != "func.return"]
+    for op in body:
+        if (by_name and "transpose(" in name_stack(op)) or RECOMPUTE_ATTR in op.attributes \
+                or any(v in bvalues for v in read_values(op)):
             backward.add(op_id(op))
-            bvalues.update(op.operation.results)
+            bvalues.update(op.results)
+    # Reverse sweep: JAX also puts work that needs no cotangent under transpose
+    # frames (the reversed kernel of a conv transpose, the 1/N of a mean's
+    # gradient, zero gradients). It belongs to the backward too, as long as no
+    # forward op reads it; then it reads residuals instead of becoming one.
+    for op in reversed(body):
+        oid = op_id(op)
+        if oid in backward or "transpose(" not in name_stack(op):
+            continue
+        users = [use.owner.operation for r in op.results for use in r.uses]
+        if all(u.name == "func.return" or _top_level_id(u, block) in backward for u in users):
+            backward.add(oid)
     return backward, how
+
+
+def _top_level_id(op, block) -> int:
+    """op_id of the op of `block` that contains `op` (itself if at top level)."""
+    op = op.operation
+    while op.parent is not None and op.block != block:
+        op = op.parent.operation
+    return op_id(op)

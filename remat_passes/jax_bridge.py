@@ -145,7 +145,7 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
 
     first_region = next(_region_ids)
     with names_as_markers():
-        exported = jax_export.export(jax.jit(joint), platforms=platforms,
+        exported = jax_export.export(jax.jit(joint, keep_unused=True), platforms=platforms,
                                      disabled_checks=[_MARKER_CHECK])(*primals, cotangent)
     module = Module.parse(exported.mlir_module())
     n_primal_leaves = len(jax.tree_util.tree_leaves(primals))

@@ -61,8 +61,10 @@ def normalize_verdict(value, policy=None):
     tname = type(value).__name__
     if tname == "Offloadable" and hasattr(value, "src") and hasattr(value, "dst"):
         return Offloadable(str(value.src), str(value.dst))
-    if repr(value) in ("Saveable", "Recompute"):
-        return Saveable if repr(value) == "Saveable" else Recompute
+    if tname in ("SaveableType", "Saveable") or repr(value) == "Saveable":
+        return Saveable
+    if tname in ("RecomputeType", "Recompute") or repr(value) == "Recompute":
+        return Recompute
     raise RematError(
         f"error: policy {getattr(policy, 'spec', policy)!r} returned {value!r}; a policy must "
         "return a bool, Saveable, Recompute or Offloadable(src, dst)")
@@ -95,8 +97,6 @@ class OpInfo:
 
     @property
     def attributes(self) -> dict[str, str]:
-        if callable(self._attributes):
-            self._attributes = self._attributes()
         return self._attributes
 
     def __repr__(self):
@@ -116,9 +116,11 @@ class OpInfo:
 class Policy:
     """A callable OpInfo -> verdict with a spec string that recreates it."""
 
-    def __init__(self, fn: Callable[[OpInfo], Any], spec: str):
+    def __init__(self, fn: Callable[[OpInfo], Any], spec: str, reads_attributes: bool = False):
         self._fn = fn
         self.spec = spec
+        # Built-in policies never look at OpInfo.attributes; user callables may.
+        self.reads_attributes = reads_attributes
 
     def __call__(self, op: OpInfo):
         return self._fn(op)
@@ -240,7 +242,8 @@ def save_from_both_policies(policy_1, policy_2):
                 f" {out1} and {out2}. Please write a custom policy function directly,"
                 " rather than using this helper function.")
         return out1 or out2
-    return Policy(policy, f"save_from_both_policies({p1.spec}, {p2.spec})")
+    return Policy(policy, f"save_from_both_policies({p1.spec}, {p2.spec})",
+                  reads_attributes=p1.reads_attributes or p2.reads_attributes)
 
 
 # Names usable in a policy spec, with the number of arguments they take
@@ -303,7 +306,7 @@ def as_policy(policy) -> Policy:
         return _from_jax_policy(policy)
     if callable(policy):
         name = getattr(policy, "__qualname__", None) or repr(policy)
-        return Policy(policy, f"<callable {name}>")
+        return Policy(policy, f"<callable {name}>", reads_attributes=True)
     raise RematError(f"error: a policy must be a name, a spec string or a callable, got {policy!r}")
 
 

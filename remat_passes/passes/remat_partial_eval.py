@@ -103,10 +103,11 @@ def _common_prefix(a: tuple, b: tuple) -> tuple:
     return a[:n]
 
 
-def op_info(op) -> OpInfo:
+def op_info(op, with_attributes: bool = True) -> OpInfo:
+    """What a policy sees of `op`. Printing every attribute is slow, so built-in
+    policies (which never read them) get an empty dict."""
     op = op.operation
-    def attrs():
-        return {name: str(op.attributes[name]) for name in op.attributes}
+    attrs = {name: str(op.attributes[name]) for name in op.attributes} if with_attributes else {}
     dims = {}
     if op.name == "stablehlo.dot_general" and "dot_dimension_numbers" in op.attributes:
         text = str(op.attributes["dot_dimension_numbers"])
@@ -205,6 +206,13 @@ class _Rewriter:
             for v in graph.read_values(op):
                 if isinstance(v, ir.OpResult):
                     self.fwd_consumers[op_id(v.owner)].append(i)
+        # Values computed from constants alone are recomputed for free, like constants.
+        self.free: set = set()
+        for i, op in zip(ids[:-1], ops[:-1]):
+            if i not in self.backward and not graph.is_side_effecting(op) and all(
+                    isinstance(v, ir.OpResult) and op_id(v.owner) in self.free
+                    for v in graph.read_values(op)):
+                self.free.add(i)
         self.verdict_cache: dict = {}
         self.clones: dict = {}
         self.saved: dict = {}     # Value -> Offloadable or None (an ordered set)
@@ -256,7 +264,7 @@ class _Rewriter:
     def _verdict(self, policy, op):
         key = (id(policy), op_id(op))
         if key not in self.verdict_cache:
-            self.verdict_cache[key] = policy.verdict(op_info(op))
+            self.verdict_cache[key] = policy.verdict(op_info(op, policy.reads_attributes))
         return self.verdict_cache[key]
 
     def _saved_top(self, op):
@@ -276,28 +284,58 @@ class _Rewriter:
             return self._verdict(module_policy, op)  # a region output, seen from outside
         return self._verdict(self._policy_of_region(outer), op)
 
-    def _kept_by_parent(self, op, ctx):
-        """In the backward of region ctx[-1], is `op`'s value taken from the level above?"""
-        if len(ctx) == 1:
-            return self._saved_top(op) is not Recompute
-        if any(self.chain[c][:len(ctx)] != ctx for c in self.fwd_consumers[op_id(op)]):
-            return True  # an output of region ctx[-1]: kept by the enclosing recomputation
-        return self._verdict(self._policy_of_region(ctx[-1]), op) is not Recompute
+    def _saved_for_region(self, op, region):
+        """Forward verdict for `op` when the backward of `region` (its outermost) asks.
+
+        The forward pass decides with the region's policy. A value the forward
+        keeps anyway (the input of another region, or a region output an outer
+        backward already took) is reused rather than recomputed.
+        """
+        if any(self.chain[c] and self.chain[c][0] != region
+               for c in self.fwd_consumers[op_id(op)]):
+            return Saveable
+        if op.results[0] in self.saved:
+            return Saveable
+        return self._verdict(self._policy_of_region(region), op)
+
+    def _kept_at(self, op, ctx, depth):
+        """In the backward of region ctx[depth-1], which re-runs the forward of region
+        ctx[depth], does that re-run keep `op`'s value (inside ctx[depth])?"""
+        region_path = ctx[:depth + 1]
+        if any(self.chain[c][:depth + 1] != region_path for c in self.fwd_consumers[op_id(op)]):
+            return True  # an output of region ctx[depth]: kept by the enclosing re-run
+        return self._verdict(self._policy_of_region(ctx[depth]), op) is not Recompute
+
+    def _home(self, op, ctx):
+        """Where the value of `op` comes from for a request in the backward of `ctx`:
+        (verdict, depth) with depth 0 and a non-Recompute verdict for a residual of
+        the forward pass, else the depth of the region backward that recomputes it.
+
+        Levels are searched outermost first: what the forward saves (under the
+        outermost region's policy) serves every inner region; what an inner
+        region's re-run keeps serves the regions inside it.
+        """
+        verdict = self._saved_top(op) if not ctx else self._saved_for_region(op, ctx[0])
+        if verdict is not Recompute:
+            return verdict, 0
+        for depth in range(1, len(ctx)):
+            if self._kept_at(op, ctx, depth):
+                return Recompute, depth
+        return Recompute, len(ctx)
 
     def _get(self, v, ctx):
         op = v.owner.operation
         if graph.is_side_effecting(op):
             self.saved.setdefault(v, None)   # never duplicated
             return v
-        if not graph.is_free(op):
-            if not ctx:
-                verdict = self._saved_top(op)
-                if verdict is not Recompute:
-                    self.saved[v] = verdict if isinstance(verdict, Offloadable) else None
-                    return v
-            elif self._kept_by_parent(op, ctx):
-                return self._get(v, ctx[:-1])
-        key = (op_id(op), ctx)
+        oid = op_id(op)
+        if oid not in self.free:
+            verdict, depth = self._home(op, ctx)
+            if verdict is not Recompute:
+                self.saved[v] = verdict if isinstance(verdict, Offloadable) else None
+                return v
+            ctx = ctx[:depth]
+        key = (oid, ctx)
         if key not in self.clones:
             self.clones[key] = self._clone(op, ctx)
         return self.clones[key].results[v.result_number]

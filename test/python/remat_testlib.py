@@ -1,0 +1,152 @@
+"""Shared helpers for the remat-partial-eval correctness tests.
+
+* JAX's live answer for "which residuals does the forward pass save"
+  (`jax_residual_types`), rendered the way `print_saved_residuals` does, and
+  ours in the same words (`our_residual_types`);
+* the reference VJP (`jax.vjp`) and the remat'd module run in joint and split
+  form, compared leaf by leaf (`check_joint`, `check_split`);
+* a small program-order view of a function body (`body_ops`) for structural
+  checks that must not trust the pass's own dataflow helpers.
+
+Nothing here hard-codes an expected residual list: every expectation is
+computed from JAX at test time.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import jax
+import numpy as np
+
+try:  # public in some JAX versions, private in 0.10.2
+    from jax.ad_checkpoint import saved_residuals as _jax_saved_residuals  # type: ignore
+except ImportError:  # pragma: no cover - depends on the JAX version
+    from jax._src.ad_checkpoint import saved_residuals as _jax_saved_residuals
+
+# f32 gradient comparisons: rtol 1e-5, and an absolute floor of 1e-6 times the
+# array's own scale (XLA fuses and reorders reductions differently in the
+# exported module and in jax.vjp, so the error of an element that cancels to
+# ~0 is set by the magnitude of the values that were summed, not by itself).
+F32_RTOL = 1e-5
+F32_ATOL = 1e-6
+
+
+# ---------------------------------------------------------------- residuals --
+def jax_saved_residuals(fun, *args):
+    """JAX's (aval, description) list, as print_saved_residuals prints it.
+
+    Entries 'from a literal' are left out: JAX keeps a Python scalar that the
+    backward multiplies by as a residual, while remat-partial-eval recomputes
+    every constant for free (DESIGN.md section 4), so no constant is ever saved.
+    """
+    return [(a, d) for a, d in _jax_saved_residuals(fun, *args) if d != "from a literal"]
+
+
+def jax_type(aval) -> str:
+    return aval.str_short(short_dtypes=True)
+
+
+def jax_residual_types(fun, *args) -> Counter:
+    """The multiset of JAX's residual type strings (e.g. 'f32[5,4]', 'f32<host>[4]')."""
+    return Counter(jax_type(a) for a, _ in jax_saved_residuals(fun, *args))
+
+
+def our_type(r) -> str:
+    """Our residual's type in JAX's words.
+
+    JAX prints an offloaded residual with its memory space (`f32<host>[4]`);
+    ours carries the offload decision in `Residual.offload`, so render it the
+    same way to compare both the shapes and the offload decisions.
+    """
+    if r.offload is not None and r.offload.dst in ("pinned_host", "unpinned_host"):
+        head, _, rest = r.type.partition("[")
+        return f"{head}<host>[{rest}"
+    return r.type
+
+
+def our_residual_types(residuals) -> Counter:
+    return Counter(our_type(r) for r in residuals)
+
+
+def assert_same_residual_types(ours, jax_fun, *args, context=""):
+    """Compare our residuals (a list of Residual) with JAX's live answer for jax_fun(*args)."""
+    expected = jax_residual_types(jax_fun, *args)
+    got = our_residual_types(ours)
+    if got != expected:
+        lines = [f"residual types differ {context}".rstrip(),
+                 f"  only ours: {dict(got - expected)}",
+                 f"  only JAX : {dict(expected - got)}",
+                 "  ours:"] + [f"    {r}" for r in ours] + ["  JAX:"] + \
+                [f"    {jax_type(a)} {d}" for a, d in jax_saved_residuals(jax_fun, *args)]
+        raise AssertionError("\n".join(lines))
+
+
+# ---------------------------------------------------------------- numerics --
+def leaves(tree):
+    return jax.tree_util.tree_leaves(tree)
+
+
+def _as_np(x):
+    if getattr(x, "dtype", None) == jax.dtypes.float0:
+        # export_vjp gives integer inputs a boolean zero cotangent
+        return np.zeros(x.shape, np.bool_)
+    return np.asarray(x)
+
+
+def reference_vjp(fun, args, ct_seed=1234):
+    """(outputs, cotangent, grads) of jax.vjp(fun, *args) at a random cotangent."""
+    out, vjp = jax.vjp(fun, *args)
+    out_leaves, tree = jax.tree_util.tree_flatten(out)
+    keys = jax.random.split(jax.random.PRNGKey(ct_seed), len(out_leaves))
+    ct_leaves = [jax.random.normal(k, o.shape, np.float32).astype(o.dtype)
+                 for k, o in zip(keys, out_leaves)]
+    ct = jax.tree_util.tree_unflatten(tree, ct_leaves)
+    grads = vjp(ct)
+    return out, ct, grads
+
+
+def assert_trees_close(got, expected, *, rtol=F32_RTOL, atol=F32_ATOL, what=""):
+    got_l = [_as_np(x) for x in leaves(got)]
+    exp_l = [_as_np(x) for x in leaves(expected)]
+    assert len(got_l) == len(exp_l), f"{what}: {len(got_l)} leaves, expected {len(exp_l)}"
+    for i, (g, e) in enumerate(zip(got_l, exp_l)):
+        assert g.shape == e.shape, f"{what} leaf {i}: shape {g.shape}, expected {e.shape}"
+        if e.dtype == np.bool_:
+            assert not g.any(), f"{what} leaf {i}: expected a zero cotangent"
+            continue
+        g64, e64 = g.astype(np.float64), e.astype(np.float64)
+        scale = max(1.0, float(np.max(np.abs(e64)))) if e64.size else 1.0
+        np.testing.assert_allclose(g64, e64, rtol=rtol, atol=atol * scale,
+                                   err_msg=f"{what} leaf {i}")
+
+
+def run_joint(module, args, ct):
+    """Outputs and grads of a joint module, as one flat list."""
+    return leaves(module.call(*args, ct))
+
+
+def run_split(module, args, ct, n_out):
+    """Outputs (from main_fwd) and grads (from main_bwd) of a split module, flat."""
+    fwd = leaves(module.call(*leaves(args), function="main_fwd"))
+    outs, residuals = fwd[:n_out], fwd[n_out:]
+    grads = leaves(module.call(*residuals, *leaves(ct), function="main_bwd"))
+    return outs + grads, residuals
+
+
+# --------------------------------------------------------------- structure --
+def parse_text(text: str):
+    """An ir.Module from MLIR text, in the context remat_passes uses."""
+    from remat_passes import mlir
+    with mlir.context():
+        return mlir.ir.Module.parse(text)
+
+
+def func_ops(ir_module, name="main"):
+    """The top-level ops of @name, in program order (without the terminator)."""
+    from remat_passes import mlir
+    for op in ir_module.body.operations:
+        if op.operation.name == "func.func" and \
+                mlir.ir.StringAttr(op.operation.attributes["sym_name"]).value == name:
+            ops = [o.operation for o in op.regions[0].blocks[0].operations]
+            return op, ops[:-1], ops[-1]
+    raise KeyError(name)

@@ -1,0 +1,362 @@
+"""Policy objects: names and signatures of jax.checkpoint_policies, specs, errors, callables."""
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+import remat_passes as rp
+from remat_passes.policies import OpInfo, Offloadable, Recompute, Saveable
+
+P = rp.policies
+JP = jax.checkpoint_policies
+
+JAX_NAMES = sorted(n for n in dir(JP) if not n.startswith("_"))
+FACTORIES = ["offload_dot_with_no_batch_dims", "save_anything_except_these_names",
+             "save_any_names_but_these", "save_only_these_names", "save_from_both_policies",
+             "save_and_offload_only_these_names"]
+
+
+def op(name="stablehlo.sine", cname=None, lhs_b=(), rhs_b=(), n_in=1):
+    return OpInfo(name=name, operand_types=["tensor<4xf32>"] * n_in,
+                  result_types=["tensor<4xf32>"], attributes={}, checkpoint_name=cname,
+                  lhs_batching_dims=lhs_b, rhs_batching_dims=rhs_b)
+
+
+DOT = op("stablehlo.dot_general", n_in=2)
+BATCHED_DOT = op("stablehlo.dot_general", lhs_b=(0,), rhs_b=(0,), n_in=2)
+CONV = op("stablehlo.convolution", n_in=2)
+SIN = op()
+MARK_A = op("stablehlo.custom_call", cname="a")
+MARK_B = op("stablehlo.custom_call", cname="b")
+
+
+# --------------------------------------------------------------- the names --
+def test_jax_has_the_names_we_expect():
+    # guard: if JAX adds a policy, this suite must learn about it
+    assert set(JAX_NAMES) == {
+        "checkpoint_dots", "checkpoint_dots_with_no_batch_dims", "dots_saveable",
+        "dots_with_no_batch_dims_saveable", "everything_saveable", "nothing_saveable",
+        *FACTORIES}
+
+
+@pytest.mark.parametrize("name", JAX_NAMES)
+def test_every_jax_policy_name_exists(name):
+    assert hasattr(P, name), name
+    assert callable(getattr(P, name))
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_factories_have_jaxs_signature(name):
+    ours = inspect.signature(getattr(P, name))
+    theirs = inspect.signature(getattr(JP, name))
+    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == \
+        [(p.name, p.kind, p.default) for p in theirs.parameters.values()]
+
+
+@pytest.mark.parametrize("name", sorted(set(JAX_NAMES) - set(FACTORIES)))
+def test_plain_policies_are_policies_not_factories(name):
+    pol = getattr(P, name)
+    assert isinstance(pol, P.Policy)
+    assert pol.verdict(SIN) in (Saveable, Recompute)
+
+
+def test_aliases():
+    assert P.checkpoint_dots is P.dots_saveable
+    assert P.checkpoint_dots_with_no_batch_dims is P.dots_with_no_batch_dims_saveable
+
+
+# ------------------------------------------------------------ the meaning --
+@pytest.mark.parametrize("pol, cases", [
+    (P.everything_saveable, [(SIN, Saveable), (DOT, Saveable), (MARK_A, Saveable)]),
+    (P.nothing_saveable, [(SIN, Recompute), (DOT, Recompute), (MARK_A, Recompute)]),
+    (P.dots_saveable, [(DOT, Saveable), (BATCHED_DOT, Saveable), (CONV, Saveable),
+                       (SIN, Recompute), (MARK_A, Recompute)]),
+    (P.dots_with_no_batch_dims_saveable, [(DOT, Saveable), (BATCHED_DOT, Recompute),
+                                          (CONV, Recompute), (SIN, Recompute)]),
+    (P.save_anything_except_these_names("a"), [(MARK_A, Recompute), (MARK_B, Saveable),
+                                               (SIN, Saveable), (DOT, Saveable)]),
+    (P.save_any_names_but_these("a"), [(MARK_A, Recompute), (MARK_B, Saveable),
+                                       (SIN, Recompute), (DOT, Recompute)]),
+    (P.save_only_these_names("a"), [(MARK_A, Saveable), (MARK_B, Recompute),
+                                    (SIN, Recompute), (DOT, Recompute)]),
+    (P.save_from_both_policies(P.dots_saveable, P.save_only_these_names("b")),
+     [(DOT, Saveable), (MARK_B, Saveable), (MARK_A, Recompute), (SIN, Recompute)]),
+])
+def test_policy_verdicts(pol, cases):
+    for info, expected in cases:
+        assert pol.verdict(info) is expected, (pol.spec, info.name, info.checkpoint_name)
+
+
+def test_offload_dot_with_no_batch_dims_verdicts():
+    pol = P.offload_dot_with_no_batch_dims("device", "pinned_host")
+    assert pol.verdict(DOT) == Offloadable("device", "pinned_host")
+    assert pol.verdict(BATCHED_DOT) is Recompute
+    assert pol.verdict(SIN) is Recompute
+
+
+def test_save_and_offload_only_these_names_verdicts():
+    pol = P.save_and_offload_only_these_names(
+        names_which_can_be_saved=["a"], names_which_can_be_offloaded=["b"],
+        offload_src="device", offload_dst="pinned_host")
+    assert pol.verdict(MARK_A) is Saveable
+    assert pol.verdict(MARK_B) == Offloadable("device", "pinned_host")
+    assert pol.verdict(SIN) is Recompute
+    assert pol.verdict(DOT) is Recompute
+
+
+def test_save_and_offload_rejects_overlapping_names_like_jax():
+    kwargs = dict(names_which_can_be_saved=["y", "z"], names_which_can_be_offloaded=["z", "w"],
+                  offload_src="device", offload_dst="pinned_host")
+    with pytest.raises(ValueError) as theirs:
+        JP.save_and_offload_only_these_names(**kwargs)
+    with pytest.raises(ValueError) as ours:
+        P.save_and_offload_only_these_names(**kwargs)
+    assert "intersection" in str(ours.value) and "'z'" in str(ours.value)
+    assert type(ours.value) is type(theirs.value)
+
+
+def test_save_and_offload_overlap_in_a_spec_is_a_remat_error():
+    with pytest.raises(rp.RematError, match="intersect"):
+        P.parse_policy("save_and_offload_only_these_names(names_which_can_be_saved=[a], "
+                       "names_which_can_be_offloaded=[a], offload_src=device, "
+                       "offload_dst=pinned_host)")
+
+
+@pytest.mark.parametrize("other", [
+    P.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    P.save_and_offload_only_these_names(names_which_can_be_saved=["a"],
+                                        names_which_can_be_offloaded=["b"],
+                                        offload_src="device", offload_dst="pinned_host"),
+    lambda info: Saveable,
+])
+def test_save_from_both_policies_rejects_non_bool_policies(other):
+    pol = P.save_from_both_policies(P.dots_saveable, other)
+    with pytest.raises(ValueError, match="boolean"):
+        pol.verdict(MARK_A)
+    # and the same policy composed the JAX way fails the same way in JAX
+    jax_pol = JP.save_from_both_policies(JP.dots_saveable,
+                                         JP.offload_dot_with_no_batch_dims("device", "pinned_host"))
+    with pytest.raises(ValueError, match="boolean"):
+        jax_pol(jax.lax.sin_p)
+
+
+def test_save_from_both_policies_rejects_non_bool_inside_remat():
+    def f(x):
+        return jnp.sum(jnp.sin(checkpoint_name(jnp.sin(x), "a")))
+    module = rp.export_vjp(f, jnp.ones(3))
+    pol = P.save_from_both_policies(P.nothing_saveable,
+                                    P.offload_dot_with_no_batch_dims("device", "pinned_host"))
+    with pytest.raises((ValueError, rp.RematError), match="boolean"):
+        rp.remat(module, pol)
+
+
+# ------------------------------------------------------------------ specs --
+ALL_POLICIES = [
+    P.everything_saveable, P.nothing_saveable, P.dots_saveable,
+    P.dots_with_no_batch_dims_saveable,
+    P.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    P.save_anything_except_these_names("a", "b.c"),
+    P.save_any_names_but_these("layer1_output"),
+    P.save_only_these_names(),
+    P.save_only_these_names("a", "with space", "quote'd"),
+    P.save_from_both_policies(P.dots_saveable, P.save_only_these_names("a")),
+    P.save_from_both_policies(P.save_any_names_but_these("x"),
+                              P.save_from_both_policies(P.nothing_saveable,
+                                                        P.save_only_these_names("y"))),
+    P.save_and_offload_only_these_names(names_which_can_be_saved=["a", "q"],
+                                        names_which_can_be_offloaded=["b"],
+                                        offload_src="device", offload_dst="pinned_host"),
+]
+PROBES = [SIN, DOT, BATCHED_DOT, CONV, MARK_A, MARK_B, op("stablehlo.custom_call", cname="q"),
+          op("stablehlo.custom_call", cname="with space"),
+          op("stablehlo.custom_call", cname="quote'd"),
+          op("stablehlo.custom_call", cname="b.c"), op("stablehlo.custom_call", cname="y")]
+
+
+@pytest.mark.parametrize("pol", ALL_POLICIES, ids=lambda p: p.spec)
+def test_spec_round_trips(pol):
+    again = P.parse_policy(pol.spec)
+    assert again.spec == pol.spec
+    for probe in PROBES:
+        assert again.verdict(probe) == pol.verdict(probe), (pol.spec, probe)
+
+
+def test_specs_accept_bare_names_and_whitespace():
+    pol = P.parse_policy("  save_only_these_names(a, 'b.c')  ")
+    assert pol.verdict(MARK_A) is Saveable
+    assert pol.verdict(op("stablehlo.custom_call", cname="b.c")) is Saveable
+    assert pol.verdict(MARK_B) is Recompute
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("dots_savable", "dots_saveable"),                      # typo: suggestion
+    ("save_only_these_name(a)", "save_only_these_names"),   # typo in a factory
+    ("checkpoint_dot", "checkpoint_dots"),
+])
+def test_unknown_policy_error_suggests(spec, fragment):
+    with pytest.raises(rp.RematError) as err:
+        P.parse_policy(spec)
+    msg = str(err.value)
+    assert "did you mean" in msg and fragment in msg
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("save_only_these_names(a", "cannot parse"),
+    ("everything_saveable()", "takes no arguments"),
+    ("save_only_these_names", "needs arguments"),
+    ("save_only_these_names(1)", "names or strings"),
+    ("offload_dot_with_no_batch_dims(device)", "bad arguments"),
+    ("zzzzqqq", "known policies"),
+    ("dots_saveable + nothing_saveable", "expected NAME"),
+])
+def test_parse_errors_are_remat_errors(spec, fragment):
+    with pytest.raises(rp.RematError, match=fragment):
+        P.parse_policy(spec)
+
+
+def test_parse_errors_mention_the_spec():
+    with pytest.raises(rp.RematError, match="dots_savable"):
+        P.parse_policy("dots_savable")
+
+
+def test_remat_accepts_spec_strings():
+    def f(W, x):
+        return jnp.sum(jnp.sin(jnp.dot(W, x)))
+    args = (jnp.ones((3, 4)), jnp.ones(4))
+    module = rp.export_vjp(f, *args)
+    by_obj = rp.remat(module, P.dots_saveable).residuals
+    by_spec = rp.remat(module, "dots_saveable").residuals
+    assert [str(r) for r in by_obj] == [str(r) for r in by_spec]
+    assert any("dot_general" in r.description for r in by_spec)
+
+
+# ------------------------------------------------------- custom callables --
+def _named_model(x, W):
+    h = checkpoint_name(jnp.sin(x @ W), "h")
+    return jnp.sum(jnp.tanh(h) @ W)
+
+
+ARGS = (jnp.ones((2, 3)) * 0.5, jnp.ones((3, 3)) * 0.25)
+
+
+@pytest.fixture(scope="module")
+def named_module():
+    return rp.export_vjp(_named_model, *ARGS)
+
+
+def test_custom_policy_receives_opinfo(named_module):
+    seen = []
+
+    def pol(info):
+        # read every field during the call
+        seen.append((info, info.name, list(info.operand_types), list(info.result_types),
+                     dict(info.attributes), info.checkpoint_name))
+        return False
+    rp.remat(named_module, pol)
+    assert seen and all(isinstance(s[0], OpInfo) for s in seen)
+    by_name = {}
+    for s in seen:
+        by_name.setdefault(s[1], []).append(s)
+    assert "stablehlo.dot_general" in by_name
+    _, _, operands, results, attrs, cname = by_name["stablehlo.dot_general"][0]
+    assert operands == ["tensor<2x3xf32>", "tensor<3x3xf32>"]
+    assert results == ["tensor<2x3xf32>"]
+    assert "dot_dimension_numbers" in attrs and isinstance(attrs["dot_dimension_numbers"], str)
+    assert cname is None
+    markers = [s for s in seen if s[5] is not None]
+    assert [m[5] for m in markers] == ["h"]
+    assert markers[0][1] == "stablehlo.custom_call"
+    assert markers[0][4].get("call_target_name") == '"remat.name"'
+    assert all(isinstance(t, str) for s in seen for t in s[2] + s[3])
+
+
+_OPINFO_AFTER_PASS = """
+import os
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import gc
+import jax.numpy as jnp
+import remat_passes as rp
+kept = []
+def pol(info):
+    kept.append(info)
+    return False
+def f(x, W):
+    return jnp.sum(jnp.tanh(jnp.sin(x @ W) @ W))
+m = rp.export_vjp(f, jnp.ones((2, 3)), jnp.ones((3, 3)))
+rp.remat(m, pol)
+for _ in range(5):  # reuse whatever memory the pass freed
+    rp.remat(m, None, mode="split")
+gc.collect()
+attrs = [dict(i.attributes) for i in kept]
+assert any("dot_dimension_numbers" in a for a in attrs), attrs
+print("ok", len(kept))
+"""
+
+
+def test_opinfo_is_usable_after_the_pass():
+    """A policy may keep the OpInfo it was given (to log decisions, say) and read
+    it after remat() returns: it is a record, not a view of freed IR. Run in a
+    subprocess: a dangling view crashes the interpreter."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", _OPINFO_AFTER_PASS], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, \
+        f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("save", [True, Saveable, jax.ad_checkpoint.Saveable],
+                         ids=["bool", "rp.Saveable", "jax.Saveable"])
+def test_custom_policy_saveable_verdicts(named_module, save):
+    def pol(info):
+        return save if info.checkpoint_name == "h" else \
+            (False if save is True else (Recompute if save is Saveable
+                                         else jax.ad_checkpoint.Recompute))
+    res = rp.remat(named_module, pol).residuals
+    descs = [r.description for r in res]
+    assert any(d.startswith("named 'h'") for d in descs), descs
+    # nothing else but arguments is saved
+    assert all(d.startswith(("named 'h'", "from the argument")) for d in descs), descs
+
+
+@pytest.mark.parametrize("recompute", [False, None, Recompute, jax.ad_checkpoint.Recompute],
+                         ids=["False", "None", "rp.Recompute", "jax.Recompute"])
+def test_custom_policy_recompute_verdicts(named_module, recompute):
+    res = rp.remat(named_module, lambda info: recompute).residuals
+    assert all(r.description.startswith("from the argument") for r in res), \
+        [str(r) for r in res]
+
+
+@pytest.mark.parametrize("offloadable", [Offloadable("device", "pinned_host"),
+                                         jax.ad_checkpoint.Offloadable(src="device",
+                                                                       dst="pinned_host")],
+                         ids=["rp.Offloadable", "jax.Offloadable"])
+def test_custom_policy_offloadable(named_module, offloadable):
+    def pol(info):
+        return offloadable if info.checkpoint_name == "h" else False
+    res = rp.remat(named_module, pol).residuals
+    (named,) = [r for r in res if r.description.startswith("named 'h'")]
+    assert named.offload == Offloadable("device", "pinned_host")
+    assert all(r.offload is None for r in res if r is not named)
+
+
+def test_custom_policy_bad_return_is_a_remat_error(named_module):
+    with pytest.raises(rp.RematError, match="must return"):
+        rp.remat(named_module, lambda info: "yes")
+
+
+def test_custom_policy_result_is_used_per_op(named_module):
+    """A policy that saves only dots saves exactly what dots_saveable saves."""
+    ours = rp.remat(named_module, lambda info: info.name == "stablehlo.dot_general").residuals
+    builtin = rp.remat(named_module, P.dots_saveable).residuals
+    assert [str(r) for r in ours] == [str(r) for r in builtin]
+    assert any("dot_general" in r.description for r in ours)
+
+
+def test_non_policy_is_rejected():
+    with pytest.raises(rp.RematError):
+        P.as_policy(42)

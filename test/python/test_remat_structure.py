@@ -1,0 +1,460 @@
+"""The shape of what remat-partial-eval emits, checked on the output IR.
+
+* ops with side effects are never duplicated (top level or nested in a region);
+* recomputation is placed just in time: after the backward ops that do not
+  need it, right before the first backward op that does;
+* constants (and values computed from constants alone) are never residuals;
+* `func.call`s are inlined, so called functions are remat'd like the caller;
+* the pass does not save more than JAX does for the same program.
+
+Forward/backward is recomputed here from the output IR itself (a value is
+backward iff it depends on a cotangent argument), not with the pass's helpers.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_passes as rp
+from remat_testlib import (assert_same_residual_types, func_ops, jax_saved_residuals,
+                           parse_text, leaves, reference_vjp, run_joint, run_split,
+                           assert_trees_close)
+
+P = rp.policies
+JP = jax.checkpoint_policies
+
+POLICIES = [None, P.everything_saveable, P.nothing_saveable, P.dots_saveable,
+            P.save_only_these_names("a"), P.offload_dot_with_no_batch_dims("device", "pinned_host"),
+            lambda info: False]
+POLICY_IDS = ["none", "everything", "nothing", "dots", "only_a", "offload", "callable"]
+
+
+# ----------------------------------------------------------------- helpers --
+def _reads(op):
+    """Operands plus values captured by nested regions (top-level values only)."""
+    from remat_passes import mlir
+    vals = list(op.operands)
+    inner_defs = set()
+
+    def defs(inner):
+        for r in inner.results:
+            inner_defs.add(r)
+        for region in inner.regions:
+            for block in region.blocks:
+                for a in block.arguments:
+                    inner_defs.add(a)
+        return mlir.ir.WalkResult.ADVANCE
+    op.walk(defs)
+
+    def uses(inner):
+        if inner != op:
+            vals.extend(v for v in inner.operands if v not in inner_defs)
+        return mlir.ir.WalkResult.ADVANCE
+    op.walk(uses)
+    return vals
+
+
+def classify(text, func="main", cotangent_args=None):
+    """(ops, backward flags) of @func in program order; backward = depends on a cotangent."""
+    module = parse_text(text)
+    f, ops, term = func_ops(module, func)
+    block = f.regions[0].blocks[0]
+    if cotangent_args is None:
+        attrs = f.operation.attributes
+        arg_attrs = list(rp.mlir.ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
+        cotangent_args = [i for i, d in enumerate(arg_attrs) if "remat.cotangent" in str(d)]
+    bvals = {block.arguments[i] for i in cotangent_args}
+    flags = []
+    for op in ops:
+        is_b = any(v in bvals for v in _reads(op))
+        if is_b:
+            bvals.update(op.results)
+        flags.append(is_b)
+    return module, ops, flags, term
+
+
+def assert_just_in_time(ops, flags, start=None):
+    """Every op from `start` on (default: after the first backward op) that is not
+    itself backward (a recomputation) is followed, with only recomputations in
+    between, by a backward op that needs it (directly or through those
+    recomputations). Returns the number of recomputed ops."""
+    if start is None:
+        start = flags.index(True) + 1
+    n = 0
+    for i in range(start, len(ops)):
+        if flags[i]:
+            continue
+        n += 1
+        needed = set(ops[i].results)
+        j = i + 1
+        while j < len(ops) and not flags[j]:
+            if any(v in needed for v in _reads(ops[j])):
+                needed.update(ops[j].results)
+            j += 1
+        assert j < len(ops), f"recomputed {ops[i].name} is never used by a backward op"
+        assert any(v in needed for v in _reads(ops[j])), (
+            f"recomputed {ops[i].name} (op {i}) is placed before backward op {ops[j].name} "
+            f"(op {j}) that does not need it: not just in time")
+    return n
+
+
+# ------------------------------------------------------------ side effects --
+SIDE_EFFECT_TOP = '''
+module {
+  func.func public @main(%arg0: tensor<4xf32>, %arg1: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+    %0 = stablehlo.custom_call @foo(%arg0) {has_side_effect = true} : (tensor<4xf32>) -> tensor<4xf32>
+    %1 = stablehlo.sine %0 : tensor<4xf32>
+    %2 = stablehlo.cosine %0 : tensor<4xf32>
+    %3 = stablehlo.multiply %arg1, %2 : tensor<4xf32>
+    return %1, %3 : tensor<4xf32>, tensor<4xf32>
+  }
+}
+'''
+
+SIDE_EFFECT_IN_WHILE = '''
+module {
+  func.func public @main(%arg0: tensor<4xf32>, %arg1: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %c3 = stablehlo.constant dense<3> : tensor<i32>
+    %c1 = stablehlo.constant dense<1> : tensor<i32>
+    %w:2 = stablehlo.while(%i = %c0, %v = %arg0) : tensor<i32>, tensor<4xf32>
+      cond {
+        %p = stablehlo.compare LT, %i, %c3 : (tensor<i32>, tensor<i32>) -> tensor<i1>
+        stablehlo.return %p : tensor<i1>
+      } do {
+        %e = stablehlo.custom_call @foo(%v) {has_side_effect = true} : (tensor<4xf32>) -> tensor<4xf32>
+        %n = stablehlo.add %i, %c1 : tensor<i32>
+        stablehlo.return %n, %e : tensor<i32>, tensor<4xf32>
+      }
+    %1 = stablehlo.sine %w#1 : tensor<4xf32>
+    %2 = stablehlo.cosine %w#1 : tensor<4xf32>
+    %3 = stablehlo.multiply %arg1, %2 : tensor<4xf32>
+    return %1, %3 : tensor<4xf32>, tensor<4xf32>
+  }
+}
+'''
+
+RNG = '''
+module {
+  func.func public @main(%arg0: tensor<4xf32>, %arg1: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+    %a = stablehlo.constant dense<0.0> : tensor<f32>
+    %b = stablehlo.constant dense<1.0> : tensor<f32>
+    %s = stablehlo.constant dense<4> : tensor<1xi64>
+    %r = stablehlo.rng %a, %b, %s, distribution = UNIFORM : (tensor<f32>, tensor<f32>, tensor<1xi64>) -> tensor<4xf32>
+    %1 = stablehlo.multiply %arg0, %r : tensor<4xf32>
+    %2 = stablehlo.sine %1 : tensor<4xf32>
+    %3 = stablehlo.cosine %1 : tensor<4xf32>
+    %4 = stablehlo.multiply %arg1, %3 : tensor<4xf32>
+    return %2, %4 : tensor<4xf32>, tensor<4xf32>
+  }
+}
+'''
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+@pytest.mark.parametrize("policy", POLICIES, ids=POLICY_IDS)
+def test_side_effecting_custom_call_is_never_duplicated(policy, mode):
+    out = rp.remat(rp.Module.parse(SIDE_EFFECT_TOP), policy, mode=mode)
+    out.verify()
+    assert str(out).count("@foo") == 1
+    # the backward reads the saved custom_call result (to recompute the cosine)
+    # or the saved cosine itself
+    descs = [r.description for r in out.residuals]
+    assert any("custom_call" in d or "cos" in d for d in descs), descs
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_side_effect_nested_in_a_while_body_is_never_duplicated(mode):
+    out = rp.remat(rp.Module.parse(SIDE_EFFECT_IN_WHILE), P.nothing_saveable, mode=mode)
+    out.verify()
+    assert str(out).count("@foo") == 1, str(out)
+    assert str(out).count("stablehlo.while") == 1
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_rng_is_never_duplicated(mode):
+    out = rp.remat(rp.Module.parse(RNG), P.nothing_saveable, mode=mode)
+    out.verify()
+    assert str(out).count("stablehlo.rng ") == 1
+    # sin/cos are recomputed from the saved random values, not redrawn
+    assert any("rng" in r.description for r in out.residuals)
+
+
+def test_side_effect_in_backward_is_kept_once():
+    text = SIDE_EFFECT_TOP.replace(
+        "%3 = stablehlo.multiply %arg1, %2 : tensor<4xf32>",
+        "%m = stablehlo.multiply %arg1, %2 : tensor<4xf32>\n"
+        "    %3 = stablehlo.custom_call @bar(%m) {has_side_effect = true} : "
+        "(tensor<4xf32>) -> tensor<4xf32>")
+    out = rp.remat(rp.Module.parse(text), P.nothing_saveable)
+    assert str(out).count("@foo") == 1 and str(out).count("@bar") == 1
+
+
+def test_marked_cotangent_is_required():
+    text = SIDE_EFFECT_TOP.replace(" {remat.cotangent}", "")
+    with pytest.raises(rp.RematError, match="remat.cotangent"):
+        rp.remat(rp.Module.parse(text), P.nothing_saveable)
+    out = rp.remat(rp.Module.parse(text), P.nothing_saveable, cotangent_args=[1])
+    assert str(out).count("@foo") == 1
+
+
+# ------------------------------------------------------------ just in time --
+def _region_model(x, w):
+    h = rp.checkpoint(lambda x: jnp.sin(jnp.sin(x)))(x)
+    return jnp.tanh(h * w)
+
+
+X4 = (jnp.linspace(0.1, 1.0, 4), jnp.linspace(1.0, 2.0, 4))
+
+
+@pytest.fixture(scope="module")
+def region_module():
+    return rp.export_vjp(_region_model, *X4)
+
+
+def test_region_recomputation_is_just_in_time(region_module):
+    out = rp.remat(region_module, None)
+    module, ops, flags, term = classify(str(out))
+    first_bwd = flags.index(True)
+    recomputed = [i for i in range(first_bwd, len(ops)) if not flags[i]]
+    assert recomputed, "the region's sin must be recomputed in the backward"
+    # not at the start of the backward: the tanh backward comes first
+    assert recomputed[0] > first_bwd + 1
+    assert any(flags[i] for i in range(first_bwd, recomputed[0]))
+    names = [ops[i].name for i in recomputed]
+    assert "stablehlo.sine" in names
+    assert assert_just_in_time(ops, flags) == len(recomputed)
+    # the forward is untouched: two sines before the backward, one recomputed after
+    assert [o.name for o in ops[:first_bwd]].count("stablehlo.sine") == 2
+
+
+def test_region_recomputation_reads_saved_or_recomputed_values_only(region_module):
+    """No backward op may read a forward value that is neither saved nor recomputed:
+    the region's inner sin and the cosines must not be read from the forward."""
+    out = rp.remat(region_module, None)
+    descs = [r.description for r in out.residuals]
+    assert not any("cos" in d for d in descs)
+    assert sum(1 for d in descs if "output of sin" in d) == 1  # the region output only
+
+
+@pytest.mark.parametrize("policy", [P.nothing_saveable, P.dots_saveable,
+                                    P.save_only_these_names("q", "attn_out")],
+                         ids=["nothing", "dots", "only_q_attn"])
+def test_just_in_time_on_a_transformer_block(policy):
+    from test_remat_numerics import block, block_args
+    args = block_args()
+    exported = rp.export_vjp(block, *args)
+    out = rp.remat(exported, policy)
+    module, ops, flags, _ = classify(str(out))  # keep module alive: ops point into it
+    assert assert_just_in_time(ops, flags) > 0
+    # main_bwd: every op that does not read a cotangent is a recomputation from
+    # residuals, and must sit right before the backward op that needs it too
+    split = rp.remat(exported, policy, mode="split")
+    bmodule, bops, bflags, _ = classify(str(split), "main_bwd")
+    assert assert_just_in_time(bops, bflags, start=0) > 0
+
+
+# ------------------------------------------------------------- constants --
+def _residual_roots(split_text):
+    """For each residual of main_fwd: does it depend on a function argument?"""
+    module = parse_text(split_text)
+    f, ops, term = func_ops(module, "main_fwd")
+    block = f.regions[0].blocks[0]
+    arg_dep = set(block.arguments)
+    for op in ops:
+        if any(v in arg_dep for v in _reads(op)):
+            arg_dep.update(op.results)
+    n_out = len(f.type.results) - sum(1 for d in rp.mlir.ir.ArrayAttr(
+        f.operation.attributes["res_attrs"]) if "remat.residual" in str(d))
+    return [(str(v.type), v in arg_dep) for v in list(term.operands)[n_out:]]
+
+
+def _mean_model(x):
+    # mean: a division by a broadcast constant; iota; a constant multiply
+    i = jax.lax.iota(jnp.float32, x.shape[-1])
+    return jnp.mean(jnp.sin(x * 3.0 + i), axis=-1)
+
+
+def _norm_model(x):
+    s = jnp.sum(x, axis=-1, keepdims=True)
+    return jnp.sin(x / s)
+
+
+@pytest.mark.parametrize("fun", [_mean_model, _norm_model], ids=["mean", "norm"])
+@pytest.mark.parametrize("policy", POLICIES, ids=POLICY_IDS)
+def test_constants_are_never_residuals(fun, policy):
+    x = jnp.linspace(0.5, 2.0, 12).reshape(3, 4)
+    module = rp.export_vjp(fun, x)
+    out = rp.remat(module, policy, mode="split")
+    roots = _residual_roots(str(out))
+    assert len(roots) == len(out.residuals)
+    constant_only = [t for t, dep in roots if not dep]
+    assert not constant_only, (
+        f"residuals computed from constants alone: {constant_only}; "
+        f"{[str(r) for r in out.residuals]}")
+    for r in out.residuals:
+        assert "constant" not in r.description and "iota" not in r.description
+
+
+# --------------------------------------------------------- called functions --
+def _relu_model(x, w):
+    return jnp.sum(jax.nn.relu(x @ w) @ w)
+
+
+def test_called_functions_are_inlined():
+    """DESIGN: `func.call` is inlined first. jax.nn.relu lowers to a call."""
+    args = (jnp.ones((2, 3)), jnp.eye(3) * 0.5)
+    module = rp.export_vjp(_relu_model, *args)
+    assert "call @relu" in str(module)  # guard: the input does have a call
+    out = rp.remat(module, P.nothing_saveable)
+    assert "call @" not in str(out)
+
+
+def test_called_function_outputs_follow_the_policy():
+    """nothing_saveable saves only arguments, like jax.checkpoint(f) does,
+    also when the model calls a jitted function (jax.nn.relu)."""
+    args = (jnp.ones((2, 3)), jnp.eye(3) * 0.5)
+    module = rp.export_vjp(_relu_model, *args)
+    ours = rp.remat(module, P.nothing_saveable).residuals
+    assert_same_residual_types(ours, jax.checkpoint(lambda x, w: _relu_model(x, w)), *args)
+    assert all(r.description.startswith("from the argument") for r in ours), \
+        [str(r) for r in ours]
+
+
+def test_called_function_numerics_still_match():
+    args = (jnp.linspace(-1, 1, 6).reshape(2, 3), jnp.eye(3) * 0.5 + 0.1)
+    module = rp.export_vjp(_relu_model, *args)
+    out, ct, grads = reference_vjp(_relu_model, args)
+    got = run_joint(rp.remat(module, P.nothing_saveable), args, ct)
+    assert_trees_close(got, leaves(out) + leaves(grads))
+
+
+# --------------------------------------------------- never more than JAX --
+@pytest.mark.parametrize("fun", [_norm_model, _mean_model], ids=["norm", "mean"])
+def test_no_policy_saves_what_jax_saves(fun):
+    """policy=None is 'JAX without jax.checkpoint': same residual types, and in
+    particular not more bytes (ops JAX put in the backward that read only
+    forward values must not be hoisted into the forward and saved)."""
+    x = jnp.linspace(0.5, 2.0, 15).reshape(3, 5)
+    ours = rp.saved_residuals(fun, x)
+    theirs = jax_saved_residuals(lambda x: fun(x), x)
+    our_bytes = sum(r.bytes for r in ours)
+    jax_bytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in theirs)
+    assert our_bytes <= jax_bytes, ([str(r) for r in ours], theirs)
+    assert_same_residual_types(ours, lambda x: fun(x), x)
+
+
+def test_names_are_stripped_from_the_output():
+    def f(x):
+        return jnp.sum(jnp.sin(rp.checkpoint_name(jnp.sin(x), "a")))
+    module = rp.export_vjp(f, jnp.ones(3))
+    assert "remat.name" in str(module)
+    for mode in ("joint", "split"):
+        assert "remat.name" not in str(rp.remat(module, P.save_only_these_names("a"), mode=mode))
+
+
+def test_split_interface():
+    module = rp.export_vjp(_region_model, *X4)
+    out = rp.remat(module, P.nothing_saveable, mode="split")
+    text = str(out)
+    mod = parse_text(text)
+    fwd, _, fterm = func_ops(mod, "main_fwd")
+    bwd, _, _ = func_ops(mod, "main_bwd")
+    n_res = len(out.residuals)
+    # fwd: primals -> (outputs, residuals); bwd: (residuals, cotangents) -> grads
+    assert len(fwd.type.inputs) == 2 and len(fwd.type.results) == 1 + n_res
+    assert len(bwd.type.inputs) == n_res + 1 and len(bwd.type.results) == 2
+    descs = [str(d) for d in rp.mlir.ir.ArrayAttr(fwd.operation.attributes["res_attrs"])][1:]
+    for d, r in zip(descs, out.residuals):
+        assert r.type in d
+    assert "remat.cotangent" in str(bwd.operation.attributes["arg_attrs"])
+    o, ct, g = reference_vjp(_region_model, X4)
+    got, _ = run_split(out, X4, ct, 1)
+    assert_trees_close(got, leaves(o) + leaves(g))
+
+
+# ------------------------------------------- arguments and zero gradients --
+def _with_unused(x, unused):
+    return jnp.sin(x)
+
+
+def test_unused_primal_argument_keeps_the_cotangent_marked():
+    """JAX drops unused arguments when lowering (module_kept_var_idx); the
+    cotangent must still be the marked argument, and never a residual."""
+    args = (jnp.linspace(0.0, 1.0, 3), jnp.ones(2))
+    module = rp.export_vjp(_with_unused, *args)
+    res = rp.remat(module, None).residuals
+    assert not any("cotangent" in r.description for r in res), [str(r) for r in res]
+    assert_same_residual_types(res, lambda x, unused: _with_unused(x, unused), *args)
+    main = func_ops(parse_text(str(module)))[0]
+    arg_attrs = [str(d) for d in rp.mlir.ir.ArrayAttr(main.operation.attributes["arg_attrs"])]
+    assert "remat.cotangent" in arg_attrs[-1], arg_attrs
+
+
+def test_unused_primal_argument_split_functions_take_all_primals():
+    """The split API: m.call(*primals, function='main_fwd'), then
+    m.call(*residuals, ct, function='main_bwd') gives jax.vjp's gradients."""
+    args = (jnp.linspace(0.0, 1.0, 3), jnp.ones(2))
+    module = rp.export_vjp(_with_unused, *args)
+    split = rp.remat(module, None, mode="split")
+    out, ct, grads = reference_vjp(_with_unused, args)
+    got, _ = run_split(split, args, ct, 1)
+    assert_trees_close(got, leaves(out) + leaves(grads))
+
+
+@pytest.mark.parametrize("policy", [None, P.everything_saveable, P.nothing_saveable],
+                         ids=["none", "everything", "nothing"])
+def test_zero_gradient_is_not_a_residual_in_split_mode(policy):
+    """A gradient that is identically zero (stop_gradient) is a broadcast of a
+    constant: main_bwd recomputes it for free; it must not be saved, and split
+    mode must save exactly what joint mode saves."""
+    def f(x, y):
+        return jnp.sin(x) + jax.lax.stop_gradient(y)
+    args = (jnp.linspace(0.0, 1.0, 3), jnp.ones(3))
+    module = rp.export_vjp(f, *args)
+    joint = rp.remat(module, policy)
+    split = rp.remat(module, policy, mode="split")
+    assert [str(r) for r in split.residuals] == [str(r) for r in joint.residuals]
+    assert all(dep for _, dep in _residual_roots(str(split)))
+    out, ct, grads = reference_vjp(f, args)
+    got, _ = run_split(split, args, ct, 1)
+    assert_trees_close(got, leaves(out) + leaves(grads))
+
+
+def _dict_outputs(x, y):
+    s = jnp.sin(x)
+    return {"id": x, "s": s, "p": s * y, "c": 2.0 * jnp.ones(3)}
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_pytree_outputs_identity_and_constant_outputs(mode):
+    """Outputs that are an argument, a residual, and a constant (whose cotangent
+    the program never reads): main_bwd still takes every cotangent."""
+    args = (jnp.linspace(0.0, 1.0, 3), jnp.linspace(1.0, 2.0, 3))
+    module = rp.export_vjp(_dict_outputs, *args)
+    out, ct, grads = reference_vjp(_dict_outputs, args)
+    for policy in (None, P.nothing_saveable):
+        rewritten = rp.remat(module, policy, mode=mode)
+        if mode == "joint":
+            got = run_joint(rewritten, args, ct)
+        else:
+            got, _ = run_split(rewritten, args, ct, len(leaves(out)))
+        assert_trees_close(got, leaves(out) + leaves(grads))
+
+
+def test_models_using_jax_checkpoint_keep_jaxs_residuals():
+    """Exported code that already uses jax.checkpoint: JAX's own recomputation
+    is backward (its barrier carries the cotangent) and is not saved again."""
+    def g(W, x):
+        return jnp.sin(jnp.sin(W @ x))
+
+    def f(W, x):
+        return jnp.sum(jax.checkpoint(g)(W, jax.checkpoint(g)(W, x)))
+    args = (jnp.ones((4, 4)) * 0.3, jnp.linspace(0.0, 1.0, 4))
+    ours = rp.saved_residuals(f, *args)
+    assert_same_residual_types(ours, lambda W, x: f(W, x), *args)
+    module = rp.export_vjp(f, *args)
+    out, ct, grads = reference_vjp(f, args)
+    assert_trees_close(run_joint(rp.remat(module, None), args, ct), leaves(out) + leaves(grads))
