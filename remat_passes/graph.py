@@ -366,14 +366,81 @@ def backward_ops(func_op, cotangent_indices=None) -> tuple[set, str]:
         if oid in backward or "transpose(" not in name_stack(op):
             continue
         users = [use.owner.operation for r in op.results for use in r.uses]
-        if all(u.name == "func.return" or _top_level_id(u, block) in backward for u in users):
+        if all(u.name == "func.return" or top_level_id(u, block) in backward for u in users):
             backward.add(oid)
     return backward, how
 
 
-def _top_level_id(op, block) -> int:
-    """op_id of the op of `block` that contains `op` (itself if at top level)."""
+def top_level_op(op, block):
+    """The op of `block` that contains `op` (itself if at top level)."""
     op = op.operation
     while op.parent is not None and op.block != block:
         op = op.parent.operation
-    return op_id(op)
+    return op
+
+
+def top_level_id(op, block) -> int:
+    return op_id(top_level_op(op, block))
+
+
+# -------------------------------------------------- after remat-partial-eval --
+RESIDUAL_ATTR = "remat.residual"    # result attribute of <f>_fwd: the residual's description
+OFFLOAD_ATTR = "remat.offload"      # "src:dst" on the producer / <f>_fwd result / <f>_bwd argument
+
+
+def function_names(module) -> list[str]:
+    return [func_name(op) for op in module.body.operations if op.operation.name == "func.func"]
+
+
+def is_split(module, name: str) -> bool:
+    """Has remat-partial-eval{mode=split} turned @name into @name_fwd / @name_bwd?"""
+    names = function_names(module)
+    return f"{name}_fwd" in names and f"{name}_bwd" in names
+
+
+def split_residuals(fwd_op) -> list[tuple[int, object]]:
+    """(result index, value) of every residual that @<f>_fwd returns."""
+    block = body_block(fwd_op)
+    ret = list(block.operations)[-1].operation
+    return [(i, v) for i, v in enumerate(ret.operands) if RESIDUAL_ATTR in result_attr_names(fwd_op, i)]
+
+
+def joint_residuals(func_op) -> list:
+    """Forward values (arguments first, then in program order) read by backward ops."""
+    backward, _ = backward_ops(func_op)
+    block = body_block(func_op)
+    cotangents = {block.arguments[i] for i in range(len(block.arguments))
+                  if COTANGENT_ATTR in arg_attr_names(func_op, i)}
+    read = set()
+    for op in block.operations:
+        if op_id(op) in backward:
+            read.update(read_values(op))
+    values = [a for a in block.arguments if a in read and a not in cotangents]
+    for op in block.operations:
+        if op_id(op) not in backward:
+            values.extend(r for r in op.operation.results if r in read)
+    return values
+
+
+def attr_value(attrs_of, index: int, name: str):
+    """The attribute `name` in entry `index` of an arg_attrs/res_attrs array, or None."""
+    if attrs_of is None:
+        return None
+    arr = ir.ArrayAttr(attrs_of)
+    if index >= len(arr):
+        return None
+    d = ir.DictAttr(arr[index])
+    return d[name] if name in d else None
+
+
+def set_attr_entry(func_op, which: str, index: int, name: str, value) -> None:
+    """Set attribute `name` on argument/result `index` ("arg_attrs"/"res_attrs")."""
+    attrs = func_op.operation.attributes
+    count = len(func_op.type.inputs if which == "arg_attrs" else func_op.type.results)
+    old = list(ir.ArrayAttr(attrs[which])) if which in attrs else []
+    old += [ir.DictAttr.get({})] * (count - len(old))
+    d = ir.DictAttr(old[index])
+    entries = {d[j].name: d[j].attr for j in range(len(d))}
+    entries[name] = value
+    old[index] = ir.DictAttr.get(entries)
+    attrs[which] = ir.ArrayAttr.get(old)

@@ -190,24 +190,24 @@ def run_pipeline(module, steps: list[Step], state: PassState | None = None, *,
 
 
 def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
-          func: str = "main", cotangent_args=None, region_regex=None):
+          func: str = "main", cotangent_args=None, region_regex=None, verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
-    remat-partial-eval (policy, mode), then strip-checkpoint-names. The
-    residuals partial-eval chose are on the result as `.residuals`.
-    `prevent_cse` is for the optimization-barrier pass (not built yet).
+    remat-partial-eval (policy, mode) -> insert-reduce-precision ->
+    place-optimization-barriers (if prevent_cse) -> annotate-host-offload ->
+    strip-checkpoint-names. The residuals partial-eval chose are on the result
+    as `.residuals`.
     """
-    from remat_passes.passes.remat_partial_eval import RematPartialEval
-    from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
+    from remat_passes.passes.remat import Remat
     out = module.clone()
-    options = RematPartialEval().parse_options({})
-    options.update({"policy": policy, "mode": mode, "func": func,
+    options = Remat().parse_options({})
+    options.update({"policy": policy, "mode": mode, "func": func, "prevent-cse": prevent_cse,
                     "cotangent-args": cotangent_args})
+    if mode not in ("joint", "split"):
+        raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
     if region_regex is not None:
         options["region-regex"] = re.compile(region_regex)
-    steps = [Step(RematPartialEval.name, {}, options),
-             Step(StripCheckpointNames.name, {}, {})]
     state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
-    run_pipeline(out.op, steps, state)
+    run_pipeline(out.op, [Step(Remat.name, {}, options)], state, verify_each=verify)
     out.residuals = state.residuals.get(func, [])
     return out

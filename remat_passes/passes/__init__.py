@@ -89,10 +89,15 @@ CORE_PASSES = {
 
 def registry() -> dict[str, ModulePass]:
     """Our passes by pipeline name (imported lazily to keep start-up fast)."""
+    from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
     from remat_passes.passes.inline import Inline
+    from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
+    from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
+    from remat_passes.passes.remat import Remat
     from remat_passes.passes.remat_partial_eval import RematPartialEval
     from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
-    passes = [Inline(), RematPartialEval(), StripCheckpointNames()]
+    passes = [Inline(), RematPartialEval(), InsertReducePrecision(), PlaceOptimizationBarriers(),
+              AnnotateHostOffload(), StripCheckpointNames(), Remat()]
     return {p.name: p for p in passes}
 
 

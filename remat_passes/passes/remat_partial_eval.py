@@ -41,8 +41,8 @@ from remat_passes.policies import (Offloadable, OpInfo, Recompute, Saveable, as_
                                    everything_saveable, nothing_saveable, parse_policy)
 
 REGIONS_ATTR = "remat.regions"      # module attribute: {"remat[3]" = "<policy spec>"}
-RESIDUAL_ATTR = "remat.residual"    # result attribute of <f>_fwd: the residual's description
-OFFLOAD_ATTR = "remat.offload"      # op attribute: "src:dst" for offloaded residuals
+RESIDUAL_ATTR = graph.RESIDUAL_ATTR
+OFFLOAD_ATTR = graph.OFFLOAD_ATTR
 
 
 @dataclasses.dataclass
@@ -193,6 +193,10 @@ class _Rewriter:
                 i for i in range(len(block.arguments))
                 if graph.COTANGENT_ATTR in graph.arg_attr_names(self.func_op, i)]
         self.cotangent_args = {block.arguments[i] for i in self.cotangent_indices}
+        with self.module.context:  # later passes find the cotangents the same way
+            for i in self.cotangent_indices:
+                graph.set_attr_entry(self.func_op, "arg_attrs", i, graph.COTANGENT_ATTR,
+                                     ir.UnitAttr.get())
         ops = [op.operation for op in block.operations]
         self.terminator = ops[-1]
         # Ops are keyed by op_id (their hash changes when an operand is replaced);
@@ -434,11 +438,16 @@ class _Rewriter:
                 v.replace_all_uses_with(arg)
             for v, arg in zip(primal_args, fwd_block.arguments):
                 v.replace_all_uses_with(arg)
+            offloads = [self.saved[v] for v in residuals]
+
+            def offload_attr(o):
+                return {} if o is None else {OFFLOAD_ATTR: ir.StringAttr.get(f"{o.src}:{o.dst}")}
             fwd.attributes["res_attrs"] = ir.ArrayAttr.get(
                 [ir.DictAttr.get({}) for _ in fwd_results]
-                + [ir.DictAttr.get({RESIDUAL_ATTR: ir.StringAttr.get(d)}) for d in descs])
+                + [ir.DictAttr.get({RESIDUAL_ATTR: ir.StringAttr.get(d), **offload_attr(o)})
+                   for d, o in zip(descs, offloads)])
             bwd.attributes["arg_attrs"] = ir.ArrayAttr.get(
-                [ir.DictAttr.get({}) for _ in residuals]
+                [ir.DictAttr.get(offload_attr(o)) for o in offloads]
                 + [ir.DictAttr.get({graph.COTANGENT_ATTR: ir.UnitAttr.get()}) for _ in cot_args])
         f.operation.erase()
 

@@ -4,7 +4,8 @@
 identity that carries a `checkpoint_name` through export. No backend knows the
 target, so every use of a marker's result is replaced by its operand and the
 marker is erased; the module then compiles anywhere. It also drops the
-`remat.*` bookkeeping attributes other passes leave on ops.
+`remat.*` bookkeeping attributes other passes leave on ops (recompute groups,
+offload marks, barrier marks), so it runs last in the remat pipeline.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from remat_passes import graph
 from remat_passes.mlir import ir
 from remat_passes.passes import ModulePass
 
-BOOKKEEPING_OP_ATTRS = (graph.RECOMPUTE_ATTR,)
+BOOKKEEPING_OP_ATTRS = (graph.RECOMPUTE_ATTR, graph.OFFLOAD_ATTR, "remat.barrier")
 
 
 class StripCheckpointNames(ModulePass):

@@ -151,7 +151,15 @@
 // BYTECODE-LABEL: func.func @pipeline
 
 // LIST: Passes of remat_passes:
+// LIST-NEXT: annotate-host-offload {{.*}}annotate_device_placement
+// LIST-NEXT: func
 // LIST-NEXT: inline {{.*}}func.call
+// LIST-NEXT: insert-reduce-precision {{.*}}reduce_precision
+// LIST-NEXT: func
+// LIST-NEXT: place-optimization-barriers {{.*}}optimization_barrier
+// LIST-NEXT: func
+// LIST-NEXT: remat {{.*}}default pipeline
+// LIST: prevent-cse {{.*}}(default: True)
 // LIST-NEXT: remat-partial-eval {{.*}}checkpoint policy
 // LIST-NEXT: policy {{.*}}save_only_these_names
 // LIST-NEXT: mode {{.*}}(default: joint)

@@ -12,7 +12,7 @@
 // func=other rewrites @other and leaves @main alone.
 // RUN: remat-opt %s --remat-partial-eval='func=other policy=nothing_saveable' | filecheck %s --check-prefix=FUNC
 
-// COTARGS-LABEL: func.func @main(%arg0: tensor<4xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xf32>, %arg3: tensor<4xf32>)
+// COTARGS-LABEL: func.func @main(%arg0: tensor<4xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xf32>, %arg3: tensor<4xf32> {remat.cotangent})
 // COTARGS-NEXT: %[[M:.*]] = stablehlo.multiply %arg0, %arg1 :
 // COTARGS-NEXT: %[[Y:.*]] = stablehlo.add %[[M]], %arg2 :
 // COTARGS-NEXT: %[[T:.*]] = stablehlo.tanh %[[Y]] :

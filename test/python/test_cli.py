@@ -92,7 +92,14 @@ def test_pass_flags_equal_pipeline_and_remat_api(files):
                      "--strip-checkpoint-names")
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout.decode() == api_result(files["vjp"])
+
+
+def test_remat_flag_equals_remat_api(files):
+    """--remat runs the default pipeline, exactly what remat_passes.remat() runs."""
+    proc = remat_opt(files["vjp"], "--remat=policy=dots_saveable")
+    assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout.decode() == str(rp.remat(rp.load(files["vjp"]), "dots_saveable"))
+    assert "stablehlo.optimization_barrier" in proc.stdout.decode()
 
 
 def test_split_mode_output(files):

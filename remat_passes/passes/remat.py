@@ -1,0 +1,42 @@
+"""remat: the default pipeline in one pass, with the options users set.
+
+remat-partial-eval -> insert-reduce-precision -> place-optimization-barriers
+(when prevent-cse) -> annotate-host-offload -> strip-checkpoint-names. Each
+step is also a pass of its own for `--pass-pipeline`; `remat_passes.remat()`
+and `remat-opt --remat='policy=... mode=split prevent-cse=false'` run this.
+"""
+from __future__ import annotations
+
+from remat_passes.passes import ModulePass, Option, parse_bool
+from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
+from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
+from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
+from remat_passes.passes.remat_partial_eval import RematPartialEval
+from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
+
+
+def steps(options: dict) -> list[tuple[ModulePass, dict]]:
+    """The passes of the default pipeline with their parsed options."""
+    pe = RematPartialEval()
+    pe_options = pe.parse_options({})
+    pe_options.update({k: v for k, v in options.items() if k in pe_options})
+    func = {"func": options["func"]}
+    out = [(pe, pe_options), (InsertReducePrecision(), func)]
+    if options["prevent-cse"]:
+        out.append((PlaceOptimizationBarriers(), func))
+    out += [(AnnotateHostOffload(), func), (StripCheckpointNames(), {})]
+    return out
+
+
+class Remat(ModulePass):
+    name = "remat"
+    summary = ("The default pipeline: remat-partial-eval, insert-reduce-precision, "
+               "place-optimization-barriers (prevent-cse), annotate-host-offload, "
+               "strip-checkpoint-names")
+    options = tuple(o for o in RematPartialEval.options) + (
+        Option("prevent-cse", parse_bool, True,
+               "place optimization barriers around recomputation (off inside loops)"),)
+
+    def run(self, module, options, state):
+        for pass_, pass_options in steps(options):
+            pass_.run(module, pass_options, state)

@@ -1,0 +1,482 @@
+"""The static memory estimate (remat_passes.memory): exact bytes on tiny modules,
+and the proof that remat lowers the peak of a joint VJP function.
+
+Model (see remat_passes/memory.py): ops run in program order; a value is live
+from its producer to its last reader (captures in nested regions read at the
+op that holds them); arguments from entry to their last use; returned values
+to the end; at an op, the live bytes before it plus its results (plus, for an
+op with regions, the largest internal peak of a region).
+
+Units in the hand-written cases: K = 1024 bytes = one tensor<256xf32>.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+import remat_passes as rp
+from remat_passes import graph
+from remat_passes.memory import MemoryEstimate, estimate_memory, format_bytes, format_memory
+from remat_passes.mlir import RematError, op_id
+
+P = rp.policies
+K = 1024
+
+
+def est(text, function=None):
+    return estimate_memory(rp.Module.parse(text), function)
+
+
+def only(estimate: MemoryEstimate):
+    (f,) = list(estimate)
+    return f
+
+
+# ------------------------------------------------------- hand-written cases --
+def test_chain():
+    f = only(est("""
+    func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
+      %0 = stablehlo.sine %x : tensor<256xf32>
+      %1 = stablehlo.cosine %0 : tensor<256xf32>
+      %2 = stablehlo.exponential %1 : tensor<256xf32>
+      return %2 : tensor<256xf32>
+    }"""))
+    # entry: x = 1K. Each op: its input and its result are live (2K), then the
+    # input is dead (1K). Peak 2K, first reached at the sine (op 0).
+    assert f.peak_bytes == 2 * K
+    assert f.peak_index == 0 and f.peak_op.startswith("stablehlo.sine")
+    assert f.live_bytes_timeline == [K, K, K]
+    assert (f.argument_bytes, f.result_bytes, f.num_ops) == (K, K, 3)
+
+
+def test_diamond():
+    f = only(est("""
+    func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
+      %a = stablehlo.sine %x : tensor<256xf32>
+      %b = stablehlo.cosine %x : tensor<256xf32>
+      %c = stablehlo.add %a, %b : tensor<256xf32>
+      return %c : tensor<256xf32>
+    }"""))
+    # sine:   x + a          = 2K, after 2K (x read again by the cosine)
+    # cosine: x + a + b      = 3K, after a + b = 2K
+    # add:    a + b + c      = 3K, after c = 1K
+    assert f.peak_bytes == 3 * K
+    assert f.peak_index == 1 and f.peak_op.startswith("stablehlo.cosine")
+    assert f.live_bytes_timeline == [2 * K, 2 * K, K]
+
+
+LATE_USE = """
+func.func @main(%x: tensor<256xf32>, %y: tensor<256xf32>) -> tensor<256xf32> {
+  %a = stablehlo.sine %x : tensor<256xf32>
+  %b = stablehlo.cosine %a : tensor<256xf32>
+  %c = stablehlo.exponential %b : tensor<256xf32>
+  %d = stablehlo.add %c, {LATE} : tensor<256xf32>
+  %e = stablehlo.multiply %d, %y : tensor<256xf32>
+  return %e : tensor<256xf32>
+}"""
+
+
+def test_value_used_late():
+    f = only(est(LATE_USE.replace("{LATE}", "%a")))
+    # y lives to the multiply; a is read again by the add:
+    # sine x,y,a = 3K -> y,a | cosine y,a,b = 3K -> y,a,b | exp y,a,b,c = 4K -> y,a,c
+    # add y,a,c,d = 4K -> y,d | multiply y,d,e = 3K -> e
+    assert f.peak_bytes == 4 * K
+    assert f.peak_index == 2
+    assert f.live_bytes_timeline == [2 * K, 3 * K, 3 * K, 2 * K, K]
+    # The same program reading c instead of a: a dies at the cosine, 1K lower.
+    g = only(est(LATE_USE.replace("{LATE}", "%c")))
+    assert g.peak_bytes == 3 * K
+    assert g.live_bytes_timeline == [2 * K, 2 * K, 2 * K, 2 * K, K]
+
+
+def test_reduce_with_region():
+    f = only(est("""
+    func.func @main(%x: tensor<64x256xf32>) -> tensor<256xf32> {
+      %init = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %r = stablehlo.reduce(%x init: %init) across dimensions = [0] : (tensor<64x256xf32>, tensor<f32>) -> tensor<256xf32>
+        reducer(%a: tensor<f32>, %b: tensor<f32>) {
+          %s = stablehlo.add %a, %b : tensor<f32>
+          stablehlo.return %s : tensor<f32>
+        }
+      return %r : tensor<256xf32>
+    }"""))
+    x, init, r, body = 64 * K, 4, K, 4
+    # constant: x + init; reduce: x + init + r + the body's own peak (%s, 4 B;
+    # its block arguments alias the operands), then only r is left.
+    assert f.peak_bytes == x + init + r + body == 66568
+    assert f.peak_index == 1 and f.peak_op.startswith("stablehlo.reduce")
+    assert f.live_bytes_timeline == [x + init, r]
+
+
+def test_values_captured_by_a_region_live_until_the_op():
+    f = only(est("""
+    func.func @main(%p: tensor<i1>, %x: tensor<256xf32>) -> tensor<256xf32> {
+      %a = stablehlo.sine %x : tensor<256xf32>
+      %b = stablehlo.cosine %a : tensor<256xf32>
+      %r = "stablehlo.if"(%p) ({
+        stablehlo.return %a : tensor<256xf32>
+      }, {
+        %n = stablehlo.negate %b : tensor<256xf32>
+        stablehlo.return %n : tensor<256xf32>
+      }) : (tensor<i1>) -> tensor<256xf32>
+      return %r : tensor<256xf32>
+    }"""))
+    # p = 1 B (i1 is stored in a byte). a and b are read only inside the
+    # branches, so they live until the `if`:
+    # sine p,x,a = 1+2K -> p,a | cosine p,a,b = 1+2K -> p,a,b (a still captured)
+    # if: p,a,b + r + the larger branch peak (%n, 1K) = 1+4K -> r
+    assert f.peak_bytes == 1 + 4 * K
+    assert f.peak_index == 2 and f.peak_op.startswith("stablehlo.if")
+    assert f.live_bytes_timeline == [1 + K, 1 + 2 * K, K]
+
+
+def test_function_returning_arguments():
+    f = only(est("""
+    func.func @main(%x: tensor<256xf32>, %y: tensor<512xf32>) -> (tensor<256xf32>, tensor<256xf32>, tensor<256xf32>, tensor<512xf32>) {
+      %a = stablehlo.sine %x : tensor<256xf32>
+      return %x, %a, %x, %y : tensor<256xf32>, tensor<256xf32>, tensor<256xf32>, tensor<512xf32>
+    }"""))
+    # Arguments x (1K) and y (2K) are returned, so they live to the end.
+    # sine: x,y,a = 4K; at the return x is handed back twice: 4K + 1K.
+    assert (f.argument_bytes, f.result_bytes) == (3 * K, 5 * K)
+    assert f.live_bytes_timeline == [4 * K]
+    assert f.peak_bytes == 5 * K and f.peak_op.startswith("func.return")
+
+
+def test_unused_argument_is_live_at_entry_only():
+    f = only(est("""
+    func.func @main(%x: tensor<256xf32>, %unused: tensor<1024xf32>) -> tensor<256xf32> {
+      %a = stablehlo.sine %x : tensor<256xf32>
+      %b = stablehlo.cosine %a : tensor<256xf32>
+      return %b : tensor<256xf32>
+    }"""))
+    # entry: x + unused = 5K (the peak); then unused is dead: sine x,a = 2K.
+    assert f.peak_bytes == 5 * K
+    assert (f.peak_index, f.peak_op) == (-1, "entry (arguments)")
+    assert f.live_bytes_timeline == [K, K]
+    assert f.argument_bytes == 5 * K and f.result_bytes == K
+
+
+def test_dead_result_is_freed_at_once():
+    f = only(est("""
+    func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
+      %dead = stablehlo.broadcast_in_dim %x, dims = [1] : (tensor<256xf32>) -> tensor<8x256xf32>
+      %a = stablehlo.sine %x : tensor<256xf32>
+      return %a : tensor<256xf32>
+    }"""))
+    # broadcast: x + dead(8K) = 9K, then dead is gone -> x | sine: x,a = 2K -> a
+    assert f.peak_bytes == 9 * K
+    assert f.live_bytes_timeline == [K, K]
+
+
+def test_checkpoint_name_marker_aliases_its_operand():
+    f = only(est("""
+    func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
+      %a = stablehlo.sine %x : tensor<256xf32>
+      %n = stablehlo.custom_call @remat.name(%a) {backend_config = "a"} : (tensor<256xf32>) -> tensor<256xf32>
+      %b = stablehlo.cosine %n : tensor<256xf32>
+      %c = stablehlo.add %b, %a : tensor<256xf32>
+      return %c : tensor<256xf32>
+    }"""))
+    # The marker is an identity (strip-checkpoint-names removes it): n is a.
+    # sine x,a = 2K -> a | marker 1K | cosine a,b = 2K -> a,b | add a,b,c = 3K -> c
+    # (Counting n as its own buffer would give 4K at the add.)
+    assert f.peak_bytes == 3 * K
+    assert f.peak_op.startswith("stablehlo.add")
+    assert f.live_bytes_timeline == [K, K, 2 * K, K]
+
+
+def test_identity_rounding_aliases_and_narrowing_allocates():
+    text = """
+    func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
+      %a = stablehlo.sine %x : tensor<256xf32>
+      %r = stablehlo.reduce_precision %a, format = FORMAT : tensor<256xf32>
+      %b = stablehlo.add %r, %a : tensor<256xf32>
+      return %b : tensor<256xf32>
+    }"""
+    # e8m23 is f32's own format (what insert-reduce-precision adds): r is a.
+    # sine x,a = 2K -> a | rounding 1K | add a,b = 2K
+    same = only(est(text.replace("FORMAT", "e8m23")))
+    assert same.peak_bytes == 2 * K and same.live_bytes_timeline == [K, K, K]
+    # e8m7 (to bf16 precision) changes values: a new buffer.
+    # sine 2K -> a | rounding a,r = 2K | add a,r,b = 3K
+    narrow = only(est(text.replace("FORMAT", "e8m7")))
+    assert narrow.peak_bytes == 3 * K and narrow.live_bytes_timeline == [K, 2 * K, K]
+
+
+def test_host_memory_does_not_count():
+    f = only(est("""
+    func.func @main(%x: tensor<256xf32>, %h: tensor<1024xf32> {mhlo.memory_kind = "pinned_host"}) -> (tensor<256xf32>, tensor<1024xf32>) {
+      %o = stablehlo.custom_call @annotate_device_placement(%x) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "pinned_host"}} : (tensor<256xf32>) -> tensor<256xf32>
+      %d = stablehlo.custom_call @annotate_device_placement(%h) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "device"}} : (tensor<1024xf32>) -> tensor<1024xf32>
+      return %o, %d : tensor<256xf32>, tensor<1024xf32>
+    }"""))
+    # Device bytes only: entry x = 1K (h is on the host) | to host: x, o(0) -> 0
+    # | to device: d = 4K. The signature totals count every type.
+    assert f.peak_bytes == 4 * K
+    assert f.live_bytes_timeline == [0, 4 * K]
+    assert (f.argument_bytes, f.result_bytes) == (5 * K, 5 * K)
+
+
+SPLIT_BY_HAND = """
+func.func @main_fwd(%x: tensor<256xf32>) -> (tensor<256xf32>, tensor<256xf32> {remat.residual = "f32[256] from the argument x"}, tensor<512xf32> {remat.residual = "f32[512] output of concatenate"}) {
+  %a = stablehlo.sine %x : tensor<256xf32>
+  %c = stablehlo.concatenate %x, %a, dim = 0 : (tensor<256xf32>, tensor<256xf32>) -> tensor<512xf32>
+  return %a, %x, %c : tensor<256xf32>, tensor<256xf32>, tensor<512xf32>
+}
+func.func @main_bwd(%x: tensor<256xf32>, %c: tensor<512xf32>, %ct: tensor<256xf32> {remat.cotangent}) -> tensor<256xf32> {
+  %s = stablehlo.slice %c [256:512] : (tensor<512xf32>) -> tensor<256xf32>
+  %g = stablehlo.multiply %ct, %s : tensor<256xf32>
+  return %g : tensor<256xf32>
+}
+"""
+
+
+def test_split_functions_and_residual_bytes():
+    e = est(SPLIT_BY_HAND)
+    assert list(e.functions) == ["main_fwd", "main_bwd"]
+    fwd, bwd = e["main_fwd"], e["main_bwd"]
+    # Residuals: x (1K) and the concatenation (2K); a is an output, not one.
+    assert fwd.residual_bytes == 3 * K and bwd.residual_bytes is None
+    assert e.residual_bytes == 3 * K
+    # fwd: sine x,a = 2K | concatenate x,a,c = 4K (all returned)
+    assert fwd.peak_bytes == 4 * K and fwd.live_bytes_timeline == [2 * K, 4 * K]
+    # bwd: entry x,c,ct = 4K, x is unused -> 3K | slice c,ct,s = 4K -> ct,s
+    # | multiply ct,s,g = 3K -> g
+    assert bwd.peak_bytes == 4 * K and bwd.live_bytes_timeline == [2 * K, K]
+    assert e.peak_bytes == 4 * K
+    # Naming the original function gives both halves; one half alone also works.
+    assert list(est(SPLIT_BY_HAND, "main").functions) == ["main_fwd", "main_bwd"]
+    assert list(est(SPLIT_BY_HAND, "main_bwd").functions) == ["main_bwd"]
+
+
+def test_default_functions_and_errors():
+    text = """
+    func.func private @helper(%x: tensor<256xf32>) -> tensor<256xf32> {
+      %0 = stablehlo.sine %x : tensor<256xf32>
+      return %0 : tensor<256xf32>
+    }
+    func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
+      %0 = func.call @helper(%x) : (tensor<256xf32>) -> tensor<256xf32>
+      return %0 : tensor<256xf32>
+    }"""
+    e = est(text)
+    assert list(e.functions) == ["main"]   # private functions are not estimated
+    # The call: x + its result + the callee's own peak (its sine, 1K).
+    assert e["main"].peak_bytes == 3 * K and e["main"].peak_op.startswith("func.call")
+    assert list(est(text, ["helper", "main"]).functions) == ["helper", "main"]
+    with pytest.raises(RematError, match="no function @nope"):
+        est(text, "nope")
+
+
+def test_format_memory():
+    text = format_memory(est(SPLIT_BY_HAND))
+    lines = text.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("@main_fwd: peak 4.00 KiB (4096 B) at stablehlo.concatenate")
+    assert "arguments 1.00 KiB" in lines[0] and "results 4.00 KiB" in lines[0]
+    assert lines[0].endswith("residuals 3.00 KiB")
+    assert lines[1].startswith("@main_bwd: peak 4.00 KiB (4096 B)")
+    assert "residuals" not in lines[1]
+    assert [format_bytes(n) for n in (12, 1536, 3 * 2**20 + 2**19, 50 * 2**20)] == \
+        ["12 B", "1.50 KiB", "3.50 MiB", "50.0 MiB"]
+
+
+def test_early_recomputation_has_a_higher_peak_by_hand():
+    # The same backward: p and q are saved, u and v recomputed from them
+    # (broadcasts: 1K -> 4K), ct is the 4K cotangent.
+    jit = only(est("""
+    func.func @main(%p: tensor<256xf32>, %q: tensor<256xf32>, %ct: tensor<4x256xf32>) -> tensor<4x256xf32> {
+      %u = stablehlo.broadcast_in_dim %p, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+      %g1 = stablehlo.multiply %ct, %u : tensor<4x256xf32>
+      %v = stablehlo.broadcast_in_dim %q, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+      %g2 = stablehlo.multiply %g1, %v : tensor<4x256xf32>
+      return %g2 : tensor<4x256xf32>
+    }"""))
+    early = only(est("""
+    func.func @main(%p: tensor<256xf32>, %q: tensor<256xf32>, %ct: tensor<4x256xf32>) -> tensor<4x256xf32> {
+      %u = stablehlo.broadcast_in_dim %p, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+      %v = stablehlo.broadcast_in_dim %q, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+      %g1 = stablehlo.multiply %ct, %u : tensor<4x256xf32>
+      %g2 = stablehlo.multiply %g1, %v : tensor<4x256xf32>
+      return %g2 : tensor<4x256xf32>
+    }"""))
+    # Just in time: u: p,q,ct,u = 10K -> q,ct,u | g1: q,ct,u,g1 = 13K -> q,g1
+    #               v: q,g1,v = 9K -> g1,v | g2: 12K
+    assert jit.peak_bytes == 13 * K
+    # Early: u: 10K -> q,ct,u | v: q,ct,u,v = 13K -> ct,u,v | g1: ct,u,v,g1 = 16K
+    # v (4K) is live during g1 where q (1K) was: 3K more.
+    assert early.peak_bytes == 16 * K
+
+
+# ------------------------------------------------------- real models: MLP --
+MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 8, 256, 64
+ACT = MLP_BATCH * MLP_WIDTH * 4          # one f32[64,256] activation: 64 KiB
+
+
+def mlp(params, x):
+    h = x
+    for i, (w, b) in enumerate(params):
+        h = checkpoint_name(jnp.tanh(h @ w + b), f"layer{i}")
+    return jnp.sum(h)
+
+
+@pytest.fixture(scope="module")
+def mlp_module():
+    k = jax.random.split(jax.random.PRNGKey(0), 2 * MLP_LAYERS + 1)
+    params = [(jax.random.normal(k[2 * i], (MLP_WIDTH, MLP_WIDTH), jnp.float32) * 0.05,
+               jax.random.normal(k[2 * i + 1], (MLP_WIDTH,), jnp.float32) * 0.05)
+              for i in range(MLP_LAYERS)]
+    x = jax.random.normal(k[-1], (MLP_BATCH, MLP_WIDTH), jnp.float32)
+    return rp.export_vjp(mlp, params, x)
+
+
+EVEN_LAYERS = P.save_only_these_names(*(f"layer{i}" for i in range(0, MLP_LAYERS, 2)))
+
+
+def test_mlp_remat_lowers_the_joint_peak(mlp_module):
+    base = estimate_memory(rp.remat(mlp_module, None))["main"]
+    even = estimate_memory(rp.remat(mlp_module, EVEN_LAYERS))["main"]
+    # Without remat the forward keeps, per layer, tanh(h) and its derivative
+    # term 1 - tanh(h): 2L activations live into the backward, on top of the
+    # arguments (weights, biases, x, the cotangent).
+    assert base.peak_bytes >= base.argument_bytes + 2 * MLP_LAYERS * ACT
+    # Saving every other layer output keeps L/2 activations instead of 2L. The
+    # just-in-time recomputation of one layer needs at most 4 activation-sized
+    # buffers at once (dot, bias broadcast, add, tanh), so the peak drops by at
+    # least (2L - L/2 - 4) activations ...
+    dropped = 2 * MLP_LAYERS - MLP_LAYERS // 2
+    assert base.peak_bytes - even.peak_bytes >= (dropped - 4) * ACT
+    # ... and by no more than what is no longer kept.
+    assert base.peak_bytes - even.peak_bytes <= dropped * ACT
+    # Arguments and results do not change with the policy.
+    assert (even.argument_bytes, even.result_bytes) == (base.argument_bytes, base.result_bytes)
+
+
+@pytest.mark.parametrize("policy", [None, EVEN_LAYERS, P.nothing_saveable, P.dots_saveable,
+                                    P.offload_dot_with_no_batch_dims("device", "pinned_host")],
+                         ids=["none", "even_layers", "nothing", "dots", "offload"])
+def test_split_residual_bytes_match_the_pass(mlp_module, policy):
+    split = rp.remat(mlp_module, policy, mode="split")
+    e = estimate_memory(split)
+    assert list(e.functions) == ["main_fwd", "main_bwd"]
+    assert e["main_fwd"].residual_bytes == sum(r.bytes for r in split.residuals)
+    assert e.residual_bytes == e["main_fwd"].residual_bytes
+    # <f>_bwd takes the residuals and the cotangent as arguments.
+    cot = 4  # f32[] cotangent of the scalar loss
+    assert e["main_bwd"].argument_bytes == e["main_fwd"].residual_bytes + cot
+
+
+def test_split_peaks_follow_residuals(mlp_module):
+    base = estimate_memory(rp.remat(mlp_module, None, mode="split"))
+    even = estimate_memory(rp.remat(mlp_module, EVEN_LAYERS, mode="split"))
+    # The forward returns its residuals, so its peak is at least their size,
+    # and fewer residuals give a lower forward peak.
+    for e in (base, even):
+        assert e["main_fwd"].peak_bytes >= e["main_fwd"].result_bytes
+    assert even["main_fwd"].peak_bytes < base["main_fwd"].peak_bytes
+    assert even["main_bwd"].peak_bytes < base["main_bwd"].peak_bytes
+
+
+def _partial_eval_only(module, spec):
+    """remat-partial-eval alone: the recompute clones keep their remat.recompute marks."""
+    out = module.clone()
+    pipeline = f"builtin.module(remat-partial-eval{{policy={spec}}})"
+    rp.run_pipeline(out.op, rp.parse_pipeline(pipeline))
+    return out
+
+
+def _move_recomputation_to_backward_start(module):
+    """A copy with every recomputed op moved, in order, before the first other backward op."""
+    early = module.clone()
+    f = graph.find_func(early.op, "main")
+    backward, _ = graph.backward_ops(f)
+    ops = [op.operation for op in graph.body_block(f).operations]
+    clones = [op for op in ops if graph.RECOMPUTE_ATTR in op.attributes]
+    first = next(op for op in ops
+                 if op_id(op) in backward and graph.RECOMPUTE_ATTR not in op.attributes)
+    for op in clones:
+        op.move_before(first)
+    early.verify()
+    return early, len(clones)
+
+
+def test_mlp_early_recomputation_has_a_higher_peak(mlp_module):
+    spec = "save_only_these_names(" + ",".join(f"layer{i}" for i in range(0, MLP_LAYERS, 2)) + ")"
+    jit = _partial_eval_only(mlp_module, spec)
+    early, moved = _move_recomputation_to_backward_start(jit)
+    assert moved > 0
+    jit_peak = estimate_memory(jit).peak_bytes
+    early_peak = estimate_memory(early).peak_bytes
+    # The pass's form is what the full pipeline emits, memory-wise.
+    assert jit_peak == estimate_memory(rp.remat(mlp_module, EVEN_LAYERS)).peak_bytes
+    # Early, the L/2 recomputed layers' tanh and 1 - tanh all live from the
+    # start of the backward; just in time, one layer's at a time: at least
+    # (L/2 - 1) * 2 activations more.
+    assert early_peak - jit_peak >= (MLP_LAYERS // 2 - 1) * 2 * ACT
+
+
+# ---------------------------------------------- real models: transformer --
+TB, TT, TD, TH, TF = 4, 128, 256, 4, 1024     # batch, tokens, width, heads, MLP width
+T_ACT = TB * TT * TD * 4                      # f32[4,128,256]: 512 KiB
+T_SCORES = TB * TH * TT * TT * 4              # f32[4,4,128,128]: 1 MiB
+
+
+def transformer_block(p, x):
+    def heads(t):
+        return t.reshape(TB, TT, TH, TD // TH).transpose(0, 2, 1, 3)
+    q = checkpoint_name(x @ p["wq"], "q")
+    k = checkpoint_name(x @ p["wk"], "k")
+    v = checkpoint_name(x @ p["wv"], "v")
+    s = jnp.einsum("bhqd,bhkd->bhqk", heads(q), heads(k)) / np.sqrt(TD // TH)
+    a = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), heads(v))
+    a = checkpoint_name(a.transpose(0, 2, 1, 3).reshape(TB, TT, TD), "attn_out")
+    h = x + a @ p["wo"]
+    m = checkpoint_name(jax.nn.gelu(h @ p["w1"]), "mlp_hidden")
+    return h + m @ p["w2"]
+
+
+@pytest.fixture(scope="module")
+def transformer_module():
+    ks = jax.random.split(jax.random.PRNGKey(1), 7)
+    shapes = {"wq": (TD, TD), "wk": (TD, TD), "wv": (TD, TD), "wo": (TD, TD),
+              "w1": (TD, TF), "w2": (TF, TD)}
+    p = {n: jax.random.normal(kk, s, jnp.float32) * 0.05
+         for (n, s), kk in zip(shapes.items(), ks)}
+    x = jax.random.normal(ks[6], (TB, TT, TD), jnp.float32)
+    return rp.export_vjp(transformer_block, p, x)
+
+
+def test_transformer_remat_lowers_the_joint_peak(transformer_module):
+    base = estimate_memory(rp.remat(transformer_module, None))["main"]
+    # The peak is in the MLP backward (gelu's derivative on f32[4,128,1024]).
+    # Without remat the attention residuals are live through it: exp(scores)
+    # and the probabilities (2 x [B,H,T,T]) and q, k, v in head layout (3 x
+    # [B,T,D]). Saving only the attention output recomputes them just before
+    # the attention backward, after the MLP backward's buffers are gone.
+    attn = estimate_memory(rp.remat(transformer_module, P.save_only_these_names("attn_out")))
+    assert base.peak_bytes - attn["main"].peak_bytes >= 2 * T_SCORES + 3 * T_ACT
+    # Keeping q, k, v as well (3 x [B,T,D], the same bytes as their head-layout
+    # copies) still frees the two score-sized buffers.
+    qkv_attn = estimate_memory(rp.remat(transformer_module,
+                                        P.save_only_these_names("q", "k", "v", "attn_out")))
+    assert base.peak_bytes - qkv_attn["main"].peak_bytes >= 2 * T_SCORES
+    assert attn["main"].peak_bytes < qkv_attn["main"].peak_bytes < base.peak_bytes
+
+
+def test_transformer_split_residuals(transformer_module):
+    base = rp.remat(transformer_module, None, mode="split")
+    qkv = rp.remat(transformer_module, P.save_only_these_names("q", "k", "v"), mode="split")
+    eb, eq = estimate_memory(base), estimate_memory(qkv)
+    assert eb.residual_bytes == sum(r.bytes for r in base.residuals)
+    assert eq.residual_bytes == sum(r.bytes for r in qkv.residuals)
+    # save_only_these_names('q', 'k', 'v') keeps the arguments (weights and x)
+    # and exactly q, k and v.
+    assert eq.residual_bytes == eq["main_fwd"].argument_bytes + 3 * T_ACT
+    # Without remat the residuals include the two score-sized buffers too.
+    assert eb.residual_bytes >= eq.residual_bytes + 2 * T_SCORES
+    assert eq["main_fwd"].peak_bytes < eb["main_fwd"].peak_bytes
