@@ -2,6 +2,7 @@
 from remat_passes import policies
 from remat_passes.jax_bridge import (checkpoint, checkpoint_name, compile, export_vjp,
                                      from_exported, to_exported)
+from remat_passes.memory import FunctionMemory, MemoryEstimate, estimate_memory, format_memory
 from remat_passes.mlir import RematError
 from remat_passes.module import Module, load
 from remat_passes.passes.remat_partial_eval import Residual
@@ -14,5 +15,6 @@ __all__ = [
     "Module", "load", "from_exported", "to_exported", "compile", "export_vjp",
     "checkpoint", "checkpoint_name", "policies", "remat", "run_pipeline", "parse_pipeline",
     "saved_residuals", "print_saved_residuals", "print_fwd_bwd", "Residual", "RematError",
+    "estimate_memory", "format_memory", "MemoryEstimate", "FunctionMemory",
     "__version__",
 ]

@@ -15,6 +15,7 @@ import difflib
 import sys
 
 from remat_passes import __version__
+from remat_passes.memory import estimate_memory, format_memory
 from remat_passes.mlir import RematError
 from remat_passes.module import Module, write_atomically
 from remat_passes.passes import CORE_PASSES, PassState, registry
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the residuals each remat-partial-eval saves, one per line as "
                         "JAX prints them (runs remat-partial-eval with its defaults if the "
                         "pipeline has none); the module goes to -o only")
+    p.add_argument("--print-memory", action="store_true",
+                   help="print a static peak-live-bytes estimate of each public function after "
+                        "the pipeline, one line per function (the module goes to -o only)")
     p.add_argument("--list-passes", action="store_true", help="list the passes and their options")
     p.add_argument("--version", action="version", version=f"remat-opt {__version__}")
     group = p.add_argument_group("passes (run in command-line order)")
@@ -133,6 +137,8 @@ def _process(data: bytes, steps: list[Step], args, filename: str) -> tuple[bytes
                  print_before=args.mlir_print_ir_before_all,
                  print_after=args.mlir_print_ir_after_all)
     report = ""
+    if args.print_memory:
+        report += format_memory(estimate_memory(module.op)) + "\n"
     if args.print_saved_residuals:
         for fname, residuals in state.residuals.items():
             count = f"{len(residuals)} value" + ("" if len(residuals) == 1 else "s")
@@ -176,7 +182,7 @@ def run(argv: list[str]) -> int:
         return 1
     joiner = f"\n{SPLIT_MARKER}\n".encode()
     result = outputs[0] if args.emit_bytecode else joiner.join(o.rstrip(b"\n") for o in outputs) + b"\n"
-    if args.print_saved_residuals:
+    if args.print_saved_residuals or args.print_memory:
         sys.stdout.write(f"{SPLIT_MARKER}\n".join(reports))
         if args.output != "-":
             write_atomically(args.output, result)
