@@ -145,6 +145,7 @@ def _process(data: bytes, steps: list[Step], args, filename: str) -> tuple[bytes
             report += f"// saved residuals of @{fname}: {count}, " \
                       f"{residual_bytes(residuals)} bytes\n"
             report += "".join(f"{r}\n" for r in residuals)
+        report += "".join(f"// remark: {text}\n" for text in state.remarks)
     out = module.bytecode() if args.emit_bytecode else \
         module.text(debug_info=args.mlir_print_debuginfo).encode()
     return out, report
@@ -160,7 +161,8 @@ def run(argv: list[str]) -> int:
         raise RematError("error: use either --pass-pipeline or per-pass flags, not both")
     steps = parse_pipeline(args.pass_pipeline) if args.pass_pipeline else flags
     check_steps(steps)
-    if args.print_saved_residuals and not any(s.name == "remat-partial-eval" for s in steps):
+    if args.print_saved_residuals and not any(s.name in ("remat-partial-eval", "remat")
+                                              for s in steps):
         steps = [Step("remat-partial-eval", {})] + steps
         check_steps(steps)
     if args.emit_bytecode and args.split_input_file:

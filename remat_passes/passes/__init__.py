@@ -45,6 +45,8 @@ class PassState:
     filename: str | None = None
     # Filled by remat-partial-eval: one entry per function it rewrote.
     residuals: dict = dataclasses.field(default_factory=dict)
+    # Notes for the user (printed with the residual report), e.g. loops kept whole.
+    remarks: list = dataclasses.field(default_factory=list)
 
 
 class ModulePass:

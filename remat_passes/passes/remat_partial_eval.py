@@ -238,6 +238,13 @@ class _Rewriter:
                 gc.enable()
         self._dce()
         residuals = self._residual_list()
+        loops = sum(1 for op in self.block.operations if op.operation.name == "stablehlo.while"
+                    and not self._is_backward(op.operation))
+        if loops:
+            self.state.remarks.append(
+                f"@{self.func_name}: {loops} forward stablehlo.while loop(s) treated as atomic "
+                "ops: a loop's stacked residuals are saved or recomputed whole (per-iteration "
+                "remat through scans is not implemented yet)")
         if self.mode == "split":
             self._split(bwd_flags)
         return residuals
