@@ -162,7 +162,7 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
             for key in regions:
                 pol = _REGION_POLICIES[key]
                 specs[key] = ir.StringAttr.get(pol.spec)
-                if pol.spec.startswith("<callable"):
+                if pol.spec.startswith("<"):  # a Python callable: kept on the Module
                     module.region_policies[key] = pol
             module.op.operation.attributes[REGIONS_ATTR] = ir.DictAttr.get(specs)
     module.exported = exported

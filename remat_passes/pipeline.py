@@ -190,7 +190,8 @@ def run_pipeline(module, steps: list[Step], state: PassState | None = None, *,
 
 
 def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
-          func: str = "main", cotangent_args=None, region_regex=None, verify: bool = True):
+          func: str = "main", cotangent_args=None, region_regex=None, region_policy=None,
+          verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
     remat-partial-eval (policy, mode) -> insert-reduce-precision ->
@@ -207,6 +208,9 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
         raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
     if region_regex is not None:
         options["region-regex"] = re.compile(region_regex)
+    if region_policy is not None:
+        from remat_passes.policies import as_policy
+        options["region-policy"] = as_policy(region_policy)
     state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
     run_pipeline(out.op, [Step(Remat.name, {}, options)], state, verify_each=verify)
     out.residuals = state.residuals.get(func, [])

@@ -17,6 +17,7 @@ Every built-in policy carries a `spec`: the expression that recreates it, e.g.
 from __future__ import annotations
 
 import ast
+import inspect
 import dataclasses
 import difflib
 from typing import Any, Callable
@@ -79,12 +80,14 @@ class OpInfo:
     result_types
     attributes       attribute name -> printed value (built on first use)
     checkpoint_name  for the @remat.name marker, its name; else None
+    primitive        JAX's name for the op when its location says ("sin"), else the
+                     StableHLO op name without dialect ("sine")
     lhs_batching_dims / rhs_batching_dims  for dot_general
     """
 
     def __init__(self, name, operand_types, result_types, attributes, checkpoint_name,
                  lhs_batching_dims=(), rhs_batching_dims=(), lhs_contracting_dims=(),
-                 rhs_contracting_dims=()):
+                 rhs_contracting_dims=(), primitive=None):
         self.name = name
         self.operand_types = operand_types
         self.result_types = result_types
@@ -94,6 +97,7 @@ class OpInfo:
         self.rhs_batching_dims = tuple(rhs_batching_dims)
         self.lhs_contracting_dims = tuple(lhs_contracting_dims)
         self.rhs_contracting_dims = tuple(rhs_contracting_dims)
+        self.primitive = primitive or name.split(".", 1)[-1]
 
     @property
     def attributes(self) -> dict[str, str]:
@@ -285,15 +289,23 @@ def _from_jax_policy(policy) -> Policy:
             return policy(lax.dot_general_p, dimension_numbers=dims)
         if op.name == "stablehlo.convolution":
             return policy(convolution.conv_general_dilated_p)
-        prim = stand_ins.setdefault(op.name, core.Primitive(op.name.split(".", 1)[-1]))
+        prim = stand_ins.setdefault(op.primitive, core.Primitive(op.primitive))
         return policy(prim)
     name = getattr(policy, "__qualname__", None) or repr(policy)
     return Policy(adapted, f"<jax policy {name}>")
 
 
 def _is_jax_policy(policy) -> bool:
+    """jax.checkpoint_policies objects, and user policies written in JAX's style
+    (`def policy(prim, *avals, **params)`: a first parameter named `prim`)."""
     module = getattr(policy, "__module__", "") or ""
-    return module.startswith("jax.") or module == "jax"
+    if module.startswith("jax.") or module == "jax":
+        return True
+    try:
+        params = list(inspect.signature(policy).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0] == "prim"
 
 
 def as_policy(policy) -> Policy:

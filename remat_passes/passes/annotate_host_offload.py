@@ -45,19 +45,30 @@ def offload_joint(func_op) -> int:
         if graph.OFFLOAD_ATTR not in op.attributes or op_id(op) in backward:
             continue
         src, dst = _parse(op.attributes[graph.OFFLOAD_ATTR])
-        for v in op.results:
+        for v in _residual_values(op):
             bwd_uses = [u for u in v.uses
                         if graph.top_level_id(u.owner.operation, block) in backward]
             if not bwd_uses:
                 continue
             first = min((graph.top_level_op(u.owner.operation, block) for u in bwd_uses),
                         key=lambda o: _position(block, o))
-            host = annotate(v, dst, ir.InsertionPoint.after(op), op.location)
+            host = annotate(v, dst, ir.InsertionPoint.after(v.owner), op.location)
             device = annotate(host, src, ir.InsertionPoint(first), first.location)
             for use in bwd_uses:
                 use.owner.operands[use.operand_number] = device
             count += 1
     return count
+
+
+def _residual_values(op) -> list:
+    """The values of an offloaded producer the backward may read: its results, or the
+    rounded copies insert-reduce-precision put after them."""
+    values = []
+    for v in op.results:
+        values.append(v)
+        values.extend(u.owner.operation.results[0] for u in v.uses
+                      if u.owner.operation.name == "stablehlo.reduce_precision")
+    return values
 
 
 def _position(block, op) -> int:

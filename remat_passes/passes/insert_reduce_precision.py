@@ -26,6 +26,7 @@ FLOAT_BITS = {
     "f64": (11, 52), "f32": (8, 23), "bf16": (8, 7), "f16": (5, 10),
     "f8E5M2": (5, 2), "f8E5M2FNUZ": (5, 2), "f8E4M3": (4, 3), "f8E4M3FN": (4, 3),
     "f8E4M3FNUZ": (4, 3), "f8E4M3B11FNUZ": (4, 3), "f8E3M4": (3, 4),
+    "f8E8M0FNU": (8, 0), "f4E2M1FN": (2, 1), "f6E2M3FN": (2, 3), "f6E3M2FN": (3, 2),
 }
 
 
@@ -87,7 +88,9 @@ class InsertReducePrecision(ModulePass):
             backward, _ = graph.backward_ops(func_op)
             for v in graph.joint_residuals(func_op):
                 bits = float_bits(v.type)
+                # Being returned is no forward *use* (as in split form, and in JAX).
                 forward_uses = [u for u in v.uses
-                                if graph.top_level_id(u.owner.operation, block) not in backward]
+                                if u.owner.operation.name != "func.return"
+                                and graph.top_level_id(u.owner.operation, block) not in backward]
                 if bits and forward_uses:
                     round_value(v, bits, block)

@@ -121,6 +121,7 @@ def op_info(op, with_attributes: bool = True) -> OpInfo:
                   result_types=[str(r.type) for r in op.results],
                   attributes=attrs,
                   checkpoint_name=graph.marker_name(op),
+                  primitive=graph.jax_primitive(op),
                   **dims)
 
 
@@ -161,7 +162,7 @@ class _Rewriter:
         for i in range(len(d)):
             named = d[i]
             spec = ir.StringAttr(named.attr).value
-            if spec.startswith("<callable"):
+            if spec.startswith("<"):  # a Python callable policy
                 out[named.name] = spec  # must come from state.region_policies
             else:
                 out[named.name] = parse_policy(spec)
@@ -176,7 +177,7 @@ class _Rewriter:
             return self.region_policy
         if isinstance(pol, str):
             raise RematError(
-                f"error: region {key} was made with the Python callable policy {pol}; it is "
+                f"error: region {key} was made with the Python policy {pol}; it is "
                 "only available in the process that exported the module (pass the Module "
                 "returned by export_vjp, not a reloaded copy)")
         return pol

@@ -1,12 +1,8 @@
-// User errors that currently escape as Python tracebacks. Each should be a
-// one-line 'remat-opt: error: ...' on stderr, exit status 1, no traceback.
-//
-// KNOWN FAILURE (both cases):
-// * remat-partial-eval on a function declaration (no body) raises IndexError
-//   in graph.body_block;
+// User errors that once escaped as Python tracebacks (regression tests). Each
+// is a one-line 'remat-opt: error: ...' on stderr, exit status 1, no traceback:
+// * remat-partial-eval on a function declaration (no body);
 // * save_from_both_policies with a policy that returns a non-bool verdict
-//   (here an Offloadable) raises JAX's own ValueError from inside the policy,
-//   which nothing turns into a RematError.
+//   (here an Offloadable), which makes the policy itself raise.
 
 // NOTRACE-NOT: Traceback
 

@@ -3,8 +3,8 @@
 // around a file position, loc("jit(f)/jvp()/cos"("f.py":3:4)), there is no
 // function name to give; the name stack must not be printed in its place.
 //
-// KNOWN FAILURE: graph.source_position takes the outermost NameLoc (the name
-// stack) for the function and prints "(jit(f)/jvp()/cos)".
+// (Regression: the name stack was once printed as the function name,
+// "(jit(f)/jvp()/cos)".)
 //
 // RUN: remat-opt %s --print-saved-residuals | filecheck %s
 // RUN: remat-opt %s --remat-partial-eval='mode=split' | filecheck %s --check-prefix=SPLIT

@@ -1,10 +1,10 @@
 // func.call is inlined before remat-partial-eval decides anything (DESIGN.md
 // section 4: "`func.call` is inlined first"), and the `inline` pass inlines it.
 //
-// KNOWN FAILURE: in jaxlib's MLIR context the func dialect's inliner
-// extension is not registered, so `inline` (and remat-partial-eval's own
-// inlining step) leave the call in place; remat-partial-eval then treats the
-// call as side-effecting and saves its result even under nothing_saveable.
+// jaxlib's MLIR context does not register the func dialect's inliner
+// extension, so core MLIR's `inline` would leave the call in place (and
+// partial-eval would then save the call's result as if it had side effects);
+// remat_passes' own `inline` pass does the job.
 //
 // RUN: remat-opt %s --pass-pipeline='builtin.module(inline)' | filecheck %s --check-prefix=INLINE
 // RUN: remat-opt %s --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=PE

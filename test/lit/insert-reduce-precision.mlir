@@ -1,0 +1,347 @@
+// RUN: remat-opt %s --insert-reduce-precision --split-input-file | filecheck %s
+// The last case alone, with func=step (the other cases have no @step):
+// RUN: sed -n '/^module @func_option/,$p' %s | remat-opt --insert-reduce-precision=func=step | filecheck %s --check-prefix=STEP
+
+// The input is what remat-partial-eval leaves: joint functions whose cotangent
+// arguments carry {remat.cotangent} and whose recomputed ops carry
+// remat.recompute, or the split pair @main_fwd/@main_bwd whose residual results
+// carry remat.residual. Each module is named after its case.
+
+// bf16: the residual %p (read by the forward negate and by the recomputed
+// cosine and the multiply of the backward) is rounded to e8m7 right after its
+// producer, and every use, forward and backward, reads the rounded value.
+// CHECK-LABEL: module @bf16
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xbf16>
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7 : tensor<4xbf16>
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]] : tensor<4xbf16>
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[R]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
+// CHECK-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G]], %[[R]]
+// CHECK-NEXT: return %[[F]], %[[G2]]
+module @bf16 {
+  func.func @main(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xbf16>
+    %f = stablehlo.negate %p : tensor<4xbf16>
+    %c = stablehlo.cosine %p {remat.recompute = 1 : i64} : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %c : tensor<4xbf16>
+    %g2 = stablehlo.multiply %g, %p : tensor<4xbf16>
+    return %f, %g2 : tensor<4xbf16>, tensor<4xbf16>
+  }
+}
+
+// -----
+
+// f16: e5m10.
+// CHECK-LABEL: module @f16
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf16>
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e5m10 : tensor<4xf16>
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: return %[[F]], %[[G]]
+module @f16 {
+  func.func @main(%x: tensor<4xf16>, %ct: tensor<4xf16> {remat.cotangent}) -> (tensor<4xf16>, tensor<4xf16>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xf16>
+    %f = stablehlo.negate %p : tensor<4xf16>
+    %g = stablehlo.multiply %ct, %p : tensor<4xf16>
+    return %f, %g : tensor<4xf16>, tensor<4xf16>
+  }
+}
+
+// -----
+
+// f32: e8m23 (a no-op on the value, but it pins the forward use to the
+// rounded value, as JAX does for every inexact dtype).
+// CHECK-LABEL: module @f32
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf32>
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m23 : tensor<4xf32>
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: return %[[F]], %[[G]]
+module @f32 {
+  func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xf32>
+    %f = stablehlo.negate %p : tensor<4xf32>
+    %g = stablehlo.multiply %ct, %p : tensor<4xf32>
+    return %f, %g : tensor<4xf32>, tensor<4xf32>
+  }
+}
+
+// -----
+
+// f64: e11m52.
+// CHECK-LABEL: module @f64
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf64>
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e11m52 : tensor<4xf64>
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: return %[[F]], %[[G]]
+module @f64 {
+  func.func @main(%x: tensor<4xf64>, %ct: tensor<4xf64> {remat.cotangent}) -> (tensor<4xf64>, tensor<4xf64>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xf64>
+    %f = stablehlo.negate %p : tensor<4xf64>
+    %g = stablehlo.multiply %ct, %p : tensor<4xf64>
+    return %f, %g : tensor<4xf64>, tensor<4xf64>
+  }
+}
+
+// -----
+
+// f8E4M3FN: e4m3.
+// CHECK-LABEL: module @f8E4M3FN
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf8E4M3FN>
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e4m3 : tensor<4xf8E4M3FN>
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: return %[[F]], %[[G]]
+module @f8E4M3FN {
+  func.func @main(%x: tensor<4xf8E4M3FN>, %ct: tensor<4xf8E4M3FN> {remat.cotangent}) -> (tensor<4xf8E4M3FN>, tensor<4xf8E4M3FN>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xf8E4M3FN>
+    %f = stablehlo.negate %p : tensor<4xf8E4M3FN>
+    %g = stablehlo.multiply %ct, %p : tensor<4xf8E4M3FN>
+    return %f, %g : tensor<4xf8E4M3FN>, tensor<4xf8E4M3FN>
+  }
+}
+
+// -----
+
+// f8E5M2: e5m2.
+// CHECK-LABEL: module @f8E5M2
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf8E5M2>
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e5m2 : tensor<4xf8E5M2>
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: return %[[F]], %[[G]]
+module @f8E5M2 {
+  func.func @main(%x: tensor<4xf8E5M2>, %ct: tensor<4xf8E5M2> {remat.cotangent}) -> (tensor<4xf8E5M2>, tensor<4xf8E5M2>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xf8E5M2>
+    %f = stablehlo.negate %p : tensor<4xf8E5M2>
+    %g = stablehlo.multiply %ct, %p : tensor<4xf8E5M2>
+    return %f, %g : tensor<4xf8E5M2>, tensor<4xf8E5M2>
+  }
+}
+
+// -----
+
+// The producer already is a reduce_precision with the type's own bits: no
+// second one.
+// CHECK-LABEL: module @already_rounded
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7 : tensor<4xbf16>
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: return %[[F]], %[[G]]
+module @already_rounded {
+  func.func @main(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xbf16>
+    %r = stablehlo.reduce_precision %p, format = e8m7 : tensor<4xbf16>
+    %f = stablehlo.negate %r : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %r : tensor<4xbf16>
+    return %f, %g : tensor<4xbf16>, tensor<4xbf16>
+  }
+}
+
+// -----
+
+// A reduce_precision with other bits (f32 rounded to e5m10) is not the type's
+// own rounding: one with e8m23 follows it.
+// CHECK-LABEL: module @rounded_to_other_bits
+// CHECK: %[[H:.*]] = stablehlo.reduce_precision %arg0, format = e5m10 : tensor<4xf32>
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[H]], format = e8m23 : tensor<4xf32>
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: return %[[F]], %[[G]]
+module @rounded_to_other_bits {
+  func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+    %h = stablehlo.reduce_precision %x, format = e5m10 : tensor<4xf32>
+    %f = stablehlo.negate %h : tensor<4xf32>
+    %g = stablehlo.multiply %ct, %h : tensor<4xf32>
+    return %f, %g : tensor<4xf32>, tensor<4xf32>
+  }
+}
+
+// -----
+
+// Integer and complex residuals are never rounded (JAX rounds only inexact
+// real dtypes); the f32 result of the complex one's abs is a residual of its
+// own and is.
+// CHECK-LABEL: module @integer_and_complex
+// CHECK: %[[I:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xi32>
+// CHECK-NEXT: %[[IF:.*]] = stablehlo.negate %[[I]] : tensor<4xi32>
+// CHECK-NEXT: %[[Z:.*]] = stablehlo.multiply %arg1, %arg1 : tensor<4xcomplex<f32>>
+// CHECK-NEXT: %[[ZF:.*]] = stablehlo.negate %[[Z]] : tensor<4xcomplex<f32>>
+// CHECK-NEXT: %[[ZA:.*]] = stablehlo.abs %[[Z]]
+// CHECK-NEXT: %[[ZR:.*]] = stablehlo.reduce_precision %[[ZA]], format = e8m23 : tensor<4xf32>
+// CHECK-NEXT: %[[ZAF:.*]] = stablehlo.negate %[[ZR]]
+// CHECK-NEXT: %[[IC:.*]] = stablehlo.convert %[[I]]
+// CHECK-NEXT: stablehlo.multiply %arg2, %[[IC]]
+// CHECK-NEXT: %[[ZM:.*]] = stablehlo.multiply %arg3, %[[Z]]
+// CHECK-NEXT: stablehlo.multiply %arg2, %[[ZR]]
+// CHECK-NOT: reduce_precision
+// CHECK: return
+module @integer_and_complex {
+  func.func @main(%i: tensor<4xi32>, %z: tensor<4xcomplex<f32>>, %ct: tensor<4xf32> {remat.cotangent},
+                  %zct: tensor<4xcomplex<f32>> {remat.cotangent})
+      -> (tensor<4xi32>, tensor<4xcomplex<f32>>, tensor<4xf32>, tensor<4xf32>, tensor<4xcomplex<f32>>, tensor<4xf32>) {
+    %ip = stablehlo.multiply %i, %i : tensor<4xi32>
+    %if = stablehlo.negate %ip : tensor<4xi32>
+    %zp = stablehlo.multiply %z, %z : tensor<4xcomplex<f32>>
+    %zf = stablehlo.negate %zp : tensor<4xcomplex<f32>>
+    %za = stablehlo.abs %zp : (tensor<4xcomplex<f32>>) -> tensor<4xf32>
+    %zaf = stablehlo.negate %za : tensor<4xf32>
+    %ic = stablehlo.convert %ip : (tensor<4xi32>) -> tensor<4xf32>
+    %g = stablehlo.multiply %ct, %ic : tensor<4xf32>
+    %zg = stablehlo.multiply %zct, %zp : tensor<4xcomplex<f32>>
+    %ag = stablehlo.multiply %ct, %za : tensor<4xf32>
+    return %if, %zf, %zaf, %g, %zg, %ag : tensor<4xi32>, tensor<4xcomplex<f32>>, tensor<4xf32>, tensor<4xf32>, tensor<4xcomplex<f32>>, tensor<4xf32>
+  }
+}
+
+// -----
+
+// A residual the forward does not use (the cosine exists only for the
+// backward, as with everything_saveable) is left alone: there is no forward
+// use whose precision could differ. The forward-only sine is not a residual.
+// CHECK-LABEL: module @no_forward_use
+// CHECK-NOT: reduce_precision
+// CHECK: %[[S:.*]] = stablehlo.sine %arg0
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %arg0
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
+// CHECK-NEXT: return %[[S]], %[[G]]
+module @no_forward_use {
+  func.func @main(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
+    %s = stablehlo.sine %x : tensor<4xbf16>
+    %c = stablehlo.cosine %x : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %c : tensor<4xbf16>
+    return %s, %g : tensor<4xbf16>, tensor<4xbf16>
+  }
+}
+
+// -----
+
+// Arguments: %w is read by the forward and by the backward (directly and by a
+// recomputed op), so it is rounded at the function entry and every use reads
+// the rounded value. %b is read only by the backward, and the cotangent only
+// by the backward: neither is rounded.
+// CHECK-LABEL: module @arguments
+// CHECK: func.func @main(%arg0: tensor<4xbf16>, %arg1: tensor<4xbf16>, %arg2: tensor<4xbf16> {remat.cotangent})
+// CHECK-NEXT: %[[W:.*]] = stablehlo.reduce_precision %arg0, format = e8m7 : tensor<4xbf16>
+// CHECK-NEXT: %[[F:.*]] = stablehlo.sine %[[W]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[W]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg2, %[[C]]
+// CHECK-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G]], %[[W]]
+// CHECK-NEXT: %[[G3:.*]] = stablehlo.multiply %[[G2]], %arg1
+// CHECK-NEXT: return %[[F]], %[[G3]]
+module @arguments {
+  func.func @main(%w: tensor<4xbf16>, %b: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
+    %f = stablehlo.sine %w : tensor<4xbf16>
+    %c = stablehlo.cosine %w {remat.recompute = 1 : i64} : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %c : tensor<4xbf16>
+    %g2 = stablehlo.multiply %g, %w : tensor<4xbf16>
+    %g3 = stablehlo.multiply %g2, %b : tensor<4xbf16>
+    return %f, %g3 : tensor<4xbf16>, tensor<4xbf16>
+  }
+}
+
+// -----
+
+// Several arguments and values: each floating residual with a forward use
+// gets exactly one rounding, with its own type's bits; a residual read by two
+// backward ops is still rounded once.
+// CHECK-LABEL: module @several
+// CHECK-DAG: %[[A:.*]] = stablehlo.reduce_precision %arg0, format = e5m10 : tensor<4xf16>
+// CHECK-DAG: %[[B:.*]] = stablehlo.reduce_precision %arg1, format = e8m7 : tensor<4xbf16>
+// CHECK: %[[FA:.*]] = stablehlo.sine %[[A]]
+// CHECK-NEXT: %[[FB:.*]] = stablehlo.sine %[[B]]
+// CHECK-NEXT: %[[T:.*]] = stablehlo.tanh %[[FB]]
+// CHECK-NEXT: %[[TR:.*]] = stablehlo.reduce_precision %[[T]], format = e8m7 : tensor<4xbf16>
+// CHECK-NEXT: %[[U:.*]] = stablehlo.exponential %[[TR]]
+// CHECK-NEXT: stablehlo.multiply %arg2, %[[A]]
+// CHECK-NEXT: stablehlo.multiply %arg3, %[[B]]
+// CHECK-NEXT: stablehlo.multiply %arg3, %[[TR]]
+// CHECK-NEXT: stablehlo.add {{.*}}, %[[TR]]
+// CHECK-NOT: reduce_precision
+// CHECK: return
+module @several {
+  func.func @main(%a: tensor<4xf16>, %b: tensor<4xbf16>, %cta: tensor<4xf16> {remat.cotangent}, %ctb: tensor<4xbf16> {remat.cotangent})
+      -> (tensor<4xf16>, tensor<4xbf16>, tensor<4xf16>, tensor<4xbf16>) {
+    %fa = stablehlo.sine %a : tensor<4xf16>
+    %fb = stablehlo.sine %b : tensor<4xbf16>
+    %t = stablehlo.tanh %fb : tensor<4xbf16>
+    %u = stablehlo.exponential %t : tensor<4xbf16>
+    %ga = stablehlo.multiply %cta, %a : tensor<4xf16>
+    %gb = stablehlo.multiply %ctb, %b : tensor<4xbf16>
+    %gt = stablehlo.multiply %ctb, %t : tensor<4xbf16>
+    %gs = stablehlo.add %gt, %t : tensor<4xbf16>
+    return %fa, %u, %ga, %gs : tensor<4xf16>, tensor<4xbf16>, tensor<4xf16>, tensor<4xbf16>
+  }
+}
+
+// -----
+
+// Split form: the pass works on @main_fwd. The residual %p (a result with
+// remat.residual) that the forward also uses is rounded after its producer
+// and @main_fwd returns the rounded value; the residual %c, which only leaves
+// through the return, and the primal output %t are not rounded. The argument
+// residual %x, used by the forward, is rounded at the entry. @main_bwd is
+// untouched.
+// CHECK-LABEL: module @split
+// CHECK: func.func @main_fwd
+// CHECK-NEXT: %[[X:.*]] = stablehlo.reduce_precision %arg0, format = e8m7 : tensor<4xbf16>
+// CHECK-NEXT: %[[P:.*]] = stablehlo.multiply %[[X]], %[[X]]
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7 : tensor<4xbf16>
+// CHECK-NEXT: %[[T:.*]] = stablehlo.tanh %[[R]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[T]]
+// CHECK-NEXT: return %[[T]], %[[R]], %[[C]], %[[X]]
+// CHECK: func.func @main_bwd
+// CHECK-NOT: reduce_precision
+// CHECK: return
+module @split {
+  func.func @main_fwd(%x: tensor<4xbf16>) -> (tensor<4xbf16>, tensor<4xbf16> {remat.residual = "bf16[4] output of mul"},
+                                              tensor<4xbf16> {remat.residual = "bf16[4] output of cos"},
+                                              tensor<4xbf16> {remat.residual = "bf16[4] from the argument x"}) {
+    %p = stablehlo.multiply %x, %x : tensor<4xbf16>
+    %t = stablehlo.tanh %p : tensor<4xbf16>
+    %c = stablehlo.cosine %t : tensor<4xbf16>
+    return %t, %p, %c, %x : tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>
+  }
+  func.func @main_bwd(%p: tensor<4xbf16>, %c: tensor<4xbf16>, %x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> tensor<4xbf16> {
+    %s = stablehlo.sine %p {remat.recompute = 1 : i64} : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %s : tensor<4xbf16>
+    %g2 = stablehlo.multiply %g, %c : tensor<4xbf16>
+    %g3 = stablehlo.multiply %g2, %x : tensor<4xbf16>
+    return %g3 : tensor<4xbf16>
+  }
+}
+
+// -----
+
+// func= names the function: @step is rewritten, @main is left alone.
+// STEP-LABEL: module @func_option
+// STEP: func.func @main
+// STEP-NOT: reduce_precision
+// STEP: func.func @step
+// STEP-NEXT: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
+// STEP-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7
+// STEP-NEXT: stablehlo.negate %[[R]]
+// STEP-NEXT: stablehlo.multiply %arg1, %[[R]]
+// CHECK-LABEL: module @func_option
+// CHECK: func.func @main
+// CHECK-NEXT: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7
+// CHECK: func.func @step
+// CHECK-NOT: reduce_precision
+// CHECK: return
+module @func_option {
+  func.func @main(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xbf16>
+    %f = stablehlo.negate %p : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %p : tensor<4xbf16>
+    return %f, %g : tensor<4xbf16>, tensor<4xbf16>
+  }
+  func.func @step(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xbf16>
+    %f = stablehlo.negate %p : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %p : tensor<4xbf16>
+    return %f, %g : tensor<4xbf16>, tensor<4xbf16>
+  }
+}
