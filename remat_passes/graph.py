@@ -289,26 +289,29 @@ def body_block(func_op):
     return func_op.regions[0].blocks[0]
 
 
-def arg_attr_names(func_op, index: int) -> set[str]:
+def _attr_dict(func_op, which: str, index: int):
+    """Entry `index` of the function's "arg_attrs" / "res_attrs", or None."""
     attrs = func_op.operation.attributes
-    if "arg_attrs" not in attrs:
-        return set()
-    arr = ir.ArrayAttr(attrs["arg_attrs"])
-    if index >= len(arr):
-        return set()
-    d = ir.DictAttr(arr[index])
-    return {d[i].name for i in range(len(d))}
+    if which not in attrs:
+        return None
+    arr = ir.ArrayAttr(attrs[which])
+    return ir.DictAttr(arr[index]) if index < len(arr) else None
+
+
+def arg_attr_names(func_op, index: int) -> set[str]:
+    d = _attr_dict(func_op, "arg_attrs", index)
+    return set() if d is None else {d[i].name for i in range(len(d))}
 
 
 def result_attr_names(func_op, index: int) -> set[str]:
-    attrs = func_op.operation.attributes
-    if "res_attrs" not in attrs:
-        return set()
-    arr = ir.ArrayAttr(attrs["res_attrs"])
-    if index >= len(arr):
-        return set()
-    d = ir.DictAttr(arr[index])
-    return {d[i].name for i in range(len(d))}
+    d = _attr_dict(func_op, "res_attrs", index)
+    return set() if d is None else {d[i].name for i in range(len(d))}
+
+
+def attr_value(func_op, which: str, index: int, name: str):
+    """Attribute `name` of argument/result `index` ("arg_attrs"/"res_attrs"), or None."""
+    d = _attr_dict(func_op, which, index)
+    return d[name] if d is not None and name in d else None
 
 
 def arg_name(func_op, index: int) -> str:
@@ -420,17 +423,6 @@ def joint_residuals(func_op) -> list:
         if op_id(op) not in backward:
             values.extend(r for r in op.operation.results if r in read)
     return values
-
-
-def attr_value(attrs_of, index: int, name: str):
-    """The attribute `name` in entry `index` of an arg_attrs/res_attrs array, or None."""
-    if attrs_of is None:
-        return None
-    arr = ir.ArrayAttr(attrs_of)
-    if index >= len(arr):
-        return None
-    d = ir.DictAttr(arr[index])
-    return d[name] if name in d else None
 
 
 def set_attr_entry(func_op, which: str, index: int, name: str, value) -> None:

@@ -83,13 +83,9 @@ def offload_split(fwd, bwd) -> int:
     fwd_block, bwd_block = graph.body_block(fwd), graph.body_block(bwd)
     ret = list(fwd_block.operations)[-1].operation
     residuals = graph.split_residuals(fwd)
-    res_attrs = fwd.operation.attributes["res_attrs"] if "res_attrs" in fwd.operation.attributes \
-        else None
-    arg_attrs = bwd.operation.attributes["arg_attrs"] if "arg_attrs" in bwd.operation.attributes \
-        else None
     count = 0
     for k, (i, v) in enumerate(residuals):
-        attr = graph.attr_value(res_attrs, i, graph.OFFLOAD_ATTR)
+        attr = graph.attr_value(fwd, "res_attrs", i, graph.OFFLOAD_ATTR)
         if attr is None:
             continue
         src, dst = _parse(attr)
@@ -99,7 +95,7 @@ def offload_split(fwd, bwd) -> int:
         ret.operands[i] = host
         graph.set_attr_entry(fwd, "res_attrs", i, "mhlo.memory_kind", ir.StringAttr.get(dst))
         arg = bwd_block.arguments[k]
-        if graph.attr_value(arg_attrs, k, graph.OFFLOAD_ATTR) is None:
+        if graph.attr_value(bwd, "arg_attrs", k, graph.OFFLOAD_ATTR) is None:
             continue
         uses = list(arg.uses)
         if uses:
