@@ -4,9 +4,14 @@ remat-partial-eval -> insert-reduce-precision -> place-optimization-barriers
 (when prevent-cse) -> annotate-host-offload -> strip-checkpoint-names. Each
 step is also a pass of its own for `--pass-pipeline`; `remat_passes.remat()`
 and `remat-opt --remat='policy=... mode=split prevent-cse=false'` run this.
+
+insert-reduce-precision is skipped when partial-eval recomputed nothing (no
+policy, no regions): without recomputation forward and backward read the same
+value, and JAX without `jax.checkpoint` rounds nothing either.
 """
 from __future__ import annotations
 
+from remat_passes import graph
 from remat_passes.passes import ModulePass, Option, parse_bool
 from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
@@ -39,4 +44,13 @@ class Remat(ModulePass):
 
     def run(self, module, options, state):
         for pass_, pass_options in steps(options):
+            if isinstance(pass_, InsertReducePrecision) and not _recomputes(module, options["func"]):
+                continue
             pass_.run(module, pass_options, state)
+
+
+def _recomputes(module, name: str) -> bool:
+    """Did remat-partial-eval clone anything into @name (or @name_bwd)?"""
+    target = f"{name}_bwd" if graph.is_split(module, name) else name
+    return any(graph.RECOMPUTE_ATTR in op.operation.attributes
+               for op in graph.body_block(graph.find_func(module, target)).operations)
