@@ -7,13 +7,15 @@ from it no longer matches the forward. JAX inserts `reduce_precision` with the
 type's own exponent/mantissa bits on the producer of every residual of a
 `jax.checkpoint` (PR 22244); this pass does the same after remat-partial-eval:
 
-* joint form: every forward value the backward reads (arguments included) that
-  the forward also uses gets `%r = stablehlo.reduce_precision %v` right after
-  its producer (at the function entry for an argument), and every use reads %r;
+* joint form: every forward value the backward reads that the forward also
+  uses gets `%r = stablehlo.reduce_precision %v` right after its producer, and
+  every use reads %r;
 * split form: the same for each residual `@<f>_fwd` returns.
 
 Nothing is inserted where the producer already is an identical
-`reduce_precision`, nor for complex or integer values.
+`reduce_precision`, nor for complex or integer values, nor for function
+arguments: they arrive from memory in their own type, so rounding them is the
+identity (JAX's lowering of a checkpoint emits none for them either).
 """
 from __future__ import annotations
 
@@ -78,6 +80,8 @@ class InsertReducePrecision(ModulePass):
                 block = graph.body_block(fwd)
                 ret = list(block.operations)[-1].operation
                 for _, v in graph.split_residuals(fwd):
+                    if isinstance(v, ir.BlockArgument):
+                        continue
                     bits = float_bits(v.type)
                     uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
                     if bits and uses:
@@ -87,6 +91,8 @@ class InsertReducePrecision(ModulePass):
             block = graph.body_block(func_op)
             backward, _ = graph.backward_ops(func_op)
             for v in graph.joint_residuals(func_op):
+                if isinstance(v, ir.BlockArgument):
+                    continue
                 bits = float_bits(v.type)
                 # Being returned is no forward *use* (as in split form, and in JAX).
                 forward_uses = [u for u in v.uses

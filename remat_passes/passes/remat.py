@@ -12,6 +12,7 @@ value, and JAX without `jax.checkpoint` rounds nothing either.
 from __future__ import annotations
 
 from remat_passes import graph
+from remat_passes.mlir import ir
 from remat_passes.passes import ModulePass, Option, parse_bool
 from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
@@ -50,7 +51,15 @@ class Remat(ModulePass):
 
 
 def _recomputes(module, name: str) -> bool:
-    """Did remat-partial-eval clone anything into @name (or @name_bwd)?"""
+    """Did remat-partial-eval recompute anything in @name (or @name_bwd) from saved
+    values? Clones of constants (and of ops on cloned constants only) don't count."""
     target = f"{name}_bwd" if graph.is_split(module, name) else name
-    return any(graph.RECOMPUTE_ATTR in op.operation.attributes
-               for op in graph.body_block(graph.find_func(module, target)).operations)
+    block = graph.body_block(graph.find_func(module, target))
+    for op in block.operations:
+        if graph.RECOMPUTE_ATTR not in op.operation.attributes:
+            continue
+        for v in graph.read_values(op):
+            if isinstance(v, ir.BlockArgument) or \
+                    graph.RECOMPUTE_ATTR not in v.owner.operation.attributes:
+                return True
+    return False

@@ -218,17 +218,15 @@ module @no_forward_use {
 
 // -----
 
-// Arguments: %w is read by the forward and by the backward (directly and by a
-// recomputed op), so it is rounded at the function entry and every use reads
-// the rounded value. %b is read only by the backward, and the cotangent only
-// by the backward: neither is rounded.
+// Arguments are never rounded: they arrive from memory in their own type, so
+// rounding is the identity. %w is read by the forward and by the backward
+// (directly and by a recomputed op), %b and the cotangent only by the backward.
 // CHECK-LABEL: module @arguments
 // CHECK: func.func @main(%arg0: tensor<4xbf16>, %arg1: tensor<4xbf16>, %arg2: tensor<4xbf16> {remat.cotangent})
-// CHECK-NEXT: %[[W:.*]] = stablehlo.reduce_precision %arg0, format = e8m7 : tensor<4xbf16>
-// CHECK-NEXT: %[[F:.*]] = stablehlo.sine %[[W]]
-// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[W]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[F:.*]] = stablehlo.sine %arg0
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %arg0 {remat.recompute = 1 : i64}
 // CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg2, %[[C]]
-// CHECK-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G]], %[[W]]
+// CHECK-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G]], %arg0
 // CHECK-NEXT: %[[G3:.*]] = stablehlo.multiply %[[G2]], %arg1
 // CHECK-NEXT: return %[[F]], %[[G3]]
 module @arguments {
@@ -245,18 +243,16 @@ module @arguments {
 // -----
 
 // Several arguments and values: each floating residual with a forward use
-// gets exactly one rounding, with its own type's bits; a residual read by two
-// backward ops is still rounded once.
+// gets exactly one rounding, with its own type's bits (arguments none); a
+// residual read by two backward ops is still rounded once.
 // CHECK-LABEL: module @several
-// CHECK-DAG: %[[A:.*]] = stablehlo.reduce_precision %arg0, format = e5m10 : tensor<4xf16>
-// CHECK-DAG: %[[B:.*]] = stablehlo.reduce_precision %arg1, format = e8m7 : tensor<4xbf16>
-// CHECK: %[[FA:.*]] = stablehlo.sine %[[A]]
-// CHECK-NEXT: %[[FB:.*]] = stablehlo.sine %[[B]]
+// CHECK: %[[FA:.*]] = stablehlo.sine %arg0
+// CHECK-NEXT: %[[FB:.*]] = stablehlo.sine %arg1
 // CHECK-NEXT: %[[T:.*]] = stablehlo.tanh %[[FB]]
 // CHECK-NEXT: %[[TR:.*]] = stablehlo.reduce_precision %[[T]], format = e8m7 : tensor<4xbf16>
 // CHECK-NEXT: %[[U:.*]] = stablehlo.exponential %[[TR]]
-// CHECK-NEXT: stablehlo.multiply %arg2, %[[A]]
-// CHECK-NEXT: stablehlo.multiply %arg3, %[[B]]
+// CHECK-NEXT: stablehlo.multiply %arg2, %arg0
+// CHECK-NEXT: stablehlo.multiply %arg3, %arg1
 // CHECK-NEXT: stablehlo.multiply %arg3, %[[TR]]
 // CHECK-NEXT: stablehlo.add {{.*}}, %[[TR]]
 // CHECK-NOT: reduce_precision
@@ -281,17 +277,15 @@ module @several {
 // Split form: the pass works on @main_fwd. The residual %p (a result with
 // remat.residual) that the forward also uses is rounded after its producer
 // and @main_fwd returns the rounded value; the residual %c, which only leaves
-// through the return, and the primal output %t are not rounded. The argument
-// residual %x, used by the forward, is rounded at the entry. @main_bwd is
-// untouched.
+// through the return, the primal output %t and the argument residual %x are
+// not rounded. @main_bwd is untouched.
 // CHECK-LABEL: module @split
 // CHECK: func.func @main_fwd
-// CHECK-NEXT: %[[X:.*]] = stablehlo.reduce_precision %arg0, format = e8m7 : tensor<4xbf16>
-// CHECK-NEXT: %[[P:.*]] = stablehlo.multiply %[[X]], %[[X]]
+// CHECK-NEXT: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7 : tensor<4xbf16>
 // CHECK-NEXT: %[[T:.*]] = stablehlo.tanh %[[R]]
 // CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[T]]
-// CHECK-NEXT: return %[[T]], %[[R]], %[[C]], %[[X]]
+// CHECK-NEXT: return %[[T]], %[[R]], %[[C]], %arg0
 // CHECK: func.func @main_bwd
 // CHECK-NOT: reduce_precision
 // CHECK: return

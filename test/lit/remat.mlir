@@ -69,18 +69,16 @@
 // NOCSE-NOT: remat.
 // NOCSE: return %[[S]]
 
-// mode=split: @main_fwd returns the output and the rounded residuals (both
-// arguments and the dot); @main_bwd recomputes tanh behind barriers that carry
+// mode=split: @main_fwd returns the output and the residuals (both arguments,
+// not rounded, and the rounded dot); @main_bwd recomputes tanh behind barriers that carry
 // its cotangent argument. The forward has no barrier.
 // SPLIT-LABEL: module @layer
 // SPLIT: func.func @main_fwd(%arg0: tensor<4x4xf32>, %arg1: tensor<4xf32>) -> (tensor<4xf32>, tensor<4x4xf32> {remat.residual = {{.*}}}, tensor<4xf32> {remat.residual = {{.*}}}, tensor<4xf32> {remat.residual = {{.*}}})
-// SPLIT-DAG: %[[X:.*]] = stablehlo.reduce_precision %arg1, format = e8m23
-// SPLIT-DAG: %[[W:.*]] = stablehlo.reduce_precision %arg0, format = e8m23
-// SPLIT: %[[D:.*]] = stablehlo.dot_general %[[W]], %[[X]]
+// SPLIT: %[[D:.*]] = stablehlo.dot_general %arg0, %arg1
 // SPLIT-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[D]], format = e8m23
 // SPLIT-NEXT: %[[T:.*]] = stablehlo.tanh %[[R]]
 // SPLIT-NEXT: %[[S:.*]] = stablehlo.sine %[[T]]
-// SPLIT-NEXT: return %[[S]], %[[W]], %[[X]], %[[R]]
+// SPLIT-NEXT: return %[[S]], %arg0, %arg1, %[[R]]
 // SPLIT: func.func @main_bwd(%arg0: tensor<4x4xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xf32>, %arg3: tensor<4xf32> {remat.cotangent}) -> (tensor<4x4xf32>, tensor<4xf32>)
 // SPLIT-NEXT: %[[B1:.*]]:2 = stablehlo.optimization_barrier %arg2, %arg3 :
 // SPLIT-NEXT: %[[T2:.*]] = stablehlo.tanh %[[B1]]#0 :
