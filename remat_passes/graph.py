@@ -63,12 +63,6 @@ def is_side_effecting(op) -> bool:
     return bool(found)
 
 
-def is_free(op) -> bool:
-    """Constants, iota and other pure ops with no operands: always recomputed."""
-    op = op.operation
-    return len(op.operands) == 0 and len(op.regions) == 0 and not is_side_effecting(op)
-
-
 def marker_name(op) -> str | None:
     """The checkpoint name if `op` is the `@remat.name` marker."""
     op = op.operation

@@ -10,7 +10,8 @@ residual candidate:
   in force calls Saveable/Offloadable are saved (kept alive into the backward);
 * Recompute values are cloned into the backward, recursively from saved values,
   *just in time*: right before the first backward op that needs them;
-* constants, iota and other zero-operand pure ops are always cloned (free).
+* constants, iota, other zero-operand pure ops and values computed from
+  constants alone are always cloned (free), never saved.
 
 Regions (`remat[N]` name-stack frames made by `remat_passes.checkpoint`, or
 scopes matched by `region-regex`) nest like `jax.checkpoint` calls. The policy
