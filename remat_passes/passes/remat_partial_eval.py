@@ -34,7 +34,7 @@ import gc
 import re
 import sys
 
-from remat_passes import graph
+from remat_passes import graph, scan
 from remat_passes.mlir import RematError, func, ir, op_id
 from remat_passes.passes import ModulePass, Option, PassState, parse_int_list
 from remat_passes.passes.inline import inline_calls
@@ -134,6 +134,12 @@ def describe_value(value, func_op) -> str:
     pos, fn = graph.source_position(op)
     where = f" from {pos}" if pos else ""
     where += f" ({fn})" if fn else ""
+    if op.name == scan.WHILE:
+        inner = scan.stacked_value(op, value.result_number)
+        if inner is not None:
+            what = ("the carry-in" if isinstance(inner, ir.BlockArgument)
+                    else describe_value(inner, func_op))
+            return f"{what} of each iteration, stacked by the scan loop{where}"
     name = graph.marker_name(op)
     if name is not None:
         return f"named '{name}'{where}"
@@ -189,6 +195,10 @@ class _Rewriter:
         inline_calls(self.module)                     # func.call is inlined first
         self.func_op = graph.find_func(self.module, self.func_name)
         block = self.block = graph.body_block(self.func_op)
+        self.verdict_cache: dict = {}
+        self.group = 0
+        self.loop_stats = scan.rewrite_pairs(block, self._loop_verdict, self._mark_loop_clone)
+        self.scan_loops = {op_id(p.fwd.op) for p in scan.find_pairs(block)}
         self.backward, _ = graph.backward_ops(self.func_op, self.cotangent_indices)
         if self.cotangent_indices is None:
             self.cotangent_indices = [
@@ -219,11 +229,9 @@ class _Rewriter:
                     isinstance(v, ir.OpResult) and op_id(v.owner) in self.free
                     for v in graph.read_values(op)):
                 self.free.add(i)
-        self.verdict_cache: dict = {}
         self.clones: dict = {}
         self.saved: dict = {}     # Value -> Offloadable or None (an ordered set)
         self.recomputed: set = set()
-        self.group = 0
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(limit, 10 * len(ops) + 1000))
         gc_was_enabled = gc.isenabled()
@@ -241,12 +249,13 @@ class _Rewriter:
         self._dce()
         residuals = self._residual_list()
         loops = sum(1 for op in self.block.operations if op.operation.name == "stablehlo.while"
-                    and not self._is_backward(op.operation))
+                    and not self._is_backward(op.operation)
+                    and op_id(op) not in self.scan_loops)
         if loops:
             self.state.remarks.append(
-                f"@{self.func_name}: {loops} forward stablehlo.while loop(s) treated as atomic "
-                "ops: a loop's stacked residuals are saved or recomputed whole (per-iteration "
-                "remat through scans is not implemented yet)")
+                f"@{self.func_name}: {loops} forward stablehlo.while loop(s) are not scan "
+                "loops with a matching backward loop; each is treated as one atomic op: "
+                "saved or recomputed whole")
         if self.mode == "split":
             self._split(bwd_flags)
         return residuals
@@ -272,6 +281,23 @@ class _Rewriter:
         if self._is_backward(owner):
             return v
         return self._get(v, _common_prefix(consumer_ctx, self.chain.get(op_id(owner), ())))
+
+    # ------------------------------------------------- per-iteration remat --
+    def _policy_of(self, op):
+        """The policy in force for `op`: its outermost region's, else the module's."""
+        chain = graph.region_chain(op, self.scope_re)
+        if chain:
+            return self._policy_of_region(chain[0])
+        return self.policy or everything_saveable
+
+    def _loop_verdict(self, value):
+        return scan.value_verdict(value, lambda op: self._verdict(self._policy_of(op), op))
+
+    def _mark_loop_clone(self, clone):
+        self.group += 1
+        with self.module.context:
+            clone.attributes[graph.RECOMPUTE_ATTR] = ir.IntegerAttr.get(
+                ir.IntegerType.get_signless(64), self.group)
 
     # ------------------------------------------------------ the decision --
     def _verdict(self, policy, op):
@@ -328,6 +354,8 @@ class _Rewriter:
         outermost region's policy) serves every inner region; what an inner
         region's re-run keeps serves the regions inside it.
         """
+        if op_id(op) in self.scan_loops:
+            return Saveable, 0   # a scan loop's residuals were decided per iteration
         verdict = self._saved_top(op) if not ctx else self._saved_for_region(op, ctx[0])
         if verdict is not Recompute:
             return verdict, 0
