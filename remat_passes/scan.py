@@ -33,7 +33,7 @@ import dataclasses
 
 from remat_passes import graph
 from remat_passes.mlir import ir, op_id
-from remat_passes.policies import Recompute, Saveable
+from remat_passes.policies import Offloadable, Recompute, Saveable
 
 WHILE = "stablehlo.while"
 STACKED_AT = "remat.stacked"   # attr on the forward while: its results that are stacked buffers
@@ -179,6 +179,15 @@ class Pair:
     reads: dict          # backward carry -> [Read]
 
 
+def _through_reshapes(v):
+    """The source of a reshape chain that ends in v's own type (unrolled scans reshape
+    their stacks [N/k, k, ...] -> [N, ...] -> [N/k, k, ...] between the loops)."""
+    src = v
+    while _owner(src) is not None and _owner(src).name == "stablehlo.reshape":
+        src = _owner(src).operands[0]
+    return src if src.type == v.type else v
+
+
 def find_pairs(block) -> list[Pair]:
     """Forward/backward scan pairs among the top-level ops of `block`."""
     whiles = [op.operation for op in block.operations if op.operation.name == WHILE]
@@ -195,7 +204,7 @@ def find_pairs(block) -> list[Pair]:
             body = bw.regions[1].blocks[0]
             ret = list(body.operations)[-1].operation
             for m, init in enumerate(bw.operands):
-                k = results.get(init)
+                k = results.get(_through_reshapes(init))
                 if k is None or ret.operands[m] != body.arguments[m]:
                     continue
                 r = _reads(body.arguments[m], ret)
@@ -207,12 +216,32 @@ def find_pairs(block) -> list[Pair]:
     return pairs
 
 
+def offloaded(while_op, result_number: int):
+    """The Offloadable placement ("src:dst") of a stacked result of a forward scan loop."""
+    u = stacked_value(while_op, result_number)
+    if isinstance(u, ir.OpResult) and graph.OFFLOAD_ATTR in u.owner.attributes:
+        return ir.StringAttr(u.owner.attributes[graph.OFFLOAD_ATTR]).value
+    return None
+
+
 def stacked_value(while_op, result_number: int):
     """The per-iteration value behind result `result_number` of a forward scan loop."""
     loop = analyse_forward(while_op)
     if loop is None or result_number not in loop.stacked:
         return None
     return loop.stacked[result_number].value
+
+
+def unrolled_parts(v):
+    """For `concatenate` (dim 0) of `[1, ...]`-wrapped values (how JAX stacks the sub-steps of
+    an unrolled scan step), the wrapped values; else None."""
+    op = _owner(v)
+    if op is None or op.name != "stablehlo.concatenate" or \
+            ir.IntegerAttr(op.attributes["dimension"]).value != 0:
+        return None
+    slot = _shape(v)[1:]
+    parts = [_unwrap_update(u, slot) for u in op.operands]
+    return None if any(p is None for p in parts) else parts
 
 
 def value_verdict(v, op_verdict):
@@ -226,6 +255,12 @@ def value_verdict(v, op_verdict):
     op = v.owner.operation
     if graph.is_side_effecting(op):
         return Saveable
+    parts = unrolled_parts(v)
+    if parts is not None:   # the block of an unrolled scan step: one value per sub-step
+        verdicts = [Saveable if isinstance(u, ir.BlockArgument) else value_verdict(u, op_verdict)
+                    for u in parts]
+        kept = [x for x in verdicts if x is not Recompute]
+        return kept[0] if kept else Recompute
     if op.name == WHILE:
         u = stacked_value(op, v.result_number)
         if isinstance(u, ir.OpResult):
@@ -366,6 +401,15 @@ class _PairRewrite:
         self._free[v] = res
         return res
 
+    def _mark_offload(self, v):
+        """Record an Offloadable verdict on the producer (annotate-host-offload reads it)."""
+        if isinstance(v, ir.BlockArgument):
+            return
+        verdict = self.verdict(v)
+        if isinstance(verdict, Offloadable):
+            v.owner.attributes[graph.OFFLOAD_ATTR] = ir.StringAttr.get(
+                f"{verdict.src}:{verdict.dst}")
+
     def _must_stack(self, v) -> bool:
         if isinstance(v, ir.BlockArgument):
             return True      # a carry-in: an input of the iteration
@@ -376,6 +420,14 @@ class _PairRewrite:
         pair = self.pair
         bbody = pair.bwd.regions[1].blocks[0]
         order = {op_id(op): n for n, op in enumerate(bbody.operations)}
+        self.part_of = {}
+        for m, k in pair.links.items():
+            value = self.fwd.stacked[k].value
+            self._mark_offload(value)
+            parts = unrolled_parts(value)
+            if parts is not None and self._must_stack(value):
+                for j, u in enumerate(parts):
+                    self.part_of.setdefault(u, (value, j))
         jobs = []
         for m, reads in pair.reads.items():
             value = self.fwd.stacked[pair.links[m]].value
@@ -410,6 +462,9 @@ class _PairRewrite:
         if isinstance(v, ir.BlockArgument) and v.owner == self.fwd.body \
                 and v.arg_number in self.fwd.invariant:
             return self._thread(v.arg_number)
+        if v in self.part_of:   # one sub-step of a stacked unrolled block: slice it
+            block_value, j = self.part_of[v]
+            return self._slice_part(self._get(block_value, index, before), j, before, v.type)
         if not self._is_free(v) and self._must_stack(v):
             return self._stacked_read(v, index, before)
         op = v.owner.operation
@@ -421,6 +476,20 @@ class _PairRewrite:
                 graph.replace_reads(clone, old, new)
         self.mark_clone(clone)
         return clone.results[v.result_number]
+
+    @staticmethod
+    def _slice_part(block_value, j, before, value_type):
+        t = ir.RankedTensorType(block_value.type)
+        shape = list(t.shape)
+        ip = ir.InsertionPoint(before)
+        sliced = ir.Operation.create(
+            "stablehlo.slice", results=[ir.RankedTensorType.get([1] + shape[1:], t.element_type)],
+            operands=[block_value],
+            attributes={"start_indices": ir.DenseI64ArrayAttr.get([j] + [0] * (len(shape) - 1)),
+                        "limit_indices": ir.DenseI64ArrayAttr.get([j + 1] + shape[1:]),
+                        "strides": ir.DenseI64ArrayAttr.get([1] * len(shape))}, ip=ip)
+        return ir.Operation.create("stablehlo.reshape", results=[value_type],
+                                   operands=[sliced.results[0]], ip=ip).results[0]
 
     def _thread(self, k):
         """The backward body's view of forward invariant carry k."""
@@ -477,6 +546,7 @@ class _PairRewrite:
             self.fedit.set_returned(len(self.fedit.inits) - 1, dus.results[0])
         k = len(self.fedit.inits) - 1
         self.buffer_of[v] = k
+        self._mark_offload(v)
         self.stats["stacked"] += 1
         # The backward loop takes the buffer as a pass-through carry; its init is
         # the new forward result, patched in when the forward loop is rebuilt.
@@ -510,9 +580,16 @@ class _PairRewrite:
             if m in pair.links and not uses and m < len(bw.operands):
                 continue
             bkeep.append(m)
+        dropped_inits = [v for m, v in enumerate(self.bedit.inits) if m not in bkeep]
         self.bedit.drop(set(bkeep))
         bmap = {old: new for new, old in enumerate(bkeep)}
         new_bw = self.bedit.rebuild({m: bmap[m] for m in range(len(bw.results)) if m in bmap})
+        for v in dropped_inits:   # reshape chains between the loops
+            while _owner(v) is not None and _owner(v).name == "stablehlo.reshape" \
+                    and next(iter(v.uses), None) is None:
+                op = _owner(v)
+                v = op.operands[0]
+                op.erase()
         # Forward: new buffers feed the new backward carries.
         fw_old = fwd.op
         n_old = len(fw_old.results)

@@ -16,7 +16,7 @@ residual also get `mhlo.memory_kind = "<dst>"`. XLA:CPU ignores the annotations
 """
 from __future__ import annotations
 
-from remat_passes import graph
+from remat_passes import graph, scan
 from remat_passes.mlir import ir, op_id, stablehlo
 from remat_passes.passes import ModulePass, Option
 
@@ -57,6 +57,37 @@ def offload_joint(func_op) -> int:
             for use in bwd_uses:
                 use.owner.operands[use.operand_number] = device
             count += 1
+    return count
+
+
+def offload_loops(block) -> int:
+    """Per-iteration offload inside scan loop pairs (joint form), as JAX emits it for
+    `jax.checkpoint` inside `lax.scan`: the stacked value goes to host before it is
+    written into its buffer; each backward read comes back to the device."""
+    count = 0
+    for pair in scan.find_pairs(block):
+        for m, k in pair.links.items():
+            s = pair.fwd.stacked[k]
+            v = s.value
+            producer = v.owner if isinstance(v, ir.OpResult) else None
+            if producer is not None and producer.name == "stablehlo.reduce_precision" and \
+                    isinstance(producer.operands[0], ir.OpResult):
+                producer = producer.operands[0].owner   # rounded by insert-reduce-precision
+            if producer is None or graph.OFFLOAD_ATTR not in producer.attributes:
+                continue
+            src, dst = _parse(producer.attributes[graph.OFFLOAD_ATTR])
+            wrap = s.dus.operands[1].owner.operation
+            host = annotate(v, dst, ir.InsertionPoint(wrap), wrap.location)
+            wrap.operands[0] = host
+            for rd in pair.reads[m]:
+                value = rd.value
+                uses = list(value.uses)
+                device = annotate(value, src, ir.InsertionPoint.after(rd.reshape_op),
+                                  rd.reshape_op.location)
+                for use in uses:
+                    use.owner.operands[use.operand_number] = device
+            count += 1
+        count += offload_loops(pair.bwd.regions[1].blocks[0])
     return count
 
 
@@ -122,4 +153,6 @@ class AnnotateHostOffload(ModulePass):
                 offload_split(graph.find_func(module, f"{name}_fwd"),
                               graph.find_func(module, f"{name}_bwd"))
             else:
-                offload_joint(graph.find_func(module, name))
+                func_op = graph.find_func(module, name)
+                offload_joint(func_op)
+                offload_loops(graph.body_block(func_op))

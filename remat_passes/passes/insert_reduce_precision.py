@@ -19,7 +19,7 @@ identity (JAX's lowering of a checkpoint emits none for them either).
 """
 from __future__ import annotations
 
-from remat_passes import graph
+from remat_passes import graph, scan
 from remat_passes.mlir import ir, op_id, stablehlo
 from remat_passes.passes import ModulePass, Option
 
@@ -65,6 +65,39 @@ def round_value(v, bits, block) -> bool:
     return True
 
 
+def _has_recompute(op) -> bool:
+    found = []
+
+    def visit(inner):
+        if graph.RECOMPUTE_ATTR in inner.attributes:
+            found.append(inner)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+    op.walk(visit)
+    return bool(found)
+
+
+def _round_stacked(loop) -> None:
+    """Round each stacked per-iteration value the forward body also uses itself."""
+    for s in loop.stacked.values():
+        v, bits = s.value, float_bits(s.value.type)
+        wrap = s.dus.operands[1].owner.operation
+        if not bits or isinstance(v, ir.BlockArgument):
+            continue
+        if any(op_id(u.owner) != op_id(wrap) for u in v.uses):
+            round_value(v, bits, loop.body)
+
+
+def round_loops(block) -> None:
+    """Joint form: inside scan loop pairs whose backward body recomputes, round the
+    stacked values (JAX rounds what jax.checkpoint saves inside a scan the same way)."""
+    for pair in scan.find_pairs(block):
+        bwd_body = pair.bwd.regions[1].blocks[0]
+        if _has_recompute(pair.bwd):
+            _round_stacked(pair.fwd)
+        round_loops(bwd_body)
+
+
 class InsertReducePrecision(ModulePass):
     name = "insert-reduce-precision"
     summary = ("Round each saved floating-point residual to its own type (reduce_precision) "
@@ -86,6 +119,10 @@ class InsertReducePrecision(ModulePass):
                     uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
                     if bits and uses:
                         round_value(v, bits, block)
+                for op in block.operations:   # the forward halves of scan loop pairs
+                    loop = scan.analyse_forward(op)
+                    if loop is not None:
+                        _round_stacked(loop)
                 return
             func_op = graph.find_func(module, name)
             block = graph.body_block(func_op)
@@ -100,3 +137,4 @@ class InsertReducePrecision(ModulePass):
                                 and graph.top_level_id(u.owner.operation, block) not in backward]
                 if bits and forward_uses:
                     round_value(v, bits, block)
+            round_loops(block)

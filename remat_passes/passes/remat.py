@@ -54,12 +54,15 @@ def _recomputes(module, name: str) -> bool:
     """Did remat-partial-eval recompute anything in @name (or @name_bwd) from saved
     values? Clones of constants (and of ops on cloned constants only) don't count."""
     target = f"{name}_bwd" if graph.is_split(module, name) else name
-    block = graph.body_block(graph.find_func(module, target))
-    for op in block.operations:
-        if graph.RECOMPUTE_ATTR not in op.operation.attributes:
-            continue
-        for v in graph.read_values(op):
-            if isinstance(v, ir.BlockArgument) or \
-                    graph.RECOMPUTE_ATTR not in v.owner.operation.attributes:
-                return True
-    return False
+    found = []
+
+    def visit(op):   # loop bodies included: per-iteration recomputation counts
+        if graph.RECOMPUTE_ATTR in op.attributes and any(
+                isinstance(v, ir.BlockArgument)
+                or graph.RECOMPUTE_ATTR not in v.owner.operation.attributes
+                for v in op.operands):
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+    graph.find_func(module, target).operation.walk(visit)
+    return bool(found)

@@ -354,8 +354,6 @@ class _Rewriter:
         outermost region's policy) serves every inner region; what an inner
         region's re-run keeps serves the regions inside it.
         """
-        if op_id(op) in self.scan_loops:
-            return Saveable, 0   # a scan loop's residuals were decided per iteration
         verdict = self._saved_top(op) if not ctx else self._saved_for_region(op, ctx[0])
         if verdict is not Recompute:
             return verdict, 0
@@ -370,6 +368,10 @@ class _Rewriter:
             self.saved.setdefault(v, None)   # never duplicated
             return v
         oid = op_id(op)
+        if oid in self.scan_loops:   # decided per iteration; offload marks are inside
+            placement = scan.offloaded(op, v.result_number)
+            self.saved[v] = Offloadable(*placement.split(":")) if placement else None
+            return v
         if oid not in self.free:
             verdict, depth = self._home(op, ctx)
             if verdict is not Recompute:
@@ -403,7 +405,8 @@ class _Rewriter:
         out = []
         for v in values:
             offload = self.saved[v]
-            if offload is not None:
+            if offload is not None and not (isinstance(v, ir.OpResult)
+                                            and op_id(v.owner) in self.scan_loops):
                 with self.module.context:
                     v.owner.attributes[OFFLOAD_ATTR] = ir.StringAttr.get(
                         f"{offload.src}:{offload.dst}")

@@ -283,12 +283,6 @@ JAX_POLICIES = {
 
 # Combinations where JAX's residual *types* are not a meaningful reference:
 PARITY_SKIPS = {
-    # JAX saves a scan's per-iteration residuals stacked in its own layout; the
-    # exported while loop's saved values are the loop's outputs instead.
-    ("misc", "none"): "scan residual layout differs from the lowered while loop",
-    ("misc", "everything_saveable"): "scan residual layout differs from the lowered while loop",
-    ("misc", "save_anything_except_these_names"):
-        "scan residual layout differs from the lowered while loop",
     # JAX also saves the excluded name 'h1' (an identity of the tanh output it
     # already saves); we save the tanh output once. See test_excluded_name_*.
     ("mlp", "save_anything_except_these_names"): "JAX saves an excluded name twice",
@@ -298,6 +292,12 @@ PARITY_SKIPS = {
 @pytest.mark.parametrize("policy", ["none"] + list(JAX_POLICIES))
 @pytest.mark.parametrize("model", list(MODELS))
 def test_whole_model_residual_types_match_jax(model, policy):
+    if model == "misc":
+        # misc's fori_loop exports as a forward/backward while pair: the policy applies
+        # per iteration (issue 6) and the loop's outputs are kept, where jax.checkpoint
+        # of the whole function re-runs the loop whole. test_scan.py checks per-iteration
+        # parity against lax.scan(jax.checkpoint(body, policy)).
+        pytest.skip("policy applies per iteration inside the fori_loop (see test_scan.py)")
     if (model, policy) in PARITY_SKIPS:
         pytest.skip(PARITY_SKIPS[(model, policy)])
     c = case(model)
