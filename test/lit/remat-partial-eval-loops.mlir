@@ -1,5 +1,5 @@
-// Loops are atomic ops today: the whole while is saved or recomputed, and the
-// residual report says so in a remark. --remat with --print-saved-residuals
+// A while that is not a scan loop pair is an atomic op: the whole while is saved or
+// recomputed, and the residual report says so in a remark. --remat with --print-saved-residuals
 // runs partial-eval once (one remark, not two).
 // RUN: remat-opt %s --print-saved-residuals | filecheck %s --check-prefix=SAVE
 // RUN: remat-opt %s --print-saved-residuals --remat=policy=nothing_saveable | filecheck %s --check-prefix=RECOMPUTE
@@ -7,7 +7,7 @@
 
 // SAVE: // saved residuals of @main: 1 value, 16 bytes
 // SAVE-NEXT: f32[4] output of while
-// SAVE-NEXT: // remark: @main: 1 forward stablehlo.while loop(s) treated as atomic ops
+// SAVE-NEXT: // remark: @main: 1 forward stablehlo.while loop(s) are not scan loops with a matching backward loop; each is treated as one atomic op
 // SAVE-NOT: remark
 
 // RECOMPUTE: // saved residuals of @main: 1 value, 16 bytes
