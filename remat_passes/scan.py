@@ -387,19 +387,33 @@ class _PairRewrite:
         return False
 
     def _is_free(self, v) -> bool:
-        """Computed from constants and loop invariants alone (no iteration data)."""
+        """Available in the backward body without being stacked: computed from constants,
+        loop invariants and the slot index alone, where anything that depends on the index
+        only moves data (the slice of a scanned-over array, as JAX forwards `xs`)."""
+        return self._free_kind(v) is not None
+
+    def _free_kind(self, v):
+        """None (needs iteration data), "invariant" or "indexed"."""
         if v in self._free:
             return self._free[v]
         if not self._in_fwd(v):
-            res = True
+            kind = "invariant"
+        elif v in self.slot_index:
+            kind = "indexed"
         elif isinstance(v, ir.BlockArgument):
-            res = v.owner == self.fwd.body and v.arg_number in self.fwd.invariant
+            kind = "invariant" if (v.owner == self.fwd.body
+                                   and v.arg_number in self.fwd.invariant) else None
         else:
             op = v.owner.operation
-            res = not graph.is_side_effecting(op) and all(
-                self._is_free(u) for u in graph.read_values(op))
-        self._free[v] = res
-        return res
+            kinds = [self._free_kind(u) for u in graph.read_values(op)]
+            if graph.is_side_effecting(op) or None in kinds:
+                kind = None
+            elif "indexed" in kinds:
+                kind = "indexed" if _moves_data(op) else None
+            else:
+                kind = "invariant"
+        self._free[v] = kind
+        return kind
 
     def _mark_offload(self, v):
         """Record an Offloadable verdict on the producer (annotate-host-offload reads it)."""
@@ -608,6 +622,21 @@ class _PairRewrite:
             new_bw.operands[bmap[m]] = new_fw.results[fmap[k]]
         self.pair.fwd.op = new_fw
         self.pair.bwd = new_bw
+
+
+_MOVEMENT = {"stablehlo.dynamic_slice", "stablehlo.slice", "stablehlo.reshape",
+             "stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.convert"}
+_INDEX_ARITHMETIC = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
+                     "stablehlo.compare", "stablehlo.select", "stablehlo.convert",
+                     "stablehlo.clamp", "stablehlo.negate"}
+
+
+def _moves_data(op) -> bool:
+    """Cheap to redo per iteration: data movement, or arithmetic on scalar indices."""
+    if op.name in _MOVEMENT:
+        return True
+    return op.name in _INDEX_ARITHMETIC and all(
+        not list(ir.RankedTensorType(r.type).shape) for r in op.results)
 
 
 def _zero_attr(elem):
