@@ -20,6 +20,7 @@ class Module:
         self.filename = filename
         self.exported = exported          # jax.export.Exported or None
         self.residuals = None             # set by remat(): what partial-eval saved
+        self.remarks = []                 # set by remat(): what partial-eval wants said
 
     @property
     def exported(self):

@@ -197,7 +197,8 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     remat-partial-eval (policy, mode) -> insert-reduce-precision ->
     place-optimization-barriers (if prevent_cse) -> annotate-host-offload ->
     strip-checkpoint-names. The residuals partial-eval chose are on the result
-    as `.residuals`.
+    as `.residuals`, and what it wants the user to know (e.g. a while loop it
+    treated as one atomic op) as `.remarks`.
     """
     from remat_passes.passes.remat import Remat
     out = module.clone()
@@ -214,4 +215,5 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
     run_pipeline(out.op, [Step(Remat.name, {}, options)], state, verify_each=verify)
     out.residuals = state.residuals.get(func, [])
+    out.remarks = list(state.remarks)
     return out

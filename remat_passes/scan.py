@@ -76,6 +76,13 @@ def _unwrap_update(u, slot_shape):
     return None
 
 
+def _elements(v) -> int:
+    n = 1
+    for d in _shape(v):
+        n *= d
+    return n
+
+
 def _zero_tail(indices) -> bool:
     return all(_const_int(i) == 0 for i in indices)
 
@@ -261,6 +268,12 @@ def value_verdict(v, op_verdict):
                     for u in parts]
         kept = [x for x in verdicts if x is not Recompute]
         return kept[0] if kept else Recompute
+    if op.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape") and \
+            _elements(op.operands[0]) == _elements(v) and v.uses and \
+            all(u.owner.operation.name == "stablehlo.concatenate" for u in v.uses):
+        # wraps one sub-step of an unrolled scan step: scan machinery, not a computation
+        src = op.operands[0]
+        return Saveable if isinstance(src, ir.BlockArgument) else value_verdict(src, op_verdict)
     if op.name == WHILE:
         u = stacked_value(op, v.result_number)
         if isinstance(u, ir.OpResult):
@@ -371,6 +384,7 @@ class _PairRewrite:
         self.slot_index = {s.index for s in self.fwd.stacked.values()}
         self.threaded = {}      # forward invariant carry -> backward block arg
         self.memo = {}          # (forward value, backward index) -> backward value
+        self.op_clones = {}     # (forward op id, backward index) -> its clone
         self.new_buffers = {}   # forward value -> (forward carry, backward carry)
         self._free = {}
         self.loc = self.fwd.op.location
@@ -391,6 +405,17 @@ class _PairRewrite:
         loop invariants and the slot index alone, where anything that depends on the index
         only moves data (the slice of a scanned-over array, as JAX forwards `xs`)."""
         return self._free_kind(v) is not None
+
+    def _slices_invariant(self, v) -> bool:
+        """A slice of a loop invariant (dynamic_slice/slice/reshape only): what JAX's scan
+        emits to take the iteration's slice of a scanned-over array."""
+        if not self._in_fwd(v):
+            return True
+        if isinstance(v, ir.BlockArgument):
+            return v.owner == self.fwd.body and v.arg_number in self.fwd.invariant
+        op = v.owner.operation
+        return op.name in ("stablehlo.dynamic_slice", "stablehlo.slice", "stablehlo.reshape") \
+            and self._slices_invariant(op.operands[0])
 
     def _free_kind(self, v):
         """None (needs iteration data), "invariant" or "indexed"."""
@@ -445,7 +470,7 @@ class _PairRewrite:
         jobs = []
         for m, reads in pair.reads.items():
             value = self.fwd.stacked[pair.links[m]].value
-            if self._must_stack(value) and not self._is_free(value):
+            if self._must_stack(value):
                 continue
             for rd in reads:
                 first = _first_user(rd.value, bbody)
@@ -453,6 +478,16 @@ class _PairRewrite:
                     jobs.append((order[op_id(first)], rd, value))
         if not jobs:
             return False
+        # The pair is rewritten: like JAX, which forwards the scanned-over arrays instead of
+        # stacking their slices, re-slice stacked values that only move data of invariants.
+        for m, reads in pair.reads.items():
+            value = self.fwd.stacked[pair.links[m]].value
+            if self._must_stack(value) and self._free_kind(value) == "indexed" \
+                    and self._slices_invariant(value):
+                for rd in reads:
+                    first = _first_user(rd.value, bbody)
+                    if first is not None:
+                        jobs.append((order[op_id(first)], rd, value))
         for _, rd, value in sorted(jobs, key=lambda j: j[0]):
             new = self._get(value, rd.index, _first_user(rd.value, bbody))
             if new != rd.value:
@@ -482,14 +517,48 @@ class _PairRewrite:
         if not self._is_free(v) and self._must_stack(v):
             return self._stacked_read(v, index, before)
         op = v.owner.operation
-        new_values = {u: self._get(u, index, before)
-                      for u in graph.read_values(op) if self._in_fwd(u)}
-        clone = op.clone(ip=ir.InsertionPoint(before))
-        for old, new in new_values.items():
-            if new != old:
-                graph.replace_reads(clone, old, new)
-        self.mark_clone(clone)
-        return clone.results[v.result_number]
+        key = (op_id(op), index)
+        if key not in self.op_clones:   # one clone per op (a while has many results)
+            new_values = {u: self._get(u, index, before)
+                          for u in graph.read_values(op) if self._in_fwd(u)}
+            saved = self._saved_stacks(op, index, before) if op.name == WHILE else {}
+            clone = op.clone(ip=ir.InsertionPoint(before))
+            for old, new in new_values.items():
+                if new != old:
+                    graph.replace_reads(clone, old, new)
+            self.mark_clone(clone)
+            if saved:
+                clone = self._reuse_saved_stacks(clone, saved)
+            self.op_clones[key] = clone
+        return self.op_clones[key].results[v.result_number]
+
+    def _saved_stacks(self, op, index, before) -> dict:
+        """For a nested forward scan loop: {result k: its stack as the backward body reads
+        it} for each stacked value the policy saves."""
+        loop = analyse_forward(op)
+        if loop is None:
+            return {}
+        return {k: self._get(op.results[k], index, before) for k, st in loop.stacked.items()
+                if isinstance(st.value, ir.OpResult) and self._must_stack(st.value)}
+
+    def _reuse_saved_stacks(self, clone, outer: dict):
+        """A nested forward scan loop recomputed in the backward body: its stacked values
+        that the policy saves come from the outer forward's stacks (`outer`); the clone
+        reads them back per inner iteration instead of computing them again."""
+        saved = list(outer)
+        new_loop = analyse_forward(clone)
+        edit = _LoopEdit(clone)
+        for k in saved:
+            st = new_loop.stacked[k]
+            arg = edit.add(outer[k], clone.location)
+            u = st.value
+            read = _read_slot(arg, st.index, u.owner.operation, u.type)
+            for use in list(u.uses):
+                if use.owner.operation != read.owner.operation:
+                    use.owner.operands[use.operand_number] = read
+            edit.set_returned(k, new_loop.body.arguments[k])   # no need to stack it again
+        _dce_block(new_loop.body)
+        return edit.rebuild({k: k for k in range(len(clone.results))})
 
     @staticmethod
     def _slice_part(block_value, j, before, value_type):
@@ -539,25 +608,7 @@ class _PairRewrite:
         return self._emit_read(arg, index, before, v.type)
 
     def _new_buffer(self, v):
-        fwd, ftype = self.fwd, ir.RankedTensorType(v.type)
-        n = _shape(fwd.op.results[next(iter(fwd.stacked))])[0]
-        stacked_type = ir.RankedTensorType.get([n] + list(ftype.shape), ftype.element_type)
-        with self.loc:
-            zero = ir.Operation.create(
-                "stablehlo.constant", results=[stacked_type],
-                attributes={"value": ir.DenseElementsAttr.get_splat(
-                    stacked_type, _zero_attr(ftype.element_type))},
-                ip=ir.InsertionPoint(fwd.op)).results[0]
-            ref = next(iter(fwd.stacked.values()))
-            arg = self.fedit.add(zero, self.loc)
-            ip = ir.InsertionPoint(self.fedit.ret)
-            one_type = ir.RankedTensorType.get([1] + list(ftype.shape), ftype.element_type)
-            upd = ir.Operation.create("stablehlo.reshape", results=[one_type], operands=[v],
-                                      ip=ip).results[0]
-            zeros = [_int_const(ref.index.type, 0, ip) for _ in ftype.shape]
-            dus = ir.Operation.create("stablehlo.dynamic_update_slice", results=[stacked_type],
-                                      operands=[arg, upd, ref.index] + zeros, ip=ip)
-            self.fedit.set_returned(len(self.fedit.inits) - 1, dus.results[0])
+        zero = _stack_value(self.fwd, self.fedit, v)
         k = len(self.fedit.inits) - 1
         self.buffer_of[v] = k
         self._mark_offload(v)
@@ -568,19 +619,9 @@ class _PairRewrite:
         self.new_buffers[v] = (k, len(self.bedit.inits) - 1)
         return barg
 
-    def _emit_read(self, arg, index, before, value_type):
-        t = ir.RankedTensorType(arg.type)
-        slot = list(t.shape)[1:]
-        with self.loc:
-            ip = ir.InsertionPoint(before)
-            zeros = [_int_const(index.type, 0, ip) for _ in slot]
-            one_type = ir.RankedTensorType.get([1] + slot, t.element_type)
-            ds = ir.Operation.create(
-                "stablehlo.dynamic_slice", results=[one_type], operands=[arg, index] + zeros,
-                attributes={"slice_sizes": ir.DenseI64ArrayAttr.get([1] + slot)}, ip=ip)
-            out = ir.Operation.create("stablehlo.reshape", results=[value_type],
-                                      operands=[ds.results[0]], ip=ip)
-        return out.results[0]
+    @staticmethod
+    def _emit_read(arg, index, before, value_type):
+        return _read_slot(arg, index, before, value_type)
 
     # --- rebuild both loops
     def _finish(self):
@@ -639,6 +680,97 @@ def _moves_data(op) -> bool:
         not list(ir.RankedTensorType(r.type).shape) for r in op.results)
 
 
+def _read_slot(arg, index, before, value_type):
+    """dynamic_slice one `[1, ...]` slot of stacked `arg` at `index`, reshaped to
+    `value_type`, right before op `before`."""
+    t = ir.RankedTensorType(arg.type)
+    slot = list(t.shape)[1:]
+    ip = ir.InsertionPoint(before)
+    zeros = [_int_const(index.type, 0, ip) for _ in slot]
+    one_type = ir.RankedTensorType.get([1] + slot, t.element_type)
+    ds = ir.Operation.create(
+        "stablehlo.dynamic_slice", results=[one_type], operands=[arg, index] + zeros,
+        attributes={"slice_sizes": ir.DenseI64ArrayAttr.get([1] + slot)}, ip=ip)
+    return ir.Operation.create("stablehlo.reshape", results=[value_type],
+                               operands=[ds.results[0]], ip=ip).results[0]
+
+
+def _stack_value(loop: ForwardLoop, edit: _LoopEdit, v):
+    """Add a buffer to forward loop `loop` (through `edit`) that stacks body value `v` at
+    the loop's slot index; returns the buffer's initial value (zeros, before the loop)."""
+    ftype = ir.RankedTensorType(v.type)
+    n = _shape(loop.op.results[next(iter(loop.stacked))])[0]
+    stacked_type = ir.RankedTensorType.get([n] + list(ftype.shape), ftype.element_type)
+    zero = ir.Operation.create(
+        "stablehlo.constant", results=[stacked_type],
+        attributes={"value": ir.DenseElementsAttr.get_splat(
+            stacked_type, _zero_attr(ftype.element_type))},
+        ip=ir.InsertionPoint(loop.op)).results[0]
+    ref = next(iter(loop.stacked.values()))
+    arg = edit.add(zero, loop.op.location)
+    ip = ir.InsertionPoint(edit.ret)
+    one_type = ir.RankedTensorType.get([1] + list(ftype.shape), ftype.element_type)
+    upd = ir.Operation.create("stablehlo.reshape", results=[one_type], operands=[v],
+                              ip=ip).results[0]
+    zeros = [_int_const(ref.index.type, 0, ip) for _ in ftype.shape]
+    dus = ir.Operation.create("stablehlo.dynamic_update_slice", results=[stacked_type],
+                              operands=[arg, upd, ref.index] + zeros, ip=ip)
+    edit.set_returned(len(edit.inits) - 1, dus.results[0])
+    return zero
+
+
+def _inner_saved(loop: ForwardLoop, verdict) -> list:
+    """Values of a nested forward loop's body that the policy saves and that its
+    backward needs through recomputation: what JAX's forward stacks per inner iteration."""
+    body_ops = {op_id(op) for op in loop.body.operations}
+    ret = list(loop.body.operations)[-1].operation
+    todo = [s.value for s in loop.stacked.values()
+            if isinstance(s.value, ir.BlockArgument) or verdict(s.value) is Recompute]
+    seen, out = set(), []
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if isinstance(v, ir.BlockArgument):
+            k = v.arg_number
+            if v.owner == loop.body and k not in loop.invariant and k != loop.counter:
+                todo.append(ret.operands[k])   # a carry-in is the previous carry-out
+            continue
+        if op_id(v.owner) not in body_ops:
+            continue
+        op = v.owner.operation
+        if op.name == "stablehlo.constant":
+            continue
+        if verdict(v) is not Recompute:
+            out.append(v)
+            continue
+        todo.extend(graph.read_values(op))
+    return out
+
+
+def prestack_nested(pair: Pair, verdict) -> bool:
+    """Make each forward scan loop nested in `pair`'s forward body also stack the inner
+    values the policy saves (see `_inner_saved`), so that the outer forward can save
+    them [outer, inner, ...] and a recomputation of the inner loop reads them back."""
+    changed = False
+    for op in list(pair.fwd.body.operations):
+        loop = analyse_forward(op)
+        if loop is None:
+            continue
+        stacked = {s.value for s in loop.stacked.values()}
+        new = [v for v in _inner_saved(loop, verdict) if v not in stacked]
+        if not new:
+            continue
+        edit = _LoopEdit(loop.op)
+        with loop.op.location:
+            for v in new:
+                _stack_value(loop, edit, v)
+        edit.rebuild({k: k for k in range(len(loop.op.results))})
+        changed = True
+    return changed
+
+
 def _zero_attr(elem):
     if isinstance(elem, ir.IntegerType) or str(elem).startswith(("i", "ui")):
         return ir.IntegerAttr.get(elem, 0)
@@ -668,6 +800,9 @@ def rewrite_pairs(block, verdict, mark_clone, stats=None) -> dict:
         if not pairs:
             break
         p = pairs[0]
+        with p.fwd.op.location:
+            if prestack_nested(p, verdict):
+                continue    # the nested loops were rebuilt: find the pairs again
         stats["pairs"] += 1
         with p.fwd.op.location:   # the default location (and context) of new ops and types
             changed = _PairRewrite(p, verdict, mark_clone, stats).run()

@@ -225,6 +225,9 @@ class _Rewriter:
         # Values computed from constants alone are recomputed for free, like constants.
         self.free: set = set()
         for i, op in zip(ids[:-1], ops[:-1]):
+            if i not in self.backward and self._reshapes_arg_for_loops(op):
+                self.free.add(i)   # an unrolled scan's view of an argument: never a copy
+                continue
             if i not in self.backward and not graph.is_side_effecting(op) and all(
                     isinstance(v, ir.OpResult) and op_id(v.owner) in self.free
                     for v in graph.read_values(op)):
@@ -259,6 +262,13 @@ class _Rewriter:
         if self.mode == "split":
             self._split(bwd_flags)
         return residuals
+
+    @staticmethod
+    def _reshapes_arg_for_loops(op) -> bool:
+        """A reshape of a function argument that only while loops read (how an unrolled
+        scan views its scanned-over arrays as [N/k, k, ...] blocks)."""
+        return (op.name == "stablehlo.reshape" and isinstance(op.operands[0], ir.BlockArgument)
+                and all(u.owner.operation.name == scan.WHILE for u in op.results[0].uses))
 
     def _is_backward(self, op) -> bool:
         return op_id(op) in self.backward or op_id(op) in self.recomputed
