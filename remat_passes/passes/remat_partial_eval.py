@@ -385,7 +385,10 @@ class _Rewriter:
         if oid not in self.free:
             verdict, depth = self._home(op, ctx)
             if verdict is not Recompute:
-                self.saved[v] = verdict if isinstance(verdict, Offloadable) else None
+                if isinstance(verdict, Offloadable):
+                    self.saved[v] = verdict
+                else:   # "already saved" must not undo an earlier offload decision
+                    self.saved.setdefault(v, None)
                 return v
             ctx = ctx[:depth]
         key = (oid, ctx)

@@ -472,3 +472,21 @@ def test_module_policy_applies_outside_regions_only(policy):
     theirs = _per_layer_regions(jax.checkpoint)
     assert_same_residual_types(ours, theirs, *ARGS_F, context=policy)
 
+
+
+def test_region_keeps_offload_decision_of_a_value_also_saved_for_another_use():
+    """A named value offloaded by a region's policy stays offloaded when another backward
+    request finds it already saved (it used to fall back to a device residual)."""
+    def layer(x, W):
+        pre = checkpoint_name(x @ W, "pre")
+        act = checkpoint_name(jnp.tanh(pre), "act")
+        return jnp.sin(act) * x
+
+    kw = dict(names_which_can_be_saved=["pre"], names_which_can_be_offloaded=["act"],
+              offload_src="device", offload_dst="pinned_host")
+    args = (rnd(1, (2, 4)), rnd(2, (4, 4)))
+    ours = rp.saved_residuals(rp.checkpoint(
+        layer, policy=rp.policies.save_and_offload_only_these_names(**kw)), *args)
+    assert_same_residual_types(ours, jax.checkpoint(
+        _fresh(layer), policy=jax.checkpoint_policies.save_and_offload_only_these_names(**kw)),
+        *args, context="region offload")
