@@ -190,6 +190,7 @@ def run_pipeline(module, steps: list[Step], state: PassState | None = None, *,
 
 
 def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
+          prevent_cse_in_loops: bool = False,
           func: str = "main", cotangent_args=None, region_regex=None, region_policy=None,
           verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
@@ -204,6 +205,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     out = module.clone()
     options = Remat().parse_options({})
     options.update({"policy": policy, "mode": mode, "func": func, "prevent-cse": prevent_cse,
+                    "prevent-cse-in-loops": prevent_cse_in_loops,
                     "cotangent-args": cotangent_args})
     if mode not in ("joint", "split"):
         raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")

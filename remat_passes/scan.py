@@ -369,11 +369,12 @@ def _first_user(value, block):
 class _PairRewrite:
     """Apply the per-iteration policy to one pair (see the module docstring)."""
 
-    def __init__(self, pair: Pair, verdict, mark_clone, stats):
+    def __init__(self, pair: Pair, verdict, mark_clone, next_group, stats):
         self.pair = pair
         self.fwd = pair.fwd
-        self.verdict = verdict          # op -> Saveable/Offloadable/Recompute
-        self.mark_clone = mark_clone    # clone -> None (bookkeeping attrs)
+        self.verdict = verdict          # value -> Saveable/Offloadable/Recompute
+        self.mark_clone = mark_clone    # clone -> None (marks it with the current group)
+        self.next_group = next_group    # () -> None (starts a new recompute group)
         self.stats = stats
         self.fedit = _LoopEdit(self.fwd.op)
         self.bedit = _LoopEdit(pair.bwd)
@@ -489,6 +490,7 @@ class _PairRewrite:
                     if first is not None:
                         jobs.append((order[op_id(first)], rd, value))
         for _, rd, value in sorted(jobs, key=lambda j: j[0]):
+            self.next_group()   # one recompute group per backward consumer
             new = self._get(value, rd.index, _first_user(rd.value, bbody))
             if new != rd.value:
                 rd.value.replace_all_uses_with(new)
@@ -785,7 +787,7 @@ def _int_const(t, value, ip):
                                ip=ip).results[0]
 
 
-def rewrite_pairs(block, verdict, mark_clone, stats=None) -> dict:
+def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
     """Apply the per-iteration policy to every scan pair in `block` (and nested ones).
 
     Returns stats: pairs found, values recomputed, buffers added, and the forward
@@ -805,8 +807,8 @@ def rewrite_pairs(block, verdict, mark_clone, stats=None) -> dict:
                 continue    # the nested loops were rebuilt: find the pairs again
         stats["pairs"] += 1
         with p.fwd.op.location:   # the default location (and context) of new ops and types
-            changed = _PairRewrite(p, verdict, mark_clone, stats).run()
+            changed = _PairRewrite(p, verdict, mark_clone, next_group, stats).run()
         done.add((op_id(p.fwd.op), op_id(p.bwd)))
         if changed:
-            rewrite_pairs(p.bwd.regions[1].blocks[0], verdict, mark_clone, stats)
+            rewrite_pairs(p.bwd.regions[1].blocks[0], verdict, mark_clone, next_group, stats)
     return stats

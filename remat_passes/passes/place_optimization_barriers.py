@@ -10,14 +10,17 @@ value available at that point — the incoming cotangent of the group's consumer
 and the group reads the barrier's results. The barrier is opaque to CSE, and it
 cannot run before the cotangent exists.
 
-Run it in joint form on @<f>, in split form on @<f>_bwd. Skip it (prevent_cse
-off) inside loops, where the loop already separates the recomputation.
+Run it in joint form on @<f>, in split form on @<f>_bwd. Inside scan loop bodies
+it places barriers only with `in-loops=true`: there the loop already keeps each
+iteration's recomputation in its iteration (JAX recommends prevent_cse=False
+for jax.checkpoint inside lax.scan). In a loop body the barrier's backward value
+is a carry the body changes (the carried cotangent or a gradient accumulator).
 """
 from __future__ import annotations
 
 from remat_passes import graph
 from remat_passes.mlir import ir, op_id, stablehlo
-from remat_passes.passes import ModulePass, Option
+from remat_passes.passes import ModulePass, Option, parse_bool
 
 BARRIER_ATTR = "remat.barrier"  # marks the barriers this pass made (removed by strip)
 
@@ -48,10 +51,33 @@ def place_barriers(func_op) -> int:
     block = graph.body_block(func_op)
     cotangents = [block.arguments[i] for i in range(len(block.arguments))
                   if graph.COTANGENT_ATTR in graph.arg_attr_names(func_op, i)]
+    backward, _ = graph.backward_ops(func_op)
+    return _place_in_block(block, backward, cotangents)
+
+
+def place_barriers_in_loops(func_op) -> int:
+    """Insert barriers for the recompute groups inside while bodies of `func_op`."""
+    bodies = []
+
+    def visit(op):
+        if op.name == "stablehlo.while":
+            bodies.append(op.regions[1].blocks[0])
+        return ir.WalkResult.ADVANCE
+    func_op.operation.walk(visit)
+    placed = 0
+    for body in bodies:
+        ret = list(body.operations)[-1].operation
+        changing = [a for a, r in zip(body.arguments, ret.operands) if r != a and str(
+            ir.RankedTensorType(a.type).element_type).startswith(("f", "bf"))]
+        backward = {op_id(op) for op in body.operations if _group_of(op) is None}
+        placed += _place_in_block(body, backward, changing)
+    return placed
+
+
+def _place_in_block(block, backward, cotangents) -> int:
     groups = recompute_groups(block)
     if not groups:
         return 0
-    backward, _ = graph.backward_ops(func_op)
     placed = 0
     for ops, consumer in groups:
         inside = {r for op in ops for r in op.results}
@@ -100,10 +126,15 @@ class PlaceOptimizationBarriers(ModulePass):
     summary = ("Route the inputs of each recomputation, with the incoming cotangent, through "
                "an optimization_barrier so XLA cannot CSE or hoist it (prevent_cse)")
     options = (Option("func", str, "main",
-                      "the function remat-partial-eval rewrote (its _bwd half in split form)"),)
+                      "the function remat-partial-eval rewrote (its _bwd half in split form)"),
+               Option("in-loops", parse_bool, False,
+                      "also inside scan loop bodies (JAX recommends prevent_cse=False there)"))
 
     def run(self, module, options, state):
         name = options["func"]
         target = f"{name}_bwd" if graph.is_split(module, name) else name
         with module.context:
-            place_barriers(graph.find_func(module, target))
+            func_op = graph.find_func(module, target)
+            place_barriers(func_op)
+            if options["in-loops"]:
+                place_barriers_in_loops(func_op)

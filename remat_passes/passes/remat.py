@@ -29,7 +29,8 @@ def steps(options: dict) -> list[tuple[ModulePass, dict]]:
     func = {"func": options["func"]}
     out = [(pe, pe_options), (InsertReducePrecision(), func)]
     if options["prevent-cse"]:
-        out.append((PlaceOptimizationBarriers(), func))
+        out.append((PlaceOptimizationBarriers(),
+                    {**func, "in-loops": options["prevent-cse-in-loops"]}))
     out += [(AnnotateHostOffload(), func), (StripCheckpointNames(), {})]
     return out
 
@@ -41,7 +42,9 @@ class Remat(ModulePass):
                "strip-checkpoint-names")
     options = tuple(o for o in RematPartialEval.options) + (
         Option("prevent-cse", parse_bool, True,
-               "place optimization barriers around recomputation (off inside loops)"),)
+               "place optimization barriers around recomputation (outside loops)"),
+        Option("prevent-cse-in-loops", parse_bool, False,
+               "also inside scan loop bodies (JAX recommends prevent_cse=False there)"),)
 
     def run(self, module, options, state):
         for pass_, pass_options in steps(options):

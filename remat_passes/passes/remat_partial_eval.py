@@ -197,7 +197,8 @@ class _Rewriter:
         block = self.block = graph.body_block(self.func_op)
         self.verdict_cache: dict = {}
         self.group = 0
-        self.loop_stats = scan.rewrite_pairs(block, self._loop_verdict, self._mark_loop_clone)
+        self.loop_stats = scan.rewrite_pairs(block, self._loop_verdict, self._mark_loop_clone,
+                                             self._next_group)
         self.scan_loops = {op_id(p.fwd.op) for p in scan.find_pairs(block)}
         self.backward, _ = graph.backward_ops(self.func_op, self.cotangent_indices)
         if self.cotangent_indices is None:
@@ -303,8 +304,10 @@ class _Rewriter:
     def _loop_verdict(self, value):
         return scan.value_verdict(value, lambda op: self._verdict(self._policy_of(op), op))
 
-    def _mark_loop_clone(self, clone):
+    def _next_group(self):
         self.group += 1
+
+    def _mark_loop_clone(self, clone):
         with self.module.context:
             clone.attributes[graph.RECOMPUTE_ATTR] = ir.IntegerAttr.get(
                 ir.IntegerType.get_signless(64), self.group)

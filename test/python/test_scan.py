@@ -45,6 +45,7 @@ from jax.ad_checkpoint import checkpoint_name
 import remat_passes as rp
 from remat_passes import mlir
 from remat_passes.policies import Offloadable, Recompute, Saveable
+from remat_passes.mlir import ir
 from remat_testlib import (assert_same_residual_types, assert_trees_close, jax_saved_residuals,
                            leaves, parse_text, reference_vjp, run_joint, run_split)
 
@@ -575,3 +576,31 @@ def test_nothing_saveable_stacks_less_and_recomputes_in_the_backward_loop():
     # x @ W is recomputed inside the backward loop body
     assert bwd_dots_out > bwd_dots_in, \
         f"backward loop body has {bwd_dots_out} dot_general, the input's had {bwd_dots_in}"
+
+
+# ------------------------------------------------ barriers inside loops ---
+def _barriers_in_while_bodies(ir_module) -> int:
+    count = [0]
+
+    def visit(op):
+        if op.name == "stablehlo.optimization_barrier" and op.parent is not None \
+                and op.parent.name == "stablehlo.while":
+            count[0] += 1
+        return ir.WalkResult.ADVANCE
+    ir_module.operation.walk(visit)
+    return count[0]
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_barriers_inside_loops_only_on_request(mode):
+    """prevent_cse defaults to JAX's advice inside scans (no barriers in loop bodies);
+    prevent_cse_in_loops=True places them, and the gradients stay the same."""
+    c = case("mlp")
+    default = rp.remat(c.module, OUR_POLICIES["nothing_saveable"](), mode=mode)
+    barred = rp.remat(c.module, OUR_POLICIES["nothing_saveable"](), mode=mode,
+                      prevent_cse_in_loops=True)
+    barred.verify()
+    assert _barriers_in_while_bodies(default.op) == 0
+    assert _barriers_in_while_bodies(barred.op) > 0
+    got = _joint(c, barred) if mode == "joint" else _split(c, barred)[0]
+    assert_trees_close(got, c.expected, what=f"mlp/barriers in loops {mode}")
