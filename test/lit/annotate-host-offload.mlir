@@ -1,4 +1,6 @@
 // RUN: remat-opt %s --annotate-host-offload --split-input-file | filecheck %s
+// The scan loop pair, through remat-partial-eval first (its input is the raw export):
+// RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=save_and_offload_only_these_names(names_which_can_be_saved=[], names_which_can_be_offloaded=[h], offload_src=device, offload_dst=pinned_host)' --annotate-host-offload | filecheck %s --check-prefix=SCAN
 
 // The input is what remat-partial-eval (and the passes between) leave: the
 // producer of an Offloadable residual carries remat.offload = "src:dst"
@@ -200,5 +202,113 @@ module @split_rounded {
   func.func @main_bwd(%d: tensor<4xbf16> {remat.offload = "device:pinned_host"}, %ct: tensor<4xbf16> {remat.cotangent}) -> tensor<4xbf16> {
     %g = stablehlo.multiply %ct, %d : tensor<4xbf16>
     return %g : tensor<4xbf16>
+  }
+}
+
+// -----
+
+// Scan loop pair (the @scan input of remat-partial-eval-scan.mlir) after an
+// offload policy for 'h': per iteration, as JAX emits it for jax.checkpoint
+// inside lax.scan. In the forward while body, h goes to pinned_host right
+// before the reshape + dynamic_update_slice that stacks it (the forward cosine
+// keeps reading h itself); in the backward while body, the slot read of h
+// (dynamic_slice + reshape) comes back to the device right after it, and the
+// recomputation reads that. The stacked carry-in (saved on the device) is not
+// annotated.
+// SCAN-LABEL: module @scan_pair
+// SCAN: %[[FW:.*]]:5 = stablehlo.while(%{{[^ ]+}} = %arg1, %[[I:[^ ]+]] = %{{[^ ]+}}, %[[X:[^ ]+]] = %arg0, %[[S0:[^ ]+]] = %{{[^ ]+}}, %[[SH:[^ ]+]] = %{{[^ ]+}}) : tensor<3x4x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>{{$}}
+// SCAN-NOT: annotate_device_placement
+// SCAN: %[[H:.*]] = stablehlo.custom_call @remat.name(%{{[^ ]+}}) {backend_config = "h", remat.offload = "device:pinned_host"}
+// SCAN-NEXT: stablehlo.cosine %[[H]] : tensor<2x4xf32>
+// SCAN-NEXT: stablehlo.multiply
+// SCAN-NEXT: %[[U0:.*]] = stablehlo.broadcast_in_dim %[[X]], dims = [1, 2]
+// SCAN-NEXT: stablehlo.dynamic_update_slice %[[S0]], %[[U0]], %[[I]],
+// SCAN: %[[HH:.*]] = stablehlo.custom_call @annotate_device_placement(%[[H]]) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "pinned_host"}} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+// SCAN-NEXT: %[[UH:.*]] = stablehlo.reshape %[[HH]] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+// SCAN-NOT: stablehlo.return
+// SCAN: stablehlo.dynamic_update_slice %[[SH]], %[[UH]], %[[I]],
+// SCAN-NEXT: stablehlo.return
+// SCAN-NOT: annotate_device_placement
+// SCAN: stablehlo.while(%{{[^ ]+}} = %arg1, %[[B0:[^ ]+]] = %[[FW]]#3, {{.*}}, %[[BH:[^ ]+]] = %[[FW]]#4) :
+// SCAN-NOT: annotate_device_placement
+// SCAN: %[[R0:.*]] = stablehlo.dynamic_slice %[[B0]],
+// SCAN-NEXT: %[[XK:.*]] = stablehlo.reshape %[[R0]]
+// SCAN-NOT: annotate_device_placement
+// SCAN: %[[RH:.*]] = stablehlo.dynamic_slice %[[BH]], %{{[^ ]+}}, %{{[^ ]+}}, %{{[^ ]+}}, sizes = [1, 2, 4]
+// SCAN-NEXT: %[[HK:.*]] = stablehlo.reshape %[[RH]] : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+// SCAN-NEXT: %[[V:.*]] = stablehlo.custom_call @annotate_device_placement(%[[HK]]) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "device"}} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+// SCAN-NEXT: stablehlo.cosine %[[V]] {remat.recompute
+// SCAN-NOT: annotate_device_placement
+// SCAN: stablehlo.sine %[[V]] {remat.recompute
+// SCAN-NOT: annotate_device_placement
+// SCAN: stablehlo.dot_general %[[XK]], %{{[^ ]+}}, contracting_dims = [1] x [0] {remat.recompute
+// SCAN-NOT: annotate_device_placement
+// SCAN: stablehlo.return
+// SCAN-NOT: annotate_device_placement
+// SCAN: return
+module @scan_pair {
+  func.func @main(%x: tensor<2x4xf32>, %ws: tensor<3x4x4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x4x4xf32>) {
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %c1 = stablehlo.constant dense<1> : tensor<i32>
+    %c3 = stablehlo.constant dense<3> : tensor<i32>
+    %zs = stablehlo.constant dense<0.000000e+00> : tensor<3x2x4xf32>
+    %zw = stablehlo.constant dense<0.000000e+00> : tensor<3x4x4xf32>
+    %fw:7 = stablehlo.while(%fws = %ws, %i = %c0, %xi = %x, %s0 = %zs, %s1 = %zs, %s2 = %zs, %s3 = %zs) : tensor<3x4x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>
+    cond {
+      %p = stablehlo.compare LT, %i, %c3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %w1 = stablehlo.dynamic_slice %fws, %i, %c0, %c0, sizes = [1, 4, 4] : (tensor<3x4x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x4x4xf32>
+      %w = stablehlo.reshape %w1 : (tensor<1x4x4xf32>) -> tensor<4x4xf32>
+      %d = stablehlo.dot_general %xi, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+      %s = stablehlo.sine %d : tensor<2x4xf32>
+      %cd = stablehlo.cosine %d : tensor<2x4xf32>
+      %h = stablehlo.custom_call @remat.name(%s) {backend_config = "h"} : (tensor<2x4xf32>) -> tensor<2x4xf32> loc("jit(f)/while/body/name"("layer"("model.py":3:8)))
+      %ch = stablehlo.cosine %h : tensor<2x4xf32>
+      %sh = stablehlo.sine %h : tensor<2x4xf32>
+      %y = stablehlo.multiply %ch, %xi : tensor<2x4xf32>
+      %u0 = stablehlo.broadcast_in_dim %xi, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n0 = stablehlo.dynamic_update_slice %s0, %u0, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u1 = stablehlo.broadcast_in_dim %cd, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n1 = stablehlo.dynamic_update_slice %s1, %u1, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u2 = stablehlo.broadcast_in_dim %sh, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n2 = stablehlo.dynamic_update_slice %s2, %u2, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u3 = stablehlo.broadcast_in_dim %ch, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n3 = stablehlo.dynamic_update_slice %s3, %u3, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %i1 = stablehlo.add %i, %c1 : tensor<i32>
+      stablehlo.return %fws, %i1, %y, %n0, %n1, %n2, %n3 : tensor<3x4x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>
+    } loc("jit(f)/while"("f"("model.py":7:4)))
+    %bw:8 = stablehlo.while(%bws = %ws, %b0 = %fw#3, %b1 = %fw#4, %b2 = %fw#5, %b3 = %fw#6, %j = %c0, %g = %ct, %gws = %zw) : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>
+    cond {
+      %p = stablehlo.compare LT, %j, %c3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %t = stablehlo.subtract %c3, %j : tensor<i32>
+      %k = stablehlo.subtract %t, %c1 : tensor<i32>
+      %w1 = stablehlo.dynamic_slice %bws, %k, %c0, %c0, sizes = [1, 4, 4] : (tensor<3x4x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x4x4xf32>
+      %w = stablehlo.reshape %w1 : (tensor<1x4x4xf32>) -> tensor<4x4xf32>
+      %r0 = stablehlo.dynamic_slice %b0, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %xk = stablehlo.reshape %r0 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r1 = stablehlo.dynamic_slice %b1, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %cdk = stablehlo.reshape %r1 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r2 = stablehlo.dynamic_slice %b2, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %shk = stablehlo.reshape %r2 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r3 = stablehlo.dynamic_slice %b3, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %chk = stablehlo.reshape %r3 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %gx0 = stablehlo.multiply %chk, %g : tensor<2x4xf32>
+      %gc = stablehlo.multiply %g, %xk : tensor<2x4xf32>
+      %gn = stablehlo.negate %gc : tensor<2x4xf32>
+      %gs = stablehlo.multiply %gn, %shk : tensor<2x4xf32>
+      %gd = stablehlo.multiply %gs, %cdk : tensor<2x4xf32>
+      %gw0 = stablehlo.dot_general %gd, %xk, contracting_dims = [0] x [0] : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<4x4xf32>
+      %gw = stablehlo.transpose %gw0, dims = [1, 0] : (tensor<4x4xf32>) -> tensor<4x4xf32>
+      %gx1 = stablehlo.dot_general %gd, %w, contracting_dims = [1] x [1] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+      %gx = stablehlo.add %gx0, %gx1 : tensor<2x4xf32>
+      %uw = stablehlo.broadcast_in_dim %gw, dims = [1, 2] : (tensor<4x4xf32>) -> tensor<1x4x4xf32>
+      %ngws = stablehlo.dynamic_update_slice %gws, %uw, %k, %c0, %c0 : (tensor<3x4x4xf32>, tensor<1x4x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x4x4xf32>
+      %j1 = stablehlo.add %j, %c1 : tensor<i32>
+      stablehlo.return %bws, %b0, %b1, %b2, %b3, %j1, %gx, %ngws : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>
+    }
+    return %fw#2, %bw#6, %bw#7 : tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x4x4xf32>
   }
 }

@@ -1,6 +1,8 @@
 // RUN: remat-opt %s --insert-reduce-precision --split-input-file | filecheck %s
 // The last case alone, with func=step (the other cases have no @step):
-// RUN: sed -n '/^module @func_option/,$p' %s | remat-opt --insert-reduce-precision=func=step | filecheck %s --check-prefix=STEP
+// RUN: sed -n '/^module @func_option/,/^}/p' %s | remat-opt --insert-reduce-precision=func=step | filecheck %s --check-prefix=STEP
+// The scan loop pair, through remat-partial-eval first (its input is the raw export):
+// RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=save_only_these_names(h)' --insert-reduce-precision | filecheck %s --check-prefix=SCAN
 
 // The input is what remat-partial-eval leaves: joint functions whose cotangent
 // arguments carry {remat.cotangent} and whose recomputed ops carry
@@ -337,5 +339,112 @@ module @func_option {
     %f = stablehlo.negate %p : tensor<4xbf16>
     %g = stablehlo.multiply %ct, %p : tensor<4xbf16>
     return %f, %g : tensor<4xbf16>, tensor<4xbf16>
+  }
+}
+
+// -----
+
+// Scan loop pair (the @scan input of remat-partial-eval-scan.mlir). As given,
+// it is what remat-partial-eval leaves with everything_saveable: four stacked
+// buffers and no recomputation in the backward body, so nothing is rounded,
+// not even the stacked cosine of h that the forward body also uses.
+// CHECK-LABEL: module @scan_pair
+// CHECK-NOT: reduce_precision
+// CHECK: stablehlo.negate
+// CHECK-NOT: reduce_precision
+// CHECK: return
+
+// After save_only_these_names(h) the backward body recomputes from the stacked
+// 'h', which the forward body also uses: inside the forward while body, h is
+// rounded (e8m23 for f32) right after its producer, the forward cosine reads
+// the rounded value, and so does the reshape whose dynamic_update_slice
+// stacks it. The stacked carry-in is a body argument: not rounded. Nothing
+// is rounded in the backward body.
+// SCAN-LABEL: module @scan_pair
+// SCAN: %[[FW:.*]]:5 = stablehlo.while(%{{[^ ]+}} = %arg1, %[[I:[^ ]+]] = %{{[^ ]+}}, %[[X:[^ ]+]] = %arg0, %[[S0:[^ ]+]] = %{{[^ ]+}}, %[[SH:[^ ]+]] = %{{[^ ]+}}) : tensor<3x4x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>{{$}}
+// SCAN-NOT: reduce_precision
+// SCAN: %[[H:.*]] = stablehlo.custom_call @remat.name(%{{[^ ]+}}) {backend_config = "h"}
+// SCAN-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[H]], format = e8m23 : tensor<2x4xf32>
+// SCAN-NEXT: %[[CH:.*]] = stablehlo.cosine %[[R]] : tensor<2x4xf32>
+// SCAN-NEXT: stablehlo.multiply %[[CH]], %[[X]]
+// SCAN-NEXT: %[[U0:.*]] = stablehlo.broadcast_in_dim %[[X]], dims = [1, 2]
+// SCAN-NEXT: stablehlo.dynamic_update_slice %[[S0]], %[[U0]], %[[I]],
+// SCAN-NOT: reduce_precision
+// SCAN: %[[UH:.*]] = stablehlo.reshape %[[R]] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+// SCAN-NOT: stablehlo.return
+// SCAN: stablehlo.dynamic_update_slice %[[SH]], %[[UH]], %[[I]],
+// SCAN-NEXT: stablehlo.return
+// SCAN-NOT: reduce_precision
+// SCAN: stablehlo.while(%{{[^ ]+}} = %arg1, %{{[^ ]+}} = %[[FW]]#3, {{.*}}, %[[BH:[^ ]+]] = %[[FW]]#4) :
+// SCAN-NOT: reduce_precision
+// SCAN: %[[RH:.*]] = stablehlo.dynamic_slice %[[BH]],
+// SCAN-NEXT: %[[HK:.*]] = stablehlo.reshape %[[RH]]
+// SCAN-NEXT: stablehlo.cosine %[[HK]] {remat.recompute
+// SCAN-NOT: reduce_precision
+// SCAN: return
+module @scan_pair {
+  func.func @main(%x: tensor<2x4xf32>, %ws: tensor<3x4x4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x4x4xf32>) {
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %c1 = stablehlo.constant dense<1> : tensor<i32>
+    %c3 = stablehlo.constant dense<3> : tensor<i32>
+    %zs = stablehlo.constant dense<0.000000e+00> : tensor<3x2x4xf32>
+    %zw = stablehlo.constant dense<0.000000e+00> : tensor<3x4x4xf32>
+    %fw:7 = stablehlo.while(%fws = %ws, %i = %c0, %xi = %x, %s0 = %zs, %s1 = %zs, %s2 = %zs, %s3 = %zs) : tensor<3x4x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>
+    cond {
+      %p = stablehlo.compare LT, %i, %c3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %w1 = stablehlo.dynamic_slice %fws, %i, %c0, %c0, sizes = [1, 4, 4] : (tensor<3x4x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x4x4xf32>
+      %w = stablehlo.reshape %w1 : (tensor<1x4x4xf32>) -> tensor<4x4xf32>
+      %d = stablehlo.dot_general %xi, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+      %s = stablehlo.sine %d : tensor<2x4xf32>
+      %cd = stablehlo.cosine %d : tensor<2x4xf32>
+      %h = stablehlo.custom_call @remat.name(%s) {backend_config = "h"} : (tensor<2x4xf32>) -> tensor<2x4xf32> loc("jit(f)/while/body/name"("layer"("model.py":3:8)))
+      %ch = stablehlo.cosine %h : tensor<2x4xf32>
+      %sh = stablehlo.sine %h : tensor<2x4xf32>
+      %y = stablehlo.multiply %ch, %xi : tensor<2x4xf32>
+      %u0 = stablehlo.broadcast_in_dim %xi, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n0 = stablehlo.dynamic_update_slice %s0, %u0, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u1 = stablehlo.broadcast_in_dim %cd, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n1 = stablehlo.dynamic_update_slice %s1, %u1, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u2 = stablehlo.broadcast_in_dim %sh, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n2 = stablehlo.dynamic_update_slice %s2, %u2, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u3 = stablehlo.broadcast_in_dim %ch, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n3 = stablehlo.dynamic_update_slice %s3, %u3, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %i1 = stablehlo.add %i, %c1 : tensor<i32>
+      stablehlo.return %fws, %i1, %y, %n0, %n1, %n2, %n3 : tensor<3x4x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>
+    } loc("jit(f)/while"("f"("model.py":7:4)))
+    %bw:8 = stablehlo.while(%bws = %ws, %b0 = %fw#3, %b1 = %fw#4, %b2 = %fw#5, %b3 = %fw#6, %j = %c0, %g = %ct, %gws = %zw) : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>
+    cond {
+      %p = stablehlo.compare LT, %j, %c3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %t = stablehlo.subtract %c3, %j : tensor<i32>
+      %k = stablehlo.subtract %t, %c1 : tensor<i32>
+      %w1 = stablehlo.dynamic_slice %bws, %k, %c0, %c0, sizes = [1, 4, 4] : (tensor<3x4x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x4x4xf32>
+      %w = stablehlo.reshape %w1 : (tensor<1x4x4xf32>) -> tensor<4x4xf32>
+      %r0 = stablehlo.dynamic_slice %b0, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %xk = stablehlo.reshape %r0 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r1 = stablehlo.dynamic_slice %b1, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %cdk = stablehlo.reshape %r1 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r2 = stablehlo.dynamic_slice %b2, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %shk = stablehlo.reshape %r2 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r3 = stablehlo.dynamic_slice %b3, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %chk = stablehlo.reshape %r3 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %gx0 = stablehlo.multiply %chk, %g : tensor<2x4xf32>
+      %gc = stablehlo.multiply %g, %xk : tensor<2x4xf32>
+      %gn = stablehlo.negate %gc : tensor<2x4xf32>
+      %gs = stablehlo.multiply %gn, %shk : tensor<2x4xf32>
+      %gd = stablehlo.multiply %gs, %cdk : tensor<2x4xf32>
+      %gw0 = stablehlo.dot_general %gd, %xk, contracting_dims = [0] x [0] : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<4x4xf32>
+      %gw = stablehlo.transpose %gw0, dims = [1, 0] : (tensor<4x4xf32>) -> tensor<4x4xf32>
+      %gx1 = stablehlo.dot_general %gd, %w, contracting_dims = [1] x [1] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+      %gx = stablehlo.add %gx0, %gx1 : tensor<2x4xf32>
+      %uw = stablehlo.broadcast_in_dim %gw, dims = [1, 2] : (tensor<4x4xf32>) -> tensor<1x4x4xf32>
+      %ngws = stablehlo.dynamic_update_slice %gws, %uw, %k, %c0, %c0 : (tensor<3x4x4xf32>, tensor<1x4x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x4x4xf32>
+      %j1 = stablehlo.add %j, %c1 : tensor<i32>
+      stablehlo.return %bws, %b0, %b1, %b2, %b3, %j1, %gx, %ngws : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>
+    }
+    return %fw#2, %bw#6, %bw#7 : tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x4x4xf32>
   }
 }

@@ -1,4 +1,8 @@
 // RUN: remat-opt %s --place-optimization-barriers --split-input-file | filecheck %s
+// The scan loop pair, through remat-partial-eval first (its input is the raw export),
+// with and without in-loops:
+// RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=nothing_saveable' --place-optimization-barriers=in-loops=true | filecheck %s --check-prefix=LOOPS
+// RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=nothing_saveable' --place-optimization-barriers | filecheck %s --check-prefix=NOLOOPS
 
 // The input is what remat-partial-eval leaves: recomputed ops carry
 // remat.recompute = <group>, one group per backward op that needed them,
@@ -237,5 +241,131 @@ module @split {
     %m = stablehlo.multiply %s, %w {remat.recompute = 2 : i64} : tensor<4xf32>
     %g2 = stablehlo.multiply %g, %m : tensor<4xf32>
     return %g2 : tensor<4xf32>
+  }
+}
+
+// -----
+
+// Scan loop pair (the @scan input of remat-partial-eval-scan.mlir) after
+// nothing_saveable: the backward while body recomputes the layer from the
+// stacked carry-in in three groups (the cosine of h, the sine of h, the
+// cosine of the dot). With in-loops=true each group gets its barrier right
+// before it, inside the body; the group reads the barrier's results. The
+// first barrier carries the body's carried cotangent %G (a float carry the
+// body changes: it returns %GX in its place); the later ones carry the
+// backward value their consumer reads. The forward body and the constants
+// cloned before the backward loop (a constants-only group) get none.
+// LOOPS-LABEL: module @scan_pair
+// LOOPS: %[[FW:.*]]:4 = stablehlo.while(
+// LOOPS-NOT: optimization_barrier
+// LOOPS: stablehlo.while(%[[BWS:[^ ]+]] = %arg1, %[[B0:[^ ]+]] = %[[FW]]#3, %[[J:[^ ]+]] = %{{[^ ]+}}, %[[G:[^ ]+]] = %arg2, %{{[^ ]+}} = %{{[^ ]+}}) : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>{{$}}
+// LOOPS-NOT: optimization_barrier
+// LOOPS: %[[T:.*]] = stablehlo.subtract %{{[^ ]+}}, %[[J]]
+// LOOPS-NEXT: %[[K:.*]] = stablehlo.subtract %[[T]], %{{[^ ]+}}
+// LOOPS-NOT: optimization_barrier
+// LOOPS: %[[R0:.*]] = stablehlo.dynamic_slice %[[B0]], %[[K]],
+// LOOPS-NEXT: %[[XK:.*]] = stablehlo.reshape %[[R0]]
+// LOOPS-NEXT: %[[B1:.*]]:5 = stablehlo.optimization_barrier {{[^%]*}}%[[BWS]], %[[K]], %{{[^ ]+}}, %[[XK]], %[[G]] : tensor<3x4x4xf32>, tensor<i32>, tensor<i32>, tensor<2x4xf32>, tensor<2x4xf32>{{$}}
+// LOOPS-NEXT: %[[RW:.*]] = stablehlo.dynamic_slice %[[B1]]#0, %[[B1]]#1, {{.*}} {remat.recompute = 1 : i64}
+// LOOPS-NEXT: %[[W:.*]] = stablehlo.reshape %[[RW]] {remat.recompute = 1 : i64}
+// LOOPS-NEXT: %[[D:.*]] = stablehlo.dot_general %[[B1]]#3, %[[W]], {{.*}} {remat.recompute = 1 : i64}
+// LOOPS-NEXT: %[[S:.*]] = stablehlo.sine %[[D]] {remat.recompute = 1 : i64}
+// LOOPS-NEXT: %[[H:.*]] = stablehlo.custom_call @remat.name(%[[S]]) {{.*}}remat.recompute = 1 : i64
+// LOOPS-NEXT: %[[CH:.*]] = stablehlo.cosine %[[H]] {remat.recompute = 1 : i64}
+// LOOPS-NEXT: %[[GX0:.*]] = stablehlo.multiply %[[CH]], %[[G]]
+// LOOPS-NEXT: stablehlo.multiply %[[G]], %[[XK]]
+// LOOPS-NEXT: %[[GN:.*]] = stablehlo.negate
+// LOOPS-NEXT: %[[B2:.*]]:2 = stablehlo.optimization_barrier {{[^%]*}}%[[H]], %[[GN]] : tensor<2x4xf32>, tensor<2x4xf32>{{$}}
+// LOOPS-NEXT: %[[SH:.*]] = stablehlo.sine %[[B2]]#0 {remat.recompute = 2 : i64}
+// LOOPS-NEXT: %[[GS:.*]] = stablehlo.multiply %[[GN]], %[[SH]]
+// LOOPS-NEXT: %[[B3:.*]]:2 = stablehlo.optimization_barrier {{[^%]*}}%[[D]], %[[GS]] : tensor<2x4xf32>, tensor<2x4xf32>{{$}}
+// LOOPS-NEXT: %[[CD:.*]] = stablehlo.cosine %[[B3]]#0 {remat.recompute = 3 : i64}
+// LOOPS-NEXT: stablehlo.multiply %[[GS]], %[[CD]]
+// LOOPS-NOT: optimization_barrier
+// LOOPS: %[[GX:.*]] = stablehlo.add %[[GX0]], %{{[^ ]+}} : tensor<2x4xf32>
+// LOOPS-NOT: optimization_barrier
+// LOOPS: stablehlo.return %[[BWS]], %[[B0]], %{{[^ ]+}}, %[[GX]], %{{[^ ]+}} :
+// LOOPS-NOT: optimization_barrier
+// LOOPS: return
+
+// By default (in-loops=false) the same recomputation gets no barrier, neither
+// inside the while bodies nor outside them.
+// NOLOOPS-LABEL: module @scan_pair
+// NOLOOPS-NOT: optimization_barrier
+// NOLOOPS: stablehlo.while(%{{[^ ]+}} = %arg1, %{{[^ ]+}} = %{{[^ ]+}}#3, {{.*}}) : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>{{$}}
+// NOLOOPS-NOT: optimization_barrier
+// NOLOOPS: stablehlo.dot_general %{{[^ ]+}}, %{{[^ ]+}}, contracting_dims = [1] x [0] {remat.recompute = 1 : i64}
+// NOLOOPS-NOT: optimization_barrier
+// NOLOOPS: stablehlo.sine %{{[^ ]+}} {remat.recompute = 2 : i64}
+// NOLOOPS-NOT: optimization_barrier
+// NOLOOPS: stablehlo.cosine %{{[^ ]+}} {remat.recompute = 3 : i64}
+// NOLOOPS-NOT: optimization_barrier
+// NOLOOPS: stablehlo.return
+// NOLOOPS-NOT: optimization_barrier
+// NOLOOPS: return
+module @scan_pair {
+  func.func @main(%x: tensor<2x4xf32>, %ws: tensor<3x4x4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x4x4xf32>) {
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %c1 = stablehlo.constant dense<1> : tensor<i32>
+    %c3 = stablehlo.constant dense<3> : tensor<i32>
+    %zs = stablehlo.constant dense<0.000000e+00> : tensor<3x2x4xf32>
+    %zw = stablehlo.constant dense<0.000000e+00> : tensor<3x4x4xf32>
+    %fw:7 = stablehlo.while(%fws = %ws, %i = %c0, %xi = %x, %s0 = %zs, %s1 = %zs, %s2 = %zs, %s3 = %zs) : tensor<3x4x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>
+    cond {
+      %p = stablehlo.compare LT, %i, %c3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %w1 = stablehlo.dynamic_slice %fws, %i, %c0, %c0, sizes = [1, 4, 4] : (tensor<3x4x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x4x4xf32>
+      %w = stablehlo.reshape %w1 : (tensor<1x4x4xf32>) -> tensor<4x4xf32>
+      %d = stablehlo.dot_general %xi, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+      %s = stablehlo.sine %d : tensor<2x4xf32>
+      %cd = stablehlo.cosine %d : tensor<2x4xf32>
+      %h = stablehlo.custom_call @remat.name(%s) {backend_config = "h"} : (tensor<2x4xf32>) -> tensor<2x4xf32> loc("jit(f)/while/body/name"("layer"("model.py":3:8)))
+      %ch = stablehlo.cosine %h : tensor<2x4xf32>
+      %sh = stablehlo.sine %h : tensor<2x4xf32>
+      %y = stablehlo.multiply %ch, %xi : tensor<2x4xf32>
+      %u0 = stablehlo.broadcast_in_dim %xi, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n0 = stablehlo.dynamic_update_slice %s0, %u0, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u1 = stablehlo.broadcast_in_dim %cd, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n1 = stablehlo.dynamic_update_slice %s1, %u1, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u2 = stablehlo.broadcast_in_dim %sh, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n2 = stablehlo.dynamic_update_slice %s2, %u2, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u3 = stablehlo.broadcast_in_dim %ch, dims = [1, 2] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n3 = stablehlo.dynamic_update_slice %s3, %u3, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %i1 = stablehlo.add %i, %c1 : tensor<i32>
+      stablehlo.return %fws, %i1, %y, %n0, %n1, %n2, %n3 : tensor<3x4x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>
+    } loc("jit(f)/while"("f"("model.py":7:4)))
+    %bw:8 = stablehlo.while(%bws = %ws, %b0 = %fw#3, %b1 = %fw#4, %b2 = %fw#5, %b3 = %fw#6, %j = %c0, %g = %ct, %gws = %zw) : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>
+    cond {
+      %p = stablehlo.compare LT, %j, %c3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %t = stablehlo.subtract %c3, %j : tensor<i32>
+      %k = stablehlo.subtract %t, %c1 : tensor<i32>
+      %w1 = stablehlo.dynamic_slice %bws, %k, %c0, %c0, sizes = [1, 4, 4] : (tensor<3x4x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x4x4xf32>
+      %w = stablehlo.reshape %w1 : (tensor<1x4x4xf32>) -> tensor<4x4xf32>
+      %r0 = stablehlo.dynamic_slice %b0, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %xk = stablehlo.reshape %r0 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r1 = stablehlo.dynamic_slice %b1, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %cdk = stablehlo.reshape %r1 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r2 = stablehlo.dynamic_slice %b2, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %shk = stablehlo.reshape %r2 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r3 = stablehlo.dynamic_slice %b3, %k, %c0, %c0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %chk = stablehlo.reshape %r3 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %gx0 = stablehlo.multiply %chk, %g : tensor<2x4xf32>
+      %gc = stablehlo.multiply %g, %xk : tensor<2x4xf32>
+      %gn = stablehlo.negate %gc : tensor<2x4xf32>
+      %gs = stablehlo.multiply %gn, %shk : tensor<2x4xf32>
+      %gd = stablehlo.multiply %gs, %cdk : tensor<2x4xf32>
+      %gw0 = stablehlo.dot_general %gd, %xk, contracting_dims = [0] x [0] : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<4x4xf32>
+      %gw = stablehlo.transpose %gw0, dims = [1, 0] : (tensor<4x4xf32>) -> tensor<4x4xf32>
+      %gx1 = stablehlo.dot_general %gd, %w, contracting_dims = [1] x [1] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+      %gx = stablehlo.add %gx0, %gx1 : tensor<2x4xf32>
+      %uw = stablehlo.broadcast_in_dim %gw, dims = [1, 2] : (tensor<4x4xf32>) -> tensor<1x4x4xf32>
+      %ngws = stablehlo.dynamic_update_slice %gws, %uw, %k, %c0, %c0 : (tensor<3x4x4xf32>, tensor<1x4x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x4x4xf32>
+      %j1 = stablehlo.add %j, %c1 : tensor<i32>
+      stablehlo.return %bws, %b0, %b1, %b2, %b3, %j1, %gx, %ngws : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>
+    }
+    return %fw#2, %bw#6, %bw#7 : tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x4x4xf32>
   }
 }
