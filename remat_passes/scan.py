@@ -9,7 +9,7 @@ JAX exports `lax.scan` under a VJP as two loops in the same block:
   passes them through unchanged and reads one slot per iteration
   (`dynamic_slice` of size `[1, ...]` at the slot index, then `reshape`).
 
-`rewrite_pairs(block, verdict)` finds such pairs and applies the policy per
+`rewrite_pairs(block, verdict, ...)` finds such pairs and applies the policy per
 iteration: a stacked value whose forward producer is Recompute stops being
 stacked and the backward body recomputes it, just before its first use, from
 what is still available at the same iteration:
@@ -21,9 +21,13 @@ what is still available at the same iteration:
 
 A value the recomputation needs that is Saveable (or a carry-in, an input of
 the iteration like a `jax.checkpoint`ed layer's argument) is stacked: an
-existing buffer is reused, else a new one is added to both loops. Nested scans
-(a pair inside the recomputed forward body) are handled by running the same
-rewrite on the backward body afterwards.
+existing buffer is reused, else a new one is added to both loops. A sub-step of
+an unrolled step is sliced out of its stacked block. Nested scans: an inner
+forward loop first also stacks the inner values the policy saves
+(`prestack_nested`), so the outer forward saves them; when the backward body
+recomputes the inner loop, the clone reads them back (`_reuse_saved_stacks`),
+and the same rewrite then runs on the backward body, where the inner pair now
+sits in one block.
 
 Whiles that are not recognisable pairs are left alone (atomic).
 """
@@ -36,7 +40,6 @@ from remat_passes.mlir import ir, op_id
 from remat_passes.policies import Offloadable, Recompute, Saveable
 
 WHILE = "stablehlo.while"
-STACKED_AT = "remat.stacked"   # attr on the forward while: its results that are stacked buffers
 
 
 # ----------------------------------------------------------- small helpers --
@@ -790,11 +793,9 @@ def _int_const(t, value, ip):
 def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
     """Apply the per-iteration policy to every scan pair in `block` (and nested ones).
 
-    Returns stats: pairs found, values recomputed, buffers added, and the forward
-    loops that took part (their op ids) under "forward_loops".
+    Returns stats: pairs rewritten, slot reads replaced by recomputation, buffers added.
     """
-    stats = stats if stats is not None else {"pairs": 0, "recomputed": 0, "stacked": 0,
-                                             "forward_loops": []}
+    stats = stats if stats is not None else {"pairs": 0, "recomputed": 0, "stacked": 0}
     done = set()
     while True:
         pairs = [p for p in find_pairs(block)
