@@ -314,9 +314,8 @@ class _LoopEdit:
 
     def _set_return(self, operands):
         old = self.ret
-        new = ir.Operation.create("stablehlo.return", operands=operands, loc=old.location,
-                                  ip=ir.InsertionPoint(old))
-        del new
+        ir.Operation.create("stablehlo.return", operands=operands, loc=old.location,
+                            ip=ir.InsertionPoint(old))
         old.erase()
 
     def drop(self, keep):
@@ -610,7 +609,7 @@ class _PairRewrite:
         else:   # stacked by the forward loop, not read by this backward loop yet
             arg = self.bedit.add(self.fwd.op.results[k], self.loc)
             self.bcarry_of[k] = len(self.bedit.inits) - 1
-        return self._emit_read(arg, index, before, v.type)
+        return _read_slot(arg, index, before, v.type)
 
     def _new_buffer(self, v):
         zero = _stack_value(self.fwd, self.fedit, v)
@@ -623,10 +622,6 @@ class _PairRewrite:
         barg = self.bedit.add(zero, self.loc)
         self.new_buffers[v] = (k, len(self.bedit.inits) - 1)
         return barg
-
-    @staticmethod
-    def _emit_read(arg, index, before, value_type):
-        return _read_slot(arg, index, before, value_type)
 
     # --- rebuild both loops
     def _finish(self):

@@ -134,6 +134,26 @@ def run_split(module, args, ct, n_out):
 
 
 # --------------------------------------------------------------- structure --
+
+
+_RUNS: dict = {}
+
+
+def run_joint_cached(module, args, ct):
+    """run_joint, compiled once per program text (tests rewrite the same module often)."""
+    key = ("joint", str(module), id(args))
+    if key not in _RUNS:
+        _RUNS[key] = run_joint(module, args, ct)
+    return _RUNS[key]
+
+
+def run_split_cached(module, args, ct, n_out):
+    """run_split, compiled once per program text."""
+    key = ("split", str(module), id(args))
+    if key not in _RUNS:
+        _RUNS[key] = run_split(module, args, ct, n_out)
+    return _RUNS[key]
+
 def parse_text(text: str):
     """An ir.Module from MLIR text, in the context remat_passes uses."""
     from remat_passes import mlir

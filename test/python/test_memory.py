@@ -11,6 +11,9 @@ Units in the hand-written cases: K = 1024 bytes = one tensor<256xf32>.
 """
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -426,29 +429,20 @@ T_ACT = TB * TT * TD * 4                      # f32[4,128,256]: 512 KiB
 T_SCORES = TB * TH * TT * TT * 4              # f32[4,4,128,128]: 1 MiB
 
 
-def transformer_block(p, x):
-    def heads(t):
-        return t.reshape(TB, TT, TH, TD // TH).transpose(0, 2, 1, 3)
-    q = checkpoint_name(x @ p["wq"], "q")
-    k = checkpoint_name(x @ p["wk"], "k")
-    v = checkpoint_name(x @ p["wv"], "v")
-    s = jnp.einsum("bhqd,bhkd->bhqk", heads(q), heads(k)) / np.sqrt(TD // TH)
-    a = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), heads(v))
-    a = checkpoint_name(a.transpose(0, 2, 1, 3).reshape(TB, TT, TD), "attn_out")
-    h = x + a @ p["wo"]
-    m = checkpoint_name(jax.nn.gelu(h @ p["w1"]), "mlp_hidden")
-    return h + m @ p["w2"]
+def _memory_figures():
+    """tools/memory_figures.py: the figures and these tests measure the same block."""
+    path = Path(__file__).resolve().parents[2] / "tools" / "memory_figures.py"
+    spec = importlib.util.spec_from_file_location("memory_figures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def transformer_module():
-    ks = jax.random.split(jax.random.PRNGKey(1), 7)
-    shapes = {"wq": (TD, TD), "wk": (TD, TD), "wv": (TD, TD), "wo": (TD, TD),
-              "w1": (TD, TF), "w2": (TF, TD)}
-    p = {n: jax.random.normal(kk, s, jnp.float32) * 0.05
-         for (n, s), kk in zip(shapes.items(), ks)}
-    x = jax.random.normal(ks[6], (TB, TT, TD), jnp.float32)
-    return rp.export_vjp(transformer_block, p, x)
+    module, _, _ = _memory_figures().transformer_model(
+        batch=TB, tokens=TT, width=TD, heads=TH, hidden=TF)
+    return module
 
 
 def test_transformer_remat_lowers_the_joint_peak(transformer_module):

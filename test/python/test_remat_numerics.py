@@ -23,7 +23,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 import remat_passes as rp
 from remat_passes.policies import Offloadable, Recompute, Saveable
-from remat_testlib import (assert_same_residual_types, assert_trees_close, leaves,
+from remat_testlib import (run_joint_cached, run_split_cached,
+                           assert_same_residual_types, assert_trees_close, leaves,
                            reference_vjp, run_joint, run_split)
 
 P = rp.policies
@@ -168,21 +169,12 @@ def case(name) -> Case:
     return Case(name)
 
 
-_RESULTS: dict = {}
-
-
 def _joint_result(c: Case, module):
-    key = ("joint", str(module))   # same program, same result: compile it once
-    if key not in _RESULTS:
-        _RESULTS[key] = run_joint(module, c.args, c.ct)
-    return _RESULTS[key]
+    return run_joint_cached(module, c.args, c.ct)
 
 
 def _split_result(c: Case, module):
-    key = ("split", str(module))
-    if key not in _RESULTS:
-        _RESULTS[key] = run_split(module, c.args, c.ct, c.n_out)
-    return _RESULTS[key]
+    return run_split_cached(module, c.args, c.ct, c.n_out)
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))

@@ -46,8 +46,9 @@ import remat_passes as rp
 from remat_passes import mlir
 from remat_passes.policies import Offloadable, Recompute, Saveable
 from remat_passes.mlir import ir
-from remat_testlib import (assert_same_residual_types, assert_trees_close, jax_saved_residuals,
-                           leaves, parse_text, reference_vjp, run_joint, run_split)
+from remat_testlib import (run_joint_cached, run_split_cached,
+                           assert_same_residual_types, assert_trees_close, jax_saved_residuals,
+                           leaves, parse_text, reference_vjp)
 
 P = rp.policies
 JP = jax.checkpoint_policies
@@ -343,21 +344,12 @@ def _reference(name):
     return ct, leaves(out) + leaves(grads), len(leaves(out))
 
 
-_RESULTS: dict = {}
-
-
 def _joint(c: Case, module):
-    key = ("joint", str(module))   # the same program gives the same result: compile once
-    if key not in _RESULTS:
-        _RESULTS[key] = run_joint(module, c.args, c.ct)
-    return _RESULTS[key]
+    return run_joint_cached(module, c.args, c.ct)
 
 
 def _split(c: Case, module):
-    key = ("split", str(module))
-    if key not in _RESULTS:
-        _RESULTS[key] = run_split(module, c.args, c.ct, c.n_out)
-    return _RESULTS[key]
+    return run_split_cached(module, c.args, c.ct, c.n_out)
 
 
 def _jax_bytes(fun, *args) -> int:
