@@ -1,4 +1,8 @@
 """remat_passes: gradient checkpointing (rematerialization) as MLIR passes over StableHLO."""
+from remat_passes import jax_compat as _jax_compat
+
+_jax_compat.check_installed_version()   # a clear ImportError on an unsupported jax/jaxlib
+
 from remat_passes import policies
 from remat_passes.jax_bridge import (checkpoint, checkpoint_name, compile, export_vjp,
                                      from_exported, to_exported)

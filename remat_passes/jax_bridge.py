@@ -23,11 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
-from jax._src import ad_checkpoint as _ad_checkpoint
-from jax._src import source_info_util as _source_info_util
-from jax._src.interpreters import mlir as _jax_lowering
 
-from remat_passes import graph
+from remat_passes import graph, jax_compat
 from remat_passes.mlir import RematError, func, ir, stablehlo
 from remat_passes.module import Module
 from remat_passes.policies import Policy, as_policy, nothing_saveable
@@ -37,7 +34,7 @@ MARKER_TARGET = "remat.name"
 
 # Source positions in locations should name the user's code, not our wrappers
 # (JAX excludes its own files the same way).
-_source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
+jax_compat.exclude_from_source_info(os.path.dirname(os.path.abspath(__file__)))
 _MARKER_CHECK = jax_export.DisabledSafetyCheck.custom_call(MARKER_TARGET)
 
 # --------------------------------------------------------------- names --
@@ -50,7 +47,8 @@ def checkpoint_name(x, name: str):
     plain `jax.jit` it lowers to nothing, exactly like
     `jax.ad_checkpoint.checkpoint_name`.
     """
-    return _ad_checkpoint.checkpoint_name(x, name)
+    from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
+    return jax_checkpoint_name(x, name)
 
 
 def _marker_lowering(ctx, x, *, name):
@@ -64,16 +62,8 @@ def _marker_lowering(ctx, x, *, name):
 @contextlib.contextmanager
 def names_as_markers():
     """Lower `name_p` to the marker for the duration; restore JAX's rule after."""
-    prim = _ad_checkpoint.name_p
-    saved = _jax_lowering._lowerings.get(prim)
-    _jax_lowering.register_lowering(prim, _marker_lowering)
-    try:
+    with jax_compat.lowering_overridden(jax_compat.name_primitive(), _marker_lowering):
         yield
-    finally:
-        if saved is None:
-            _jax_lowering._lowerings.pop(prim, None)
-        else:
-            _jax_lowering._lowerings[prim] = saved
 
 
 # ------------------------------------------------------------- regions --
@@ -267,13 +257,12 @@ def to_exported(module: Module, function: str = "main"):
     n_in, n_out = len(in_avals), len(out_avals)
     platforms = exp.platforms if exp is not None else (jax.default_backend(),)
     out_tree = jax.tree_util.tree_structure(0 if n_out == 1 else (0,) * n_out)
-    return jax_export.Exported(
+    return jax_compat.make_exported(
         fun_name=function,
         in_tree=jax.tree_util.tree_structure(((0,) * n_in, {})),
         in_avals=in_avals,
         out_tree=out_tree,
         out_avals=out_avals,
-        _has_named_shardings=False,
         _in_named_shardings=(None,) * n_in,
         _out_named_shardings=(None,) * n_out,
         in_shardings_hlo=(None,) * n_in,

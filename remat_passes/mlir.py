@@ -15,7 +15,8 @@ import re
 from jax.extend import mlir as _jax_mlir
 from jax.extend.mlir import ir, passmanager  # noqa: F401  (re-exported)
 from jax.extend.mlir.dialects import func, stablehlo  # noqa: F401  (re-exported)
-from jax.interpreters import mlir as _jax_interp_mlir
+
+from remat_passes import jax_compat
 
 __all__ = ["ir", "passmanager", "func", "stablehlo", "RematError", "context",
            "parse", "to_text", "to_bytecode", "to_portable_artifact",
@@ -43,7 +44,7 @@ def context() -> ir.Context:
     """
     global _CONTEXT
     if _CONTEXT is None:
-        _CONTEXT = _jax_interp_mlir.make_ir_context()
+        _CONTEXT = jax_compat.make_ir_context()
         # Verification failures must come back to us as exceptions that carry
         # diagnostics, not be printed to stderr by the default handler.
         _CONTEXT.emit_error_diagnostics = False

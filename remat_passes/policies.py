@@ -250,6 +250,24 @@ def save_from_both_policies(policy_1, policy_2):
                   reads_attributes=p1.reads_attributes or p2.reads_attributes)
 
 
+# The class spellings jax 0.10-0.11 use (0.11 exports them from jax.checkpoint_policies):
+# same arguments as the dataclass fields, same policies as the factories above.
+def SaveOnlyTheseNames(saveable_names):  # noqa: N802 (JAX's name)
+    return save_only_these_names(*sorted(saveable_names))
+
+
+def SaveAnyNamesButThese(names):  # noqa: N802
+    return save_any_names_but_these(*sorted(names))
+
+
+def SaveAndOffloadOnlyTheseNames(names_which_can_be_saved, names_which_can_be_offloaded,  # noqa: N802
+                                 offload_src, offload_dst):
+    return save_and_offload_only_these_names(
+        names_which_can_be_saved=names_which_can_be_saved,
+        names_which_can_be_offloaded=names_which_can_be_offloaded,
+        offload_src=offload_src, offload_dst=offload_dst)
+
+
 # Names usable in a policy spec, with the number of arguments they take
 # (None: the name itself is the policy).
 POLICIES: dict[str, Any] = {
@@ -265,6 +283,9 @@ POLICIES: dict[str, Any] = {
     "save_only_these_names": save_only_these_names,
     "save_from_both_policies": save_from_both_policies,
     "save_and_offload_only_these_names": save_and_offload_only_these_names,
+    "SaveOnlyTheseNames": SaveOnlyTheseNames,
+    "SaveAnyNamesButThese": SaveAnyNamesButThese,
+    "SaveAndOffloadOnlyTheseNames": SaveAndOffloadOnlyTheseNames,
 }
 
 
@@ -275,9 +296,8 @@ def _from_jax_policy(policy) -> Policy:
     primitive that lowers to the op: dot_general_p, conv_general_dilated_p,
     name_p (with its `name`), or a stand-in primitive named like the op.
     """
-    from jax._src import core
-    from jax._src.ad_checkpoint import name_p
-    from jax._src.lax import convolution, lax
+    from remat_passes import jax_compat
+    dot_general_p, conv_p, name_p, Primitive = jax_compat.policy_primitives()
     stand_ins: dict[str, Any] = {}
 
     def adapted(op: OpInfo):
@@ -286,10 +306,10 @@ def _from_jax_policy(policy) -> Policy:
         if op.name in ("stablehlo.dot_general", "stablehlo.dot"):
             dims = ((op.lhs_contracting_dims, op.rhs_contracting_dims),
                     (op.lhs_batching_dims, op.rhs_batching_dims))
-            return policy(lax.dot_general_p, dimension_numbers=dims)
+            return policy(dot_general_p, dimension_numbers=dims)
         if op.name == "stablehlo.convolution":
-            return policy(convolution.conv_general_dilated_p)
-        prim = stand_ins.setdefault(op.primitive, core.Primitive(op.primitive))
+            return policy(conv_p)
+        prim = stand_ins.setdefault(op.primitive, Primitive(op.primitive))
         return policy(prim)
     name = getattr(policy, "__qualname__", None) or repr(policy)
     return Policy(adapted, f"<jax policy {name}>")
@@ -315,7 +335,9 @@ def as_policy(policy) -> Policy:
     if isinstance(policy, str):
         return parse_policy(policy)
     if callable(policy) and _is_jax_policy(policy):
-        return _from_jax_policy(policy)
+        from remat_passes import jax_compat
+        spec = jax_compat.native_policy_spec(policy)   # jax.checkpoint_policies.* objects
+        return parse_policy(spec) if spec is not None else _from_jax_policy(policy)
     if callable(policy):
         name = getattr(policy, "__qualname__", None) or repr(policy)
         return Policy(policy, f"<callable {name}>", reads_attributes=True)

@@ -51,7 +51,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
-from jax._src.ad_checkpoint import saved_residuals as jax_saved_residuals  # noqa: E402
+from remat_passes.jax_compat import jax_saved_residuals  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,  # noqa: E402

@@ -67,7 +67,8 @@ def mlp_model(layers=8, width=256, batch=64):
     return rp.export_vjp(mlp, params, x), policies, note
 
 
-def transformer_model(batch=4, tokens=128, width=256, heads=4, hidden=1024):
+def transformer_block(batch=4, tokens=128, width=256, heads=4, hidden=1024):
+    """(block, params, x): one pre-norm-free transformer block with named activations."""
     def block(p, x):
         def split_heads(t):
             return t.reshape(batch, tokens, heads, width // heads).transpose(0, 2, 1, 3)
@@ -85,6 +86,11 @@ def transformer_model(batch=4, tokens=128, width=256, heads=4, hidden=1024):
               "wo": (width, width), "w1": (width, hidden), "w2": (hidden, width)}
     p = {n: jax.random.normal(kk, s, jnp.float32) * 0.05 for (n, s), kk in zip(shapes.items(), ks)}
     x = jax.random.normal(ks[6], (batch, tokens, width), jnp.float32)
+    return block, p, x
+
+
+def transformer_model(batch=4, tokens=128, width=256, heads=4, hidden=1024):
+    block, p, x = transformer_block(batch, tokens, width, heads, hidden)
     policies = [
         ("no remat", None),
         ("save_only_these_names(q, k, v)", P.save_only_these_names("q", "k", "v")),

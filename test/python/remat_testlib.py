@@ -18,10 +18,7 @@ from collections import Counter
 import jax
 import numpy as np
 
-try:  # public in some JAX versions, private in 0.10.2
-    from jax.ad_checkpoint import saved_residuals as _jax_saved_residuals  # type: ignore
-except ImportError:  # pragma: no cover - depends on the JAX version
-    from jax._src.ad_checkpoint import saved_residuals as _jax_saved_residuals
+from remat_passes.jax_compat import jax_saved_residuals as _jax_saved_residuals
 
 # f32 gradient comparisons: rtol 1e-5, and an absolute floor of 1e-6 times the
 # array's own scale (XLA fuses and reorders reductions differently in the

@@ -12,8 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import ad_checkpoint as _ad_checkpoint
-from jax._src.interpreters import mlir as _jax_lowering
+from remat_passes.jax_compat import current_lowering, name_primitive
 from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
 
 import remat_passes as rp
@@ -281,14 +280,14 @@ def _lowers_marker(fn, *args):
 
 def test_lowering_restored_after_export():
     x = _normal(2, 3)
-    before = _jax_lowering._lowerings.get(_ad_checkpoint.name_p)
+    before = current_lowering(name_primitive())
     # Positive control: with the marker lowering active, a fresh function lowers to it.
     with jax_bridge.names_as_markers():
         assert _lowers_marker(lambda v: jax_checkpoint_name(jnp.sin(v), "ctl") * 2, x)
-    assert _jax_lowering._lowerings.get(_ad_checkpoint.name_p) is before
+    assert current_lowering(name_primitive()) is before
 
     rp.export_vjp(named, x)
-    assert _jax_lowering._lowerings.get(_ad_checkpoint.name_p) is before
+    assert current_lowering(name_primitive()) is before
     # Fresh functions (never lowered before, so no cache can hide a leak).
     assert not _lowers_marker(lambda v: named(v) + 1.0, x)
     assert not _lowers_marker(lambda v: jax.grad(named)(v) * 2.0, x)
@@ -297,14 +296,14 @@ def test_lowering_restored_after_export():
 
 def test_lowering_restored_when_export_raises():
     x = _normal(2, 3)
-    before = _jax_lowering._lowerings.get(_ad_checkpoint.name_p)
+    before = current_lowering(name_primitive())
 
     def broken(v):
         jax_checkpoint_name(jnp.sin(v), "n")
         raise ValueError("boom in the model")
     with pytest.raises(ValueError, match="boom in the model"):
         rp.export_vjp(broken, x)
-    assert _jax_lowering._lowerings.get(_ad_checkpoint.name_p) is before
+    assert current_lowering(name_primitive()) is before
     assert not _lowers_marker(lambda v: jax_checkpoint_name(jnp.cos(v), "after") * 5.0, x)
 
     def not_differentiable(v):
@@ -312,7 +311,7 @@ def test_lowering_restored_when_export_raises():
         return jax.pure_callback(lambda t: t, jax.ShapeDtypeStruct(v.shape, v.dtype), a).sum()
     with pytest.raises(Exception):
         rp.export_vjp(not_differentiable, x)
-    assert _jax_lowering._lowerings.get(_ad_checkpoint.name_p) is before
+    assert current_lowering(name_primitive()) is before
     assert not _lowers_marker(lambda v: jax_checkpoint_name(jnp.tan(v), "after2") * 5.0, x)
 
 

@@ -229,7 +229,7 @@ func.func @main(%x: tensor<4xT>, %ct: tensor<4xT> {remat.cotangent}) -> (tensor<
 
 @pytest.mark.parametrize("dtype", JAX_FLOAT_DTYPES)
 def test_reduce_precision_bits_are_jax_finfo_for_every_float_dtype(dtype):
-    from jax._src.interpreters import mlir as jax_mlir
+    from jax.interpreters import mlir as jax_mlir
     from remat_passes import mlir
     d = getattr(jnp, dtype, None)
     if d is None:
