@@ -9,9 +9,8 @@ from remat_passes.jax_bridge import (checkpoint, checkpoint_name, compile, expor
 from remat_passes.memory import FunctionMemory, MemoryEstimate, estimate_memory, format_memory
 from remat_passes.mlir import RematError
 from remat_passes.module import Module, load
-from remat_passes.passes.remat_partial_eval import Residual
 from remat_passes.pipeline import remat, run_pipeline, parse_pipeline
-from remat_passes.report import print_fwd_bwd, print_saved_residuals, saved_residuals
+from remat_passes.report import Residual, print_fwd_bwd, print_saved_residuals, saved_residuals
 
 __version__ = "0.1.0"
 

@@ -19,7 +19,7 @@ from remat_passes.memory import estimate_memory, format_memory
 from remat_passes.mlir import RematError
 from remat_passes.module import Module, write_atomically
 from remat_passes.passes import CORE_PASSES, PassState, registry
-from remat_passes.pipeline import Step, check_steps, parse_options, parse_pipeline, run_pipeline
+from remat_passes.pipeline import make_pass, parse_options, parse_pipeline, run_pipeline
 from remat_passes.report import residual_bytes
 
 SPLIT_MARKER = "// -----"
@@ -30,7 +30,7 @@ class _PassFlag(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         steps = getattr(namespace, "pass_flags", None) or []
-        steps.append(Step(self.dest.replace("_", "-"), parse_options(values or "")))
+        steps.append((self.dest.replace("_", "-"), parse_options(values or "")))
         namespace.pass_flags = steps
 
 
@@ -93,9 +93,10 @@ def list_passes() -> str:
     lines = ["Passes of remat_passes:"]
     for name, pass_ in sorted(registry().items()):
         lines.append(f"  {name:28s} {pass_.summary}")
-        for opt in pass_.options:
-            default = "" if opt.default is None else f" (default: {getattr(opt.default, 'spec', opt.default)})"
-            lines.append(f"      {opt.name:24s} {opt.help}{default}")
+        for f in pass_.option_fields():
+            default = "" if f.default is None else \
+                f" (default: {getattr(f.default, 'spec', f.default)})"
+            lines.append(f"      {pass_.option_name(f):24s} {f.metadata['help']}{default}")
     lines.append("Core MLIR passes (from jaxlib):")
     for name, (_, summary) in sorted(CORE_PASSES.items()):
         lines.append(f"  {name:28s} {summary}")
@@ -129,7 +130,7 @@ def _chunks(data: bytes, split: bool) -> list[bytes]:
     return [c.encode() for c in chunks]
 
 
-def _process(data: bytes, steps: list[Step], args, filename: str) -> tuple[bytes, str]:
+def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]:
     module = Module.parse(data, filename=filename)
     state = PassState(filename=filename)
     run_pipeline(module.op, steps, state,
@@ -159,12 +160,11 @@ def run(argv: list[str]) -> int:
     flags = getattr(args, "pass_flags", None) or []
     if args.pass_pipeline and flags:
         raise RematError("error: use either --pass-pipeline or per-pass flags, not both")
-    steps = parse_pipeline(args.pass_pipeline) if args.pass_pipeline else flags
-    check_steps(steps)
+    steps = parse_pipeline(args.pass_pipeline) if args.pass_pipeline else \
+        [make_pass(name, options) for name, options in flags]
     if args.print_saved_residuals and not any(s.name in ("remat-partial-eval", "remat")
                                               for s in steps):
-        steps = [Step("remat-partial-eval", {})] + steps
-        check_steps(steps)
+        steps = [make_pass("inline", {}), make_pass("remat-partial-eval", {})] + steps
     if args.emit_bytecode and args.split_input_file:
         raise RematError("error: --emit-bytecode cannot be combined with --split-input-file")
     filename = "<stdin>" if args.input == "-" else args.input
@@ -172,7 +172,7 @@ def run(argv: list[str]) -> int:
     outputs, reports, errors = [], [], []
     for chunk in _chunks(data, args.split_input_file):
         try:
-            out, report = _process(chunk, [Step(s.name, s.options) for s in steps], args, filename)
+            out, report = _process(chunk, steps, args, filename)
             outputs.append(out)
             reports.append(report)
         except RematError as e:

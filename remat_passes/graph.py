@@ -1,21 +1,17 @@
-"""Dataflow view of one function body, shared by every pass.
+"""Questions about single ops, values and functions of StableHLO (no analysis state).
 
-It answers the questions the passes ask about a `func.func` whose body is one
-block of StableHLO: which ops are backward (depend on a cotangent), which
-region chain (`remat[N]` frames) an op sits in, where in the source it came
-from, what JAX calls it, which values an op reads (operands and values its
-nested regions capture), how many bytes a value has, and whether an op may be
-duplicated.
+Which values an op reads (operands and values its nested regions capture),
+whether it may be duplicated, what JAX calls it and where in the source it came
+from, which checkpoint regions (`remat[N]` frames) its name stack puts it in,
+how many bytes a value has, and how to find functions and their parts. The
+analysis of a whole function (`analysis.FunctionAnalysis`) is built from these.
 """
 from __future__ import annotations
 
 import re
 
-from remat_passes.mlir import RematError, ir, op_id
+from remat_passes.mlir import RematError, ir
 
-COTANGENT_ATTR = "remat.cotangent"
-GRADIENT_RESULT_ATTR = "remat.gradient"
-RECOMPUTE_ATTR = "remat.recompute"
 REGION_FRAME_RE = re.compile(r"remat\[\d+\]")
 
 # Ops that must never be duplicated, whatever the policy says.
@@ -61,21 +57,6 @@ def is_side_effecting(op) -> bool:
         return ir.WalkResult.ADVANCE
     op.walk(visit)
     return bool(found)
-
-
-def marker_name(op) -> str | None:
-    """The checkpoint name if `op` is the `@remat.name` marker."""
-    op = op.operation
-    if op.name != "stablehlo.custom_call":
-        return None
-    if str(op.attributes["call_target_name"]) != '"remat.name"':
-        return None
-    if "backend_config" not in op.attributes:
-        return ""
-    try:
-        return ir.StringAttr(op.attributes["backend_config"]).value
-    except ValueError:
-        return str(op.attributes["backend_config"])
 
 
 # ----------------------------------------------------------- location facts --
@@ -152,13 +133,17 @@ def _frames(stack: str) -> list[str]:
 
 
 def region_chain(op, scope_re: re.Pattern | None = None) -> tuple[str, ...]:
-    """The checkpoint regions the op sits in, outermost first.
+    """The checkpoint regions the op sits in, outermost first (see region_chain_of_stack)."""
+    return region_chain_of_stack(name_stack(op), scope_re)
+
+
+def region_chain_of_stack(stack: str, scope_re: re.Pattern | None = None) -> tuple[str, ...]:
+    """The checkpoint regions of a name stack, outermost first.
 
     A region is a `remat[N]` frame (made by `remat_passes.checkpoint`) or a
     frame matching `scope_re` (a user option that turns name scopes, e.g.
     Flax module paths, into regions). Regions are identified by their path.
     """
-    stack = name_stack(op)
     if scope_re is None and "remat[" not in stack:
         return ()
     chain = []
@@ -209,6 +194,9 @@ def read_values(op) -> list:
 def replace_reads(op, old, new) -> None:
     """Replace every read of `old` by `op` (operands and nested captures)."""
     op = op.operation
+    if len(op.regions) == 0:
+        op.replace_uses_of_with(old, new)
+        return
 
     def visit(inner):
         inner.replace_uses_of_with(old, new)
@@ -279,33 +267,17 @@ def func_name(func_op) -> str:
     return ir.StringAttr(func_op.operation.attributes["sym_name"]).value
 
 
+def function_names(module) -> list[str]:
+    return [func_name(op) for op in module.body.operations if op.operation.name == "func.func"]
+
+
 def body_block(func_op):
     return func_op.regions[0].blocks[0]
 
 
-def _attr_dict(func_op, which: str, index: int):
-    """Entry `index` of the function's "arg_attrs" / "res_attrs", or None."""
-    attrs = func_op.operation.attributes
-    if which not in attrs:
-        return None
-    arr = ir.ArrayAttr(attrs[which])
-    return ir.DictAttr(arr[index]) if index < len(arr) else None
-
-
-def arg_attr_names(func_op, index: int) -> set[str]:
-    d = _attr_dict(func_op, "arg_attrs", index)
-    return set() if d is None else {d[i].name for i in range(len(d))}
-
-
-def result_attr_names(func_op, index: int) -> set[str]:
-    d = _attr_dict(func_op, "res_attrs", index)
-    return set() if d is None else {d[i].name for i in range(len(d))}
-
-
-def attr_value(func_op, which: str, index: int, name: str):
-    """Attribute `name` of argument/result `index` ("arg_attrs"/"res_attrs"), or None."""
-    d = _attr_dict(func_op, which, index)
-    return d[name] if d is not None and name in d else None
+def terminator(block):
+    """The last op of a block (`func.return`, a loop body's `stablehlo.return`), in O(1)."""
+    return ir.InsertionPoint.at_block_terminator(block).ref_operation.operation
 
 
 def arg_name(func_op, index: int) -> str:
@@ -315,118 +287,7 @@ def arg_name(func_op, index: int) -> str:
     return m.group(1) if m else f"arg{index}"
 
 
-def backward_ops(func_op, cotangent_indices=None) -> tuple[set, str]:
-    """The ids (`op_id`) of the backward (cotangent-dependent) top-level ops, and how
-    they were found.
-
-    In order: arguments with `remat.cotangent` (or `cotangent_indices`), then
-    JAX name stacks (`transpose(` frames), else an error saying how to mark them.
-    """
-    block = body_block(func_op)
-    nargs = len(block.arguments)
-    if cotangent_indices is None:
-        cotangent_indices = [i for i in range(nargs) if COTANGENT_ATTR in arg_attr_names(func_op, i)]
-        how = "remat.cotangent arguments"
-    else:
-        how = "cotangent indices option"
-    for i in cotangent_indices:
-        if not 0 <= i < nargs:
-            raise RematError(f"error: cotangent argument index {i} is out of range "
-                             f"(@{func_name(func_op)} has {nargs} arguments)")
-    ops = [op for op in block.operations]
-    seeds_values = {block.arguments[i] for i in cotangent_indices}
-    by_name = not seeds_values
-    if by_name:
-        how = "JAX name stacks (transpose frames)"
-        if not any("transpose(" in name_stack(op) for op in ops):
-            raise RematError(
-                f"error: cannot tell forward from backward in @{func_name(func_op)}: no argument "
-                f"carries the '{COTANGENT_ATTR}' attribute and no op location has a JAX "
-                "'transpose(' name-stack frame. Mark the cotangent arguments with "
-                f"{{{COTANGENT_ATTR}}} (remat_passes.export_vjp does this), or pass "
-                "cotangent-args=<i,j,...> to remat-partial-eval.")
-    # Forward sweep: everything that depends on a cotangent is backward.
-    backward = set()
-    bvalues = set(seeds_values)
-    body = [op.operation for op in ops if op.operation.name != "func.return"]
-    for op in body:
-        if (by_name and "transpose(" in name_stack(op)) or RECOMPUTE_ATTR in op.attributes \
-                or any(v in bvalues for v in read_values(op)):
-            backward.add(op_id(op))
-            bvalues.update(op.results)
-    # Reverse sweep: JAX also puts work that needs no cotangent under transpose
-    # frames (the reversed kernel of a conv transpose, the 1/N of a mean's
-    # gradient, zero gradients). It belongs to the backward too, as long as no
-    # forward op reads it; then it reads residuals instead of becoming one.
-    for op in reversed(body):
-        oid = op_id(op)
-        if oid in backward or "transpose(" not in name_stack(op):
-            continue
-        users = [use.owner.operation for r in op.results for use in r.uses]
-        if all(u.name == "func.return" or top_level_id(u, block) in backward for u in users):
-            backward.add(oid)
-    return backward, how
-
-
-def top_level_op(op, block):
-    """The op of `block` that contains `op` (itself if at top level)."""
-    op = op.operation
-    while op.parent is not None and op.block != block:
-        op = op.parent.operation
-    return op
-
-
-def top_level_id(op, block) -> int:
-    return op_id(top_level_op(op, block))
-
-
-# -------------------------------------------------- after remat-partial-eval --
-RESIDUAL_ATTR = "remat.residual"    # result attribute of <f>_fwd: the residual's description
-OFFLOAD_ATTR = "remat.offload"      # "src:dst" on the producer / <f>_fwd result / <f>_bwd argument
-
-
-def function_names(module) -> list[str]:
-    return [func_name(op) for op in module.body.operations if op.operation.name == "func.func"]
-
-
 def is_split(module, name: str) -> bool:
     """Has remat-partial-eval{mode=split} turned @name into @name_fwd / @name_bwd?"""
     names = function_names(module)
     return f"{name}_fwd" in names and f"{name}_bwd" in names
-
-
-def split_residuals(fwd_op) -> list[tuple[int, object]]:
-    """(result index, value) of every residual that @<f>_fwd returns."""
-    block = body_block(fwd_op)
-    ret = list(block.operations)[-1].operation
-    return [(i, v) for i, v in enumerate(ret.operands) if RESIDUAL_ATTR in result_attr_names(fwd_op, i)]
-
-
-def joint_residuals(func_op) -> list:
-    """Forward values (arguments first, then in program order) read by backward ops."""
-    backward, _ = backward_ops(func_op)
-    block = body_block(func_op)
-    cotangents = {block.arguments[i] for i in range(len(block.arguments))
-                  if COTANGENT_ATTR in arg_attr_names(func_op, i)}
-    read = set()
-    for op in block.operations:
-        if op_id(op) in backward:
-            read.update(read_values(op))
-    values = [a for a in block.arguments if a in read and a not in cotangents]
-    for op in block.operations:
-        if op_id(op) not in backward:
-            values.extend(r for r in op.operation.results if r in read)
-    return values
-
-
-def set_attr_entry(func_op, which: str, index: int, name: str, value) -> None:
-    """Set attribute `name` on argument/result `index` ("arg_attrs"/"res_attrs")."""
-    attrs = func_op.operation.attributes
-    count = len(func_op.type.inputs if which == "arg_attrs" else func_op.type.results)
-    old = list(ir.ArrayAttr(attrs[which])) if which in attrs else []
-    old += [ir.DictAttr.get({})] * (count - len(old))
-    d = ir.DictAttr(old[index])
-    entries = {d[j].name: d[j].attr for j in range(len(d))}
-    entries[name] = value
-    old[index] = ir.DictAttr.get(entries)
-    attrs[which] = ir.ArrayAttr.get(old)

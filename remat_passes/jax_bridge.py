@@ -24,13 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from remat_passes import graph, jax_compat
+from remat_passes import contract, graph, jax_compat
 from remat_passes.mlir import RematError, func, ir, stablehlo
 from remat_passes.module import Module
 from remat_passes.policies import Policy, as_policy, nothing_saveable
-from remat_passes.passes.remat_partial_eval import REGIONS_ATTR
 
-MARKER_TARGET = "remat.name"
+MARKER_TARGET = contract.NAME_TARGET
 
 # Source positions in locations should name the user's code, not our wrappers
 # (JAX excludes its own files the same way).
@@ -144,33 +143,20 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
     nargs = len(graph.body_block(main).arguments)
     nres = len(main.type.results)
     with module.op.context:
-        _add_unit_attr(main, "arg_attrs", range(n_primal_leaves, nargs), graph.COTANGENT_ATTR, nargs)
-        _add_unit_attr(main, "res_attrs", range(n_out_leaves, nres), graph.GRADIENT_RESULT_ATTR, nres)
+        contract.mark_cotangent_args(main, range(n_primal_leaves, nargs))
+        for i in range(n_out_leaves, nres):
+            contract.set_entry(main, "res_attrs", i, contract.GRADIENT, ir.UnitAttr.get())
         regions = _regions_in(module.op, first_region)
         if regions:
             specs = {}
             for key in regions:
                 pol = _REGION_POLICIES[key]
-                specs[key] = ir.StringAttr.get(pol.spec)
+                specs[key] = pol.spec
                 if pol.spec.startswith("<"):  # a Python callable: kept on the Module
                     module.region_policies[key] = pol
-            module.op.operation.attributes[REGIONS_ATTR] = ir.DictAttr.get(specs)
+            contract.set_region_specs(module.op, specs)
     module.exported = exported
     return module
-
-
-def _add_unit_attr(func_op, which: str, indices, attr: str, count: int):
-    attrs = func_op.operation.attributes
-    old = list(ir.ArrayAttr(attrs[which])) if which in attrs else []
-    old += [ir.DictAttr.get({})] * (count - len(old))
-    new = []
-    for i, d in enumerate(old):
-        d = ir.DictAttr(d)
-        entries = {d[j].name: d[j].attr for j in range(len(d))}
-        if i in indices:
-            entries[attr] = ir.UnitAttr.get()
-        new.append(ir.DictAttr.get(entries))
-    attrs[which] = ir.ArrayAttr.get(new)
 
 
 def _regions_in(module_op, first_id: int) -> list[str]:
@@ -217,11 +203,11 @@ def _single_function_module(module: Module, function: str):
     For another function, a public @main wrapper calls it, so calls between
     private functions keep their symbols.
     """
-    from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
+    from remat_passes.passes.strip_checkpoint_names import strip
     copy = module.clone()
     target = graph.find_func(copy.op, function)  # raises a clear error if absent
     with copy.op.context, ir.Location.unknown():
-        StripCheckpointNames().run(copy.op, {}, None)
+        strip(copy.op)
         if function == "main":
             return copy
         for op in list(copy.op.body.operations):

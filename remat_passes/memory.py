@@ -47,22 +47,12 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from remat_passes import graph
+from remat_passes import contract, graph
 from remat_passes.mlir import RematError, ir
 
 __all__ = ["FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory",
            "format_bytes"]
 
-RESIDUAL_ATTR = "remat.residual"   # as written by remat-partial-eval mode=split
-MARKER_TARGET = '"remat.name"'
-PLACEMENT_TARGET = '"annotate_device_placement"'
-HOST_KINDS = ("pinned_host", "unpinned_host")
-# (exponent, mantissa) bits of floating types: reduce_precision to these is the identity.
-_OWN_BITS = {
-    "f64": (11, 52), "f32": (8, 23), "bf16": (8, 7), "f16": (5, 10),
-    "f8E5M2": (5, 2), "f8E5M2FNUZ": (5, 2), "f8E4M3": (4, 3), "f8E4M3FN": (4, 3),
-    "f8E4M3FNUZ": (4, 3), "f8E4M3B11FNUZ": (4, 3), "f8E3M4": (3, 4),
-}
 _TERMINATORS = ("func.return", "stablehlo.return")
 
 
@@ -114,41 +104,13 @@ def _is_alias_op(op) -> bool:
         return True
     if name == "stablehlo.reduce_precision":
         try:
-            elem = str(ir.RankedTensorType(op.operands[0].type).element_type)
             bits = (ir.IntegerAttr(op.attributes["exponent_bits"]).value,
                     ir.IntegerAttr(op.attributes["mantissa_bits"]).value)
         except (ValueError, TypeError, KeyError):
             return False
-        return _OWN_BITS.get(elem) == bits
+        return contract.float_format(op.operands[0].type) == bits
     return (name == "stablehlo.custom_call" and len(op.operands) == 1
-            and len(op.results) == 1
-            and str(op.attributes["call_target_name"]) == MARKER_TARGET)
-
-
-def _placement(op) -> str | None:
-    """The `_xla_buffer_placement` of an `@annotate_device_placement` op, else None."""
-    if op.name != "stablehlo.custom_call" or \
-            str(op.attributes["call_target_name"]) != PLACEMENT_TARGET:
-        return None
-    if "mhlo.frontend_attributes" not in op.attributes:
-        return None
-    attrs = ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
-    if "_xla_buffer_placement" not in attrs:
-        return None
-    return ir.StringAttr(attrs["_xla_buffer_placement"]).value
-
-
-def _memory_kind(func_op, which: str, index: int) -> str | None:
-    attrs = func_op.operation.attributes
-    if which not in attrs:
-        return None
-    arr = ir.ArrayAttr(attrs[which])
-    if index >= len(arr):
-        return None
-    d = ir.DictAttr(arr[index])
-    if "mhlo.memory_kind" not in d:
-        return None
-    return ir.StringAttr(d["mhlo.memory_kind"]).value
+            and len(op.results) == 1 and contract.checkpoint_name(op) is not None)
 
 
 def describe_op(op) -> str:
@@ -156,7 +118,7 @@ def describe_op(op) -> str:
     op = op.operation
     pos, fn = graph.source_position(op)
     text = op.name
-    name = graph.marker_name(op)
+    name = contract.checkpoint_name(op)
     if name is not None:
         text += f" @remat.name '{name}'"
     if pos:
@@ -257,7 +219,7 @@ class _Estimator:
                     peak, peak_index, peak_op = live + dup, i, op
                 break
             produced = 0
-            if not _is_alias_op(op) and _placement(op) not in HOST_KINDS:
+            if not _is_alias_op(op) and contract.placement(op) not in contract.HOST_KINDS:
                 for r in op.results:
                     b = size[r] = graph.type_bytes(r.type)
                     produced += b
@@ -277,13 +239,13 @@ class _Estimator:
         block = graph.body_block(func_op)
         ftype = func_op.type
         host_args = frozenset(i for i in range(len(ftype.inputs))
-                              if _memory_kind(func_op, "arg_attrs", i) in HOST_KINDS)
+                              if contract.memory_kind(func_op, "arg_attrs", i)
+                              in contract.HOST_KINDS)
         s = self.sweep(block, count_args=True, host_args=host_args)
         arg_bytes = sum(graph.type_bytes(t) for t in ftype.inputs)
         res_bytes = sum(graph.type_bytes(t) for t in ftype.results)
         residual = None
-        residual_slots = [i for i in range(len(ftype.results))
-                          if RESIDUAL_ATTR in graph.result_attr_names(func_op, i)]
+        residual_slots = contract.residual_results(func_op)
         is_split_fwd = name.endswith("_fwd") and name[:-4] + "_bwd" in self.functions()
         if residual_slots or is_split_fwd:
             residual = sum(graph.type_bytes(ftype.results[i]) for i in residual_slots)

@@ -1,35 +1,25 @@
 """Pass pipelines: MLIR's textual pipeline syntax, options, verify-each, IR dumps.
 
 `parse_pipeline("builtin.module(inline,remat-partial-eval{policy=dots_saveable mode=split})")`
-returns the steps; `run_pipeline` runs them on an `ir.Module`, verifying after
-each pass (as mlir-opt does by default) and printing the IR before/after each
-pass with MLIR's `// -----// IR Dump After ...` headers when asked.
+returns the passes (options parsed and checked); `run_pipeline` runs them on an
+`ir.Module`, pipelines like `remat` expanded into their steps, verifying after
+each step (as mlir-opt does by default) and printing the IR before/after each
+with MLIR's `// -----// IR Dump After ...` headers when asked.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import gc
 import os
-import re
 import sys
 import tempfile
+import time
 from typing import TextIO
 
 from remat_passes import mlir
 from remat_passes.mlir import RematError, passmanager
-from remat_passes.passes import CORE_PASSES, PassState, registry, unknown_pass_error
-
-
-@dataclasses.dataclass
-class Step:
-    name: str
-    options: dict[str, str]
-    parsed: dict | None = None   # our passes: parsed option values
-
-    def spec(self) -> str:
-        if not self.options:
-            return self.name
-        return self.name + "{" + " ".join(f"{k}={v}" for k, v in self.options.items()) + "}"
+from remat_passes.passes import (CORE_PASSES, CorePass, PassState, PipelinePass, registry,
+                                 unknown_pass_error)
 
 
 def _split_top(text: str, seps: str) -> list[str]:
@@ -77,18 +67,39 @@ def parse_options(text: str) -> dict[str, str]:
     return out
 
 
-def parse_step(text: str) -> Step:
+def parse_step(text: str):
+    """One pass of a pipeline, e.g. 'remat-partial-eval{policy=dots_saveable}'."""
     text = text.strip()
     if "{" in text:
         if not text.endswith("}"):
             raise RematError(f"error: expected '}}' at the end of '{text}' in the pass pipeline")
         name, opts = text.split("{", 1)
-        return Step(name.strip(), parse_options(opts[:-1]))
-    return Step(text, {})
+        return make_pass(name.strip(), parse_options(opts[:-1]))
+    return make_pass(text, {})
 
 
-def parse_pipeline(text: str) -> list[Step]:
-    """Read `builtin.module(p1,p2{k=v})` (the anchor may be left out)."""
+def make_pass(name: str, options: dict[str, str]):
+    """The pass `name` with its options parsed (a ModulePass or a CorePass); checks them."""
+    ours = registry()
+    if name in ours:
+        return ours[name].from_options(options)
+    if name in CORE_PASSES:
+        core = CorePass(name, options)
+        with mlir.context(), _quiet_stderr() as captured:
+            try:
+                passmanager.PassManager.parse(f"builtin.module({core.spec()})")
+                error = None
+            except Exception as e:  # MLIRError / ValueError from the option parser
+                error = e
+        if error is not None:
+            detail = " ".join((captured.text + " " + str(error)).split())
+            raise RematError(f"error: bad options for pass '{name}': {detail}")
+        return core
+    raise unknown_pass_error(name)
+
+
+def parse_pipeline(text: str) -> list:
+    """Read `builtin.module(p1,p2{k=v})` (the anchor may be left out) into passes."""
     body = text.strip()
     for anchor in ("builtin.module(", "module("):
         if body.startswith(anchor):
@@ -101,29 +112,18 @@ def parse_pipeline(text: str) -> list[Step]:
             raise RematError(
                 f"error: pass pipeline '{text}' must be anchored on builtin.module, e.g. "
                 "'builtin.module(inline,canonicalize)'")
-    steps = [parse_step(p) for p in _split_top(body, ",") if p.strip()]
-    check_steps(steps)
-    return steps
+    return [parse_step(p) for p in _split_top(body, ",") if p.strip()]
 
 
-def check_steps(steps: list[Step]) -> None:
-    """Resolve every pass and parse every option before anything runs."""
-    ours = registry()
-    for step in steps:
-        if step.name in ours:
-            step.parsed = ours[step.name].parse_options(step.options)
-        elif step.name in CORE_PASSES:
-            with mlir.context(), _quiet_stderr() as captured:
-                try:
-                    passmanager.PassManager.parse(f"builtin.module({step.spec()})")
-                    error = None
-                except Exception as e:  # MLIRError / ValueError from the option parser
-                    error = e
-            if error is not None:
-                detail = " ".join((captured.text + " " + str(error)).split())
-                raise RematError(f"error: bad options for pass '{step.name}': {detail}")
+def expand(passes: list) -> list:
+    """Pipelines replaced by their steps, recursively."""
+    out = []
+    for p in passes:
+        if isinstance(p, PipelinePass):
+            out.extend(expand(p.expand()))
         else:
-            raise unknown_pass_error(step.name)
+            out.append(p)
+    return out
 
 
 class _Captured:
@@ -147,45 +147,49 @@ def _quiet_stderr():
             captured.text = tmp.read().decode("utf-8", errors="replace")
 
 
-def _class_name(step: Step) -> str:
-    if step.name in CORE_PASSES:
-        return CORE_PASSES[step.name][0]
-    return "".join(w.capitalize() for w in step.name.split("-"))
+def _class_name(p) -> str:
+    if p.name in CORE_PASSES:
+        return CORE_PASSES[p.name][0]
+    return type(p).__name__
 
 
-def _dump(module, when: str, step: Step, out: TextIO):
-    out.write(f"// -----// IR Dump {when} {_class_name(step)} ({step.name}) //----- //\n")
+def _dump(module, when: str, p, out: TextIO):
+    out.write(f"// -----// IR Dump {when} {_class_name(p)} ({p.name}) //----- //\n")
     out.write(mlir.to_text(module))
     out.write("\n")
 
 
-def run_pipeline(module, steps: list[Step], state: PassState | None = None, *,
+def run_pipeline(module, passes: list, state: PassState | None = None, *,
                  verify_each: bool = True, print_before: bool = False,
                  print_after: bool = False, dump_to: TextIO | None = None) -> PassState:
-    """Run `steps` on `module` (an ir.Module) in place."""
+    """Run `passes` (pipelines expanded into their steps) on `module` (an ir.Module) in
+    place: verify after each step, dump the IR around it when asked, and keep analyses
+    across steps that preserve them. Python's cyclic GC is paused for the run (many
+    small long-lived objects; collections would cost more than the passes)."""
     state = state or PassState()
     dump_to = dump_to or sys.stderr
-    ours = registry()
-    for step in steps:
-        if step.parsed is None and step.name in ours:
-            step.parsed = ours[step.name].parse_options(step.options)
-        if print_before:
-            _dump(module, "Before", step, dump_to)
-        with mlir.context():
-            if step.name in ours:
-                ours[step.name].run(module, step.parsed, state)
-            else:
-                pm = passmanager.PassManager.parse(f"builtin.module({step.spec()})")
-                pm.enable_verifier(verify_each)
-                try:
-                    pm.run(module.operation)
-                except mlir.ir.MLIRError as e:
-                    raise RematError(mlir.diagnostics_message(
-                        e, state.filename, f"in pass '{step.name}'")) from None
-        if verify_each:
-            mlir.verify(module.operation, state.filename, after=step.name)
-        if print_after:
-            _dump(module, "After", step, dump_to)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for p in expand(passes):
+            if print_before:
+                _dump(module, "Before", p, dump_to)
+            start = time.perf_counter()
+            with mlir.context():
+                if isinstance(p, CorePass):
+                    p.apply(module, state, verify=verify_each)
+                else:
+                    p.apply(module, state)
+            state.timings.append((p.name, time.perf_counter() - start))
+            if not p.preserves_analyses:
+                state.drop()
+            if verify_each:
+                mlir.verify(module.operation, state.filename, after=p.name)
+            if print_after:
+                _dump(module, "After", p, dump_to)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return state
 
 
@@ -195,27 +199,32 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
           verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
-    remat-partial-eval (policy, mode) -> insert-reduce-precision ->
+    inline -> remat-partial-eval (policy, mode) -> insert-reduce-precision ->
     place-optimization-barriers (if prevent_cse) -> annotate-host-offload ->
     strip-checkpoint-names. The residuals partial-eval chose are on the result
     as `.residuals`, and what it wants the user to know (e.g. a while loop it
-    treated as one atomic op) as `.remarks`.
+    treated as one atomic op) as `.remarks`; `.timings` has each step's seconds.
     """
     from remat_passes.passes.remat import Remat
-    out = module.clone()
-    options = Remat().parse_options({})
-    options.update({"policy": policy, "mode": mode, "func": func, "prevent-cse": prevent_cse,
-                    "prevent-cse-in-loops": prevent_cse_in_loops,
-                    "cotangent-args": cotangent_args})
+    from remat_passes.passes.remat_partial_eval import parse_regex
+    from remat_passes.policies import as_policy
     if mode not in ("joint", "split"):
         raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
+    options = dict(policy=as_policy(policy) if policy is not None else None, mode=mode,
+                   func=func, prevent_cse=prevent_cse,
+                   prevent_cse_in_loops=prevent_cse_in_loops, cotangent_args=cotangent_args)
     if region_regex is not None:
-        options["region-regex"] = re.compile(region_regex)
+        try:
+            options["region_regex"] = parse_regex(region_regex) \
+                if isinstance(region_regex, str) else region_regex
+        except ValueError as e:
+            raise RematError(f"error: bad region_regex: {e}") from None
     if region_policy is not None:
-        from remat_passes.policies import as_policy
-        options["region-policy"] = as_policy(region_policy)
+        options["region_policy"] = as_policy(region_policy)
+    out = module.clone()
     state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
-    run_pipeline(out.op, [Step(Remat.name, {}, options)], state, verify_each=verify)
+    run_pipeline(out.op, [Remat(**options)], state, verify_each=verify)
     out.residuals = state.residuals.get(func, [])
     out.remarks = list(state.remarks)
+    out.timings = list(state.timings)
     return out

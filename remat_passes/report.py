@@ -1,12 +1,54 @@
-"""Reports: saved residuals (as JAX prints them) and forward/backward side by side."""
+"""Reports: saved residuals (described as JAX describes them) and forward/backward side by side."""
 from __future__ import annotations
 
-from remat_passes import graph
-from remat_passes.module import Module
-from remat_passes.passes.remat_partial_eval import Residual
+import dataclasses
+
+from remat_passes import contract, graph, scan_pairs
+from remat_passes.mlir import ir
+from remat_passes.policies import Offloadable
 
 
-def _as_module(fun_or_module, args) -> Module:
+@dataclasses.dataclass
+class Residual:
+    """One saved residual, described the way JAX's saved_residuals does."""
+    type: str            # 'f32[5,4]'
+    description: str     # 'from the argument W1' / 'output of sin from f.py:3:4 (g)'
+    bytes: int
+    offload: Offloadable | None = None
+
+    def __str__(self):
+        return f"{self.type} {self.description}"
+
+
+def describe_value(value, func_op, analysis=None) -> str:
+    """JAX's words for where a residual comes from (`analysis`, when given, answers which
+    value a scan loop result stacks)."""
+    if isinstance(value, ir.BlockArgument):
+        return f"from the argument {graph.arg_name(func_op, value.arg_number)}"
+    op = value.owner
+    pos, fn = graph.source_position(op)
+    where = f" from {pos}" if pos else ""
+    where += f" ({fn})" if fn else ""
+    if op.name == scan_pairs.WHILE:
+        inner = analysis.stacked_value(value) if analysis is not None else \
+            scan_pairs.stacked_value(op, value.result_number)
+        if inner is not None:
+            what = ("the carry-in" if isinstance(inner, ir.BlockArgument)
+                    else describe_value(inner, func_op))
+            return f"{what} of each iteration, stacked by the scan loop{where}"
+    name = contract.checkpoint_name(op)
+    if name is not None:
+        return f"named '{name}'{where}"
+    return f"output of {graph.jax_primitive(op)}{where}"
+
+
+def residual(value, func_op, offload=None, analysis=None) -> Residual:
+    return Residual(graph.jax_type_str(value.type), describe_value(value, func_op, analysis),
+                    graph.type_bytes(value.type), offload)
+
+
+def _as_module(fun_or_module, args):
+    from remat_passes.module import Module
     if isinstance(fun_or_module, Module):
         if args:
             raise TypeError("arguments are only taken with a function, not with a Module")

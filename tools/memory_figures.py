@@ -34,9 +34,9 @@ import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 
 import remat_passes as rp  # noqa: E402
-from remat_passes import graph  # noqa: E402
+from remat_passes import contract, graph  # noqa: E402
+from remat_passes.analysis import FunctionAnalysis  # noqa: E402
 from remat_passes.memory import estimate_memory, format_bytes  # noqa: E402
-from remat_passes.mlir import op_id  # noqa: E402
 
 P = rp.policies
 
@@ -110,23 +110,28 @@ def transformer_model(batch=4, tokens=128, width=256, heads=4, hidden=1024):
 
 
 # ------------------------------------------------------------------- early --
-def early_variant(module, policy):
-    """remat-partial-eval alone, then every recompute clone moved to the backward's start."""
+def partial_eval_only(module, policy):
+    """remat-partial-eval alone: the recompute clones keep their remat.recompute marks."""
     from remat_passes.policies import as_policy
     out = module.clone()
     spec = as_policy(policy).spec
     rp.run_pipeline(out.op, rp.parse_pipeline(
         f"builtin.module(remat-partial-eval{{policy={spec}}})"))
-    f = graph.find_func(out.op, "main")
-    backward, _ = graph.backward_ops(f)
-    ops = [op.operation for op in graph.body_block(f).operations]
-    clones = [op for op in ops if graph.RECOMPUTE_ATTR in op.attributes]
-    first = next(op for op in ops
-                 if op_id(op) in backward and graph.RECOMPUTE_ATTR not in op.attributes)
+    return out
+
+
+def early_variant(module, policy):
+    """(module, clones moved): remat-partial-eval alone, then every recompute clone moved,
+    in order, before the first other backward op (recomputation placed early)."""
+    out = partial_eval_only(module, policy)
+    a = FunctionAnalysis(graph.find_func(out.op, "main"))
+    clones = [op for op in a.ops if contract.is_recompute_clone(op)]
+    first = next(op for pos, op in enumerate(a.ops)
+                 if a.backward[pos] and not contract.is_recompute_clone(op))
     for op in clones:
         op.move_before(first)
     out.verify()
-    return out
+    return out, len(clones)
 
 
 # ------------------------------------------------------------------- table --
@@ -144,7 +149,7 @@ def table(name, module, policies, note) -> str:
         rows.append((label, joint.peak_bytes, split["main_fwd"].peak_bytes,
                      split["main_bwd"].peak_bytes, split.residual_bytes))
     first_policy = policies[1]
-    early = estimate_memory(early_variant(module, first_policy[1]))["main"].peak_bytes
+    early = estimate_memory(early_variant(module, first_policy[1])[0])["main"].peak_bytes
     args = estimate_memory(rp.remat(module, None))["main"].argument_bytes
     out = [f"**{name}** ({note}); arguments {_mib(args)} MiB; all figures MiB", "",
            "| policy | joint peak | vs. no remat | split fwd peak | split bwd peak | residuals |",

@@ -1,25 +1,22 @@
-"""The pass registry: our passes and the core MLIR passes that jaxlib carries.
+"""The pass registry: our passes, pipelines of them, and the core MLIR passes jaxlib carries.
 
-A pass of ours is a subclass of `ModulePass` with a kebab-case `name`, a
-one-line `summary`, its `options` and a `run(module, options, state)` that
-rewrites an `ir.Module` in place. Core MLIR passes are run through MLIR's own
-PassManager by name.
+A pass of ours is a dataclass subclass of `ModulePass` (as in xDSL): a
+kebab-case `name`, a one-line `summary`, its options as typed fields made with
+`option(...)`, and `apply(module_op, state)` that rewrites an `ir.Module` in
+place. Options are written in pipeline syntax with the field name in
+kebab-case (`region_regex` is `region-regex=...`); one generic parser
+(`ModulePass.from_options`) reads them all. A `PipelinePass` is a named list of
+passes (`expand`); the pipeline runner expands it, so verification and IR dumps
+happen after each of its steps. Core MLIR passes run through MLIR's own
+PassManager by name (`CorePass`).
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from remat_passes.mlir import RematError
-
-
-@dataclasses.dataclass
-class Option:
-    name: str
-    parse: Callable[[str], Any]
-    default: Any
-    help: str
 
 
 def parse_bool(text: str) -> bool:
@@ -35,43 +32,129 @@ def parse_int_list(text: str) -> list[int]:
     text = text.strip().strip("[]{}")
     if not text:
         return []
-    return [int(t) for t in text.split(",")]
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise ValueError(f"expected a comma-separated list of integers, got '{text}'") from None
+
+
+_PARSERS = {bool: parse_bool, int: int, str: str, "bool": parse_bool, "int": int, "str": str}
+
+
+def option(default, help: str, parse: Callable[[str], Any] | None = None):
+    """A pass option: a dataclass field with its help text and text parser (by default
+    from the field's type: str, int, bool)."""
+    return dataclasses.field(default=default, metadata={"help": help, "parse": parse})
+
+
+class PassState:
+    """What the passes of one pipeline run share.
+
+    * `analysis(func_op)`: the `FunctionAnalysis` of a function, built on first
+      use and kept until a pass drops it (the runner drops every analysis after
+      a pass that does not declare `preserves_analyses`);
+    * region policies of checkpoint regions made with Python callables;
+    * results: residuals per function (remat-partial-eval), remarks, timings.
+    """
+
+    def __init__(self, region_policies=None, filename=None):
+        self.region_policies = dict(region_policies or {})
+        self.filename = filename
+        self.residuals: dict = {}
+        self.remarks: list = []
+        self.timings: list = []      # (pass name, seconds) per step run
+        self._analyses: dict = {}
+
+    def analysis(self, func_op, cotangent_indices=None):
+        from remat_passes import graph
+        from remat_passes.analysis import FunctionAnalysis
+        from remat_passes.mlir import op_id
+        name = graph.func_name(func_op)
+        cached = self._analyses.get(name)
+        if cached is not None and cached[0] == op_id(func_op) and cotangent_indices is None:
+            return cached[1]
+        a = FunctionAnalysis(func_op, cotangent_indices)
+        self._analyses[name] = (op_id(func_op), a)
+        return a
+
+    def drop(self, name: str | None = None) -> None:
+        """Forget the analysis of function `name` (all of them by default)."""
+        if name is None:
+            self._analyses.clear()
+        else:
+            self._analyses.pop(name, None)
 
 
 @dataclasses.dataclass
-class PassState:
-    """What passes of one pipeline run share: region policies and results."""
-    region_policies: dict = dataclasses.field(default_factory=dict)
-    filename: str | None = None
-    # Filled by remat-partial-eval: one entry per function it rewrote.
-    residuals: dict = dataclasses.field(default_factory=dict)
-    # Notes for the user (printed with the residual report), e.g. loops kept whole.
-    remarks: list = dataclasses.field(default_factory=list)
-
-
 class ModulePass:
-    name: str = ""
-    summary: str = ""
-    options: tuple[Option, ...] = ()
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    # Does the pass keep every analysis it was given valid (by reporting its edits)?
+    preserves_analyses: ClassVar[bool] = False
 
-    def parse_options(self, given: dict[str, str]) -> dict[str, Any]:
-        known = {o.name: o for o in self.options}
-        out = {o.name: o.default for o in self.options}
+    @classmethod
+    def option_fields(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+    @classmethod
+    def option_name(cls, f: dataclasses.Field) -> str:
+        return f.name.replace("_", "-")
+
+    @classmethod
+    def from_options(cls, given: dict[str, str]) -> "ModulePass":
+        """The pass with options read from pipeline text ({'policy': 'dots_saveable'})."""
+        fields = {cls.option_name(f): f for f in cls.option_fields()}
+        values = {}
         for key, text in given.items():
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=3)
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else \
-                    (f"; options: {', '.join(known)}" if known else "; it takes no options")
-                raise RematError(f"error: unknown option '{key}' for pass '{self.name}'{hint}")
+                    (f"; options: {', '.join(fields)}" if fields else "; it takes no options")
+                raise RematError(f"error: unknown option '{key}' for pass '{cls.name}'{hint}")
+            f = fields[key]
+            parse = f.metadata["parse"] or _PARSERS.get(f.type, str)
             try:
-                out[key] = known[key].parse(text)
+                values[f.name] = parse(text)
             except (ValueError, RematError) as e:
                 msg = str(e).removeprefix("error: ")
-                raise RematError(f"error: bad value for option '{key}' of pass '{self.name}': {msg}") from None
-        return out
+                raise RematError(f"error: bad value for option '{key}' of pass "
+                                 f"'{cls.name}': {msg}") from None
+        return cls(**values)
 
-    def run(self, module, options: dict[str, Any], state: PassState) -> None:
+    def spec(self) -> str:
+        """The pass in pipeline syntax, with the options that differ from the defaults."""
+        opts = []
+        for f in self.option_fields():
+            value = getattr(self, f.name)
+            if value != f.default:
+                opts.append(f"{self.option_name(f)}={_show(value)}")
+        return self.name + ("{" + " ".join(opts) + "}" if opts else "")
+
+    def apply(self, module_op, state: PassState) -> None:
         raise NotImplementedError
+
+
+def _show(value) -> str:
+    if hasattr(value, "spec"):
+        return value.spec
+    if hasattr(value, "pattern"):
+        return value.pattern
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+class PipelinePass(ModulePass):
+    """A named pipeline: running it runs `expand()`'s passes one by one."""
+
+    def expand(self) -> list[ModulePass]:
+        raise NotImplementedError
+
+    def apply(self, module_op, state: PassState) -> None:
+        for p in self.expand():
+            p.apply(module_op, state)
 
 
 # Core MLIR passes registered in jaxlib's bindings: name -> (MLIR class name, summary).
@@ -89,8 +172,32 @@ CORE_PASSES = {
 }
 
 
-def registry() -> dict[str, ModulePass]:
-    """Our passes by pipeline name (imported lazily to keep start-up fast)."""
+class CorePass:
+    """A core MLIR pass, by name and option text, run through MLIR's PassManager."""
+    preserves_analyses = False
+
+    def __init__(self, name: str, options: dict[str, str] | None = None):
+        self.name = name
+        self.options = dict(options or {})
+
+    def spec(self) -> str:
+        if not self.options:
+            return self.name
+        return self.name + "{" + " ".join(f"{k}={v}" for k, v in self.options.items()) + "}"
+
+    def apply(self, module_op, state: PassState, verify: bool = True) -> None:
+        from remat_passes import mlir
+        pm = mlir.passmanager.PassManager.parse(f"builtin.module({self.spec()})")
+        pm.enable_verifier(verify)
+        try:
+            pm.run(module_op.operation)
+        except mlir.ir.MLIRError as e:
+            raise RematError(mlir.diagnostics_message(
+                e, state.filename, f"in pass '{self.name}'")) from None
+
+
+def registry() -> dict[str, type[ModulePass]]:
+    """Our passes and pipelines by name (imported lazily to keep start-up fast)."""
     from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
     from remat_passes.passes.inline import Inline
     from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
@@ -98,8 +205,8 @@ def registry() -> dict[str, ModulePass]:
     from remat_passes.passes.remat import Remat
     from remat_passes.passes.remat_partial_eval import RematPartialEval
     from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
-    passes = [Inline(), RematPartialEval(), InsertReducePrecision(), PlaceOptimizationBarriers(),
-              AnnotateHostOffload(), StripCheckpointNames(), Remat()]
+    passes = [Inline, RematPartialEval, InsertReducePrecision, PlaceOptimizationBarriers,
+              AnnotateHostOffload, StripCheckpointNames, Remat]
     return {p.name: p for p in passes}
 
 

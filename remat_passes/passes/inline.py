@@ -13,6 +13,8 @@ Private functions left without callers are erased.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from remat_passes import graph
 from remat_passes.mlir import RematError, ir
 from remat_passes.passes import ModulePass
@@ -101,10 +103,11 @@ def _inline_one(call, funcs):
     call.erase()
 
 
+@dataclasses.dataclass
 class Inline(ModulePass):
     name = "inline"
     summary = ("Inline func.call (in Python: jaxlib's MLIR context lacks the func inliner "
                "interface that core MLIR's inline needs)")
 
-    def run(self, module, options, state):
-        inline_calls(module)
+    def apply(self, module_op, state) -> None:
+        inline_calls(module_op)

@@ -9,35 +9,27 @@ type's own exponent/mantissa bits on the producer of every residual of a
 
 * joint form: every forward value the backward reads that the forward also
   uses gets `%r = stablehlo.reduce_precision %v` right after its producer, and
-  every use reads %r;
+  every use reads %r; inside scan loop pairs whose backward body recomputes,
+  the same for each stacked value the forward body also uses;
 * split form: the same for each residual `@<f>_fwd` returns.
 
 Nothing is inserted where the producer already is an identical
 `reduce_precision`, nor for complex or integer values, nor for function
 arguments: they arrive from memory in their own type, so rounding them is the
 identity (JAX's lowering of a checkpoint emits none for them either).
+
+`when-recomputed=true` (how the `remat` pipeline runs it) skips the pass when
+remat-partial-eval recomputed nothing from saved values: without
+recomputation forward and backward read the same value, and JAX without
+`jax.checkpoint` rounds nothing either.
 """
 from __future__ import annotations
 
-from remat_passes import graph, scan
+import dataclasses
+
+from remat_passes import contract, graph, scan_pairs
 from remat_passes.mlir import ir, op_id, stablehlo
-from remat_passes.passes import ModulePass, Option
-
-# (exponent bits, mantissa bits) of each floating type XLA supports.
-FLOAT_BITS = {
-    "f64": (11, 52), "f32": (8, 23), "bf16": (8, 7), "f16": (5, 10),
-    "f8E5M2": (5, 2), "f8E5M2FNUZ": (5, 2), "f8E4M3": (4, 3), "f8E4M3FN": (4, 3),
-    "f8E4M3FNUZ": (4, 3), "f8E4M3B11FNUZ": (4, 3), "f8E3M4": (3, 4),
-    "f8E8M0FNU": (8, 0), "f4E2M1FN": (2, 1), "f6E2M3FN": (2, 3), "f6E3M2FN": (3, 2),
-}
-
-
-def float_bits(t):
-    """(exponent, mantissa) bits of a tensor type's element type, or None."""
-    try:
-        return FLOAT_BITS.get(str(ir.RankedTensorType(t).element_type))
-    except (ValueError, TypeError):
-        return None
+from remat_passes.passes import ModulePass, option
 
 
 def _is_same_rounding(v, bits) -> bool:
@@ -48,28 +40,28 @@ def _is_same_rounding(v, bits) -> bool:
             ir.IntegerAttr(attrs["mantissa_bits"]).value) == bits
 
 
-def round_value(v, bits, block) -> bool:
-    """Insert reduce_precision after v's producer; every use of v reads it. False if
-    nothing was needed."""
+def round_value(v, bits, block):
+    """Insert reduce_precision after v's producer; every use of v reads it. Returns the
+    rounding op, or None if nothing was needed."""
     if _is_same_rounding(v, bits):
-        return False
+        return None
     if isinstance(v, ir.BlockArgument):
-        first = list(block.operations)[0]
-        ip, loc = ir.InsertionPoint(first), v.location
+        ip, loc = ir.InsertionPoint.at_block_begin(block), v.location
     else:
         ip, loc = ir.InsertionPoint.after(v.owner), v.owner.location
     rounded = stablehlo.ReducePrecisionOp(v, bits[0], bits[1], ip=ip, loc=loc).result
+    rid = op_id(rounded.owner)
     for use in list(v.uses):
-        if op_id(use.owner) != op_id(rounded.owner):
+        if op_id(use.owner) != rid:
             use.owner.operands[use.operand_number] = rounded
-    return True
+    return rounded.owner.operation
 
 
 def _has_recompute(op) -> bool:
     found = []
 
     def visit(inner):
-        if graph.RECOMPUTE_ATTR in inner.attributes:
+        if contract.is_recompute_clone(inner):
             found.append(inner)
             return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE
@@ -77,10 +69,10 @@ def _has_recompute(op) -> bool:
     return bool(found)
 
 
-def _round_stacked(loop) -> None:
+def round_stacked(loop) -> None:
     """Round each stacked per-iteration value the forward body also uses itself."""
     for s in loop.stacked.values():
-        v, bits = s.value, float_bits(s.value.type)
+        v, bits = s.value, contract.float_format(s.value.type)
         wrap = s.dus.operands[1].owner.operation
         if not bits or isinstance(v, ir.BlockArgument):
             continue
@@ -88,53 +80,89 @@ def _round_stacked(loop) -> None:
             round_value(v, bits, loop.body)
 
 
-def round_loops(block) -> None:
+def round_loops(pairs) -> None:
     """Joint form: inside scan loop pairs whose backward body recomputes, round the
     stacked values (JAX rounds what jax.checkpoint saves inside a scan the same way)."""
-    for pair in scan.find_pairs(block):
-        bwd_body = pair.bwd.regions[1].blocks[0]
+    for pair in pairs:
         if _has_recompute(pair.bwd):
-            _round_stacked(pair.fwd)
-        round_loops(bwd_body)
+            round_stacked(pair.fwd)
+        round_loops(scan_pairs.find_pairs_in_block(pair.bwd_body))
 
 
+def recomputes(func_op) -> bool:
+    """Did remat-partial-eval recompute anything in `func_op` from saved values? Clones
+    of constants (and of ops on cloned constants only) don't count."""
+    found = []
+
+    def visit(op):   # loop bodies included: per-iteration recomputation counts
+        if contract.is_recompute_clone(op) and any(
+                isinstance(v, ir.BlockArgument) or not contract.is_recompute_clone(v.owner)
+                for v in op.operands):
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+    func_op.operation.walk(visit)
+    return bool(found)
+
+
+@dataclasses.dataclass
 class InsertReducePrecision(ModulePass):
     name = "insert-reduce-precision"
     summary = ("Round each saved floating-point residual to its own type (reduce_precision) "
                "so forward and recomputed values agree under excess precision")
-    options = (Option("func", str, "main",
-                      "the function remat-partial-eval rewrote (its _fwd half in split form)"),)
+    preserves_analyses = True
 
-    def run(self, module, options, state):
-        name = options["func"]
-        with module.context:
-            if graph.is_split(module, name):
-                fwd = graph.find_func(module, f"{name}_fwd")
-                block = graph.body_block(fwd)
-                ret = list(block.operations)[-1].operation
-                for _, v in graph.split_residuals(fwd):
-                    if isinstance(v, ir.BlockArgument):
-                        continue
-                    bits = float_bits(v.type)
-                    uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
-                    if bits and uses:
-                        round_value(v, bits, block)
-                for op in block.operations:   # the forward halves of scan loop pairs
-                    loop = scan.analyse_forward(op)
-                    if loop is not None:
-                        _round_stacked(loop)
+    func: str = option("main",
+                       "the function remat-partial-eval rewrote (its _fwd half in split form)")
+    when_recomputed: bool = option(
+        False, "only if remat-partial-eval recomputed something from saved values (JAX "
+        "rounds only inside jax.checkpoint)")
+
+    def apply(self, module_op, state) -> None:
+        name = self.func
+        with module_op.context:
+            if graph.is_split(module_op, name):
+                if self.when_recomputed and not recomputes(
+                        graph.find_func(module_op, f"{name}_bwd")):
+                    return
+                self._round_split(state, graph.find_func(module_op, f"{name}_fwd"))
                 return
-            func_op = graph.find_func(module, name)
-            block = graph.body_block(func_op)
-            backward, _ = graph.backward_ops(func_op)
-            for v in graph.joint_residuals(func_op):
+            f = graph.find_func(module_op, name)
+            if self.when_recomputed and not recomputes(f):
+                return
+            a = state.analysis(f)
+            for v in a.residuals:
                 if isinstance(v, ir.BlockArgument):
                     continue
-                bits = float_bits(v.type)
+                bits = contract.float_format(v.type)
+                if not bits:
+                    continue
                 # Being returned is no forward *use* (as in split form, and in JAX).
                 forward_uses = [u for u in v.uses
                                 if u.owner.operation.name != "func.return"
-                                and graph.top_level_id(u.owner.operation, block) not in backward]
-                if bits and forward_uses:
-                    round_value(v, bits, block)
-            round_loops(block)
+                                and not a.is_backward(a.top_level(u.owner.operation))]
+                if forward_uses:
+                    op = round_value(v, bits, a.block)
+                    if op is not None:
+                        a.note_inserted(op, backward=False, after=v.owner)
+            round_loops(a.scan_pairs)
+            a.loops_changed()
+
+    @staticmethod
+    def _round_split(state, fwd) -> None:
+        a = state.analysis(fwd)
+        ret = a.terminator
+        for i in contract.residual_results(fwd):
+            v = ret.operands[i]
+            if isinstance(v, ir.BlockArgument):
+                continue
+            bits = contract.float_format(v.type)
+            uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
+            if bits and uses:
+                op = round_value(v, bits, a.block)
+                if op is not None:
+                    a.note_inserted(op, backward=False, after=v.owner)
+        for pair_fwd in (scan_pairs.analyse_forward(op) for op in a.ops
+                         if op.name == scan_pairs.WHILE):
+            if pair_fwd is not None:   # the forward halves of scan loop pairs
+                round_stacked(pair_fwd)

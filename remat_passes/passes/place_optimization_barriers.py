@@ -15,48 +15,89 @@ it places barriers only with `in-loops=true`: there the loop already keeps each
 iteration's recomputation in its iteration (JAX recommends prevent_cse=False
 for jax.checkpoint inside lax.scan). In a loop body the barrier's backward value
 is a carry the body changes (the carried cotangent or a gradient accumulator).
+A group whose inputs already all come from one barrier of ours is left alone,
+so running the pass twice changes nothing.
 """
 from __future__ import annotations
 
-from remat_passes import graph
+import dataclasses
+
+from remat_passes import contract, graph
+from remat_passes.analysis import RecomputeGroup
 from remat_passes.mlir import ir, op_id, stablehlo
-from remat_passes.passes import ModulePass, Option, parse_bool
-
-BARRIER_ATTR = "remat.barrier"  # marks the barriers this pass made (removed by strip)
+from remat_passes.passes import ModulePass, option
 
 
-def _group_of(op):
-    attrs = op.operation.attributes
-    if graph.RECOMPUTE_ATTR not in attrs:
-        return None
-    return ir.IntegerAttr(attrs[graph.RECOMPUTE_ATTR]).value
+def _incoming(group: RecomputeGroup, is_backward, cotangents) -> ir.Value | None:
+    """A backward value available before the group: the consumer's cotangent operand,
+    else the latest backward result before the group, else a cotangent argument."""
+    inside = {r for op in group.ops for r in op.results}
+    for v in graph.read_values(group.consumer):
+        if v in inside:
+            continue
+        if isinstance(v, ir.BlockArgument):
+            if v in cotangents:
+                return v
+        elif is_backward(v.owner.operation) and not contract.is_recompute_clone(v.owner):
+            return v
+    if group.latest_backward is not None:
+        return group.latest_backward
+    return next(iter(cotangents), None)
 
 
-def recompute_groups(block) -> list[tuple[list, object]]:
-    """[(ops of a recompute group, the op right after it)] in program order."""
+def _already_placed(inputs) -> bool:
+    owners = {op_id(v.owner) for v in inputs if isinstance(v, ir.OpResult)
+              and contract.is_barrier(v.owner)}
+    return len(owners) == 1 and all(isinstance(v, ir.OpResult) and contract.is_barrier(v.owner)
+                                    for v in inputs)
+
+
+def place(groups, is_backward, cotangents, note=None) -> int:
+    """One barrier per group; returns how many were placed."""
+    placed = 0
+    for group in groups:
+        inputs = group.inputs()
+        if not inputs or _already_placed(inputs):
+            continue  # constants only: nothing to hide from CSE (or placed before)
+        ct = _incoming(group, is_backward, cotangents)
+        operands = inputs + ([ct] if ct is not None and ct not in inputs else [])
+        first = group.ops[0]
+        barrier = stablehlo.OptimizationBarrierOp(
+            operands, ip=ir.InsertionPoint(first), loc=first.location)
+        contract.mark_barrier(barrier)
+        for old, new in zip(inputs, barrier.results):
+            for op in group.ops:
+                graph.replace_reads(op, old, new)
+        if note is not None:
+            note(barrier.operation, first)
+        placed += 1
+    return placed
+
+
+def _loop_groups(body) -> list[RecomputeGroup]:
+    """Recompute groups of a loop body (clones marked by the scan rewrite); there every
+    op that is not a clone counts as backward."""
     groups, current, current_id = [], [], None
-    for op in block.operations:
-        gid = _group_of(op)
+    latest = latest_at_start = None
+    for op in body.operations:
+        op = op.operation
+        gid = contract.recompute_group(op)
         if gid is not None and gid == current_id:
-            current.append(op.operation)
+            current.append(op)
             continue
         if current:
-            groups.append((current, op.operation))
-        current, current_id = ([op.operation], gid) if gid is not None else ([], None)
+            groups.append(RecomputeGroup(current, op, latest_at_start))
+        if gid is not None:
+            current, current_id, latest_at_start = [op], gid, latest
+        else:
+            current, current_id = [], None
+            if len(op.results):
+                latest = op.results[0]
     return groups
 
 
-def place_barriers(func_op) -> int:
-    """Insert one barrier per recompute group of `func_op`; returns how many."""
-    block = graph.body_block(func_op)
-    cotangents = [block.arguments[i] for i in range(len(block.arguments))
-                  if graph.COTANGENT_ATTR in graph.arg_attr_names(func_op, i)]
-    backward, _ = graph.backward_ops(func_op)
-    return _place_in_block(block, backward, cotangents)
-
-
-def place_barriers_in_loops(func_op) -> int:
-    """Insert barriers for the recompute groups inside while bodies of `func_op`."""
+def place_in_loops(func_op) -> int:
+    """Barriers for the recompute groups inside while bodies of `func_op`."""
     bodies = []
 
     def visit(op):
@@ -66,75 +107,33 @@ def place_barriers_in_loops(func_op) -> int:
     func_op.operation.walk(visit)
     placed = 0
     for body in bodies:
-        ret = list(body.operations)[-1].operation
+        ret = graph.terminator(body)
         changing = [a for a, r in zip(body.arguments, ret.operands) if r != a and str(
             ir.RankedTensorType(a.type).element_type).startswith(("f", "bf"))]
-        backward = {op_id(op) for op in body.operations if _group_of(op) is None}
-        placed += _place_in_block(body, backward, changing)
+        placed += place(_loop_groups(body),
+                        lambda op: not contract.is_recompute_clone(op), changing)
     return placed
 
 
-def _place_in_block(block, backward, cotangents) -> int:
-    groups = recompute_groups(block)
-    if not groups:
-        return 0
-    placed = 0
-    for ops, consumer in groups:
-        inside = {r for op in ops for r in op.results}
-        inputs = []
-        for op in ops:
-            inputs.extend(v for v in graph.read_values(op) if v not in inside)
-        inputs = list(dict.fromkeys(inputs))
-        if not inputs:
-            continue  # constants only: nothing to hide from CSE
-        ct = _incoming_cotangent(consumer, ops[0], block, backward, inside, cotangents)
-        operands = inputs + ([ct] if ct is not None and ct not in inputs else [])
-        barrier = stablehlo.OptimizationBarrierOp(
-            operands, ip=ir.InsertionPoint(ops[0]), loc=ops[0].location)
-        barrier.operation.attributes[BARRIER_ATTR] = ir.UnitAttr.get()
-        for old, new in zip(inputs, barrier.results):
-            for op in ops:
-                graph.replace_reads(op, old, new)
-        placed += 1
-    return placed
-
-
-def _incoming_cotangent(consumer, first, block, backward, inside, cotangents):
-    """A backward value available before `first`: the consumer's cotangent operand,
-    else the latest backward result before the group, else a cotangent argument."""
-    for v in graph.read_values(consumer):
-        if v in inside:
-            continue
-        if isinstance(v, ir.BlockArgument):
-            if v in cotangents:
-                return v
-        elif op_id(v.owner) in backward and _group_of(v.owner) is None:
-            return v
-    latest = None
-    for op in block.operations:
-        if op_id(op) == op_id(first):
-            break
-        if op_id(op) in backward and _group_of(op) is None and len(op.results):
-            latest = op.results[0]
-    if latest is not None:
-        return latest
-    return cotangents[0] if cotangents else None
-
-
+@dataclasses.dataclass
 class PlaceOptimizationBarriers(ModulePass):
     name = "place-optimization-barriers"
     summary = ("Route the inputs of each recomputation, with the incoming cotangent, through "
                "an optimization_barrier so XLA cannot CSE or hoist it (prevent_cse)")
-    options = (Option("func", str, "main",
-                      "the function remat-partial-eval rewrote (its _bwd half in split form)"),
-               Option("in-loops", parse_bool, False,
-                      "also inside scan loop bodies (JAX recommends prevent_cse=False there)"))
+    preserves_analyses = True
 
-    def run(self, module, options, state):
-        name = options["func"]
-        target = f"{name}_bwd" if graph.is_split(module, name) else name
-        with module.context:
-            func_op = graph.find_func(module, target)
-            place_barriers(func_op)
-            if options["in-loops"]:
-                place_barriers_in_loops(func_op)
+    func: str = option("main",
+                       "the function remat-partial-eval rewrote (its _bwd half in split form)")
+    in_loops: bool = option(False, "also inside scan loop bodies (JAX recommends "
+                            "prevent_cse=False there)")
+
+    def apply(self, module_op, state) -> None:
+        name = self.func
+        target = f"{name}_bwd" if graph.is_split(module_op, name) else name
+        with module_op.context:
+            f = graph.find_func(module_op, target)
+            a = state.analysis(f)
+            place(a.recompute_groups, a.is_backward, [a.args[i] for i in a.cotangent_indices],
+                  lambda barrier, first: a.note_inserted(barrier, backward=True, before=first))
+            if self.in_loops:
+                place_in_loops(f)

@@ -9,28 +9,33 @@ offload marks, barrier marks), so it runs last in the remat pipeline.
 """
 from __future__ import annotations
 
-from remat_passes import graph
+import dataclasses
+
+from remat_passes import contract
 from remat_passes.mlir import ir
 from remat_passes.passes import ModulePass
 
-BOOKKEEPING_OP_ATTRS = (graph.RECOMPUTE_ATTR, graph.OFFLOAD_ATTR, "remat.barrier")
+
+def strip(module_op) -> int:
+    """Remove the markers and bookkeeping attributes of `module_op`; returns the markers."""
+    markers = []
+
+    def visit(op):
+        if contract.checkpoint_name(op) is not None:
+            markers.append(op)
+        contract.strip_bookkeeping(op)
+        return ir.WalkResult.ADVANCE
+    module_op.operation.walk(visit)
+    for op in markers:
+        op.result.replace_all_uses_with(op.operands[0])
+        op.erase()
+    return len(markers)
 
 
+@dataclasses.dataclass
 class StripCheckpointNames(ModulePass):
     name = "strip-checkpoint-names"
     summary = "Remove @remat.name checkpoint-name markers (identities) so the module compiles"
 
-    def run(self, module, options, state):
-        markers = []
-
-        def visit(op):
-            if graph.marker_name(op) is not None:
-                markers.append(op)
-            for attr in BOOKKEEPING_OP_ATTRS:
-                if attr in op.attributes:
-                    del op.attributes[attr]
-            return ir.WalkResult.ADVANCE
-        module.operation.walk(visit)
-        for op in markers:
-            op.result.replace_all_uses_with(op.operands[0])
-            op.erase()
+    def apply(self, module_op, state) -> None:
+        strip(module_op)

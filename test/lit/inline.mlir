@@ -1,14 +1,18 @@
 // func.call is inlined before remat-partial-eval decides anything (DESIGN.md
-// section 4: "`func.call` is inlined first"), and the `inline` pass inlines it.
+// section 4: "`func.call` is inlined first"): `inline` is the first step of the
+// `remat` pipeline, and `--print-saved-residuals` without a partial-eval step
+// runs inline,remat-partial-eval.
 //
 // jaxlib's MLIR context does not register the func dialect's inliner
-// extension, so core MLIR's `inline` would leave the call in place (and
-// partial-eval would then save the call's result as if it had side effects);
-// remat_passes' own `inline` pass does the job.
+// extension, so core MLIR's `inline` would leave the call in place;
+// remat_passes' own `inline` pass does the job. remat-partial-eval on its own
+// keeps a call as an atomic op (its result is saved) and says so in a remark.
 //
 // RUN: remat-opt %s --pass-pipeline='builtin.module(inline)' | filecheck %s --check-prefix=INLINE
-// RUN: remat-opt %s --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=PE
-// RUN: remat-opt %s --remat-partial-eval='policy=nothing_saveable' --print-saved-residuals | filecheck %s --check-prefix=RES
+// RUN: remat-opt %s --inline --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=PE
+// RUN: remat-opt %s --inline --remat-partial-eval='policy=nothing_saveable' --print-saved-residuals | filecheck %s --check-prefix=RES
+// RUN: remat-opt %s --remat='policy=nothing_saveable' --print-saved-residuals | filecheck %s --check-prefix=RES
+// RUN: remat-opt %s --remat-partial-eval='policy=nothing_saveable' --print-saved-residuals | filecheck %s --check-prefix=ATOMIC
 
 // INLINE-LABEL: func.func @main
 // INLINE-NOT: call @helper
@@ -26,6 +30,10 @@
 
 // RES: // saved residuals of @main: 1 value, 16 bytes
 // RES-NEXT: f32[4] from the argument x
+
+// ATOMIC: // saved residuals of @main: 1 value, 16 bytes
+// ATOMIC-NEXT: f32[4] output of call
+// ATOMIC-NEXT: // remark: @main: 1 func.call op(s) are kept as atomic calls (saved, the policy cannot see inside); run the inline pass first (the remat pipeline does)
 
 func.func @main(%x: tensor<4xf32> loc("x"), %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
   %s = func.call @helper(%x) : (tensor<4xf32>) -> tensor<4xf32>

@@ -221,7 +221,7 @@ class BreakDominance(ModulePass):
     name = "break-dominance"
     summary = "test only: break SSA dominance"
 
-    def run(self, module, options, state):
+    def apply(self, module, state):
         func = next(op for op in module.body.operations if op.operation.name == "func.func")
         ops = list(func.regions[0].blocks[0].operations)
         ops[-2].move_before(ops[0])
@@ -233,7 +233,7 @@ class BreakTypes(ModulePass):
     name = "break-types"
     summary = "test only: return a value of the wrong type"
 
-    def run(self, module, options, state):
+    def apply(self, module, state):
         func = next(op for op in module.body.operations if op.operation.name == "func.func")
         block = func.regions[0].blocks[0]
         ret = list(block.operations)[-1]
@@ -245,7 +245,7 @@ def broken_passes(monkeypatch):
     original = registry
 
     def patched():
-        return {**original(), BreakDominance.name: BreakDominance(), BreakTypes.name: BreakTypes()}
+        return {**original(), BreakDominance.name: BreakDominance, BreakTypes.name: BreakTypes}
     monkeypatch.setattr(pipeline, "registry", patched)
     return patched
 

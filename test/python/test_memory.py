@@ -21,9 +21,8 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 import remat_passes as rp
-from remat_passes import graph
 from remat_passes.memory import MemoryEstimate, estimate_memory, format_bytes, format_memory
-from remat_passes.mlir import RematError, op_id
+from remat_passes.mlir import RematError
 
 P = rp.policies
 K = 1024
@@ -385,33 +384,11 @@ def test_split_peaks_follow_residuals(mlp_module):
     assert even["main_bwd"].peak_bytes < base["main_bwd"].peak_bytes
 
 
-def _partial_eval_only(module, spec):
-    """remat-partial-eval alone: the recompute clones keep their remat.recompute marks."""
-    out = module.clone()
-    pipeline = f"builtin.module(remat-partial-eval{{policy={spec}}})"
-    rp.run_pipeline(out.op, rp.parse_pipeline(pipeline))
-    return out
-
-
-def _move_recomputation_to_backward_start(module):
-    """A copy with every recomputed op moved, in order, before the first other backward op."""
-    early = module.clone()
-    f = graph.find_func(early.op, "main")
-    backward, _ = graph.backward_ops(f)
-    ops = [op.operation for op in graph.body_block(f).operations]
-    clones = [op for op in ops if graph.RECOMPUTE_ATTR in op.attributes]
-    first = next(op for op in ops
-                 if op_id(op) in backward and graph.RECOMPUTE_ATTR not in op.attributes)
-    for op in clones:
-        op.move_before(first)
-    early.verify()
-    return early, len(clones)
-
-
 def test_mlp_early_recomputation_has_a_higher_peak(mlp_module):
     spec = "save_only_these_names(" + ",".join(f"layer{i}" for i in range(0, MLP_LAYERS, 2)) + ")"
-    jit = _partial_eval_only(mlp_module, spec)
-    early, moved = _move_recomputation_to_backward_start(jit)
+    figures = _memory_figures()
+    jit = figures.partial_eval_only(mlp_module, spec)
+    early, moved = figures.early_variant(mlp_module, spec)
     assert moved > 0
     jit_peak = estimate_memory(jit).peak_bytes
     early_peak = estimate_memory(early).peak_bytes

@@ -1,0 +1,104 @@
+"""Helpers shared by the benchmarks: machine facts, op counts, memory readings, JSON files."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+import jax
+
+import remat_passes as rp
+from remat_passes.mlir import ir
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    return {"date": datetime.date.today().isoformat(), "host": platform.machine(),
+            "cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(),
+            "jax": jax.__version__, "backend": jax.default_backend(),
+            "remat_passes": rp.__version__, "commit": git_commit()}
+
+
+def count_ops(module_op) -> int:
+    """Ops inside functions (nested region ops included; module and func.func excluded)."""
+    n = 0
+
+    def visit(op):
+        nonlocal n
+        if op.name not in ("builtin.module", "func.func"):
+            n += 1
+        return ir.WalkResult.ADVANCE
+    getattr(module_op, "op", module_op).operation.walk(visit)
+    return n
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        m = re.search(rf"{key}:\s+(\d+) kB", f.read())
+    return int(m.group(1)) * 1024 if m else 0
+
+
+def _trim() -> None:
+    """Give freed heap memory back to the OS (glibc), so the next reading starts clean."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakRSS:
+    """Extra peak resident memory of the process inside a `with` block (Linux: frees what
+    the heap keeps, then resets the high-water mark through /proc/self/clear_refs).
+    `extra` is None where unsupported."""
+
+    def __enter__(self):
+        import gc
+        gc.collect()
+        _trim()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.before = _status("VmRSS")
+        except OSError:
+            self.before = None
+        self.extra = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.before is not None:
+            self.extra = max(0, _status("VmHWM") - self.before)
+
+
+def write_json(name: str, data) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def read_json(name: str):
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
