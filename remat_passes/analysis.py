@@ -12,7 +12,7 @@ passes ask (most lazily, on first use):
 * the cotangent arguments and the backward set (`backward`; the rule is
   stated in `contract`), and how it was found (`how`);
 * forward consumers of each op, the first backward user of each value;
-* checkpoint-region chains (`chains(scope_re)`), side effects, values computed
+* checkpoint-scope chains (`scope_chains(scope_re)`), side effects, values computed
   from constants alone (`free`);
 * scan loop pairs (`scan_pairs`, `forward_loop`, `stacked_value`);
 * after remat-partial-eval: the residuals the backward reads (`residuals`) and
@@ -143,18 +143,19 @@ class FunctionAnalysis:
 
     @functools.cached_property
     def _reads(self):
-        position, base, nargs = self.position, self.result_base, self.nargs
-
-        def vid(v):
-            if isinstance(v, ir.BlockArgument):
-                return v.arg_number
-            return base[position[op_id(v.owner)]] + v.result_number
+        # One sweep in program order: every value an op reads is an argument or a result of
+        # an earlier op (SSA in one block), so a Value -> vid map filled as we go resolves
+        # them all (it lives only while the rows are built).
+        vid_of = {v: i for i, v in enumerate(self.block.arguments)}
 
         def rows():
+            vid = self.nargs
             for op in self.ops:
                 values = op.operands if len(op.regions) == 0 else graph.read_values(op)
-                yield dict.fromkeys(vid(v) for v in values)
-        del nargs
+                yield dict.fromkeys(vid_of[v] if v in vid_of else self.vid(v) for v in values)
+                for r in op.results:
+                    vid_of[r] = vid
+                    vid += 1
         return _csr(rows())
 
     def reads(self, pos):
@@ -307,15 +308,15 @@ class FunctionAnalysis:
         self._inserted_backward[oid] = backward
         self._inserted_key[oid] = key
 
-    # ---------------------------------------------------------- regions --
-    def chains(self, scope_re: re.Pattern | None = None) -> list[tuple]:
-        """Per op, the checkpoint regions it sits in, outermost first (see graph.region_chain)."""
+    # ----------------------------------------------------- checkpoint scopes --
+    def scope_chains(self, scope_re: re.Pattern | None = None) -> list[tuple]:
+        """Per op, the checkpoint scopes it sits in, outermost first (see graph.scope_chain)."""
         key = None if scope_re is None else scope_re.pattern
         if key not in self._chains:
             interned: dict = {}
             self._chains[key] = [
                 interned.setdefault(c, c)
-                for c in (graph.region_chain_of_stack(graph.name_stack(op), scope_re)
+                for c in (graph.scope_chain_of_stack(graph.name_stack(op), scope_re)
                           for op in self.ops)]
         return self._chains[key]
 
@@ -387,24 +388,32 @@ class FunctionAnalysis:
         """The clones remat-partial-eval placed before each backward consumer, in program
         order, with the backward value available right before them (the incoming
         cotangent; see place-optimization-barriers)."""
-        groups = []
-        current, current_id = [], None
-        latest = None          # the latest backward (non-clone) result so far
-        latest_at_start = None
-        for i, op in enumerate(self.ops + [self.terminator]):
-            gid = contract.recompute_group(op) if i < len(self.ops) else None
-            if gid is not None and gid == current_id:
-                current.append(op)
-                continue
-            if current:
-                groups.append(RecomputeGroup(current, op, latest_at_start))
-            if gid is not None:
-                current, current_id, latest_at_start = [op], gid, latest
-            else:
-                current, current_id = [], None
-                if i < len(self.ops) and self.backward[i] and len(op.results):
-                    latest = op.results[0]
-        return groups
+        backward = self.backward
+        return recompute_groups(self.ops + [self.terminator],
+                                lambda i, op: i < len(backward) and backward[i])
+
+
+def recompute_groups(ops, is_backward) -> list["RecomputeGroup"]:
+    """Runs of consecutive clones with one recompute group among `ops` (a block's ops, its
+    terminator last), each with the op after it (its consumer) and the result of the latest
+    backward op that is not a clone before it (`is_backward(index, op)`)."""
+    groups = []
+    current, current_id = [], None
+    latest = latest_at_start = None
+    for i, op in enumerate(ops):
+        gid = contract.recompute_group(op)
+        if gid is not None and gid == current_id:
+            current.append(op)
+            continue
+        if current:
+            groups.append(RecomputeGroup(current, op, latest_at_start))
+        if gid is not None:
+            current, current_id, latest_at_start = [op], gid, latest
+        else:
+            current, current_id = [], None
+            if is_backward(i, op) and len(op.results):
+                latest = op.results[0]
+    return groups
 
 
 class RecomputeGroup:

@@ -2,7 +2,7 @@
 
 Which values an op reads (operands and values its nested regions capture),
 whether it may be duplicated, what JAX calls it and where in the source it came
-from, which checkpoint regions (`remat[N]` frames) its name stack puts it in,
+from, which checkpoint scopes (`remat[N]` frames) its name stack puts it in,
 how many bytes a value has, and how to find functions and their parts. The
 analysis of a whole function (`analysis.FunctionAnalysis`) is built from these.
 """
@@ -12,7 +12,7 @@ import re
 
 from remat_passes.mlir import RematError, ir
 
-REGION_FRAME_RE = re.compile(r"remat\[\d+\]")
+SCOPE_FRAME_RE = re.compile(r"remat\[\d+\]")
 
 # Ops that must never be duplicated, whatever the policy says.
 SIDE_EFFECT_OPS = {
@@ -132,17 +132,19 @@ def _frames(stack: str) -> list[str]:
     return frames
 
 
-def region_chain(op, scope_re: re.Pattern | None = None) -> tuple[str, ...]:
-    """The checkpoint regions the op sits in, outermost first (see region_chain_of_stack)."""
-    return region_chain_of_stack(name_stack(op), scope_re)
+def scope_chain(op, scope_re: re.Pattern | None = None) -> tuple[str, ...]:
+    """The checkpoint scopes the op sits in, outermost first (see scope_chain_of_stack)."""
+    return scope_chain_of_stack(name_stack(op), scope_re)
 
 
-def region_chain_of_stack(stack: str, scope_re: re.Pattern | None = None) -> tuple[str, ...]:
-    """The checkpoint regions of a name stack, outermost first.
+def scope_chain_of_stack(stack: str, scope_re: re.Pattern | None = None) -> tuple[str, ...]:
+    """The checkpoint scopes of a name stack, outermost first.
 
-    A region is a `remat[N]` frame (made by `remat_passes.checkpoint`) or a
-    frame matching `scope_re` (a user option that turns name scopes, e.g.
-    Flax module paths, into regions). Regions are identified by their path.
+    A checkpoint scope (what the user docs call a checkpoint region; "scope"
+    here, so it is not taken for an MLIR region) is a `remat[N]` frame (made by
+    `remat_passes.checkpoint`) or a frame matching `scope_re` (the
+    `region-regex` option, which turns name scopes, e.g. Flax module paths, into
+    checkpoint regions). Scopes are identified by their path.
     """
     if scope_re is None and "remat[" not in stack:
         return ()
@@ -150,14 +152,14 @@ def region_chain_of_stack(stack: str, scope_re: re.Pattern | None = None) -> tup
     path = []
     for frame in _frames(stack):
         path.append(frame)
-        if REGION_FRAME_RE.fullmatch(frame) or (scope_re is not None and scope_re.search(frame)):
+        if SCOPE_FRAME_RE.fullmatch(frame) or (scope_re is not None and scope_re.search(frame)):
             chain.append("/".join(path))
     return tuple(chain)
 
 
-def region_key(region_path: str) -> str:
-    """The last frame of a region path: how its policy is recorded."""
-    return region_path.rsplit("/", 1)[-1]
+def scope_key(scope_path: str) -> str:
+    """The last frame of a scope path: how its policy is recorded."""
+    return scope_path.rsplit("/", 1)[-1]
 
 
 # ------------------------------------------------------------------ values --
@@ -189,6 +191,23 @@ def read_values(op) -> list:
         return ir.WalkResult.ADVANCE
     op.walk(collect)
     return list(dict.fromkeys(values + captured))
+
+
+def replace_reads_all(ops, mapping: dict) -> None:
+    """In every op of `ops`, read mapping[v] instead of v (operands and nested captures),
+    in time linear in the operands (one dict lookup each)."""
+    for op in ops:
+        op = op.operation
+        if len(op.regions):
+            for old in read_values(op):
+                if old in mapping:
+                    replace_reads(op, old, mapping[old])
+            continue
+        operands = op.operands
+        for k, v in enumerate(operands):
+            new = mapping.get(v)
+            if new is not None:
+                operands[k] = new
 
 
 def replace_reads(op, old, new) -> None:

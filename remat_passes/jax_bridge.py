@@ -146,7 +146,7 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
         contract.mark_cotangent_args(main, range(n_primal_leaves, nargs))
         for i in range(n_out_leaves, nres):
             contract.set_entry(main, "res_attrs", i, contract.GRADIENT, ir.UnitAttr.get())
-        regions = _regions_in(module.op, first_region)
+        regions = _scopes_in(module.op, first_region)
         if regions:
             specs = {}
             for key in regions:
@@ -159,11 +159,11 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
     return module
 
 
-def _regions_in(module_op, first_id: int) -> list[str]:
+def _scopes_in(module_op, first_id: int) -> list[str]:
     found = {}
 
     def visit(op):
-        for frame in graph.REGION_FRAME_RE.findall(graph.name_stack(op)):
+        for frame in graph.SCOPE_FRAME_RE.findall(graph.name_stack(op)):
             if int(frame[6:-1]) >= first_id:
                 found[frame] = None
         return ir.WalkResult.ADVANCE

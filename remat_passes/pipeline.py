@@ -204,6 +204,8 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     strip-checkpoint-names. The residuals partial-eval chose are on the result
     as `.residuals`, and what it wants the user to know (e.g. a while loop it
     treated as one atomic op) as `.remarks`; `.timings` has each step's seconds.
+    `verify` runs the MLIR verifier on the result (`remat-opt --verify-each`
+    verifies after every step instead).
     """
     from remat_passes.passes.remat import Remat
     from remat_passes.passes.remat_partial_eval import parse_regex
@@ -223,7 +225,9 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
         options["region_policy"] = as_policy(region_policy)
     out = module.clone()
     state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
-    run_pipeline(out.op, [Remat(**options)], state, verify_each=verify)
+    run_pipeline(out.op, [Remat(**options)], state, verify_each=False)
+    if verify:   # the result, once (the CLI's --verify-each checks after every step)
+        mlir.verify(out.op.operation, module.filename, after="remat")
     out.residuals = state.residuals.get(func, [])
     out.remarks = list(state.remarks)
     out.timings = list(state.timings)

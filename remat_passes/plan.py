@@ -5,11 +5,11 @@ program order (the StableHLO analog of JAX's `partial_eval_jaxpr_custom`
 loop) and, for every forward value each one reads, asks where that value
 comes from:
 
-* function arguments, side-effecting ops, results of region ops kept whole
+* function arguments, side-effecting ops, results of ops with regions kept whole
   (scan loops) and values the decider calls Saveable/Offloadable are *saved*;
 * values computed from constants alone are *free*: cloned, never saved;
 * Recompute values get a *clone*: the op is copied into the backward, its own
-  reads resolved the same way, once per (op, region context), just in time
+  reads resolved the same way, once per (op, checkpoint-scope context), just in time
   (right before the first backward op that needs it: its *serve*).
 
 The result, a `RematPlan`, says all of that without touching the IR: the
@@ -23,23 +23,22 @@ any object with the same `home` method.
 """
 from __future__ import annotations
 
+import re
+import sys
 from array import array
 from typing import NamedTuple
 
-from remat_passes import graph
-from remat_passes.mlir import RematError, ir
+from remat_passes import contract, graph
+from remat_passes.mlir import RematError
 from remat_passes.policies import (Offloadable, OpInfo, Recompute, Saveable, as_policy,
                                    everything_saveable, nothing_saveable)
 
 
 # ---------------------------------------------------------------- policy --
 def op_info(op, with_attributes: bool = True) -> OpInfo:
-    """What a policy sees of `op`. Printing every attribute is slow, so built-in
-    policies (which never read them) get an empty dict."""
-    import re
-    from remat_passes import contract
+    """What a policy sees of `op` (types, attributes and JAX's name are printed only if
+    the policy looks at them). Built-in policies never read attributes; they get none."""
     op = op.operation
-    attrs = {name: str(op.attributes[name]) for name in op.attributes} if with_attributes else {}
     dims = {}
     if op.name == "stablehlo.dot_general" and "dot_dimension_numbers" in op.attributes:
         text = str(op.attributes["dot_dimension_numbers"])
@@ -49,32 +48,44 @@ def op_info(op, with_attributes: bool = True) -> OpInfo:
     elif op.name == "stablehlo.dot":
         dims = {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (0,)}
     return OpInfo(name=op.name,
-                  operand_types=[str(v.type) for v in op.operands],
-                  result_types=[str(r.type) for r in op.results],
-                  attributes=attrs,
+                  operand_types=lambda: [str(v.type) for v in op.operands],
+                  result_types=lambda: [str(r.type) for r in op.results],
+                  attributes=(lambda: {name: str(op.attributes[name]) for name in op.attributes})
+                  if with_attributes else {},
                   checkpoint_name=contract.checkpoint_name(op),
-                  primitive=graph.jax_primitive(op),
+                  primitive=lambda: graph.jax_primitive(op),
                   **dims)
 
 
-class RegionPolicies:
-    """The policy in force for each checkpoint region (a `remat[N]` frame or a scope
-    matched by `region-regex`), and for code outside regions."""
+def policy_verdict(policy, op):
+    """The policy's verdict on `op`. A policy that keeps the OpInfo it was given (to log
+    decisions, say) gets it with every field computed, as a record and not a view of IR
+    that a later rewrite frees."""
+    info = op_info(op, policy.reads_attributes)
+    verdict = policy.verdict(info)
+    if sys.getrefcount(info) > 2:   # our reference and getrefcount's own
+        info.freeze()
+    return verdict
+
+
+class ScopePolicies:
+    """The policy in force in each checkpoint scope (a `remat[N]` frame or a name scope
+    matched by `region-regex`: the user docs' checkpoint regions), and outside them."""
 
     def __init__(self, module_policy, recorded: dict, scope_policy):
-        self.module_policy = module_policy    # None: save everything outside regions
-        self.recorded = recorded              # region key -> Policy (or a placeholder string)
-        self.scope_policy = scope_policy      # policy of regions made by region-regex
+        self.module_policy = module_policy    # None: save everything outside scopes
+        self.recorded = recorded              # scope key -> Policy (or a placeholder string)
+        self.scope_policy = scope_policy      # policy of scopes made by region-regex
 
     @property
     def outside(self):
         return self.module_policy or everything_saveable
 
-    def of_region(self, region_path: str):
-        key = graph.region_key(region_path)
+    def of_scope(self, scope_path: str):
+        key = graph.scope_key(scope_path)
         pol = self.recorded.get(key)
         if pol is None:
-            if graph.REGION_FRAME_RE.fullmatch(key):
+            if graph.SCOPE_FRAME_RE.fullmatch(key):
                 return nothing_saveable  # jax.checkpoint's default
             return self.scope_policy
         if isinstance(pol, str):
@@ -85,39 +96,41 @@ class RegionPolicies:
         return pol
 
     def of_chain(self, chain: tuple):
-        """The policy in force for an op: its outermost region's, else the module's."""
-        return self.of_region(chain[0]) if chain else self.outside
+        """The policy in force for an op: its outermost scope's, else the module's."""
+        return self.of_scope(chain[0]) if chain else self.outside
 
 
 class PolicyDecider:
     """Where the value of a forward op comes from, by checkpoint policy.
 
-    Regions nest like `jax.checkpoint` calls. The policy in force for an op is
-    that of its outermost region (the module-level policy outside regions);
-    values flowing into a region, or from one region into another, are saved.
-    When a region is recomputed inside the backward, an inner region's policy
-    decides which of its values that recomputation keeps for the whole outer
-    region, and which are recomputed again just before the inner region's own
-    backward ops. `home(pos, ctx, saved)` answers for a request from the
-    backward of the region chain `ctx`: (verdict, depth), with depth 0 and a
-    non-Recompute verdict for a residual of the forward pass, else the depth of
-    the region backward that recomputes it. Levels are searched outermost first.
+    Checkpoint scopes (the user docs' checkpoint regions) nest like
+    `jax.checkpoint` calls. The policy in force for an op is that of its
+    outermost scope (the module-level policy outside scopes); values flowing
+    into a scope, or from one scope into another, are saved. When a scope is
+    recomputed inside the backward, an inner scope's policy decides which of
+    its values that recomputation keeps for the whole outer scope, and which
+    are recomputed again just before the inner scope's own backward ops.
+    `home(pos, ctx, saved)` answers for a request from the backward of the
+    scope chain `ctx`: (verdict, depth), with depth 0 and a non-Recompute
+    verdict for a residual of the forward pass, else the depth of the scope
+    backward that recomputes it. Levels are searched outermost first.
     """
 
-    def __init__(self, analysis, policies: RegionPolicies, scope_re=None):
+    def __init__(self, analysis, policies: ScopePolicies, scope_re=None):
         self.a = analysis
         self.policies = policies
-        self.chains = analysis.chains(scope_re)
+        self.chains = analysis.scope_chains(scope_re)
         self._verdicts: dict = {}     # id(policy) -> {position: verdict}
         self._outers: dict = {}       # position -> frozenset (interned)
         self._prefix: dict = {}       # position -> tuple (interned)
         self._interned: dict = {}
 
     def verdict(self, policy, pos):
+        if policy.constant is not None:
+            return policy.constant
         cache = self._verdicts.setdefault(id(policy), {})
         if pos not in cache:
-            op = self.a.ops[pos]
-            cache[pos] = policy.verdict(op_info(op, policy.reads_attributes))
+            cache[pos] = policy_verdict(policy, self.a.ops[pos])
         return cache[pos]
 
     def _intern(self, x):
@@ -128,7 +141,7 @@ class PolicyDecider:
         return self.verdict(self.policies.of_chain(self.chains[pos]), pos)
 
     def _consumer_outers(self, pos) -> set:
-        """The outermost regions of the op's forward consumers (None: outside regions)."""
+        """The outermost scopes of the op's forward consumers (None: outside scopes)."""
         if pos not in self._outers:
             chains = self.chains
             self._outers[pos] = self._intern(frozenset(
@@ -136,7 +149,7 @@ class PolicyDecider:
         return self._outers[pos]
 
     def _consumer_prefix(self, pos):
-        """The longest common prefix of the forward consumers' region chains (None: no
+        """The longest common prefix of the forward consumers' scope chains (None: no
         consumers)."""
         if pos not in self._prefix:
             prefix = None
@@ -158,36 +171,36 @@ class PolicyDecider:
         outers = self._consumer_outers(pos)
         if not chain:
             if outers - {None}:
-                return Saveable  # a region input: jax.checkpoint saves its arguments
+                return Saveable  # a scope input: jax.checkpoint saves its arguments
             return self.verdict(self.policies.outside, pos)
         outer = chain[0]
         if outers - {None, outer}:
-            return Saveable  # the output of one region is the input of another
+            return Saveable  # the output of one scope is the input of another
         if None in outers:
-            return self.verdict(self.policies.outside, pos)  # a region output, seen from outside
-        return self.verdict(self.policies.of_region(outer), pos)
+            return self.verdict(self.policies.outside, pos)  # a scope output, seen from outside
+        return self.verdict(self.policies.of_scope(outer), pos)
 
-    def _saved_for_region(self, pos, region, saved):
-        """Forward verdict for the op when the backward of `region` (its outermost) asks.
-        A value the forward keeps anyway (the input of another region, or a region output
+    def _saved_for_scope(self, pos, scope, saved):
+        """Forward verdict for the op when the backward of `scope` (its outermost) asks.
+        A value the forward keeps anyway (the input of another scope, or a scope output
         an outer backward already took) is reused rather than recomputed."""
-        if self._consumer_outers(pos) - {None, region}:
+        if self._consumer_outers(pos) - {None, scope}:
             return Saveable
         first = self.a.result_base[pos]
         if first < self.a.result_base[pos + 1] and first in saved:
             return Saveable
-        return self.verdict(self.policies.of_region(region), pos)
+        return self.verdict(self.policies.of_scope(scope), pos)
 
     def _kept_at(self, pos, ctx, depth):
-        """In the backward of region ctx[depth-1], which re-runs the forward of region
+        """In the backward of scope ctx[depth-1], which re-runs the forward of scope
         ctx[depth], does that re-run keep the op's value (inside ctx[depth])?"""
         prefix = self._consumer_prefix(pos)
         if prefix is not None and (len(prefix) < depth + 1 or prefix[:depth + 1] != ctx[:depth + 1]):
-            return True  # an output of region ctx[depth]: kept by the enclosing re-run
-        return self.verdict(self.policies.of_region(ctx[depth]), pos) is not Recompute
+            return True  # an output of scope ctx[depth]: kept by the enclosing re-run
+        return self.verdict(self.policies.of_scope(ctx[depth]), pos) is not Recompute
 
     def home(self, pos, ctx, saved):
-        verdict = self._saved_top(pos) if not ctx else self._saved_for_region(pos, ctx[0], saved)
+        verdict = self._saved_top(pos) if not ctx else self._saved_for_scope(pos, ctx[0], saved)
         if verdict is not Recompute:
             return verdict, 0
         for depth in range(1, len(ctx)):
@@ -219,7 +232,7 @@ def clone_of_source(src: int) -> tuple[int, int]:
 class Clone(NamedTuple):
     """One recomputed op: a copy of a forward op placed in the backward."""
     op: int          # position of the forward op it copies
-    ctx: tuple       # the region context it serves
+    ctx: tuple       # the checkpoint-scope context it serves
     sources: tuple   # per value the op reads (analysis.reads(op)): its source
     group: int       # the recompute group (one per consumer served)
 
@@ -243,7 +256,7 @@ class RematPlan:
 
     def __init__(self, analysis, kept_whole):
         self.analysis = analysis
-        self.kept_whole = set(kept_whole)  # positions of region ops saved whole
+        self.kept_whole = set(kept_whole)  # positions of ops with regions saved whole
         self.saved: dict = {}
         self.split_flags = None            # split mode: per result, is it <f>_bwd's?
         self.next_group = 0
@@ -428,9 +441,9 @@ def _split_flags(analysis) -> list[bool]:
             for i, v in enumerate(analysis.terminator.operands)]
 
 
-def plan_with_policies(analysis, policies: RegionPolicies, scope_re=None, **kw) -> RematPlan:
+def plan_with_policies(analysis, policies: ScopePolicies, scope_re=None, **kw) -> RematPlan:
     return build_plan(analysis, PolicyDecider(analysis, policies, scope_re), **kw)
 
 
-__all__ = ["RematPlan", "Clone", "Serve", "clone_source", "clone_of_source", "is_clone_source", "PolicyDecider", "RegionPolicies",
+__all__ = ["RematPlan", "Clone", "Serve", "clone_source", "clone_of_source", "is_clone_source", "PolicyDecider", "ScopePolicies",
            "build_plan", "op_info", "as_policy"]

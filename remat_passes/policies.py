@@ -78,30 +78,58 @@ class OpInfo:
     name             e.g. "stablehlo.dot_general"
     operand_types    e.g. ["tensor<8x4xf32>", ...]
     result_types
-    attributes       attribute name -> printed value (built on first use)
+    attributes       attribute name -> printed value
     checkpoint_name  for the @remat.name marker, its name; else None
     primitive        JAX's name for the op when its location says ("sin"), else the
                      StableHLO op name without dialect ("sine")
     lhs_batching_dims / rhs_batching_dims  for dot_general
+
+    `operand_types`, `result_types`, `attributes` and `primitive` may be given as
+    zero-argument callables: they are computed on first use (printing types and
+    attributes costs more than most policies ever look at).
     """
 
     def __init__(self, name, operand_types, result_types, attributes, checkpoint_name,
                  lhs_batching_dims=(), rhs_batching_dims=(), lhs_contracting_dims=(),
                  rhs_contracting_dims=(), primitive=None):
         self.name = name
-        self.operand_types = operand_types
-        self.result_types = result_types
-        self._attributes = attributes
+        self._lazy = {"operand_types": operand_types, "result_types": result_types,
+                      "attributes": attributes,
+                      "primitive": primitive or name.split(".", 1)[-1]}
         self.checkpoint_name = checkpoint_name
         self.lhs_batching_dims = tuple(lhs_batching_dims)
         self.rhs_batching_dims = tuple(rhs_batching_dims)
         self.lhs_contracting_dims = tuple(lhs_contracting_dims)
         self.rhs_contracting_dims = tuple(rhs_contracting_dims)
-        self.primitive = primitive or name.split(".", 1)[-1]
+
+    def _get(self, key):
+        value = self._lazy[key]
+        if callable(value):
+            value = self._lazy[key] = value()
+        return value
+
+    def freeze(self) -> "OpInfo":
+        """Compute every lazy field now (while the op exists): for a policy that keeps
+        the OpInfo it was given, to read after the pass."""
+        for key in self._lazy:
+            self._get(key)
+        return self
+
+    @property
+    def operand_types(self) -> list[str]:
+        return self._get("operand_types")
+
+    @property
+    def result_types(self) -> list[str]:
+        return self._get("result_types")
 
     @property
     def attributes(self) -> dict[str, str]:
-        return self._attributes
+        return self._get("attributes")
+
+    @property
+    def primitive(self) -> str:
+        return self._get("primitive")
 
     def __repr__(self):
         extra = f", checkpoint_name={self.checkpoint_name!r}" if self.checkpoint_name else ""
@@ -120,9 +148,12 @@ class OpInfo:
 class Policy:
     """A callable OpInfo -> verdict with a spec string that recreates it."""
 
-    def __init__(self, fn: Callable[[OpInfo], Any], spec: str, reads_attributes: bool = False):
+    def __init__(self, fn: Callable[[OpInfo], Any], spec: str, reads_attributes: bool = False,
+                 constant=None):
         self._fn = fn
         self.spec = spec
+        # The verdict for every op, when the policy does not look at ops at all.
+        self.constant = constant
         # Built-in policies never look at OpInfo.attributes; user callables may.
         self.reads_attributes = reads_attributes
 
@@ -163,8 +194,8 @@ def _dots_no_batch(op):
         and not op.rhs_batching_dims
 
 
-everything_saveable = Policy(_everything, "everything_saveable")
-nothing_saveable = Policy(_nothing, "nothing_saveable")
+everything_saveable = Policy(_everything, "everything_saveable", constant=Saveable)
+nothing_saveable = Policy(_nothing, "nothing_saveable", constant=Recompute)
 dots_saveable = Policy(_dots, "dots_saveable")
 checkpoint_dots = dots_saveable
 dots_with_no_batch_dims_saveable = Policy(_dots_no_batch, "dots_with_no_batch_dims_saveable")

@@ -87,17 +87,14 @@ def _inline_one(call, funcs):
     call_stack = graph.name_stack(call)
     mapping = dict(zip(body.arguments, call.operands))
     ip = ir.InsertionPoint(call)
-    ops = list(body.operations)
+    ops = [op.operation for op in body.operations]
     for op in ops[:-1]:
-        reads = graph.read_values(op)
-        clone = op.operation.clone(ip=ip)
-        for old in reads:
-            if old in mapping:
-                graph.replace_reads(clone, old, mapping[old])
-        clone.location = _inlined_location(op.operation.location, call_stack, call.location)
-        for old, new in zip(op.operation.results, clone.results):
+        clone = op.clone(ip=ip)
+        graph.replace_reads_all([clone], mapping)
+        clone.location = _inlined_location(op.location, call_stack, call.location)
+        for old, new in zip(op.results, clone.results):
             mapping[old] = new
-    returned = [mapping.get(v, v) for v in ops[-1].operation.operands]
+    returned = [mapping.get(v, v) for v in ops[-1].operands]
     for result, value in zip(call.results, returned):
         result.replace_all_uses_with(value)
     call.erase()

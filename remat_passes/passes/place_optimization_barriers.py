@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes import contract, graph
-from remat_passes.analysis import RecomputeGroup
+from remat_passes.analysis import RecomputeGroup, recompute_groups
 from remat_passes.mlir import ir, op_id, stablehlo
 from remat_passes.passes import ModulePass, option
 
@@ -65,35 +65,11 @@ def place(groups, is_backward, cotangents, note=None) -> int:
         barrier = stablehlo.OptimizationBarrierOp(
             operands, ip=ir.InsertionPoint(first), loc=first.location)
         contract.mark_barrier(barrier)
-        for old, new in zip(inputs, barrier.results):
-            for op in group.ops:
-                graph.replace_reads(op, old, new)
+        graph.replace_reads_all(group.ops, dict(zip(inputs, barrier.results)))
         if note is not None:
             note(barrier.operation, first)
         placed += 1
     return placed
-
-
-def _loop_groups(body) -> list[RecomputeGroup]:
-    """Recompute groups of a loop body (clones marked by the scan rewrite); there every
-    op that is not a clone counts as backward."""
-    groups, current, current_id = [], [], None
-    latest = latest_at_start = None
-    for op in body.operations:
-        op = op.operation
-        gid = contract.recompute_group(op)
-        if gid is not None and gid == current_id:
-            current.append(op)
-            continue
-        if current:
-            groups.append(RecomputeGroup(current, op, latest_at_start))
-        if gid is not None:
-            current, current_id, latest_at_start = [op], gid, latest
-        else:
-            current, current_id = [], None
-            if len(op.results):
-                latest = op.results[0]
-    return groups
 
 
 def place_in_loops(func_op) -> int:
@@ -110,8 +86,10 @@ def place_in_loops(func_op) -> int:
         ret = graph.terminator(body)
         changing = [a for a, r in zip(body.arguments, ret.operands) if r != a and str(
             ir.RankedTensorType(a.type).element_type).startswith(("f", "bf"))]
-        placed += place(_loop_groups(body),
-                        lambda op: not contract.is_recompute_clone(op), changing)
+        # in a loop body every op that is not a clone counts as backward
+        groups = recompute_groups([op.operation for op in body.operations],
+                                  lambda i, op: not contract.is_recompute_clone(op))
+        placed += place(groups, lambda op: not contract.is_recompute_clone(op), changing)
     return placed
 
 

@@ -12,7 +12,7 @@ like `jax.checkpoint` calls (see `plan.PolicyDecider`).
 
 In two phases, each deciding before it rewrites:
 
-1. region-op rules (`rules.RULES`): scan loop pairs get the policy per
+1. rules for ops with regions (`rules.RULES`): scan loop pairs get the policy per
    iteration (`scan_rewrite`);
 2. the function: `plan.build_plan` decides every residual, then
    `materialize` clones the recomputation just in time and `split` (in
@@ -27,11 +27,12 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from remat_passes import contract, graph, report
+from remat_passes import contract, graph, report, scan_pairs
 from remat_passes.materialize import materialize
 
 from remat_passes.passes import ModulePass, PassState, option, parse_int_list
-from remat_passes.plan import RegionPolicies, plan_with_policies
+from remat_passes.mlir import RematError, op_id
+from remat_passes.plan import ScopePolicies, plan_with_policies, policy_verdict
 from remat_passes.policies import Policy, as_policy, nothing_saveable, parse_policy
 from remat_passes.rules import RULES, Groups
 from remat_passes.split import split_function
@@ -90,13 +91,13 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         f = graph.find_func(module_op, self.func)   # a clear error before any rewrite
         with module_op.context:
             self._mark_cotangents(f, state)
-            policies = RegionPolicies(
+            policies = ScopePolicies(
                 as_policy(self.policy) if self.policy is not None else None,
-                _recorded_region_policies(module_op, state), as_policy(self.region_policy))
+                _recorded_scope_policies(module_op, state), as_policy(self.region_policy))
             block = graph.body_block(f)
             groups = Groups()
             iteration_policy = _IterationPolicy(policies, self.region_regex)
-            for rule in RULES.values():     # phase 1: region ops, decided inside
+            for rule in RULES.values():     # phase 1: ops with regions, decided inside
                 rule.rewrite(block, iteration_policy, groups)
             state.drop(self.func)
             a = state.analysis(f)          # phase 2: the function
@@ -134,7 +135,6 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         nargs = len(graph.body_block(f).arguments)
         for i in self.cotangent_args:
             if not 0 <= i < nargs:
-                from remat_passes.mlir import RematError
                 raise RematError(f"error: cotangent argument index {i} is out of range "
                                  f"(@{self.func} has {nargs} arguments)")
         marked = contract.cotangent_args(f)
@@ -149,29 +149,28 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
 class _IterationPolicy:
     """value -> verdict of the policy in force for its producer (a body op of a loop):
-    its outermost region's policy, else the module's (scan loops decide per iteration)."""
+    its outermost checkpoint scope's policy, else the module's (scan loops decide per
+    iteration)."""
 
-    def __init__(self, policies: RegionPolicies, scope_re):
-        from remat_passes.plan import op_info
-        from remat_passes.mlir import op_id
-        from remat_passes import scan_pairs
-        self._op_info, self._op_id, self._scan = op_info, op_id, scan_pairs
+    def __init__(self, policies: ScopePolicies, scope_re):
         self.policies = policies
         self.scope_re = scope_re
         self.cache: dict = {}
 
     def op_verdict(self, op):
-        policy = self.policies.of_chain(graph.region_chain(op, self.scope_re))
-        key = (id(policy), self._op_id(op))
+        policy = self.policies.of_chain(graph.scope_chain(op, self.scope_re))
+        if policy.constant is not None:
+            return policy.constant
+        key = (id(policy), op_id(op))
         if key not in self.cache:
-            self.cache[key] = policy.verdict(self._op_info(op, policy.reads_attributes))
+            self.cache[key] = policy_verdict(policy, op)
         return self.cache[key]
 
     def __call__(self, value):
-        return self._scan.value_verdict(value, self.op_verdict)
+        return scan_pairs.value_verdict(value, self.op_verdict)
 
 
-def _recorded_region_policies(module_op, state: PassState) -> dict:
+def _recorded_scope_policies(module_op, state: PassState) -> dict:
     out = {}
     for key, spec in contract.region_specs(module_op).items():
         # "<...>": a Python callable policy, available only from state.region_policies

@@ -11,12 +11,10 @@ Units in the hand-written cases: K = 1024 bytes = one tensor<256xf32>.
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import types
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
 
@@ -407,12 +405,12 @@ T_SCORES = TB * TH * TT * TT * 4              # f32[4,4,128,128]: 1 MiB
 
 
 def _memory_figures():
-    """tools/memory_figures.py: the figures and these tests measure the same block."""
-    path = Path(__file__).resolve().parents[2] / "tools" / "memory_figures.py"
-    spec = importlib.util.spec_from_file_location("memory_figures", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tools/benchmarks: the figures and these tests measure the same models."""
+    from tools.benchmarks import memory_figures, models
+    return types.SimpleNamespace(
+        transformer_model=models.transformer_model, transformer_block=models.transformer_block,
+        partial_eval_only=memory_figures.partial_eval_only,
+        early_variant=memory_figures.early_variant)
 
 
 @pytest.fixture(scope="module")

@@ -1,22 +1,67 @@
-"""python -m tools.benchmarks {models,scaling,memory,render} [options]"""
+"""python -m tools.benchmarks {models,scaling,memory,render,all} [options]
+
+  models   the comparison with hand-written jax.checkpoint   -> results/models.json
+  scaling  pass time and memory against module size          -> results/scaling.json
+  memory   static peak-memory figures                        -> results/memory.json
+  render   docs/benchmarks.md and its plot from those files (the others only measure)
+  all      the three measurements, then render (about an hour on 2 cores)
+
+Run from the repository root after `pip install -e ".[bench]"`.
+"""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_models(argv) -> None:
+    from tools.benchmarks import common, measure
+    from tools.benchmarks.models import MODELS
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks models")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma-separated subset of {','.join(MODELS)}")
+    ap.add_argument("--repeat", type=int, default=3, help="timings: best of N (default 3)")
+    args = ap.parse_args(argv)
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+    _log(f"wrote {common.write_json('models', measure.measure(keys, args.repeat, _log))}")
+
+
+def run_memory(argv) -> None:
+    from tools.benchmarks import common, memory_figures
+    argparse.ArgumentParser(prog="python -m tools.benchmarks memory").parse_args(argv)
+    _log(f"wrote {common.write_json('memory', memory_figures.measure())}")
+
+
 def main(argv: list[str]) -> int:
-    commands = ("scaling",)
+    commands = ("models", "scaling", "memory", "render", "all")
     if not argv or argv[0] not in commands:
-        print(f"usage: python -m tools.benchmarks {{{','.join(commands)}}} [options]",
-              file=sys.stderr)
+        print(__doc__, file=sys.stderr)
         return 2
-    if argv[0] == "scaling":
+    command, rest = argv[0], argv[1:]
+    if command in ("models", "all"):
+        run_models(rest if command == "models" else [])
+    if command in ("scaling", "all"):
         from tools.benchmarks import scaling
-        return scaling.main(argv[1:])
-    return 2
+        scaling.main(rest if command == "scaling" else [])
+    if command in ("memory", "all"):
+        run_memory(rest if command == "memory" else [])
+    if command in ("render", "all"):
+        from tools.benchmarks import render
+        render.render()
+        _log(f"wrote {render.PAGE}")
+    else:
+        _log("docs/benchmarks.md is rebuilt from the results by: python -m tools.benchmarks render")
+    return 0
 
 
 if __name__ == "__main__":

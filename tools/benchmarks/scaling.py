@@ -12,7 +12,8 @@ Targets (issue: "The remat engine as a substrate"):
 * every pass's growth exponent k (t ~ n^k) between consecutive sizes <= 1.15
   (steps that take under NOISE_S at both sizes are too small to measure);
 * the pipeline <= 1 s per 10k ops at every size, and <= JAX's trace+lower time;
-* extra peak RSS during rp.remat <= 10x the module's text size.
+* extra peak RSS during rp.remat <= 10x the module's text size (after inlining: the
+  program the passes rewrite; MLIR text with locations, as `Module.save` writes it).
 """
 from __future__ import annotations
 
@@ -95,32 +96,52 @@ def run_case(module, policy, mode, repeat) -> dict:
     return best
 
 
+def measure_one(family, size, policies=POLICIES, modes=MODES, repeat=2) -> list[dict]:
+    """Every policy and mode of one family at one size (run in a fresh process by `measure`,
+    so that one size's heap does not slow the next down)."""
+    per, fixed = calibrate(family)
+    n = max(1, round((size - fixed) / per))
+    f, *args = _fun_args(family, n)
+    t0 = time.perf_counter()
+    module = rp.export_vjp(f, *args)
+    export_s = time.perf_counter() - t0
+    jax_s = min(jax_trace_lower_seconds(f, args) for _ in range(repeat))
+    ops_in = common.count_ops(module.op)
+    inlined = module.clone()
+    rp.run_pipeline(inlined.op, rp.parse_pipeline("builtin.module(inline)"))
+    ops = common.count_ops(inlined.op)
+    text_bytes = len(module.text(debug_info=True).encode())
+    inlined_text_bytes = len(inlined.text(debug_info=True).encode())
+    del inlined
+    rows = []
+    for policy in policies:
+        for mode in modes:
+            r = run_case(module, make_policy(policy, n), mode, repeat)
+            r.update(family=family, size=size, n=n, ops=ops, ops_in=ops_in,
+                     text_bytes=text_bytes, inlined_text_bytes=inlined_text_bytes,
+                     export_s=export_s, jax_s=jax_s, policy=policy, mode=mode)
+            rows.append(r)
+    return rows
+
+
 def measure(sizes=SIZES, families=tuple(FAMILIES), policies=POLICIES, modes=MODES,
             repeat=2, log=print) -> dict:
+    import json
+    import subprocess
     rows = []
     for family in families:
-        per, fixed = calibrate(family)
         for size in sizes:
-            n = max(1, round((size - fixed) / per))
-            f, *args = _fun_args(family, n)
-            t0 = time.perf_counter()
-            module = rp.export_vjp(f, *args)
-            export_s = time.perf_counter() - t0
-            jax_s = min(jax_trace_lower_seconds(f, args) for _ in range(repeat))
-            ops_in = common.count_ops(module.op)
-            ops = inlined_ops(module)
-            text_bytes = len(module.text().encode())
-            for policy in policies:
-                for mode in modes:
-                    r = run_case(module, make_policy(policy, n), mode, repeat)
-                    r.update(family=family, size=size, n=n, ops=ops, ops_in=ops_in,
-                             text_bytes=text_bytes, export_s=export_s, jax_s=jax_s,
-                             policy=policy, mode=mode)
-                    rows.append(r)
-                    log(f"{family:15s} {ops:>7,} ops {policy:17s} {mode:5s} "
-                        f"{r['seconds']:7.2f} s ({r['seconds'] / ops * 1e4:.2f} s/10k ops, "
-                        f"JAX {jax_s:.2f} s) rss x{(r['rss_extra'] or 0) / text_bytes:.1f}")
-            del module
+            cmd = [sys.executable, "-m", "tools.benchmarks.scaling", "--one", family, str(size),
+                   "--policies", ",".join(policies), "--modes", ",".join(modes),
+                   "--repeat", str(repeat)]
+            proc = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+            for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+                rows.append(r)
+                log(f"{family:15s} {r['ops']:>7,} ops {r['policy']:17s} {r['mode']:5s} "
+                    f"{r['seconds']:7.2f} s ({r['seconds'] / r['ops'] * 1e4:.2f} s/10k ops, "
+                    f"JAX {r['jax_s']:.2f} s) rss x{(r['rss_extra'] or 0) / r['inlined_text_bytes']:.1f}")
     return {"machine": common.machine(), "repeat": repeat, "rows": rows,
             "descriptions": DESCRIPTIONS}
 
@@ -161,16 +182,18 @@ def render(data) -> str:
              f"({m['backend']}), remat_passes {m['remat_passes']} at {m['commit']}; "
              f"best of {data['repeat']}; the machine is shared and noisy, so compare within a "
              "run). Ops are counted after inlining (the program the passes rewrite); "
-             "`jitted-calls` has fewer before (`ops in`). JAX = `jax.jit(joint).lower(...)` "
-             "of the same joint VJP function (trace + lower), measured in the same run. RSS = "
-             "extra peak resident memory of the process during `rp.remat`, as a multiple of "
-             "the module's MLIR text size.")
+             "`jitted-calls` has fewer before (`ops in`, and `in` text). Text = the module's MLIR "
+             "text with locations (what `Module.save` writes), after inlining. JAX = "
+             "`jax.jit(joint).lower(...)` of the same joint VJP function (trace + lower), "
+             "measured in the same run. RSS = extra peak resident memory of the process during "
+             "`rp.remat`, as a multiple of that text size. Each family and size runs in a "
+             "fresh process.")
     L.append("")
     ks = checks(data)
     worst_k = max((c["k"] for c in ks if c["measurable"] and c["k"] is not None), default=None)
     slow = [r for r in rows if r["seconds"] / r["ops"] * 1e4 > TARGET_S_PER_10K]
     behind = [r for r in rows if r["seconds"] > r["jax_s"]]
-    rss = [r["rss_extra"] / r["text_bytes"] for r in rows if r["rss_extra"] is not None]
+    rss = [r["rss_extra"] / r["inlined_text_bytes"] for r in rows if r["rss_extra"] is not None]
     L.append("| target | result |")
     L.append("|---|---|")
     L.append(f"| growth exponent of every pass <= {MAX_EXPONENT} | worst {worst_k:.2f} "
@@ -195,8 +218,12 @@ def render(data) -> str:
         L.append("|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|")
         for r in sorted(fr, key=lambda r: (r["ops"], r["policy"], r["mode"])):
             step, st = max(r["steps"].items(), key=lambda kv: kv[1])
-            rssx = "—" if r["rss_extra"] is None else f"{r['rss_extra'] / r['text_bytes']:.1f}"
-            L.append(f"| {r['ops']:,} | {r['ops_in']:,} | {r['text_bytes'] / 2**20:.1f} MiB | "
+            rssx = "—" if r["rss_extra"] is None else \
+                f"{r['rss_extra'] / r['inlined_text_bytes']:.1f}"
+            text = f"{r['inlined_text_bytes'] / 2**20:.1f} MiB"
+            if r["inlined_text_bytes"] != r["text_bytes"]:
+                text += f" ({r['text_bytes'] / 2**20:.1f} MiB in)"
+            L.append(f"| {r['ops']:,} | {r['ops_in']:,} | {text} | "
                      f"{r['jax_s']:.2f} | {r['policy']} | {r['mode']} | {r['seconds']:.2f} | "
                      f"{r['seconds'] / r['ops'] * 1e4:.2f} | {r['seconds'] / r['jax_s']:.2f} | "
                      f"{rssx} | {step} {st:.2f} s |")
@@ -215,18 +242,31 @@ def render(data) -> str:
 
 def main(argv) -> int:
     import argparse
+    import json
     ap = argparse.ArgumentParser(prog="python -m tools.benchmarks scaling",
                                  description=__doc__.split("\n\n")[0])
+    ap.add_argument("--one", nargs=2, metavar=("FAMILY", "SIZE"),
+                    help="measure one family at one size and print the rows as JSON")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args(argv)
+    if args.one:
+        rows = measure_one(args.one[0], int(args.one[1]), args.policies.split(","),
+                           args.modes.split(","), args.repeat)
+        print(json.dumps(rows))
+        return 0
     data = measure([int(s) for s in args.sizes.split(",")], args.families.split(","),
                    args.policies.split(","), args.modes.split(","), args.repeat,
                    log=lambda s: print(s, file=sys.stderr, flush=True))
     path = common.write_json("scaling", data)
-    print(render(data))
     print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__":
+    import os
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    sys.exit(main(sys.argv[1:]))
