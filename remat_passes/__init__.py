@@ -10,6 +10,7 @@ from remat_passes.memory import FunctionMemory, MemoryEstimate, estimate_memory,
 from remat_passes.mlir import RematError
 from remat_passes.module import Module, load
 from remat_passes.pipeline import remat, run_pipeline, parse_pipeline
+from remat_passes.planner import ParetoPoint, pareto
 from remat_passes.report import Residual, print_fwd_bwd, print_saved_residuals, saved_residuals
 
 __version__ = "0.1.0"
@@ -19,5 +20,6 @@ __all__ = [
     "checkpoint", "checkpoint_name", "policies", "remat", "run_pipeline", "parse_pipeline",
     "saved_residuals", "print_saved_residuals", "print_fwd_bwd", "Residual", "RematError",
     "estimate_memory", "format_memory", "MemoryEstimate", "FunctionMemory",
+    "pareto", "ParetoPoint",
     "__version__",
 ]

@@ -77,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-memory", action="store_true",
                    help="print a static peak-live-bytes estimate of each public function after "
                         "the pipeline, one line per function (the module goes to -o only)")
+    p.add_argument("--print-pareto", action="store_true",
+                   help="print, for a sweep of memory budgets, what auto(budget=...) keeps "
+                        "and recomputes (residual bytes, extra FLOPs, joint peak, solve time) "
+                        "after the pipeline; the module goes to -o only")
+    p.add_argument("--pareto-points", type=int, default=20, metavar="N",
+                   help="budgets in the --print-pareto sweep, from the minimum to no remat "
+                        "(default 20)")
+    p.add_argument("--pareto-offload", choices=["pinned_host", "unpinned_host"],
+                   help="let the --print-pareto plans offload to this memory")
+    p.add_argument("--pareto-device", metavar="PROFILE",
+                   help="cost profile of the --print-pareto plans: cpu, h100, tpu-v5e "
+                        "(default: the JAX backend in use)")
     p.add_argument("--list-passes", action="store_true", help="list the passes and their options")
     p.add_argument("--version", action="version", version=f"remat-opt {__version__}")
     group = p.add_argument_group("passes (run in command-line order)")
@@ -140,6 +152,16 @@ def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]
     report = ""
     if args.print_memory:
         report += format_memory(estimate_memory(module.op)) + "\n"
+    if args.print_pareto:
+        from remat_passes import planner
+        if args.pareto_device is not None and args.pareto_device not in planner.PROFILES:
+            raise RematError(f"error: unknown --pareto-device '{args.pareto_device}'; known: "
+                             f"{', '.join(planner.PROFILES)}")
+        if args.pareto_points < 1:
+            raise RematError("error: --pareto-points must be at least 1")
+        points = planner.pareto(module, points=args.pareto_points, offload=args.pareto_offload,
+                                device=args.pareto_device)
+        report += planner.format_pareto(points) + "\n"
     if args.print_saved_residuals:
         for fname, residuals in state.residuals.items():
             count = f"{len(residuals)} value" + ("" if len(residuals) == 1 else "s")
@@ -184,7 +206,7 @@ def run(argv: list[str]) -> int:
         return 1
     joiner = f"\n{SPLIT_MARKER}\n".encode()
     result = outputs[0] if args.emit_bytecode else joiner.join(o.rstrip(b"\n") for o in outputs) + b"\n"
-    if args.print_saved_residuals or args.print_memory:
+    if args.print_saved_residuals or args.print_memory or args.print_pareto:
         sys.stdout.write(f"{SPLIT_MARKER}\n".join(reports))
         if args.output != "-":
             write_atomically(args.output, result)

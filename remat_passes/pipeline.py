@@ -231,4 +231,5 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     out.residuals = state.residuals.get(func, [])
     out.remarks = list(state.remarks)
     out.timings = list(state.timings)
+    out.plan_reports = state.plan_reports.get(func, [])
     return out

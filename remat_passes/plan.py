@@ -29,7 +29,7 @@ from array import array
 from typing import NamedTuple
 
 from remat_passes import contract, graph
-from remat_passes.mlir import RematError
+from remat_passes.mlir import RematError, op_id
 from remat_passes.policies import (Offloadable, OpInfo, Recompute, Saveable, as_policy,
                                    everything_saveable, nothing_saveable)
 
@@ -61,6 +61,11 @@ def policy_verdict(policy, op):
     """The policy's verdict on `op`. A policy that keeps the OpInfo it was given (to log
     decisions, say) gets it with every field computed, as a record and not a view of IR
     that a later rewrite frees."""
+    if hasattr(policy, "verdicts"):    # a planned policy: a verdict per op, by identity
+        v = policy.verdicts.get(op_id(op))
+        if v is not None:
+            return v
+        policy = policy.fallback
     info = op_info(op, policy.reads_attributes)
     verdict = policy.verdict(info)
     if sys.getrefcount(info) > 2:   # our reference and getrefcount's own

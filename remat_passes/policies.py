@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import dataclasses
 import difflib
 from typing import Any, Callable
@@ -299,6 +300,14 @@ def SaveAndOffloadOnlyTheseNames(names_which_can_be_saved, names_which_can_be_of
         offload_src=offload_src, offload_dst=offload_dst)
 
 
+def auto(budget, offload=None, device=None, objective="residuals", solver="auto"):
+    """The memory-budget planner: the cheapest recomputation whose residuals fit `budget`
+    (bytes, '512MiB', '2GiB' or '50%' of the residual bytes without remat). See
+    `remat_passes.planner`."""
+    from remat_passes.planner import auto as make
+    return make(budget, offload=offload, device=device, objective=objective, solver=solver)
+
+
 # Names usable in a policy spec, with the number of arguments they take
 # (None: the name itself is the policy).
 POLICIES: dict[str, Any] = {
@@ -317,6 +326,7 @@ POLICIES: dict[str, Any] = {
     "SaveOnlyTheseNames": SaveOnlyTheseNames,
     "SaveAnyNamesButThese": SaveAnyNamesButThese,
     "SaveAndOffloadOnlyTheseNames": SaveAndOffloadOnlyTheseNames,
+    "auto": auto,
 }
 
 
@@ -376,13 +386,21 @@ def as_policy(policy) -> Policy:
 
 
 # ------------------------------------------------------------- spec parsing --
+_AUTO_VALUE = re.compile(r"\b(budget|offload|device|objective|solver)\s*=\s*([^,()'\"]+)")
+
+
+def _quote_auto_values(text: str) -> str:
+    """`auto(budget=2GiB)` -> `auto(budget='2GiB')`: budgets with units or % are no Python."""
+    return _AUTO_VALUE.sub(lambda m: f"{m.group(1)}='{m.group(2).strip()}'", text)
+
+
 def parse_policy(spec: str) -> Policy:
     """Read a policy spec such as `save_only_these_names(a, 'b.c')`.
 
     Bare identifiers among the arguments are names (strings), so specs can be
     written on a command line without quotes.
     """
-    text = spec.strip()
+    text = _quote_auto_values(spec.strip())
     try:
         tree = ast.parse(text, mode="eval").body
     except SyntaxError as e:

@@ -15,9 +15,11 @@ class Residual:
     description: str     # 'from the argument W1' / 'output of sin from f.py:3:4 (g)'
     bytes: int
     offload: Offloadable | None = None
+    note: str | None = None   # auto(budget=...): what recomputing it would have cost
 
     def __str__(self):
-        return f"{self.type} {self.description}"
+        text = f"{self.type} {self.description}"
+        return text if self.note is None else f"{text} ({self.note})"
 
 
 def describe_value(value, func_op, analysis=None) -> str:

@@ -63,6 +63,7 @@ class PassState:
         self.residuals: dict = {}
         self.remarks: list = []
         self.timings: list = []      # (pass name, seconds) per step run
+        self.plan_reports: dict = {} # function -> [planner.PlanReport] of auto policies
         self._analyses: dict = {}
 
     def analysis(self, func_op, cotangent_indices=None):

@@ -91,11 +91,12 @@ def round_loops(pairs) -> None:
 
 def recomputes(func_op) -> bool:
     """Did remat-partial-eval recompute anything in `func_op` from saved values? Clones
-    of constants (and of ops on cloned constants only) don't count."""
+    of constants (and of ops on cloned constants only) and of checkpoint-name markers
+    (identities) don't count."""
     found = []
 
     def visit(op):   # loop bodies included: per-iteration recomputation counts
-        if contract.is_recompute_clone(op) and any(
+        if contract.is_recompute_clone(op) and contract.checkpoint_name(op) is None and any(
                 isinstance(v, ir.BlockArgument) or not contract.is_recompute_clone(v.owner)
                 for v in op.operands):
             found.append(op)

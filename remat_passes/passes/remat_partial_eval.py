@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from remat_passes import contract, graph, report, scan_pairs
+from remat_passes import contract, graph, planner, report, scan_pairs
 from remat_passes.materialize import materialize
 
 from remat_passes.passes import ModulePass, PassState, option, parse_int_list
@@ -91,10 +91,21 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         f = graph.find_func(module_op, self.func)   # a clear error before any rewrite
         with module_op.context:
             self._mark_cotangents(f, state)
+            policy = as_policy(self.policy) if self.policy is not None else None
+            if isinstance(policy, planner.AutoPolicy) and policy.objective == "peak":
+                policy = self._residual_budget_for_peak(policy, module_op, state)
             policies = ScopePolicies(
-                as_policy(self.policy) if self.policy is not None else None,
+                policy,
                 _recorded_scope_policies(module_op, state), as_policy(self.region_policy))
             block = graph.body_block(f)
+            reports = []
+            if planner.has_auto(policies):   # auto(budget=...): solved for the whole function
+                a0 = state.analysis(f)
+                kept0 = {}
+                for rule in RULES.values():
+                    kept0.update(rule.kept_whole(a0))
+                reports = planner.resolve(policies, a0, self.region_regex, set(kept0))
+                state.drop(self.func)
             groups = Groups()
             iteration_policy = _IterationPolicy(policies, self.region_regex)
             for rule in RULES.values():     # phase 1: ops with regions, decided inside
@@ -109,6 +120,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                                       first_group=groups.n)
             vids = plan.residuals()
             residuals = [report.residual(a.value(v), f, plan.saved[v], a) for v in vids]
+            for r in reports:
+                _explain(r, a, vids, residuals, state)
             erased = materialize(plan)
             keep = [i for i, v in enumerate(vids) if a.producer[v] not in erased]
             vids = [vids[i] for i in keep]
@@ -126,6 +139,16 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 split_function(plan, vids, [str(r) for r in residuals])
             state.drop()
         state.residuals[self.func] = residuals
+        state.plan_reports[self.func] = reports
+
+    def _residual_budget_for_peak(self, policy, module_op, state):
+        """auto(objective=peak): trial plans on copies of the module (see planner.for_peak)."""
+        from remat_passes.module import Module
+        copy = Module(module_op, region_policies=state.region_policies,
+                      filename=state.filename).clone()
+        options = {"region_regex": self.region_regex, "region_policy": self.region_policy,
+                   "cotangent_args": self.cotangent_args, "prevent_cse": False}
+        return planner.for_peak(policy, copy, self.func, options)
 
     def _mark_cotangents(self, f, state: PassState) -> None:
         """`cotangent-args` is authoritative: it replaces the marks (remarked if they differ);
@@ -168,6 +191,30 @@ class _IterationPolicy:
 
     def __call__(self, value):
         return scan_pairs.value_verdict(value, self.op_verdict)
+
+
+def _explain(plan_report, a, vids, residuals, state) -> None:
+    """auto: say what recomputing each saved value would have cost, and what is recomputed."""
+    for vid, r in zip(vids, residuals):
+        pos = a.producer[vid]
+        if pos >= 0:
+            op = a.ops[pos]
+            cost = plan_report.recompute_cost.get(op_id(op))
+            if cost is not None and cost[0] == op.name and cost[1] > 0:
+                r.note = (f"recomputing it: {planner.format_flop(cost[1])}, "
+                          f"{planner.format_seconds(cost[2])}")
+    state.remarks.append(plan_report.summary())
+    free = 0
+    for what, f, seconds, label in plan_report.recomputed:
+        if f <= 0:
+            free += 1
+            continue
+        where = "" if label == "top" else f" per iteration of the {label}"
+        state.remarks.append(f"auto recomputes {what}{where}: {planner.format_flop(f)}, "
+                             f"{planner.format_seconds(seconds)}")
+    if free:
+        state.remarks.append(f"auto recomputes {free} op(s) that cost no FLOPs (data "
+                             "movement, checkpoint names)")
 
 
 def _recorded_scope_policies(module_op, state: PassState) -> dict:

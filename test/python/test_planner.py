@@ -1,0 +1,285 @@
+"""auto(budget=...): the memory-budget planner.
+
+Checked against the real thing: gradients against `jax.vjp` at every budget of
+a sweep (joint and split), residual bytes against the budget, recompute cost
+against every fixed policy that fits the same budget, the scalable solver
+against the exact integer program.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_passes as rp
+from remat_passes import flops, planner
+from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
+
+P = rp.policies
+
+
+def mlp(W, b, x):
+    for i in range(5):
+        x = rp.checkpoint_name(jnp.tanh(x @ W + b), f"h{i}")
+        x = jnp.sin(x) * 0.9
+    return jnp.sum(x ** 2)
+
+
+def mlp_args():
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    return (jax.random.normal(k[0], (32, 32)) * 0.2, jax.random.normal(k[1], (32,)) * 0.1,
+            jax.random.normal(k[2], (16, 32)))
+
+
+def block(p, x):
+    q, k, v = x @ p["wq"], x @ p["wk"], x @ p["wv"]
+    s = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k) / 4.0, axis=-1)
+    h = x + rp.checkpoint_name(jnp.einsum("bqk,bkd->bqd", s, v) @ p["wo"], "attn")
+    m = (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-5)
+    return jnp.sum(h + jax.nn.gelu(m @ p["w1"]) @ p["w2"])
+
+
+def block_args():
+    ks = jax.random.split(jax.random.PRNGKey(1), 7)
+    shapes = {"wq": (16, 16), "wk": (16, 16), "wv": (16, 16), "wo": (16, 16),
+              "w1": (16, 32), "w2": (32, 16)}
+    p = {n: jax.random.normal(kk, s) * 0.2 for (n, s), kk in zip(shapes.items(), ks)}
+    return p, jax.random.normal(ks[6], (2, 8, 16))
+
+
+def scanned(Ws, x):
+    def layer(h, w):
+        return jnp.tanh(jnp.sin(h @ w) * 0.9), None
+    return jnp.sum(jax.lax.scan(layer, x, Ws)[0])
+
+
+def scanned_args():
+    k = jax.random.split(jax.random.PRNGKey(2), 2)
+    return jax.random.normal(k[0], (6, 16, 16)) * 0.2, jax.random.normal(k[1], (4, 16))
+
+
+MODELS = {"mlp": (mlp, mlp_args), "block": (block, block_args),
+          "scan": (scanned, scanned_args)}
+_CACHE: dict = {}
+
+
+def case(name):
+    if name not in _CACHE:
+        fun, make = MODELS[name]
+        args = make()
+        _CACHE[name] = (fun, args, rp.export_vjp(fun, *args))
+    return _CACHE[name]
+
+
+def device_bytes(out) -> int:
+    return sum(r.bytes for r in out.residuals
+               if r.offload is None or r.offload.dst not in ("pinned_host", "unpinned_host"))
+
+
+def recompute_flops(out, func="main") -> float:
+    """FLOPs of the split form over the no-remat split (what recomputation costs)."""
+    return flops.function_flops(out, f"{func}_fwd") + flops.function_flops(out, f"{func}_bwd")
+
+
+# --------------------------------------------------------------- budgets --
+@pytest.mark.parametrize("text,expected", [
+    ("512", 512), ("512MiB", 512 * 2**20), ("2GiB", 2 * 2**30), ("1.5GB", 1_500_000_000),
+    ("64 KiB", 65536), (1000, 1000)])
+def test_budget_in_bytes(text, expected):
+    assert planner.parse_budget(text).resolve(10**12) == expected
+
+
+def test_budget_as_percentage():
+    assert planner.parse_budget("50%").resolve(1000) == 500
+
+
+@pytest.mark.parametrize("bad", ["lots", "12 parsecs", "-5", "5 %%"])
+def test_bad_budget_is_a_clear_error(bad):
+    with pytest.raises(rp.RematError, match="budget"):
+        P.auto(budget=bad)
+
+
+def test_specs_round_trip():
+    pol = P.parse_policy("auto(budget=2GiB, offload=pinned_host, device=h100)")
+    assert isinstance(pol, planner.AutoPolicy)
+    assert pol.budget.nbytes == 2 * 2**30 and pol.offload == "pinned_host"
+    assert P.parse_policy(pol.spec).spec == pol.spec
+    assert P.parse_policy("auto(budget=50%)").budget.fraction == 0.5
+    with pytest.raises(rp.RematError, match="unknown device"):
+        P.parse_policy("auto(budget=1GiB, device=abacus)")
+
+
+def test_budget_below_the_minimum_names_it():
+    _, _, m = case("mlp")
+    lo, hi = planner.bounds(m)
+    assert 0 < lo < hi
+    with pytest.raises(rp.RematError, match=f"minimum this function can keep, {lo} B"):
+        rp.remat(m, P.auto(budget=lo - 1))
+    rp.remat(m, P.auto(budget=lo))   # the minimum itself is fine
+
+
+# ---------------------------------------------------------------- sweeps --
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp", "block", "scan"])
+def test_sweep_fits_is_monotone_and_exact(name):
+    """Ten budgets from the minimum to no remat: residual bytes within the budget, cost
+    never rising with the budget, and the gradients of jax.vjp at every budget, joint
+    and split."""
+    fun, args, m = case(name)
+    out_ref, ct, grads = reference_vjp(fun, args)
+    expected = leaves(out_ref) + leaves(grads)
+    lo, hi = planner.bounds(m)
+    costs = []
+    for k in range(10):
+        budget = int(lo + (hi - lo) * k / 9)
+        split = rp.remat(m, P.auto(budget=budget), mode="split")
+        assert device_bytes(split) <= budget, (budget, device_bytes(split))
+        costs.append(recompute_flops(split))
+        got, _ = run_split(split, args, ct, len(leaves(out_ref)))
+        assert_trees_close(got, expected, what=f"{name} split at {budget} B")
+        if k in (0, 5, 9):
+            joint = rp.remat(m, P.auto(budget=budget))
+            assert_trees_close(run_joint(joint, args, ct), expected,
+                               what=f"{name} joint at {budget} B")
+    assert all(b <= a + 1e-6 for a, b in zip(costs, costs[1:])), costs
+    assert costs[0] > costs[-1], costs   # a tight budget does recompute something
+
+
+FIXED = ["nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
+         "save_only_these_names(h0, h2, h4)", "save_only_these_names(attn)",
+         "save_any_names_but_these(h1)"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "block", "scan"])
+def test_beats_every_fixed_policy_at_its_own_budget(name):
+    """For each fixed policy P: auto(budget = P's residual bytes) keeps at most that many
+    bytes and its recomputation costs, in the planner's model (the same model for every
+    policy: the ops each plan clones), no more than that of the cheapest fixed policy
+    fitting the budget. (docs/benchmarks.md compares XLA's cost analysis on the
+    benchmark models.)"""
+    _, _, m = case(name)
+    fixed = {}
+    for spec in FIXED:
+        out = rp.remat(m, spec, mode="split")
+        fixed[spec] = (device_bytes(out), planner.recompute_seconds(m, spec, device="cpu"))
+    for spec, (nbytes, _) in fixed.items():
+        policy = P.auto(budget=nbytes, device="cpu")
+        out = rp.remat(m, policy, mode="split")
+        cheapest = min(c for b, c in fixed.values() if b <= nbytes)
+        ours = planner.recompute_seconds(m, policy, device="cpu")
+        assert device_bytes(out) <= nbytes
+        assert ours <= cheapest * (1 + 1e-9) + 1e-18, (spec, ours, cheapest)
+
+
+@pytest.mark.parametrize("name", ["mlp", "block", "scan"])
+def test_scalable_solver_is_close_to_the_exact_one(name):
+    _, _, m = case(name)
+    lo, hi = planner.bounds(m)
+    for k in (1, 3, 5, 7):
+        budget = int(lo + (hi - lo) * k / 8)
+        out = rp.remat(m, P.auto(budget=budget, solver="lagrangian"))
+        exact = rp.remat(m, P.auto(budget=budget, solver="exact"))
+        s, e = out.plan_reports[0].solution, exact.plan_reports[0].solution
+        assert s.device_bytes <= budget and e.device_bytes <= budget
+        assert s.cost <= e.cost * 1.02 + 1e-15, (budget, s.cost, e.cost)
+
+
+def test_reports_explain_saved_and_recomputed_values():
+    _, _, m = case("mlp")
+    lo, hi = planner.bounds(m)
+    out = rp.remat(m, P.auto(budget=(lo + hi) // 2))
+    noted = [r for r in out.residuals if r.note]
+    assert noted and all("recomputing it:" in str(r) for r in noted)
+    assert any(r.startswith("auto(budget=") and "plan keeps" in r for r in out.remarks)
+    assert any(r.startswith("auto recomputes") for r in out.remarks)
+
+
+def test_scan_decides_per_iteration():
+    """In a scan, the decision is per iteration: a tight budget stops stacking values the
+    body can recompute (the stacked buffers shrink), and the gradients stay exact."""
+    fun, args, m = case("scan")
+    lo, hi = planner.bounds(m)
+    tight = rp.remat(m, P.auto(budget=lo), mode="split")
+    loose = rp.remat(m, P.auto(budget=hi), mode="split")
+    stacked = [r for r in tight.residuals if "of each iteration" in r.description]
+    assert device_bytes(tight) < device_bytes(loose)
+    assert len(stacked) < len([r for r in loose.residuals if "of each iteration" in r.description])
+    assert any("per iteration of the scan loop" in r for r in tight.remarks)
+
+
+def test_offload_moves_what_does_not_fit():
+    """With offload allowed, a budget below the device minimum of recompute-only plans is
+    met by moving values to host; the module still runs on CPU with exact gradients."""
+    fun, args, m = case("mlp")
+    out_ref, ct, grads = reference_vjp(fun, args)
+    lo, hi = planner.bounds(m)
+    out = rp.remat(m, P.auto(budget=lo, offload="pinned_host", device="h100"), mode="split")
+    assert device_bytes(out) <= lo
+    got, _ = run_split(out, args, ct, 1)
+    assert_trees_close(got, leaves(out_ref) + leaves(grads))
+
+
+def test_objective_peak_bounds_the_joint_peak():
+    _, _, m = case("mlp")
+    base = rp.estimate_memory(rp.remat(m, None))["main"].peak_bytes
+    budget = int(base * 0.8)
+    out = rp.remat(m, P.auto(budget=budget, objective="peak"))
+    assert rp.estimate_memory(out)["main"].peak_bytes <= budget
+
+
+def test_pareto_is_monotone():
+    _, _, m = case("block")
+    points = planner.pareto(m, points=6)
+    assert len(points) == 6
+    for a, b in zip(points, points[1:]):
+        assert b.extra_flops <= a.extra_flops + 1e-6
+        assert a.residual_bytes <= a.budget
+    assert "budget | residuals" in planner.format_pareto(points)
+
+
+def test_auto_as_a_region_policy():
+    """rp.checkpoint(f, policy=auto(...)): the planner decides inside the region only."""
+    def f(W, x):
+        g = rp.checkpoint(lambda W, x: jnp.sum(jnp.sin(jnp.tanh(x @ W) @ W)),
+                          policy=P.auto(budget="0%"))
+        return g(W, x) * 2.0
+    args = (jnp.ones((8, 8)) * 0.1, jnp.ones((4, 8)))
+    m = rp.export_vjp(f, *args)
+    with pytest.raises(rp.RematError, match="below the minimum"):
+        rp.remat(m)     # 0 B cannot hold the region's inputs
+    lo, _ = planner.bounds(m)
+    m2 = rp.export_vjp(lambda W, x: rp.checkpoint(
+        lambda W, x: jnp.sum(jnp.sin(jnp.tanh(x @ W) @ W)),
+        policy=P.auto(budget=lo))(W, x) * 2.0, *args)
+    out = rp.remat(m2)
+    out_ref, ct, grads = reference_vjp(f, args)
+    assert_trees_close(run_joint(out, args, ct), leaves(out_ref) + leaves(grads))
+    assert out.plan_reports
+
+
+def test_cli_spec_with_units(tmp_path):
+    from remat_passes import cli
+    _, _, m = case("mlp")
+    path = tmp_path / "m.mlir"
+    m.save(str(path))
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main([str(path), "--print-saved-residuals",
+                         "--remat=policy=auto(budget=90%)"]) == 0
+    text = buf.getvalue()
+    assert "// remark: auto(budget=90%)" in text and "recomputing it:" in text
+
+
+def test_solutions_agree_with_numpy_model():
+    """The model's own accounting: device bytes of a solution equal the residual bytes the
+    engine then keeps (for a module without checkpoint regions)."""
+    _, _, m = case("block")
+    lo, hi = planner.bounds(m)
+    for k in (2, 6):
+        budget = int(lo + (hi - lo) * k / 8)
+        out = rp.remat(m, P.auto(budget=budget), mode="split")
+        assert out.plan_reports[0].solution.device_bytes == device_bytes(out)
+    assert np.isfinite(out.plan_reports[0].solution.cost)
