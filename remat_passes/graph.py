@@ -239,8 +239,8 @@ def element_bits(elem: str) -> int:
     return 32
 
 
-def type_bytes(t) -> int:
-    """Bytes of a ranked tensor type; 0 for tokens and other non-tensors."""
+def type_elements(t) -> int:
+    """Elements of a ranked tensor type (dynamic dimensions count 0); 0 for non-tensors."""
     try:
         rt = ir.RankedTensorType(t)
     except (ValueError, TypeError):
@@ -248,7 +248,13 @@ def type_bytes(t) -> int:
     n = 1
     for d in rt.shape:
         n *= max(d, 0)
-    return n * element_bits(str(rt.element_type)) // 8
+    return n
+
+
+def type_bytes(t) -> int:
+    """Bytes of a ranked tensor type; 0 for tokens and other non-tensors."""
+    n = type_elements(t)
+    return n * element_bits(str(ir.RankedTensorType(t).element_type)) // 8 if n else 0
 
 
 _JAX_DTYPE = {"i1": "bool", "complex<f32>": "c64", "complex<f64>": "c128"}

@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 
-from remat_passes import flops, graph, scan_pairs
+from remat_passes import contract, flops, graph, scan_pairs
 from remat_passes.mlir import RematError, op_id
 from remat_passes.policies import Offloadable, Policy, Recompute, Saveable, everything_saveable
 
@@ -94,6 +94,10 @@ class DeviceProfile:
         if name in _FUSIBLE:
             return f / self.vector_flops
         return max(f / self.vector_flops, flops.op_bytes(op) / self.memory_bandwidth)
+
+    def rounding_seconds(self, elements: int) -> float:
+        """A reduce_precision over `elements` (fused: one FLOP each, as XLA counts it)."""
+        return elements / self.vector_flops
 
     def offload_seconds(self, nbytes: int) -> float:
         """To host after the forward and back before the backward."""
@@ -193,8 +197,9 @@ class AutoPolicy(Policy):
             raise ValueError(f"unknown device {device!r}; known: {', '.join(PROFILES)}")
         if objective not in ("residuals", "peak"):
             raise ValueError(f"objective must be residuals or peak, got {objective!r}")
-        if solver not in ("auto", "exact", "lagrangian"):
-            raise ValueError(f"solver must be auto, exact or lagrangian, got {solver!r}")
+        if not callable(solver) and solver not in ("auto", "exact", "lagrangian"):
+            raise ValueError(f"solver must be auto, exact, lagrangian or a function, "
+                             f"got {solver!r}")
         self.offload, self.device, self.objective, self.solver = offload, device, objective, solver
         parts = [f"budget={self.budget}"]
         if offload:
@@ -204,7 +209,7 @@ class AutoPolicy(Policy):
         if objective != "residuals":
             parts.append(f"objective={objective}")
         if solver != "auto":
-            parts.append(f"solver={solver}")
+            parts.append(f"solver={getattr(solver, '__name__', solver)}")
         super().__init__(self._unresolved, f"auto({', '.join(parts)})")
 
     def _unresolved(self, op):
@@ -254,10 +259,17 @@ class Problem:
     recomputable: np.ndarray      # bool per op node
     needed: np.ndarray            # bool per value node: a backward op reads it
     reads: list                   # per op node, the value nodes it reads
-    offload_cost: np.ndarray | None   # seconds per value node, or None (no offload)
+    offload_cost: np.ndarray | None   # seconds per value node (inf: cannot move), or None
+                                      # (no offload)
     ops: list                     # per op node, the ir.Operation
     values: list                  # per value node, the ir.Value
     labels: list                  # per op node: "top" or the scan loop it is in
+    keep_cost: np.ndarray | None = None   # seconds per value node when it is kept (saved or
+                                          # offloaded) by a plan that recomputes a rounding
+                                          # op: the reduce_precision every kept floating-
+                                          # point result gets (insert-reduce-precision)
+    rounds: np.ndarray | None = None      # bool per op node: recomputing it makes
+                                          # insert-reduce-precision round (not a name marker)
 
     @property
     def n_ops(self) -> int:
@@ -268,6 +280,10 @@ class Problem:
         return len(self.value_bytes)
 
     def __post_init__(self):
+        if self.keep_cost is None:
+            self.keep_cost = np.zeros(self.n_values)
+        if self.rounds is None:
+            self.rounds = np.ones(self.n_ops, bool)
         lengths = np.array([len(r) for r in self.reads], dtype=np.int64)
         self.read_rows = np.repeat(np.arange(self.n_ops), lengths)   # op node per read
         self.read_flat = np.concatenate(self.reads) if self.reads else np.zeros(0, np.int64)
@@ -311,9 +327,12 @@ def evaluate(p: Problem, recompute: np.ndarray, offload_ok=None) -> tuple:
     available = p.demand(recompute) > 0
     rec_v = p.recomputed_values(recompute)
     kept = available & ~rec_v
-    offloaded = kept & offload_ok if offload_ok is not None else np.zeros(p.n_values, bool)
+    offloaded = kept & offload_ok & np.isfinite(p.offload_cost) if offload_ok is not None \
+        else np.zeros(p.n_values, bool)
     device = int(p.value_bytes[kept & ~offloaded].sum())
     cost = float(p.op_cost[recompute].sum())
+    if (recompute & p.rounds).any():   # else insert-reduce-precision inserts nothing
+        cost += float(p.keep_cost[kept].sum())
     if p.offload_cost is not None:
         cost += float(p.offload_cost[offloaded].sum())
     return available, offloaded, device, cost
@@ -330,7 +349,7 @@ def _mins(p: Problem, lam: float) -> np.ndarray:
     keep = lam * p.value_bytes
     if p.offload_cost is not None:
         keep = np.minimum(keep, p.offload_cost)
-    return keep
+    return keep + p.keep_cost
 
 
 class _CutGraph:
@@ -358,8 +377,9 @@ class _CutGraph:
             [(src, n_ops + v) for v in range(n_values)] + [(n_ops + v, snk) for v in range(n_values)]
         self.rec = rec
         self.graph = igraph.Graph(n=n_ops + n_values + 2, edges=ends, directed=True)
-        self.big = float(p.op_cost.sum() + (p.offload_cost.sum() if p.offload_cost is not None
-                                             else 0.0)) * 4 + 1.0
+        movable = 0.0 if p.offload_cost is None else \
+            float(p.offload_cost[np.isfinite(p.offload_cost)].sum())
+        self.big = (float(p.op_cost.sum()) + movable) * 4 + 1.0
 
     def solve(self, lam: float) -> np.ndarray:
         """Recompute set minimising cost + lam * bytes (offload where cheaper)."""
@@ -391,7 +411,7 @@ def solve_lagrangian(p: Problem, budget: int, iterations: int = 40,
                      improve_seconds: float | None = None) -> Solution:
     """Bisection on the multiplier; the cuts next to the budget are repaired into it (see
     below), and the cheapest plan is improved by large-neighbourhood search for
-    `improve_seconds` (default: 1 s, or 0.2 ms per node of the problem)."""
+    `improve_seconds` (default: 0.2 ms per node of the problem, from 1 s to 10 s)."""
     start = time.perf_counter()
     graph = _CutGraph(p)
     offload_ok = None if p.offload_cost is None else np.isfinite(p.offload_cost)
@@ -446,7 +466,7 @@ def solve_lagrangian(p: Problem, budget: int, iterations: int = 40,
         best = (rec, ok, evaluate(p, rec, ok)[3])
     else:
         improve = improve_seconds if improve_seconds is not None else \
-            max(1.0, 2e-4 * (p.n_ops + p.n_values))
+            max(1.0, min(10.0, 2e-4 * (p.n_ops + p.n_values)))
         rec, ok = _neighbourhoods(p, best[0], budget, best[1], time.perf_counter() + improve)
         best = (rec, ok, evaluate(p, rec, ok)[3])
     avail, off, device, cost = evaluate(p, best[0], best[1])
@@ -620,8 +640,11 @@ class _Milp:
         positive = p.op_cost[p.op_cost > 0]
         self.unit = float(positive.min()) if len(positive) else 1.0
         eps = 1e-3 / max(float(p.value_bytes.sum()), 1.0)
-        self.c = np.concatenate([p.op_cost / self.unit, eps * p.value_bytes] +
-                                ([p.offload_cost / self.unit] if off else []))
+        movable = np.isfinite(p.offload_cost) if off else None
+        self.c = np.concatenate([p.op_cost / self.unit,
+                                 eps * p.value_bytes + p.keep_cost / self.unit] +
+                                ([(np.where(movable, p.offload_cost, 0.0) + p.keep_cost) /
+                                  self.unit] if off else []))
         rows, cols, data, lo = [], [], [], []
 
         def avail(row, v):
@@ -651,6 +674,8 @@ class _Milp:
                             LinearConstraint(bytes_row, -np.inf, float(budget))]
         self.upper = np.ones(self.n)
         self.upper[:n_ops][~p.recomputable] = 0.0
+        if off:
+            self.upper[self.o0:][~movable] = 0.0
 
     def solve(self, time_limit: float, fixed: np.ndarray | None = None,
               values: np.ndarray | None = None):
@@ -730,6 +755,7 @@ class _Builder:
         self.ops, self.values, self.labels = [], [], []
         self.op_cost, self.recomputable, self.reads = [], [], []
         self.value_bytes, self.value_producer, self.needed = [], [], []
+        self.keep_cost, self.rounds = [], []
         self.flops: list = []
 
     def op(self, op, recomputable: bool, scale: int, label: str) -> int:
@@ -742,6 +768,7 @@ class _Builder:
         self.op_cost.append(self.profile.op_seconds(op, self.cost_model) * scale
                             if recomputable else 0.0)
         self.recomputable.append(recomputable)
+        self.rounds.append(contract.checkpoint_name(op) is None)
         self.reads.append([])
         return node
 
@@ -750,9 +777,23 @@ class _Builder:
         self.value_index[v] = node
         self.values.append(v)
         self.value_bytes.append(graph.type_bytes(v.type) * scale)
+        elem = str(getattr(v.type, "element_type", ""))
+        rounded = producer >= 0 and elem.startswith(("f", "bf"))
+        self.keep_cost.append(self.profile.rounding_seconds(
+            graph.type_elements(v.type) * scale) if rounded else 0.0)
         self.value_producer.append(producer)
         self.needed.append(False)
         return node
+
+    def _offload_cost(self, vb: np.ndarray) -> np.ndarray:
+        """Moving a value to host and back; only what a recomputable op produces can move
+        (an argument stays where the caller put it; an op under another policy, or one
+        nothing may recompute, keeps its own verdict)."""
+        prod = np.array(self.value_producer, dtype=np.int64)
+        movable = prod >= 0
+        movable[movable] = np.array(self.recomputable, bool)[prod[movable]]
+        return np.where(movable, np.array([self.profile.offload_seconds(b) for b in vb]),
+                        np.inf)
 
     def problem(self) -> Problem:
         vb = np.array(self.value_bytes, dtype=np.float64)
@@ -762,9 +803,10 @@ class _Builder:
             recomputable=np.array(self.recomputable, dtype=bool),
             needed=np.array(self.needed, dtype=bool),
             reads=[np.array(sorted(set(r)), dtype=np.int64) for r in self.reads],
-            offload_cost=np.array([self.profile.offload_seconds(b) for b in vb])
-            if self.offload else None,
-            ops=self.ops, values=self.values, labels=self.labels)
+            offload_cost=self._offload_cost(vb) if self.offload else None,
+            ops=self.ops, values=self.values, labels=self.labels,
+            keep_cost=np.array(self.keep_cost, dtype=np.float64),
+            rounds=np.array(self.rounds, dtype=bool))
 
 
 def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool,
@@ -875,9 +917,12 @@ class PlanReport:
                 f"{self.no_remat} B); plan keeps {s.device_bytes} B on the device and "
                 f"recomputes {len(self.recomputed)} op(s), "
                 f"{format_flop(sum(f for _, f, _, _ in self.recomputed))} "
-                f"({format_seconds(s.cost)} on {self.device}); solved by {s.method} in "
-                f"{s.seconds:.3f} s over {self.problem_size[0]} ops and "
-                f"{self.problem_size[1]} values")
+                f"({format_seconds(s.cost)} on {self.device}); ")
+        if s.method == "no-remat":
+            text += "every residual fits: nothing to solve"
+        else:
+            text += (f"solved by {s.method} in {s.seconds:.3f} s over "
+                     f"{self.problem_size[0]} ops and {self.problem_size[1]} values")
         if self.exact is not None and s.method != "exact":
             gap = (s.cost - self.exact.cost) / self.exact.cost * 100 if self.exact.cost else 0.0
             text += f" (exact optimum {format_seconds(self.exact.cost)}: gap {gap:.2f}%)"
@@ -912,10 +957,27 @@ def _verdicts(p: Problem, sol: Solution, offload_kind) -> dict:
     return out
 
 
-def solve(p: Problem, budget: int, solver: str = "auto", exact_limit: float = 60.0,
+def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
           compare_exact: bool = False) -> tuple[Solution, Solution | None]:
-    """(the solution, the exact one if it was computed)."""
+    """(the solution, the exact one if it was computed). `solver`: 'auto' (exact up to
+    20,000 nodes, else lagrangian), 'exact', 'lagrangian', or a function
+    `(problem, budget) -> recompute` (bool per op node) for experiments and baselines."""
     exact = None
+    nothing = np.zeros(p.n_ops, bool)
+    avail, off, device, cost = evaluate(p, nothing)
+    if device <= budget:     # everything fits: recompute nothing
+        return Solution(nothing, avail, off, device, cost, "no-remat", 0.0, budget), None
+    markers = _drop_unneeded(p, p.recomputable & ~p.rounds)
+    avail, off, device, cost = evaluate(p, markers)
+    if device <= budget:     # recomputing checkpoint-name markers (identities) is enough
+        return Solution(markers, avail, off, device, cost, "no-remat", 0.0, budget), None
+    if callable(solver):
+        start = time.perf_counter()
+        recompute = _drop_unneeded(p, np.asarray(solver(p, budget), bool) & p.recomputable)
+        avail, off, device, cost = evaluate(p, recompute)
+        return Solution(recompute, avail, off, device, cost,
+                        getattr(solver, "__name__", "custom"), time.perf_counter() - start,
+                        budget), None
     if solver == "exact" or (solver == "auto" and p.n_ops + p.n_values <= 20000):
         exact = solve_exact(p, budget, exact_limit)
         if exact is not None and solver != "lagrangian" and not compare_exact:
@@ -938,7 +1000,7 @@ def minimum_bytes(p: Problem) -> int:
     smallest = float(positive.min()) if len(positive) else 1.0
     lam = (float(p.op_cost.sum()) + 1.0) / smallest * 1e6
     rec = _drop_unneeded(p, _CutGraph(p).solve(lam))
-    ok = None if p.offload_cost is None else np.ones(p.n_values, bool)
+    ok = None if p.offload_cost is None else np.isfinite(p.offload_cost)
     return evaluate(p, rec, ok)[2]
 
 
@@ -1042,12 +1104,11 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
     (the ops remat-partial-eval clones, loop bodies times their trip count), to compare
     any policy with auto on the same scale."""
     from remat_passes import contract, pipeline
+    from remat_passes.passes.inline import Inline
+    from remat_passes.passes.remat_partial_eval import RematPartialEval
     profile = PROFILES[device or default_device()]
     out = module.clone()
-    pipeline.run_pipeline(out.op, pipeline.parse_pipeline("builtin.module(inline)"))
-    options = "" if policy is None else f"{{policy={getattr(policy, 'spec', policy)}}}"
-    pipeline.run_pipeline(out.op, pipeline.parse_pipeline(
-        f"builtin.module(remat-partial-eval{options})"))
+    pipeline.run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func)])
     cost_model = flops.CostModel(out.op)
     total = 0.0
     with out.op.context:
@@ -1069,6 +1130,14 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
 
 def bounds(module, func: str = "main", policy: AutoPolicy | None = None) -> tuple[int, int]:
     """(minimum, no-remat) residual bytes a plan can have for `func` of `module`."""
+    p = problem_for(module, func, policy)
+    return minimum_bytes(p), int(p.value_bytes[p.needed].sum())
+
+
+def problem_for(module, func: str = "main", policy: AutoPolicy | None = None) -> Problem:
+    """The planning problem `auto` solves for `func` of a copy of `module` (inlined; no
+    checkpoint regions of their own: every forward op is governed), for the solvers and
+    benchmarks to work on directly."""
     from remat_passes import pipeline
     from remat_passes.passes import PassState
     from remat_passes.rules import RULES
@@ -1083,7 +1152,8 @@ def bounds(module, func: str = "main", policy: AutoPolicy | None = None) -> tupl
             kept.update(rule.kept_whole(a))
         p, _ = build_problem(a, None, set(kept), policy.profile, policy.offload is not None,
                              lambda pos: True)
-        return minimum_bytes(p), int(p.value_bytes[p.needed].sum())
+    p.module = copy      # the ops and values it names live in this copy
+    return p
 
 
 # ------------------------------------------------------------------- pareto --

@@ -1,10 +1,11 @@
-"""python -m tools.benchmarks {models,scaling,memory,render,all} [options]
+"""python -m tools.benchmarks {models,budgets,scaling,memory,render,all} [options]
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
+  budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
   scaling  pass time and memory against module size          -> results/scaling.json
   memory   static peak-memory figures                        -> results/memory.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
-  all      the three measurements, then render (about an hour on 2 cores)
+  all      the four measurements, then render (about 1.5 hours on 2 cores)
 
 Run from the repository root after `pip install -e ".[bench]"`.
 """
@@ -36,6 +37,27 @@ def run_models(argv) -> None:
     _log(f"wrote {common.write_json('models', measure.measure(keys, args.repeat, _log))}")
 
 
+def run_budgets(argv) -> None:
+    from tools.benchmarks import budgets, common
+    from tools.benchmarks.models import MODELS
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks budgets")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma-separated subset of {','.join(MODELS)}")
+    ap.add_argument("--sizes", default="40,400",
+                    help="transformer depths for the large-module solves (default 40,400: "
+                         "about 10k and 100k ops; empty: none)")
+    args = ap.parse_args(argv)
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+    sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
+    data = budgets.measure(keys, _log, sizes)
+    _log(f"wrote {common.write_json('budgets', data)}")
+    for line in budgets.checks(data):
+        _log(f"check failed: {line}")
+
+
 def run_memory(argv) -> None:
     from tools.benchmarks import common, memory_figures
     argparse.ArgumentParser(prog="python -m tools.benchmarks memory").parse_args(argv)
@@ -43,13 +65,15 @@ def run_memory(argv) -> None:
 
 
 def main(argv: list[str]) -> int:
-    commands = ("models", "scaling", "memory", "render", "all")
+    commands = ("models", "budgets", "scaling", "memory", "render", "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
     if command in ("models", "all"):
         run_models(rest if command == "models" else [])
+    if command in ("budgets", "all"):
+        run_budgets(rest if command == "budgets" else [])
     if command in ("scaling", "all"):
         from tools.benchmarks import scaling
         scaling.main(rest if command == "scaling" else [])

@@ -127,6 +127,32 @@ def rounding_stats(split) -> list[int]:
     return [n, b, n_arg, b_arg]
 
 
+def run_split_form(model: Model, split, ref_grads) -> tuple[float, float]:
+    """(cost, max abs gradient error) of a split module: its forward and backward compiled
+    with XLA and run on the model's inputs. Cost: XLA's cost analysis of the two
+    executables, or `remat_passes.flops` for the scanned models (XLA counts a loop body
+    once)."""
+    args = model.args
+    fwd_c = rp.compile(split, "main_fwd").lower(*args).compile()
+    res = fwd_c(*args)
+    ct = jnp.ones_like(res[0])
+    bwd_c = rp.compile(split, "main_bwd").lower(*res[1:], ct).compile()
+    grads = bwd_c(*res[1:], ct)
+    if model.scanned:
+        cost = flops.function_flops(split, "main_fwd") + flops.function_flops(split, "main_bwd")
+    else:
+        cost = xla_cost(fwd_c) + xla_cost(bwd_c)
+    return cost, max_err(grads, ref_grads)
+
+
+def run_joint_form(model: Model, joint, ref_grads) -> float:
+    """Max abs gradient error of a joint module (compiled with XLA) on the model's inputs."""
+    args = model.args
+    ct = jnp.ones((), jnp.float32)
+    out = jax.tree_util.tree_leaves(rp.compile(joint, "main")(*args, ct))
+    return max_err(out[1:], ref_grads)
+
+
 def measure_case(model: Model, case: Case, modules: dict, ref_grads, repeat: int,
                  base_split=None) -> dict:
     """One model x policy pair. `base_split`: `jax_split` of the model without remat, reused
@@ -146,17 +172,7 @@ def measure_case(model: Model, case: Case, modules: dict, ref_grads, repeat: int
         row["ours_res"].append([r.type, r.description + (" [host]" if host else "")])
     row["ours_n"] = len(split.residuals)
     row["rounded"] = rounding_stats(split)
-    fwd_c = rp.compile(split, "main_fwd").lower(*args).compile()
-    res = fwd_c(*args)
-    ct = jnp.ones_like(res[0])
-    bwd_c = rp.compile(split, "main_bwd").lower(*res[1:], ct).compile()
-    grads = bwd_c(*res[1:], ct)
-    if model.scanned:
-        row["ours_cost"] = flops.function_flops(split, "main_fwd") + \
-            flops.function_flops(split, "main_bwd")
-    else:
-        row["ours_cost"] = xla_cost(fwd_c) + xla_cost(bwd_c)
-    row["grad_err"] = max_err(grads, ref_grads)
+    row["ours_cost"], row["grad_err"] = run_split_form(model, split, ref_grads)
     row["ours_peak"] = int(estimate_memory(joint).peak_bytes)
     # ----------------------------------------------------------------- JAX --
     for aval, desc in jax_saved_residuals(jax_function(model, case), *args):

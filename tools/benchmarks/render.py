@@ -1,9 +1,10 @@
 """The benchmark page (docs/benchmarks.md) and its plot, built from the JSON results.
 
-`render()` reads `results/models.json`, `results/scaling.json` and
-`results/memory.json` (whichever exist), writes docs/benchmarks.md and
-docs/img/residuals_vs_flops.png, and keeps the hand-written analysis between
-the `analysis:begin/end` markers of the page it replaces.
+`render()` reads `results/models.json`, `results/budgets.json`,
+`results/scaling.json` and `results/memory.json` (all four must exist), writes
+docs/benchmarks.md, docs/img/residuals_vs_flops.png and
+docs/img/planner_pareto.png, and keeps the hand-written analysis between the
+`analysis:begin/end` markers of the page it replaces.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tools.benchmarks.models import SCAN_CASES
 ROOT = str(common.ROOT)
 PAGE = common.ROOT / "docs" / "benchmarks.md"
 PLOT = common.ROOT / "docs" / "img" / "residuals_vs_flops.png"
+PARETO = common.ROOT / "docs" / "img" / "planner_pareto.png"
 FLOPS_TOLERANCE_PP = 1.0   # target: our extra FLOPs <= JAX's + 1 percentage point
 
 
@@ -173,7 +175,8 @@ def render_models(data, png_rel, extra_md=None) -> str:
         "(that block is kept on regeneration). -->",
         "",
         "Regenerate this page with `python -m tools.benchmarks all` (measures everything, about "
-        "an hour on 2 cores) or one part at a time: `models`, `scaling`, `memory`, then "
+        "1.5 hours on 2 cores) or one part at a time: `models`, `budgets`, `scaling`, `memory`, "
+        "then "
         "`render` (needs `pip install -e \".[bench]\"`). The comparison below: "
         f"{m['date']}, {n_pairs} model x policy pairs, {m['cpu']}, {m['cpus']} cpus, "
         f"python {m['python']}, jax {m['jax']} ({m['backend']}), remat_passes "
@@ -416,23 +419,22 @@ def block(name, body) -> str:
     return f"<!-- {name}:begin -->\n{body.strip()}\n<!-- {name}:end -->"
 
 
-def render(page=PAGE, plot_path=PLOT) -> str:
-    """Write the page (and the plot) from the JSON results; returns the page."""
-    from tools.benchmarks import memory_figures, scaling
-    models = common.read_json("models")
-    scaled = common.read_json("scaling")
-    memory = common.read_json("memory")
-    missing = [n for n, d in (("models", models), ("scaling", scaled), ("memory", memory))
-               if d is None]
+def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
+    """Write the page (and the plots) from the JSON results; returns the page."""
+    from tools.benchmarks import budgets, memory_figures, scaling
+    results = {name: common.read_json(name) for name in ("models", "budgets", "scaling",
+                                                          "memory")}
+    missing = [n for n, d in results.items() if d is None]
     if missing:
         raise SystemExit(f"no results for {', '.join(missing)} in {common.RESULTS}: run "
                          f"python -m tools.benchmarks {' / '.join(missing)} first")
     analysis = kept_block(str(page), "analysis")
     extra = block("analysis", analysis) if analysis else None
-    plot(models, str(plot_path))
-    png_rel = os.path.relpath(plot_path, page.parent)
-    parts = [render_models(models, png_rel, extra), scaling.render(scaled),
-             memory_figures.render(memory)]
+    plot(results["models"], str(plot_path))
+    budgets.plot(results["budgets"], str(pareto_path))
+    parts = [render_models(results["models"], os.path.relpath(plot_path, page.parent), extra),
+             budgets.render(results["budgets"], os.path.relpath(pareto_path, page.parent)),
+             scaling.render(results["scaling"]), memory_figures.render(results["memory"])]
     text = "\n".join(p.rstrip() + "\n" for p in parts)
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(text)

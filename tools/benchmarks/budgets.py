@@ -1,0 +1,395 @@
+"""The memory-budget planner, `auto(budget=...)`, on the benchmark models.
+
+For every comparison model, side by side in one run:
+
+* every fixed policy P (ours, which equals JAX's: see the models table), and
+  `auto(budget = P's residual bytes)` beside it; the cheapest fixed policy that
+  fits the same budget; offloading policies against `auto(..., offload=pinned_host)`;
+* a sweep of 20 budgets from the minimum to no remat: residual bytes, cost,
+  joint peak estimate, solve time, gradient error of the split and the joint
+  form against `jax.grad`; and the independent knapsack (`knapsack.py`, how
+  PyTorch's budget decides) at the same budgets;
+* the scalable solver against the exact one at every budget of the sweep;
+* `objective=peak`: 8 peak budgets, the joint peak estimate against each.
+
+Costs are what recomputation costs: XLA's cost analysis (flops + transcendentals) of the
+compiled split forward + backward over the no-remat split, or `remat_passes.flops` for
+the scanned models (XLA counts a loop body once). The planner itself minimises its
+roofline model of the device (`device=cpu` here: dots and elementwise ops at the same
+FLOP rate, so its objective is close to a FLOP count); that model's seconds are kept too.
+
+And the solver alone on larger modules (the `transformer` scaling family at about 10k
+and 100k ops): the time to plan, and the exact solve where it finishes in 60 s.
+Results: `results/budgets.json`.
+"""
+from __future__ import annotations
+
+import time
+
+import remat_passes as rp
+from remat_passes import planner
+from remat_passes.memory import estimate_memory
+from tools.benchmarks import common
+from tools.benchmarks.cases import cases_for
+from tools.benchmarks.knapsack import knapsack_solver
+from tools.benchmarks.measure import run_joint_form, run_split_form
+from tools.benchmarks.models import MODELS, Model, _identity
+
+DEVICE = "cpu"          # the planner's cost profile in every run here (stated in the page)
+SWEEP = 20
+PEAK_POINTS = 8
+
+
+def device_bytes(out) -> tuple[int, int]:
+    """(device, host) bytes of a split module's residuals."""
+    host = sum(r.bytes for r in out.residuals
+               if r.offload is not None and "host" in str(r.offload.dst))
+    return sum(r.bytes for r in out.residuals) - host, host
+
+
+def point(model: Model, module, policy, ref, joint=False) -> dict:
+    """One policy on one model: bytes, cost, model seconds, grads (split; joint too)."""
+    t = time.perf_counter()
+    split = rp.remat(module, policy, mode="split")
+    pass_s = time.perf_counter() - t
+    dev, host = device_bytes(split)
+    cost, err = run_split_form(model, split, ref)
+    row = {"dev": dev, "host": host, "cost": cost, "err": err, "pass_s": pass_s,
+           "model_s": planner.recompute_seconds(module, policy, device=DEVICE)}
+    # with the transfers of what it offloads: what auto(offload=...) minimises
+    row["total_s"] = row["model_s"] + planner.PROFILES[DEVICE].offload_seconds(host)
+    if split.plan_reports:
+        sol = split.plan_reports[0].solution
+        row.update(solve_s=sol.seconds, method=sol.method, planned_s=sol.cost)
+    if joint:
+        out = rp.remat(module, policy, mode="joint")
+        row["peak"] = int(estimate_memory(out).peak_bytes)
+        row["err_joint"] = run_joint_form(model, out, ref)
+    return row
+
+
+def measure_model(model: Model, progress) -> dict:
+    import jax
+    args = model.args
+    progress(f"{model.key}: export + reference")
+    ref = jax.jit(jax.grad(model.build(_identity), argnums=(0, 1), allow_int=True))(*args)
+    module = rp.export_vjp(model.build(_identity), *args)
+    lo, hi = planner.bounds(module, policy=planner.AutoPolicy(0, device=DEVICE))
+    base = point(model, module, None, ref, joint=True)
+    out = {"title": model.title, "n_ops": common.count_ops(module), "min": lo, "no_remat": hi,
+           "base_cost": base["cost"], "base_peak": base["peak"], "fixed": [], "at_fixed": [],
+           "sweep": [], "peak": []}
+    # ------------------------------------------------------------ fixed policies --
+    for case in cases_for(model):
+        if case.kind != "whole":
+            continue
+        progress(f"{model.key}: {case.short}")
+        row = point(model, module, case.our_policy, ref)
+        row.update(short=case.short, label=case.label)
+        out["fixed"].append(row)
+    for f in out["fixed"]:
+        progress(f"{model.key}: auto at {f['short']}")
+        offload = "pinned_host" if f["host"] else None
+        try:
+            a = point(model, module, planner.auto(f["dev"], offload=offload, device=DEVICE),
+                      ref)
+        except rp.RematError as e:
+            a = {"error": str(e)}
+        # the cheapest fixed policy within the budget: by XLA's count of FLOPs, or, where
+        # offloading is allowed, by the modelled time including the transfers
+        fits = [g for g in out["fixed"] if g["dev"] <= f["dev"] and (offload or not g["host"])]
+        cheapest = min(fits, key=lambda g: (g["total_s"] if offload else g["cost"], g["dev"]))
+        out["at_fixed"].append({"short": f["short"], "budget": f["dev"], "offload": offload,
+                                "auto": a, "cheapest": cheapest["short"]})
+    # --------------------------------------------------------------------- sweep --
+    problem = planner.problem_for(module, policy=planner.AutoPolicy(0, device=DEVICE))
+    budgets = sorted({int(lo + (hi - lo) * k / (SWEEP - 1)) for k in range(SWEEP)})
+    for b in budgets:
+        progress(f"{model.key}: sweep {b} B")
+        row = {"budget": b,
+               "auto": point(model, module, planner.auto(b, device=DEVICE), ref, joint=True),
+               "knapsack": point(model, module,
+                                 planner.auto(b, device=DEVICE, solver=knapsack_solver), ref)}
+        t = time.perf_counter()
+        lag = planner.solve_lagrangian(problem, b)
+        row["lagrangian"] = {"cost": lag.cost, "dev": lag.device_bytes,
+                             "s": time.perf_counter() - t}
+        ex = planner.solve_exact(problem, b, time_limit=60.0)
+        row["exact"] = None if ex is None else {"cost": ex.cost, "dev": ex.device_bytes,
+                                                "s": ex.seconds}
+        out["sweep"].append(row)
+    # ------------------------------------------------------------ objective=peak --
+    lowest = out["sweep"][0]["auto"]["peak"]
+    for k in range(PEAK_POINTS):
+        b = int(lowest + (base["peak"] - lowest) * k / (PEAK_POINTS - 1))
+        progress(f"{model.key}: peak budget {b} B")
+        t = time.perf_counter()
+        try:
+            joint = rp.remat(module, planner.auto(b, device=DEVICE, objective="peak"))
+            rep = joint.plan_reports[0]
+            out["peak"].append({"budget": b, "peak": int(estimate_memory(joint).peak_bytes),
+                                "model_s": rep.solution.cost,
+                                "s": time.perf_counter() - t})
+        except rp.RematError as e:
+            out["peak"].append({"budget": b, "error": str(e)})
+    return out
+
+
+def scale(sizes=(40, 400), progress=print) -> list:
+    """The solver alone on the transformer scaling family at ~10k and ~100k ops."""
+    from tools.benchmarks import families
+    rows = []
+    for n in sizes:
+        progress(f"solver scale: transformer {n}")
+        fun, args = families.transformer(n)
+        module = rp.export_vjp(fun, *args)
+        t = time.perf_counter()
+        p = planner.problem_for(module, policy=planner.AutoPolicy(0, device=DEVICE))
+        build_s = time.perf_counter() - t
+        lo, hi = planner.minimum_bytes(p), int(p.value_bytes[p.needed].sum())
+        row = {"n": n, "n_ops": common.count_ops(module), "nodes": p.n_ops + p.n_values,
+               "build_s": build_s, "points": []}
+        for frac in (0.25, 0.5, 0.75):
+            b = int(lo + (hi - lo) * frac)
+            t = time.perf_counter()
+            sol, _ = planner.solve(p, b, "auto")
+            auto_s = time.perf_counter() - t
+            t = time.perf_counter()
+            lag = planner.solve_lagrangian(p, b)
+            lag_s = time.perf_counter() - t
+            ex = planner.solve_exact(p, b, time_limit=60.0)
+            row["points"].append({
+                "frac": frac, "budget": b, "auto_method": sol.method, "auto_s": auto_s,
+                "auto_cost": sol.cost, "lag_s": lag_s, "lag_cost": lag.cost,
+                "lag_dev": lag.device_bytes,
+                "exact_s": None if ex is None else ex.seconds,
+                "exact_cost": None if ex is None else ex.cost})
+        t = time.perf_counter()
+        rp.remat(module, planner.auto(int(lo + (hi - lo) * 0.5), device=DEVICE))
+        row["remat_s"] = time.perf_counter() - t
+        rows.append(row)
+    return rows
+
+
+def measure(keys=tuple(MODELS), progress=print, sizes=(40, 400)) -> dict:
+    models = {}
+    for key in keys:
+        models[key] = measure_model(MODELS[key](), progress)
+    return {"machine": common.machine(), "device": DEVICE, "models": models,
+            "scale": scale(sizes, progress) if sizes else []}
+
+
+def checks(data) -> list[str]:
+    """What the page asserts, recomputed from the results: the failures, as text."""
+    bad = []
+    for key, m in data["models"].items():
+        for r in m["at_fixed"]:
+            a = r["auto"]
+            if "error" in a:
+                bad.append(f"{key}: auto at {r['short']}: {a['error']}")
+                continue
+            cheapest = next(f for f in m["fixed"] if f["short"] == r["cheapest"])
+            if a["dev"] > r["budget"]:
+                bad.append(f"{key}: auto at {r['short']} keeps {a['dev']} B > {r['budget']} B")
+            what = "total_s" if r["offload"] else "cost"
+            if a[what] > cheapest[what] * (1 + 1e-6) + 1e-15:
+                bad.append(f"{key}: auto at {r['short']} costs {a[what]:.4g} ({what}) > "
+                           f"{r['cheapest']} {cheapest[what]:.4g}")
+        costs = [r["auto"]["cost"] for r in m["sweep"]]
+        for r in m["sweep"]:
+            if r["auto"]["dev"] > r["budget"]:
+                bad.append(f"{key}: sweep {r['budget']} B keeps {r['auto']['dev']} B")
+            if max(r["auto"]["err"], r["auto"]["err_joint"]) > 1e-4:
+                bad.append(f"{key}: sweep {r['budget']} B gradient error")
+            if r["exact"] and r["lagrangian"]["cost"] > r["exact"]["cost"] * 1.02 + 1e-15:
+                bad.append(f"{key}: lagrangian gap > 2% at {r['budget']} B")
+        if any(b > a * (1 + 1e-6) for a, b in zip(costs, costs[1:])):
+            bad.append(f"{key}: cost rises with the budget: {costs}")
+        for r in m["peak"]:
+            if "error" in r or r["peak"] > r["budget"]:
+                bad.append(f"{key}: objective=peak at {r['budget']} B: "
+                           f"{r.get('error') or r['peak']}")
+        peaks = [r for r in m["peak"] if "error" not in r]
+        if any(b["model_s"] > a["model_s"] * (1 + 1e-6) for a, b in zip(peaks, peaks[1:])):
+            bad.append(f"{key}: objective=peak cost rises with the budget")
+    for row in data["scale"]:
+        for q in row["points"]:
+            limit = 5.0 if row["n_ops"] < 50_000 else 30.0
+            if q["auto_s"] > limit:
+                bad.append(f"solver: {row['n_ops']} ops took {q['auto_s']:.1f} s > {limit} s")
+    return bad
+
+
+def relative(x: float, base: float) -> float:
+    return (x - base) / base * 100 if base else 0.0
+
+
+
+# ------------------------------------------------------------------- page --
+def _pct(x, base) -> str:
+    return f"{relative(x, base):+.1f}%"
+
+
+def render(data, png_rel: str) -> str:
+    from tools.benchmarks.render import fmt_bytes, fmt_res
+    m = data["machine"]
+    bad = checks(data)
+    models = data["models"]
+    n_fixed = sum(len(v["at_fixed"]) for v in models.values())
+    n_sweep = sum(len(v["sweep"]) for v in models.values())
+    L = ["## The memory-budget planner: `auto(budget=...)`", "",
+         f"Measured with `python -m tools.benchmarks budgets` ({m['date']}, {m['cpu']}, "
+         f"{m['cpus']} cpus, jax {m['jax']}, remat_passes at {m['commit']}), on the models "
+         "above. The planner runs with its `cpu` cost profile (`device=cpu`: dots and "
+         "elementwise arithmetic at the same FLOP rate, so what it minimises is close to a "
+         "FLOP count). **extra FLOPs**: as in the tables above, XLA's cost analysis of the "
+         "compiled split forward + backward over the no-remat split (`remat_passes.flops` "
+         "with loop trip counts for the scanned models). **residuals**: device bytes the split "
+         "form's `main_fwd` keeps for `main_bwd`, which is what the budget bounds.", "",
+         "What is checked (recomputed from the results by `tools/benchmarks/budgets.py:checks` "
+         "when the page is rendered): for every fixed policy P, `auto(budget = P's residual "
+         "bytes)` keeps at most that many bytes and costs no more extra FLOPs than the "
+         "cheapest fixed policy within the same budget (with offloading: no more modelled "
+         "time, transfers included); along a sweep of 20 budgets from the minimum to no "
+         "remat the bytes never exceed the budget, the cost never rises as the budget grows "
+         "and the gradients of the split and of the joint form equal `jax.grad`; the "
+         "scalable solver is within 2% of the exact optimum wherever the exact solve "
+         "finishes in 60 s; `objective=peak` keeps the joint peak estimate within its "
+         "budget; planning a ~10k-op module takes at most 5 s and a ~100k-op one 30 s.", "",
+         (f"**All checks pass** ({n_fixed} fixed-policy budgets, {n_sweep} sweep points, "
+          f"{sum(len(v['peak']) for v in models.values())} peak budgets, "
+          f"{sum(len(r['points']) for r in data['scale'])} large-module solves)."
+          if not bad else "**Checks that fail:**\n\n" + "\n".join(f"- {b}" for b in bad)), "",
+         "### Against every fixed policy, at its own budget", "",
+         "| model | fixed policy P | P: residuals | P: extra FLOPs | auto: residuals | "
+         "auto: extra FLOPs | cheapest fixed within the budget | its extra FLOPs | "
+         "auto solve |", "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    for key, d in models.items():
+        fixed = {f["short"]: f for f in d["fixed"]}
+        base = d["base_cost"]
+        for r in d["at_fixed"]:
+            f, a, c = fixed[r["short"]], r["auto"], fixed[r["cheapest"]]
+            if "error" in a:
+                L.append(f"| {key} | `{f['label']}` | {fmt_res(f['dev'], f['host'])} | "
+                         f"{_pct(f['cost'], base)} | error: {a['error']} | | | | |")
+                continue
+            off = " (offload)" if r["offload"] else ""
+            L.append(f"| {key} | `{f['label']}` | {fmt_res(f['dev'], f['host'])} | "
+                     f"{_pct(f['cost'], base)} | {fmt_res(a['dev'], a['host'])}{off} | "
+                     f"{_pct(a['cost'], base)} | {c['short']} | {_pct(c['cost'], base)} | "
+                     f"{a['solve_s']:.2f} s {a['method']} |")
+    L += ["", "Offloading rows (P moves residuals to host memory) compare "
+          "`auto(budget, offload=pinned_host)`, which may offload too; the cheapest fixed policy "
+          "there is the one with the least modelled time, recomputation plus transfers at the "
+          "profile's host bandwidth.", "",
+          f"![auto sweeps against the fixed policies and the knapsack baseline]({png_rel})", "",
+          "### Budget sweeps, and the independent knapsack", "",
+          "`knapsack` is the baseline in `tools/benchmarks/knapsack.py`: a 0/1 knapsack over "
+          "the tensors the backward reads, each priced by its own producing op alone, as "
+          "PyTorch's `activation_memory_budget` decides; what it does not keep is recomputed "
+          "by the same rewrite. Same budgets, same cost model; only the decision differs. Its "
+          "bytes can exceed the budget: recomputing can need inputs the knapsack never "
+          "counted.", ""]
+    for key, d in models.items():
+        base = d["base_cost"]
+        L += [f"**{d['title']}** ({d['n_ops']} ops; minimum {fmt_bytes(d['min'])}, no remat "
+              f"{fmt_bytes(d['no_remat'])}; no-remat joint peak {fmt_bytes(d['base_peak'])})",
+              "", "| budget | auto: residuals | auto: extra FLOPs | knapsack: residuals | "
+              "knapsack: extra FLOPs | auto: joint peak | solve | grad err split / joint |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in d["sweep"]:
+            a, k = r["auto"], r["knapsack"]
+            over = " (over)" if k["dev"] > r["budget"] else ""
+            L.append(f"| {fmt_bytes(r['budget'])} | {fmt_bytes(a['dev'])} | "
+                     f"{_pct(a['cost'], base)} | {fmt_bytes(k['dev'])}{over} | "
+                     f"{_pct(k['cost'], base)} | {fmt_bytes(a['peak'])} | "
+                     f"{a['solve_s']:.2f} s | {a['err']:.1e} / {a['err_joint']:.1e} |")
+        L.append("")
+    L += ["### Scalable solver against the exact one", "",
+          "At every budget of the sweeps (modelled recompute time; `auto` itself solves "
+          "exactly up to 20,000 nodes):", "",
+          "| model | budgets where exact finished | max gap | lagrangian time (max) | "
+          "exact time (max) |", "|---|---:|---:|---:|---:|"]
+    for key, d in models.items():
+        pairs = [(r["lagrangian"], r["exact"]) for r in d["sweep"] if r["exact"]]
+        gaps = [relative(g["cost"], e["cost"]) for g, e in pairs if e["cost"] > 0]
+        L.append(f"| {key} | {len(pairs)} of {len(d['sweep'])} | "
+                 f"{max(gaps, default=0.0):.2f}% | "
+                 f"{max(r['lagrangian']['s'] for r in d['sweep']):.2f} s | "
+                 f"{max((e['s'] for _, e in pairs), default=float('nan')):.2f} s |")
+    L += ["", "Larger modules (the `transformer` scaling family; budgets at 25/50/75% of the "
+          "way from the minimum to no remat). `auto` is what `auto(budget=...)` runs; "
+          "`rp.remat` is the whole pipeline with the plan, at the 50% budget:", "",
+          "| module ops | problem nodes | budget | auto: method, time | lagrangian: time | "
+          "exact (60 s limit): time | gap | build problem | rp.remat |",
+          "|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for row in data["scale"]:
+        for q in row["points"]:
+            ex = "did not finish" if q["exact_s"] is None else f"{q['exact_s']:.1f} s"
+            gap = "n/a" if q["exact_cost"] is None else \
+                f"{relative(q['lag_cost'], q['exact_cost']):.2f}%"
+            L.append(f"| {row['n_ops']:,} | {row['nodes']:,} | {int(q['frac'] * 100)}% | "
+                     f"{q['auto_method']}, {q['auto_s']:.1f} s | {q['lag_s']:.1f} s | {ex} | "
+                     f"{gap} | {row['build_s']:.1f} s | {row['remat_s']:.1f} s |")
+    L += ["", "### `objective=peak`", "",
+          "Peak budgets from the joint peak of the tightest residual plan to that of no "
+          "remat; the joint form's static peak estimate of the plan against each:", "",
+          "| model | " + " | ".join(f"budget {k + 1}" for k in range(PEAK_POINTS)) + " |",
+          "|---|" + "---:|" * PEAK_POINTS]
+    for key, d in models.items():
+        cells = []
+        for r in d["peak"]:
+            got = "error" if "error" in r else fmt_bytes(r["peak"])
+            cells.append(f"{fmt_bytes(r['budget'])}: {got}")
+        L.append(f"| {key} | " + " | ".join(cells) + " |")
+    L += ["", "### On a GPU", "",
+          "No GPU was available to this run, so XLA's compiled temp bytes and step times of "
+          "`auto` against the nearest fixed policy are not measured here; CPU numbers would "
+          "not say anything about them (XLA:CPU undoes recomputation in joint programs, "
+          "DESIGN.md §5).", ""]
+    return "\n".join(L) + "\n"
+
+
+def plot(data, path) -> None:
+    """Residual bytes against extra FLOPs: the auto sweep and the knapsack as lines, every
+    fixed policy as a point, one panel per model."""
+    import math
+    import os
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tools.benchmarks.render import fmt_bytes
+    models = data["models"]
+    cols = 2
+    rows = math.ceil(len(models) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7.0 * cols, 4.6 * rows), squeeze=False)
+    for ax, (key, d) in zip(axes.flat, models.items()):
+        base = d["base_cost"]
+        mib = 2.0 ** 20
+        for name, style in (("auto", dict(color="tab:blue", marker="o", ms=4)),
+                            ("knapsack", dict(color="tab:red", marker="x", ms=5, ls="--"))):
+            xs = [r[name]["dev"] / mib for r in d["sweep"]]
+            ys = [relative(r[name]["cost"], base) for r in d["sweep"]]
+            ax.plot(xs, ys, label=f"{name} (20 budgets)", **style)
+        for f in d["fixed"]:
+            x, y = f["dev"] / mib, relative(f["cost"], base)
+            ax.scatter([x], [y], marker="s", s=60, facecolors="none",
+                       edgecolors="tab:orange" if not f["host"] else "tab:green", zorder=3)
+            ax.annotate(f["short"], (x, y), fontsize=7, xytext=(4, 4),
+                        textcoords="offset points")
+        ax.set_title(f"{d['title']}", fontsize=10)
+        ax.set_xlabel("residual bytes on device (MiB)")
+        ax.set_ylabel("extra FLOPs over no remat (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, title=f"fixed policies: squares (min {fmt_bytes(d['min'])})",
+                  title_fontsize=7)
+    for ax in list(axes.flat)[len(models):]:
+        ax.axis("off")
+    fig.suptitle("auto(budget=...) vs. fixed policies and the independent knapsack "
+                 "(split forms; offloading policies in green)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
