@@ -38,9 +38,11 @@ RESIDUAL = "remat.residual"
 BARRIER = "remat.barrier"
 REGIONS = "remat.regions"
 NAME_TARGET = "remat.name"
+CASE = "remat.case"         # a forward stablehlo.case the case-pair rule rewrote: its key
+TWIN = "remat.twin"         # results equal to the keyed case's: [key, k, r, k, r, ...]
 
 # The op attributes a finished pipeline removes (strip-checkpoint-names).
-BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER)
+BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE, TWIN)
 
 # Host offload, as JAX emits it for offload policies on GPU/TPU.
 PLACEMENT_TARGET = "annotate_device_placement"
@@ -111,6 +113,35 @@ def is_barrier(op) -> bool:
 
 def mark_barrier(op) -> None:
     op.operation.attributes[BARRIER] = ir.UnitAttr.get()
+
+
+def case_key(op) -> int | None:
+    attrs = op.operation.attributes
+    return ir.IntegerAttr(attrs[CASE]).value if CASE in attrs else None
+
+
+def set_case_key(op, key: int) -> None:
+    op.operation.attributes[CASE] = _i64(key)
+
+
+def twin_of(op) -> tuple[int, list[tuple[int, int]]] | None:
+    """For an op computing results of the forward case with key `key` again (or holding
+    them in another result: the forward case itself): (key, [(k, r), ...]), result `r`
+    of `op` equal to result `k` of that case."""
+    attrs = op.operation.attributes
+    if TWIN not in attrs:
+        return None
+    values = list(ir.DenseI64ArrayAttr(attrs[TWIN]))
+    return values[0], list(zip(values[1::2], values[2::2]))
+
+
+def set_twin(op, key: int, pairs) -> None:
+    if not pairs:
+        if TWIN in op.operation.attributes:
+            del op.operation.attributes[TWIN]
+        return
+    op.operation.attributes[TWIN] = ir.DenseI64ArrayAttr.get(
+        [key, *(x for pair in pairs for x in pair)])
 
 
 def strip_bookkeeping(op) -> None:

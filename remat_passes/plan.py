@@ -10,7 +10,11 @@ comes from:
 * values computed from constants alone are *free*: cloned, never saved;
 * Recompute values get a *clone*: the op is copied into the backward, its own
   reads resolved the same way, once per (op, checkpoint-scope context), just in time
-  (right before the first backward op that needs it: its *serve*).
+  (right before the first backward op that needs it: its *serve*);
+* a result of an op kept whole that has a *twin* (a backward op computing the same
+  value: the recompute case of a cond, see `case_rewrite`) is read from the twin.
+  A twin's own op is served only if something reads the twin (else it stays unused
+  and the dead-code sweep removes it).
 
 The result, a `RematPlan`, says all of that without touching the IR: the
 saved values (with offload placements), the clones in creation order, and the
@@ -264,6 +268,7 @@ class RematPlan:
         self.kept_whole = set(kept_whole)  # positions of ops with regions saved whole
         self.saved: dict = {}
         self.split_flags = None            # split mode: per result, is it <f>_bwd's?
+        self.twins_read: set = set()       # vids of twins read instead of their originals
         self.next_group = 0
         self._clone_op, self._clone_group = array("q"), array("q")
         self._clone_ctx: list = []
@@ -327,7 +332,7 @@ class RematPlan:
 
 
 class _Builder:
-    def __init__(self, plan: RematPlan, decider, kept_whole, first_group):
+    def __init__(self, plan: RematPlan, decider, kept_whole, first_group, twins=None):
         self.a = plan.analysis
         self.plan = plan
         self.decider = decider
@@ -336,6 +341,9 @@ class _Builder:
         self.saved = plan.saved
         self.clone_of: dict = {}          # ctx -> {position: clone number}
         self.group = first_group
+        self.twins = twins or {}          # forward vid -> backward vid equal to it
+        self.twins_read: set = set()      # positions of the twins' ops something read
+        self.serving = -1                 # the backward op being served
 
     @staticmethod
     def _common_prefix(a, b):
@@ -360,6 +368,17 @@ class _Builder:
             self.saved.setdefault(vid, None)   # never duplicated
             return vid
         if pos in self.kept_whole:            # decided per iteration; offload marks inside
+            twin = self.twins.get(vid)
+            if twin is not None:
+                tpos = a.producer[twin]
+                if tpos in self.kept_whole:       # another result of the same op
+                    self.plan.twins_read.add(twin)
+                    self.saved[twin] = self.kept_whole[tpos](twin)
+                    return twin
+                if tpos != self.serving:
+                    self.twins_read.add(tpos)
+                    self.plan.twins_read.add(twin)
+                    return twin
             self.saved[vid] = self.kept_whole[pos](vid)
             return vid
         if not a.free[pos]:
@@ -403,6 +422,7 @@ class _Builder:
     def serve(self, pos, ctx) -> None:
         """Plan the reads of backward op `pos` (nothing is recorded when it reads
         everything as is)."""
+        self.serving = pos
         self.group += 1
         first = self.plan.num_clones
         reads = []
@@ -415,17 +435,28 @@ class _Builder:
 
 
 def build_plan(analysis, decider, *, split: bool = False, kept_whole=None,
-               first_group: int = 0) -> RematPlan:
-    """Decide the whole function (see the module docstring)."""
+               first_group: int = 0, twins=None) -> RematPlan:
+    """Decide the whole function (see the module docstring). `twins`: forward vid ->
+    backward vid computing the same value."""
     kept_whole = kept_whole or {}
-    plan = RematPlan(analysis, kept_whole)
-    b = _Builder(plan, decider, kept_whole, first_group)
-    chains = decider.chains
-    for pos in range(len(analysis.ops)):
-        if analysis.backward[pos]:
-            b.serve(pos, chains[pos])
+    twins = twins or {}
+    # a twin's op that nothing reads yet is served only if the plan reads the twin
+    optional = {pos for pos in {analysis.producer[t] for t in twins.values()}
+                if not any(len(analysis.users(v)) for v in analysis.results(pos))}
+    served = set()
+    while True:     # at most twice: once more if twins were read (their ops are served)
+        plan = RematPlan(analysis, kept_whole)
+        b = _Builder(plan, decider, kept_whole, first_group, twins)
+        chains = decider.chains
+        for pos in range(len(analysis.ops)):
+            if analysis.backward[pos] and (pos not in optional or pos in served):
+                b.serve(pos, chains[pos])
+        if b.twins_read <= served:
+            break
+        served |= b.twins_read
     if split:
         flags = plan.split_flags = _split_flags(analysis)
+        b.twins = {}      # (a twin not served by now must not be read)
         b.group += 1
         first = plan.num_clones
         slots = []

@@ -5,23 +5,35 @@ is *atomic* by default: its results are saved or it is recomputed whole (its
 body cloned), and a policy cannot see inside. An op name listed in `RULES`
 gets a rule instead, with three hooks that remat-partial-eval calls:
 
-* `rewrite(block, policy, groups)`: phase 1, before the function-level plan.
-  The rule finds its ops in `block`, decides inside their regions with the
-  policy in force there (`policy(value)` gives the per-value verdict) and
-  rewrites them (each rule decides, then rewrites, on its own structures);
+* `rewrite(block, policy, groups, analysis)`: phase 1, before the function-level
+  plan. The rule finds its ops in `block`, decides inside their regions with
+  the policy in force there (`policy(value)` gives the per-value verdict) and
+  rewrites them (each rule decides, then rewrites, on its own structures).
+  `analysis()` gives the function's analysis as phase 1 found it: valid until
+  the first rewrite, so a rule reads what it needs from it before rewriting
+  (the rules run in the order of `RULES`);
 * `kept_whole(analysis)`: positions of its ops whose results the
   function-level plan must save rather than recompute, each with a function
   giving a result's offload placement;
+* `twins(analysis)`: forward values of its ops that a backward op of its own
+  making computes too (`plan.build_plan` reads the twin instead of saving the
+  value);
+* `tidy(analysis, twins_read)`: after the function-level plan, before it is
+  applied: drop what the rule built that the plan turned out not to read
+  (twins in `twins_read` are read); returns whether the IR changed, and then
+  the function is analysed and planned again;
 * `remarks(analysis, surviving)`: what to tell the user (an op the policy
   could not see into).
 
 Adding a rule: write a class with these hooks and register it here under the
-op name. `stablehlo.while` has the scan-pair rule today.
+op name. `stablehlo.while` has the scan-pair rule, `stablehlo.case` the
+case-pair rule.
 """
 from __future__ import annotations
 
-from remat_passes import contract, scan_rewrite
-from remat_passes.mlir import ir
+from remat_passes import case_rewrite, contract, graph, scan_rewrite
+from remat_passes.case_rewrite import CASE
+from remat_passes.mlir import ir, op_id
 from remat_passes.scan_pairs import WHILE
 
 
@@ -40,7 +52,7 @@ class ScanPairRule:
 
     Other whiles stay atomic (a remark says so)."""
 
-    def rewrite(self, block, policy, groups: Groups) -> dict:
+    def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
         def mark(clone):
             contract.set_recompute_group(clone, groups.n)
         return scan_rewrite.rewrite_pairs(block, policy, mark, groups.next)
@@ -51,6 +63,12 @@ class ScanPairRule:
             u = analysis.stacked_value(analysis.value(vid))
             return contract.offload_of(u.owner) if isinstance(u, ir.OpResult) else None
         return {pos: placement for pos in analysis.scan_loop_positions}
+
+    def twins(self, analysis) -> dict:
+        return {}
+
+    def tidy(self, analysis, twins_read) -> bool:
+        return False
 
     def remarks(self, analysis, surviving) -> list[str]:
         loops = sum(1 for pos in surviving   # erased ops must not be touched
@@ -63,4 +81,75 @@ class ScanPairRule:
                 "saved or recomputed whole"]
 
 
-RULES = {WHILE: ScanPairRule()}
+class CasePairRule:
+    """Forward/backward `stablehlo.case` pairs of `lax.cond` / `lax.switch`: the policy per
+    branch. A forward case the backward reads without a backward case stays atomic (a
+    remark says so)."""
+
+    def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
+        if not any(op.operation.name == CASE for op in block.operations):
+            return {"pairs": 0, "recomputed": 0}
+
+        def mark(clone):
+            contract.set_recompute_group(clone, groups.n)
+        a = analysis()
+        return case_rewrite.rewrite_cases(block, policy, mark, groups.next, a.is_backward)
+
+    @staticmethod
+    def _paired(analysis) -> set:
+        block = graph.body_block(analysis.func_op)
+        found = (analysis.position.get(op_id(p.fwd))
+                 for p in case_rewrite.find_case_pairs(block, analysis.is_backward))
+        return {pos for pos in found if pos is not None}
+
+    def kept_whole(self, analysis) -> dict:
+        """Forward cases of pairs: their results were decided per branch already (an
+        offloaded one keeps the placement its branch value was given)."""
+        def placement(vid):
+            v = analysis.value(vid)
+            for region in v.owner.operation.regions:
+                y = graph.terminator(region.blocks[0]).operands[v.result_number]
+                if isinstance(y, ir.OpResult) and contract.offload_of(y.owner) is not None:
+                    return contract.offload_of(y.owner)
+            return None
+        return {pos: placement for pos in self._paired(analysis)}
+
+    def twins(self, analysis) -> dict:
+        """Results of forward cases that their recompute case computes per branch."""
+        return case_rewrite.twins(analysis)
+
+    def tidy(self, analysis, twins_read) -> bool:
+        return case_rewrite.tidy(analysis, twins_read)
+
+    def remarks(self, analysis, surviving) -> list[str]:
+        opaque = sum(1 for pos in surviving    # (a rewritten case has a key)
+                     if analysis.ops[pos].name == CASE and not analysis.backward[pos]
+                     and contract.case_key(analysis.ops[pos]) is None
+                     and _read_outside_cases(analysis, analysis.ops[pos]))
+        if not opaque:
+            return []
+        return [f"@{analysis.name}: {opaque} forward stablehlo.case op(s) (lax.cond/switch) "
+                "are read by the backward pass outside a backward case; each is treated as "
+                "one atomic op: saved or recomputed whole"]
+
+
+def _read_outside_cases(analysis, op) -> bool:
+    """Does a backward op of the rewritten function (or a recomputation) read `op`, other
+    than from inside a case op (where the case-pair rule decided per branch)?"""
+    func = analysis.func_op.operation
+    for r in op.results:
+        for use in r.uses:
+            top = use.owner.operation
+            while top.parent is not None and top.parent != func:
+                top = top.parent
+            if top.name == CASE:
+                continue
+            if contract.is_recompute_clone(top):
+                return True
+            pos = analysis.position.get(op_id(top))
+            if pos is not None and analysis.backward[pos]:
+                return True
+    return False
+
+
+RULES = {CASE: CasePairRule(), WHILE: ScanPairRule()}   # in the order they run

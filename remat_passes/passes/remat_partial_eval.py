@@ -109,15 +109,22 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             groups = Groups()
             iteration_policy = _IterationPolicy(policies, self.region_regex)
             for rule in RULES.values():     # phase 1: ops with regions, decided inside
-                rule.rewrite(block, iteration_policy, groups)
-            state.drop(self.func)
-            a = state.analysis(f)          # phase 2: the function
-            kept = {}
-            for rule in RULES.values():
-                kept.update(rule.kept_whole(a))
-            plan = plan_with_policies(a, policies, self.region_regex,
-                                      split=self.mode == "split", kept_whole=kept,
-                                      first_group=groups.n)
+                # (the analysis of the function as it was: for telling backward from
+                # forward ops before any rule rewrites)
+                rule.rewrite(block, iteration_policy, groups, lambda: state.analysis(f))
+            for attempt in range(4):       # phase 2: the function (planned again if
+                state.drop(self.func)      # a rule tidies what the plan did not read)
+                a = state.analysis(f)
+                kept, twins = {}, {}
+                for rule in RULES.values():
+                    kept.update(rule.kept_whole(a))
+                    twins.update(rule.twins(a))
+                plan = plan_with_policies(a, policies, self.region_regex,
+                                          split=self.mode == "split", kept_whole=kept,
+                                          first_group=groups.n, twins=twins)
+                if attempt == 3 or not any(
+                        [rule.tidy(a, plan.twins_read) for rule in RULES.values()]):
+                    break
             vids = plan.residuals()
             residuals = [report.residual(a.value(v), f, plan.saved[v], a) for v in vids]
             for r in reports:
