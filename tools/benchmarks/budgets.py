@@ -95,10 +95,10 @@ def measure_model(model: Model, progress) -> dict:
                       ref)
         except rp.RematError as e:
             a = {"error": str(e)}
-        # the cheapest fixed policy within the budget: by XLA's count of FLOPs, or, where
-        # offloading is allowed, by the modelled time including the transfers
+        # the cheapest fixed policy within the budget, in the planner's model (the modelled
+        # recompute time; where offloading is allowed, with the transfers)
         fits = [g for g in out["fixed"] if g["dev"] <= f["dev"] and (offload or not g["host"])]
-        cheapest = min(fits, key=lambda g: (g["total_s"] if offload else g["cost"], g["dev"]))
+        cheapest = min(fits, key=lambda g: (g["total_s"] if offload else g["model_s"], g["dev"]))
         out["at_fixed"].append({"short": f["short"], "budget": f["dev"], "offload": offload,
                                 "auto": a, "cheapest": cheapest["short"]})
     # --------------------------------------------------------------------- sweep --
@@ -191,11 +191,11 @@ def checks(data) -> list[str]:
             cheapest = next(f for f in m["fixed"] if f["short"] == r["cheapest"])
             if a["dev"] > r["budget"]:
                 bad.append(f"{key}: auto at {r['short']} keeps {a['dev']} B > {r['budget']} B")
-            what = "total_s" if r["offload"] else "cost"
+            what = "total_s" if r["offload"] else "model_s"   # what auto minimises
             if a[what] > cheapest[what] * (1 + 1e-6) + 1e-15:
                 bad.append(f"{key}: auto at {r['short']} costs {a[what]:.4g} ({what}) > "
                            f"{r['cheapest']} {cheapest[what]:.4g}")
-        costs = [r["auto"]["cost"] for r in m["sweep"]]
+        costs = [r["auto"]["model_s"] for r in m["sweep"]]
         for r in m["sweep"]:
             if r["auto"]["dev"] > r["budget"]:
                 bad.append(f"{key}: sweep {r['budget']} B keeps {r['auto']['dev']} B")
