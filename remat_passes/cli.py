@@ -169,6 +169,8 @@ def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]
                       f"{residual_bytes(residuals)} bytes\n"
             report += "".join(f"{r}\n" for r in residuals)
         report += "".join(f"// remark: {text}\n" for text in state.remarks)
+    else:       # (the saved-residuals report carries them; else they go to stderr)
+        sys.stderr.write("".join(f"remat-opt: remark: {text}\n" for text in state.remarks))
     out = module.bytecode() if args.emit_bytecode else \
         module.text(debug_info=args.mlir_print_debuginfo).encode()
     return out, report

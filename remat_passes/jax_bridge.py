@@ -60,7 +60,12 @@ def _marker_lowering(ctx, x, *, name):
 
 @contextlib.contextmanager
 def names_as_markers():
-    """Lower `name_p` to the marker for the duration; restore JAX's rule after."""
+    """Within it, `checkpoint_name` lowers to the `@remat.name` marker the passes read
+    (instead of to nothing), so a `jax.export` made inside keeps the names. JAX's own
+    lowering is restored on exit. A module exported this way needs
+    `disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("remat.name")]`,
+    and the function must be one JAX has not lowered before in the process (its
+    lowering cache would hand back the old lowering); `rp.export` does both."""
     with jax_compat.lowering_overridden(jax_compat.name_primitive(), _marker_lowering):
         yield
 
@@ -146,17 +151,45 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
         contract.mark_cotangent_args(main, range(n_primal_leaves, nargs))
         for i in range(n_out_leaves, nres):
             contract.set_entry(main, "res_attrs", i, contract.GRADIENT, ir.UnitAttr.get())
-        regions = _scopes_in(module.op, first_region)
-        if regions:
-            specs = {}
-            for key in regions:
-                pol = _REGION_POLICIES[key]
-                specs[key] = pol.spec
-                if pol.spec.startswith("<"):  # a Python callable: kept on the Module
-                    module.region_policies[key] = pol
-            contract.set_region_specs(module.op, specs)
+        _record_regions(module, first_region)
     module.exported = exported
     return module
+
+
+def export(fun, *args, platforms=None) -> Module:
+    """`jax.export` of `jax.jit(fun)` at `args`, with checkpoint names kept.
+
+    For a function that computes its own gradients (a training step): plain
+    `jax.export` lowers `checkpoint_name` to nothing, so a names policy would
+    find no names. Here names lower to the `@remat.name` marker the passes read
+    (and `compile` drops), and the policies of `rp.checkpoint` regions are
+    recorded, as `export_vjp` does. Equivalent: call `jax.export` inside
+    `with rp.names_as_markers():` and load the result with `rp.from_exported`.
+    """
+    @functools.wraps(fun)
+    def fresh(*a):      # a new function: JAX's caches never hand the marker lowering
+        return fun(*a)  # to a later plain jit of `fun`, nor a plain one to us
+    first_region = next(_region_ids)
+    with names_as_markers():
+        exported = jax_export.export(jax.jit(fresh), platforms=platforms,
+                                     disabled_checks=[_MARKER_CHECK])(*args)
+    module = from_exported(exported)
+    with module.op.context:
+        _record_regions(module, first_region)
+    return module
+
+
+def _record_regions(module: Module, first_region: int) -> None:
+    """The policies of the rp.checkpoint regions traced since `first_region`, on the module."""
+    regions = _scopes_in(module.op, first_region)
+    if regions:
+        specs = {}
+        for key in regions:
+            pol = _REGION_POLICIES[key]
+            specs[key] = pol.spec
+            if pol.spec.startswith("<"):  # a Python callable: kept on the Module
+                module.region_policies[key] = pol
+        contract.set_region_specs(module.op, specs)
 
 
 def _scopes_in(module_op, first_id: int) -> list[str]:

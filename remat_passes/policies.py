@@ -150,9 +150,12 @@ class Policy:
     """A callable OpInfo -> verdict with a spec string that recreates it."""
 
     def __init__(self, fn: Callable[[OpInfo], Any], spec: str, reads_attributes: bool = False,
-                 constant=None):
+                 constant=None, names=None):
         self._fn = fn
         self.spec = spec
+        # The checkpoint names the policy looks for (None: it does not look at names); a
+        # name no value has gets a remark from remat-partial-eval.
+        self.names = frozenset(names) if names is not None else None
         # The verdict for every op, when the policy does not look at ops at all.
         self.constant = constant
         # Built-in policies never look at OpInfo.attributes; user callables may.
@@ -219,7 +222,8 @@ def save_anything_except_these_names(*names_not_to_save):
         if op.checkpoint_name is not None:
             return op.checkpoint_name not in excluded
         return True
-    return Policy(policy, f"save_anything_except_these_names({_q(names_not_to_save)})")
+    return Policy(policy, f"save_anything_except_these_names({_q(names_not_to_save)})",
+                  names=excluded)
 
 
 def save_any_names_but_these(*names_not_to_save):
@@ -230,7 +234,8 @@ def save_any_names_but_these(*names_not_to_save):
         if op.checkpoint_name is not None:
             return op.checkpoint_name not in excluded
         return False
-    return Policy(policy, f"save_any_names_but_these({_q(names_not_to_save)})")
+    return Policy(policy, f"save_any_names_but_these({_q(names_not_to_save)})",
+                  names=excluded)
 
 
 def save_only_these_names(*names_which_can_be_saved):
@@ -239,7 +244,8 @@ def save_only_these_names(*names_which_can_be_saved):
 
     def policy(op):
         return op.checkpoint_name is not None and op.checkpoint_name in allowed
-    return Policy(policy, f"save_only_these_names({_q(names_which_can_be_saved)})")
+    return Policy(policy, f"save_only_these_names({_q(names_which_can_be_saved)})",
+                  names=allowed)
 
 
 def save_and_offload_only_these_names(*, names_which_can_be_saved, names_which_can_be_offloaded,
@@ -264,7 +270,7 @@ def save_and_offload_only_these_names(*, names_which_can_be_saved, names_which_c
             f"names_which_can_be_saved=[{_q(sorted(saved))}], "
             f"names_which_can_be_offloaded=[{_q(sorted(offloaded))}], "
             f"offload_src={offload_src!r}, offload_dst={offload_dst!r})")
-    return Policy(policy, spec)
+    return Policy(policy, spec, names=saved | offloaded)
 
 
 def save_from_both_policies(policy_1, policy_2):
@@ -278,8 +284,10 @@ def save_from_both_policies(policy_1, policy_2):
                 f" {out1} and {out2}. Please write a custom policy function directly,"
                 " rather than using this helper function.")
         return out1 or out2
+    names = None if p1.names is None and p2.names is None else \
+        (p1.names or frozenset()) | (p2.names or frozenset())
     return Policy(policy, f"save_from_both_policies({p1.spec}, {p2.spec})",
-                  reads_attributes=p1.reads_attributes or p2.reads_attributes)
+                  reads_attributes=p1.reads_attributes or p2.reads_attributes, names=names)
 
 
 # The class spellings jax 0.10-0.11 use (0.11 exports them from jax.checkpoint_policies):

@@ -31,7 +31,7 @@ from remat_passes import contract, graph, planner, report, scan_pairs
 from remat_passes.materialize import materialize
 
 from remat_passes.passes import ModulePass, PassState, option, parse_int_list
-from remat_passes.mlir import RematError, op_id
+from remat_passes.mlir import RematError, ir, op_id
 from remat_passes.plan import ScopePolicies, plan_with_policies, policy_verdict
 from remat_passes.policies import Policy, as_policy, nothing_saveable, parse_policy
 from remat_passes.rules import RULES, Groups
@@ -136,6 +136,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             surviving = set(range(len(a.ops))) - erased
             for rule in RULES.values():
                 state.remarks.extend(rule.remarks(a, surviving))
+            state.remarks.extend(_missing_names(f, self.func, policies))
             calls = sum(1 for pos in surviving if a.ops[pos].name == "func.call")
             if calls:
                 state.remarks.append(
@@ -175,6 +176,43 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 f"({','.join(map(str, marked))})")
         contract.mark_cotangent_args(f, self.cotangent_args)
         state.drop(self.func)
+
+
+def _missing_names(f, func: str, policies: ScopePolicies) -> list[str]:
+    """Remarks for checkpoint names a policy looks for that no value of @func has: a typo,
+    or names lost in export (`jax.export` lowers checkpoint_name to nothing)."""
+    candidates = [policies.module_policy, policies.scope_policy, *policies.recorded.values()]
+    wanted: dict = {}
+    for pol in candidates:
+        names = getattr(pol, "names", None)
+        if names:
+            wanted.setdefault(pol.spec, set()).update(names)
+    if not wanted:
+        return []
+    present: set = set()
+
+    def visit(op):
+        name = contract.checkpoint_name(op)
+        if name is not None:
+            present.add(name)
+        return ir.WalkResult.ADVANCE
+    f.operation.walk(visit)
+    out = []
+    for spec, names in wanted.items():
+        missing = sorted(names - present)
+        if not missing:
+            continue
+        which = ", ".join(repr(n) for n in missing)
+        if present:
+            out.append(f"@{func}: {spec}: no value of @{func} is named {which}; the names it "
+                       f"has: {', '.join(repr(n) for n in sorted(present))}")
+        else:
+            verb = "matches" if len(missing) == 1 else "match"
+            out.append(f"@{func}: {spec}: @{func} has no checkpoint names at all, so {which} "
+                       f"{verb} nothing (jax.export drops checkpoint_name: export with "
+                       "rp.export or rp.export_vjp, or inside `with rp.names_as_markers():`, to "
+                       "keep them)")
+    return out
 
 
 class _IterationPolicy:
