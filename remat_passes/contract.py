@@ -37,6 +37,7 @@ OFFLOAD = "remat.offload"
 RESIDUAL = "remat.residual"
 BARRIER = "remat.barrier"
 REGIONS = "remat.regions"
+REGIONS_NO_CSE = "remat.regions_no_cse"   # keys of regions made with prevent_cse=False
 NAME_TARGET = "remat.name"
 CASE = "remat.case"         # a forward stablehlo.case the case-pair rule rewrote: its key
 TWIN = "remat.twin"         # results equal to the keyed case's: [key, k, r, k, r, ...]
@@ -282,6 +283,19 @@ def region_specs(module_op) -> dict[str, str]:
         return {}
     d = ir.DictAttr(attrs[REGIONS])
     return {d[i].name: ir.StringAttr(d[i].attr).value for i in range(len(d))}
+
+
+def regions_without_cse_barrier(module_op) -> set[str]:
+    """Keys of the `rp.checkpoint` regions made with prevent_cse=False."""
+    attrs = module_op.operation.attributes
+    if REGIONS_NO_CSE not in attrs:
+        return set()
+    return {ir.StringAttr(a).value for a in ir.ArrayAttr(attrs[REGIONS_NO_CSE])}
+
+
+def set_regions_without_cse_barrier(module_op, keys) -> None:
+    module_op.operation.attributes[REGIONS_NO_CSE] = ir.ArrayAttr.get(
+        [ir.StringAttr.get(k) for k in sorted(keys)])
 
 
 def set_region_specs(module_op, specs: dict[str, str]) -> None:

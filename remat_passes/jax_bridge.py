@@ -73,6 +73,7 @@ def names_as_markers():
 # ------------------------------------------------------------- regions --
 _region_ids = itertools.count(1)
 _REGION_POLICIES: dict[str, Policy] = {}
+_REGIONS_NO_CSE: set[str] = set()        # keys of regions made with prevent_cse=False
 
 
 def checkpoint(fun, *, policy=None, prevent_cse: bool = True, static_argnums=()):
@@ -81,7 +82,9 @@ def checkpoint(fun, *, policy=None, prevent_cse: bool = True, static_argnums=())
     Nothing is rematerialized at trace time: the call is traced inside a
     unique `remat[N]` name scope, which JAX keeps through jvp and transpose,
     and `policy` (default `nothing_saveable`, as for jax.checkpoint) is
-    recorded for it. `remat-partial-eval` then applies it. `static_argnums` is
+    recorded for it. `remat-partial-eval` then applies it. With
+    `prevent_cse=False` its recomputation gets no optimization_barrier
+    (place-optimization-barriers skips it), as jax.checkpoint's. `static_argnums` is
     accepted for jax.checkpoint compatibility: arguments stay Python values
     here anyway, since no separate trace is made.
     """
@@ -96,6 +99,8 @@ def checkpoint(fun, *, policy=None, prevent_cse: bool = True, static_argnums=())
     def region(*args, **kwargs):
         key = f"remat[{next(_region_ids)}]"
         _REGION_POLICIES[key] = pol
+        if not prevent_cse:
+            _REGIONS_NO_CSE.add(key)
         with jax.named_scope(key):
             return fun(*args, **kwargs)
     region.prevent_cse = prevent_cse
@@ -190,6 +195,9 @@ def _record_regions(module: Module, first_region: int) -> None:
             if pol.spec.startswith("<"):  # a Python callable: kept on the Module
                 module.region_policies[key] = pol
         contract.set_region_specs(module.op, specs)
+        no_cse = [key for key in regions if key in _REGIONS_NO_CSE]
+        if no_cse:
+            contract.set_regions_without_cse_barrier(module.op, no_cse)
 
 
 def _scopes_in(module_op, first_id: int) -> list[str]:

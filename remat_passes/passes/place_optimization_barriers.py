@@ -16,7 +16,8 @@ iteration's recomputation in its iteration (JAX recommends prevent_cse=False
 for jax.checkpoint inside lax.scan). In a loop body the barrier's backward value
 is a carry the body changes (the carried cotangent or a gradient accumulator).
 A group whose inputs already all come from one barrier of ours is left alone,
-so running the pass twice changes nothing.
+so running the pass twice changes nothing; so is a group recomputing an
+`rp.checkpoint` region made with prevent_cse=False (`contract.REGIONS_NO_CSE`).
 """
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ def _already_placed(inputs) -> bool:
                                     for v in inputs)
 
 
-def place(groups, is_backward, cotangents, note=None) -> int:
-    """One barrier per group; returns how many were placed."""
+def place(groups, is_backward, cotangents, note=None, skip=None) -> int:
+    """One barrier per group (but those `skip(group)` names); returns how many were placed."""
     placed = 0
     for group in groups:
+        if skip is not None and skip(group):
+            continue
         inputs = group.inputs()
         if not inputs or _already_placed(inputs):
             continue  # constants only: nothing to hide from CSE (or placed before)
@@ -93,6 +96,23 @@ def place_in_loops(func_op) -> int:
     return placed
 
 
+def _in_regions_without_barrier(module_op):
+    """skip(group) for place(): every op of the group is recomputation of an `rp.checkpoint`
+    region made with prevent_cse=False (its outermost region: the one whose backward
+    recomputes it, as in jax.checkpoint), or None when there are no such regions."""
+    keys = contract.regions_without_cse_barrier(module_op)
+    if not keys:
+        return None
+
+    def skip(group) -> bool:
+        for op in group.ops:
+            chain = graph.scope_chain(op)
+            if not chain or graph.scope_key(chain[0]) not in keys:
+                return False
+        return True
+    return skip
+
+
 @dataclasses.dataclass
 class PlaceOptimizationBarriers(ModulePass):
     name = "place-optimization-barriers"
@@ -112,6 +132,7 @@ class PlaceOptimizationBarriers(ModulePass):
             f = graph.find_func(module_op, target)
             a = state.analysis(f)
             place(a.recompute_groups, a.is_backward, [a.args[i] for i in a.cotangent_indices],
-                  lambda barrier, first: a.note_inserted(barrier, backward=True, before=first))
+                  lambda barrier, first: a.note_inserted(barrier, backward=True, before=first),
+                  _in_regions_without_barrier(module_op))
             if self.in_loops:
                 place_in_loops(f)

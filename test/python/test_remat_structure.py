@@ -460,3 +460,42 @@ def test_models_using_jax_checkpoint_keep_jaxs_residuals():
     module = rp.export_vjp(f, *args)
     out, ct, grads = reference_vjp(f, args)
     assert_trees_close(run_joint(rp.remat(module, None), args, ct), leaves(out) + leaves(grads))
+
+
+def _barriers(text: str) -> int:
+    return text.count("stablehlo.optimization_barrier")
+
+
+def test_region_prevent_cse_false_places_no_barrier_as_jax():
+    """rp.checkpoint(f, prevent_cse=False) recomputes without barriers, as JAX's lowering of
+    jax.checkpoint(f, prevent_cse=False) has none; a region with the default keeps them, and
+    the gradients are the same either way."""
+    def layer(W, x):
+        return jnp.sin(jnp.sin(x @ W) @ W)
+
+    W = jnp.asarray(np.random.default_rng(0).normal(size=(4, 4)) * 0.5, jnp.float32)
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(3, 4)), jnp.float32)
+
+    def jax_text(prevent_cse):
+        f = jax.checkpoint(lambda W, x: jnp.sum(layer(W, x)), prevent_cse=prevent_cse)
+        return jax.jit(lambda W, x: jax.vjp(f, W, x)[1](jnp.float32(1.0))).lower(W, x).as_text()
+
+    def ours(first, second):
+        def f(W, x):
+            h = rp.checkpoint(layer, prevent_cse=first)(W, x)
+            return jnp.sum(rp.checkpoint(layer, prevent_cse=second)(W, h))
+        m = rp.export_vjp(f, W, x)
+        return m, f, rp.remat(m, None)
+
+    assert _barriers(jax_text(False)) == 0 < _barriers(jax_text(True))
+    _, _, off = ours(False, False)
+    assert _barriers(str(off)) == 0
+    _, _, on = ours(True, True)
+    _, f, mixed = ours(False, True)
+    assert 0 < _barriers(str(mixed)) < _barriers(str(on))
+    for out in (off, on, mixed):
+        ref_out, grads = jax.value_and_grad(f, argnums=(0, 1))(W, x)
+        got = out.call(W, x, jnp.float32(1.0))
+        np.testing.assert_allclose(np.asarray(got[0]), np.asarray(ref_out), rtol=1e-5)
+        for g, r in zip(got[1], grads):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
