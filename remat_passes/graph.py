@@ -261,7 +261,8 @@ _JAX_DTYPE = {"i1": "bool", "complex<f32>": "c64", "complex<f64>": "c128"}
 
 
 def jax_type_str(t) -> str:
-    """JAX's short form of a tensor type: tensor<5x4xf32> -> f32[5,4]."""
+    """JAX's short form of a tensor type: tensor<5x4xf32> -> f32[5,4] (a dynamic dimension,
+    as a symbolic-shape export has, prints as `?`)."""
     try:
         rt = ir.RankedTensorType(t)
     except (ValueError, TypeError):
@@ -270,7 +271,24 @@ def jax_type_str(t) -> str:
     elem = _JAX_DTYPE.get(elem, elem)
     if elem.startswith("ui"):
         elem = "u" + elem[2:]
-    return f"{elem}[{','.join(str(d) for d in rt.shape)}]"
+    dims = ["?" if rt.is_dynamic_dim(i) else str(d) for i, d in enumerate(rt.shape)]
+    return f"{elem}[{','.join(dims)}]"
+
+
+def dynamic_unit_bytes(t) -> int | None:
+    """For a tensor type with dynamic dimensions: its bytes per unit of their product (the
+    static dimensions times the element size); None for a static type."""
+    try:
+        rt = ir.RankedTensorType(t)
+    except (ValueError, TypeError):
+        return None
+    if rt.has_static_shape:
+        return None
+    n = 1
+    for i, d in enumerate(rt.shape):
+        if not rt.is_dynamic_dim(i):
+            n *= d
+    return n * element_bits(str(rt.element_type)) // 8
 
 
 # -------------------------------------------------------------- functions --

@@ -45,8 +45,11 @@ def describe_value(value, func_op, analysis=None) -> str:
 
 
 def residual(value, func_op, offload=None, analysis=None) -> Residual:
+    unit = graph.dynamic_unit_bytes(value.type)
+    note = None if unit is None else \
+        f"{unit} bytes per unit of its dynamic dimensions, not counted in the total"
     return Residual(graph.jax_type_str(value.type), describe_value(value, func_op, analysis),
-                    graph.type_bytes(value.type), offload)
+                    graph.type_bytes(value.type), offload, note)
 
 
 def _as_module(fun_or_module, args):

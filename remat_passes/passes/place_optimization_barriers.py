@@ -18,6 +18,9 @@ is a carry the body changes (the carried cotangent or a gradient accumulator).
 A group whose inputs already all come from one barrier of ours is left alone,
 so running the pass twice changes nothing; so is a group recomputing an
 `rp.checkpoint` region made with prevent_cse=False (`contract.REGIONS_NO_CSE`).
+Values computed from constants and dimension sizes alone never go through a
+barrier: there is nothing to hide, and in a symbolic-shape module a shape
+operand behind a barrier cannot be refined.
 """
 from __future__ import annotations
 
@@ -53,13 +56,51 @@ def _already_placed(inputs) -> bool:
                                     for v in inputs)
 
 
+_SHAPE_SOURCES = ("stablehlo.constant", "stablehlo.get_dimension_size", "stablehlo.iota")
+
+
+def _is_shape_value(v, memo: dict) -> bool:
+    """Computed from constants and dimension sizes alone (a shape computation of a
+    symbolic-shape module, or a constant): nothing to hide from CSE, and routing it through
+    a barrier would keep XLA from refining the shapes it feeds."""
+    stack = [v]
+    while stack:
+        u = stack[-1]
+        if u in memo:
+            stack.pop()
+            continue
+        if not isinstance(u, ir.OpResult):
+            memo[u] = False
+            stack.pop()
+            continue
+        op = u.owner.operation
+        if op.name in _SHAPE_SOURCES:
+            memo[u] = True
+            stack.pop()
+            continue
+        if len(op.regions) or graph.is_side_effecting(op):
+            memo[u] = False
+            stack.pop()
+            continue
+        pending = [w for w in op.operands if w not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        memo[u] = bool(len(op.operands)) and all(memo[w] for w in op.operands)
+        stack.pop()
+    return memo[v]
+
+
 def place(groups, is_backward, cotangents, note=None, skip=None) -> int:
     """One barrier per group (but those `skip(group)` names); returns how many were placed."""
     placed = 0
+    shape_values: dict = {}
     for group in groups:
         if skip is not None and skip(group):
             continue
-        inputs = group.inputs()
+        if all(_is_shape_value(r, shape_values) for op in group.ops for r in op.results):
+            continue        # a shape computation (dimension sizes): nothing to hide
+        inputs = [v for v in group.inputs() if not _is_shape_value(v, shape_values)]
         if not inputs or _already_placed(inputs):
             continue  # constants only: nothing to hide from CSE (or placed before)
         ct = _incoming(group, is_backward, cotangents)

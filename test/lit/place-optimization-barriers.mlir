@@ -253,7 +253,8 @@ module @split {
 // before it, inside the body; the group reads the barrier's results. The
 // first barrier carries the body's carried cotangent %G (a float carry the
 // body changes: it returns %GX in its place); the later ones carry the
-// backward value their consumer reads. The forward body and the constants
+// backward value their consumer reads. Constants (the zero slice indices) are
+// read directly, not through a barrier. The forward body and the constants
 // cloned before the backward loop (a constants-only group) get none.
 // LOOPS-LABEL: module @scan_pair
 // LOOPS: %[[FW:.*]]:4 = stablehlo.while(
@@ -265,10 +266,10 @@ module @split {
 // LOOPS-NOT: optimization_barrier
 // LOOPS: %[[R0:.*]] = stablehlo.dynamic_slice %[[B0]], %[[K]],
 // LOOPS-NEXT: %[[XK:.*]] = stablehlo.reshape %[[R0]]
-// LOOPS-NEXT: %[[B1:.*]]:5 = stablehlo.optimization_barrier {{[^%]*}}%[[BWS]], %[[K]], %{{[^ ]+}}, %[[XK]], %[[G]] : tensor<3x4x4xf32>, tensor<i32>, tensor<i32>, tensor<2x4xf32>, tensor<2x4xf32>{{$}}
+// LOOPS-NEXT: %[[B1:.*]]:4 = stablehlo.optimization_barrier {{[^%]*}}%[[BWS]], %[[K]], %[[XK]], %[[G]] : tensor<3x4x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<2x4xf32>{{$}}
 // LOOPS-NEXT: %[[RW:.*]] = stablehlo.dynamic_slice %[[B1]]#0, %[[B1]]#1, {{.*}} {remat.recompute = 1 : i64}
 // LOOPS-NEXT: %[[W:.*]] = stablehlo.reshape %[[RW]] {remat.recompute = 1 : i64}
-// LOOPS-NEXT: %[[D:.*]] = stablehlo.dot_general %[[B1]]#3, %[[W]], {{.*}} {remat.recompute = 1 : i64}
+// LOOPS-NEXT: %[[D:.*]] = stablehlo.dot_general %[[B1]]#2, %[[W]], {{.*}} {remat.recompute = 1 : i64}
 // LOOPS-NEXT: %[[S:.*]] = stablehlo.sine %[[D]] {remat.recompute = 1 : i64}
 // LOOPS-NEXT: %[[H:.*]] = stablehlo.custom_call @remat.name(%[[S]]) {{.*}}remat.recompute = 1 : i64
 // LOOPS-NEXT: %[[CH:.*]] = stablehlo.cosine %[[H]] {remat.recompute = 1 : i64}
