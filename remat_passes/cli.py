@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 
 from remat_passes import __version__
 from remat_passes.memory import estimate_memory, format_memory
+from remat_passes import mlir
 from remat_passes.mlir import RematError
 from remat_passes.module import Module, write_atomically
 from remat_passes.passes import CORE_PASSES, PassState, registry
@@ -126,8 +128,9 @@ def _read_input(path: str) -> bytes:
 
 
 def _chunks(data: bytes, split: bool) -> list[bytes]:
-    """Split at '// -----' lines; pad with newlines so errors keep their line numbers."""
-    if not split:
+    """Split at '// -----' lines; pad with newlines so errors keep their line numbers. A
+    binary input (bytecode, a serialized Exported) is one chunk: only text is split."""
+    if not split or mlir.is_binary(data):
         return [data]
     text = data.decode("utf-8", errors="replace")
     chunks, cur, line_no, start = [], [], 0, 0
@@ -143,7 +146,7 @@ def _chunks(data: bytes, split: bool) -> list[bytes]:
 
 
 def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]:
-    module = Module.parse(data, filename=filename)
+    module = Module.parse(data, filename=filename, allow_empty=True)
     state = PassState(filename=filename)
     run_pipeline(module.op, steps, state,
                  verify_each=args.verify_each == "true",
@@ -229,13 +232,34 @@ def _format_error(e: RematError) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         code = run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
     except RematError as e:
         sys.stderr.write(_format_error(e) + "\n")
         code = 1
-    except BrokenPipeError:
-        code = 0
-    sys.stdout.flush()
+    except KeyboardInterrupt:
+        sys.stderr.write("remat-opt: interrupted\n")
+        code = 130
+    except RuntimeError as e:   # the MLIR bindings, on a string attribute that is not UTF-8
+        if "conversion error" not in str(e):
+            raise
+        sys.stderr.write("remat-opt: error: the module holds a string that is not valid UTF-8 "
+                         "(a corrupt attribute or name)\n")
+        code = 1
+    except OSError as e:        # writing the output: a full disk, a closed pipe
+        _silence_stdout()
+        sys.stderr.write(f"remat-opt: error: cannot write the output: {e.strerror or e}\n")
+        code = 1
     return code
+
+
+def _silence_stdout() -> None:
+    """After a failed write to stdout, point it at /dev/null so that the interpreter's own
+    flush at exit does not fail (and print) again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

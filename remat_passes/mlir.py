@@ -9,8 +9,13 @@ MLIR diagnostics into `RematError`s that name file:line:col.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import io
+import os
 import re
+import signal
+import time
+import warnings
 
 from jax.extend import mlir as _jax_mlir
 from jax.extend.mlir import ir, passmanager  # noqa: F401  (re-exported)
@@ -92,12 +97,32 @@ def parse(data: str | bytes, filename: str | None = None) -> tuple[ir.Module, ob
     """
     ctx = context()
     exported = None
-    if isinstance(data, (bytes, bytearray)) and not bytes(data[:4]) == BYTECODE_MAGIC:
+    if isinstance(data, (bytes, bytearray)) and is_binary(bytes(data)) and \
+            not bytes(data[:4]) == BYTECODE_MAGIC:
+        exported = _deserialize_exported(bytes(data), filename)
+        inner = bytes(exported.mlir_module_serialized)
+        if _parse_aborts(inner):
+            raise RematError(f"{filename or '<input>'}: error: malformed serialized "
+                             "jax.export.Exported (the MLIR parser aborted on its module)")
         try:
+            data = exported.mlir_module()
+        except Exception as e:      # jax re-raises the parser's diagnostics its own way
+            raise RematError(f"{filename or '<input>'}: error: malformed serialized "
+                             f"jax.export.Exported: {str(e).splitlines()[0] if str(e) else e}"
+                             ) from None
+    elif isinstance(data, (bytes, bytearray)) and not bytes(data[:4]) == BYTECODE_MAGIC:
+        try:        # text; bytes that are not UTF-8 (a Latin-1 comment) go to the parser as is
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError:
-            exported = _deserialize_exported(bytes(data), filename)
-            data = exported.mlir_module()
+            data = bytes(data)
+    if isinstance(data, (bytes, bytearray)) and bytes(data[:4]) == BYTECODE_MAGIC and \
+            _parse_aborts(bytes(data)):
+        raise RematError(f"{filename or '<input>'}: error: malformed MLIR bytecode (the MLIR "
+                         "parser aborted on it)")
+    return _parse_module(data, filename, ctx), exported
+
+
+def _parse_module(data, filename, ctx) -> ir.Module:
     with ctx:
         try:
             module = ir.Module.parse(data)
@@ -106,7 +131,52 @@ def parse(data: str | bytes, filename: str | None = None) -> tuple[ir.Module, ob
         if isinstance(data, (bytes, bytearray)) and _is_portable_artifact(module):
             module = _jax_mlir.deserialize_portable_artifact(bytes(data), ctx)
             _map_remat_flags(module, to_bool=False)
-    return module, exported
+    return module
+
+
+_PARSE_GUARD_SECONDS = 30.0     # a legitimate parse of user bytecode takes far less
+
+
+def _parse_aborts(data: bytes) -> bool:
+    """Does parsing this bytecode kill the process? Corrupt bytecode can make the MLIR
+    bindings abort (a diagnostic that is not UTF-8 cannot become a Python string, and
+    that happens where no exception may pass), so user bytecode is parsed first in a
+    forked child. POSIX only; elsewhere the parse is not guarded."""
+    if not hasattr(os, "fork"):
+        return False
+    with warnings.catch_warnings():     # (fork of a process with threads: the child only
+        warnings.simplefilter("ignore")  # parses, single-threaded, and exits)
+        pid = os.fork()
+    if pid == 0:                        # the child: parse, then exit without cleanup
+        code = 0
+        try:
+            faulthandler.disable()      # (its report of the abort would go to stderr)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            ctx = context()
+            ctx.enable_multithreading(False)
+            _parse_module(data, None, ctx)
+        except BaseException:           # an error the parent reports the normal way
+            code = 0
+        os._exit(code)
+    deadline = time.monotonic() + _PARSE_GUARD_SECONDS
+    delay = 0.001
+    while True:                         # (a parse that never ends counts as aborting)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return True
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def is_binary(data: bytes) -> bool:
+    """MLIR bytecode (its magic) or another binary format (a serialized Exported is a
+    flatbuffer, full of NUL bytes; MLIR text never has one)."""
+    return data[:4] == BYTECODE_MAGIC or b"\x00" in data
 
 
 def _deserialize_exported(data: bytes, filename: str | None):

@@ -7,6 +7,7 @@ the Python policies of checkpoint regions made with callables.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 from remat_passes import mlir
@@ -40,8 +41,16 @@ class Module:
 
     # ---------------------------------------------------------------- in --
     @classmethod
-    def parse(cls, data: str | bytes, filename: str | None = None) -> "Module":
-        """MLIR text or bytecode, a StableHLO portable artifact, or a serialized Exported."""
+    def parse(cls, data: str | bytes, filename: str | None = None,
+              allow_empty: bool = False) -> "Module":
+        """MLIR text or bytecode, a StableHLO portable artifact, or a serialized Exported.
+        Empty input is an error unless `allow_empty` (remat-opt, as mlir-opt, reads it as
+        an empty module)."""
+        if not isinstance(data, (str, bytes, bytearray, memoryview)):
+            raise TypeError(f"Module.parse takes str or bytes, got {type(data).__name__}")
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        if not allow_empty and not raw.strip():
+            raise RematError(f"{filename or '<input>'}: error: empty input: no module to parse")
         op, exported = mlir.parse(data, filename)
         return cls(op, exported=exported, filename=filename)
 
@@ -90,11 +99,30 @@ class Module:
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
+    """Write `data` to `path`. A regular file (or a new one) is replaced atomically (a
+    temporary file renamed over it, keeping its mode), so a failed run leaves it whole; a
+    symlink is followed to its target; anything else (a device, a FIFO, /dev/stdout) is
+    opened and written directly."""
+    shown = path
+    try:
+        st = os.stat(path)          # (follows symlinks)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise RematError(f"error: cannot write '{shown}': {e.strerror}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+        except OSError as e:
+            raise RematError(f"error: cannot write '{shown}': {e.strerror}") from None
+        return
+    path = os.path.realpath(path)   # a symlink: replace its target, keep the link
+    directory = os.path.dirname(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=".remat-", dir=directory)
     except OSError as e:
-        raise RematError(f"error: cannot write '{path}': {e.strerror}") from None
+        raise RematError(f"error: cannot write '{shown}': {e.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -110,7 +138,7 @@ def write_atomically(path: str, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as e:
         os.unlink(tmp)
-        raise RematError(f"error: cannot write '{path}': {e.strerror}") from None
+        raise RematError(f"error: cannot write '{shown}': {e.strerror}") from None
 
 
 def load(path: str) -> Module:

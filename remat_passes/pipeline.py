@@ -207,9 +207,13 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     `verify` runs the MLIR verifier on the result (`remat-opt --verify-each`
     verifies after every step instead).
     """
+    from remat_passes.module import Module
     from remat_passes.passes.remat import Remat
     from remat_passes.passes.remat_partial_eval import parse_regex
     from remat_passes.policies import as_policy
+    if not isinstance(module, Module):
+        raise TypeError("rp.remat takes a remat_passes.Module (from rp.export_vjp, rp.export, "
+                        f"rp.load or rp.Module.parse), got {type(module).__name__}")
     if mode not in ("joint", "split"):
         raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
     options = dict(policy=as_policy(policy) if policy is not None else None, mode=mode,

@@ -282,3 +282,57 @@ def test_cli_reports_verification_failure(broken_passes, files, tmp_path, capsys
     assert "verification failed after pass 'break-dominance'" in captured.err.splitlines()[0]
     assert "Traceback" not in captured.err
     assert out.read_bytes() == OLD_OUTPUT
+
+
+# ------------------------------------------------------ output and inputs --
+def test_output_through_a_symlink_replaces_the_target(files, tmp_path):
+    target = tmp_path / "target.mlir"
+    target.write_bytes(OLD_OUTPUT)
+    link = tmp_path / "link.mlir"
+    link.symlink_to(target)
+    proc = remat_opt(files["vjp"], "-o", link)
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and b"func.func" in target.read_bytes()
+
+
+def test_output_to_non_regular_files_is_written_directly(files):
+    proc = remat_opt(files["vjp"], "-o", "/dev/stdout")
+    assert proc.returncode == 0 and b"func.func" in proc.stdout, proc.stderr
+    before = os.stat("/dev/null")
+    assert remat_opt(files["vjp"], "-o", "/dev/null").returncode == 0
+    after = os.stat("/dev/null")
+    assert (before.st_ino, before.st_rdev) == (after.st_ino, after.st_rdev)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_write_error_is_one_line():
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([sys.executable, "-m", "remat_passes.cli", "-"],
+                              input=BAD_OP_TEXT.replace("stablehlo.bogus", "stablehlo.sine")
+                              .encode(), stdout=full, stderr=subprocess.PIPE,
+                              env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert err.strip().splitlines() == ["remat-opt: error: cannot write the output: No space "
+                                        "left on device"], err
+
+
+def test_text_with_latin1_comment_and_binary_split_input(files, tmp_path):
+    text = open(files["vjp"], "rb").read()
+    latin = tmp_path / "latin.mlir"
+    latin.write_bytes(b"// caf\xe9\n" + text)
+    assert remat_opt(latin).returncode == 0
+    proc = remat_opt(files["vjp_bc"], "--split-input-file")
+    assert proc.returncode == 0 and b"func.func" in proc.stdout, proc.stderr
+
+
+def test_python_api_rejects_wrong_kinds():
+    with pytest.raises(TypeError, match="Module"):
+        rp.remat("not a module")
+    with pytest.raises(TypeError):
+        rp.Module.parse(3)
+    with pytest.raises(rp.RematError, match="empty input"):
+        rp.Module.parse("")
+    with pytest.raises(rp.RematError, match="region_regex"):
+        rp.remat(rp.Module.parse(BAD_OP_TEXT.replace("stablehlo.bogus", "stablehlo.sine")
+                                 .replace("@main", "@main")), region_regex="(")
