@@ -129,7 +129,12 @@ def _parse_module(data, filename, ctx) -> ir.Module:
         except ir.MLIRError as e:
             raise RematError(diagnostics_message(e, filename, None)) from None
         if isinstance(data, (bytes, bytearray)) and _is_portable_artifact(module):
-            module = _jax_mlir.deserialize_portable_artifact(bytes(data), ctx)
+            try:
+                module = _jax_mlir.deserialize_portable_artifact(bytes(data), ctx)
+            except Exception as e:  # jaxlib's own error type, varying by version
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise RematError(f"{filename or '<input>'}: error: malformed StableHLO "
+                                 f"portable artifact ({first})") from None
             _map_remat_flags(module, to_bool=False)
     return module
 

@@ -5,7 +5,8 @@
 set -u
 cd "$(dirname "$0")/.."
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
-python -m pytest test/python "$@"
+# pytest on REMAT_TEST_WORKERS processes (pytest-xdist; default 2, as the CI machine has)
+python -m pytest test/python -n "${REMAT_TEST_WORKERS:-2}" "$@"
 pytest_rc=$?
 lit -v test/lit
 lit_rc=$?

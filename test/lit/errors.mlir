@@ -19,10 +19,16 @@
 // RUN: filecheck %s --check-prefixes=NOTRACE,SPLITPARSE --input-file=%t.split
 // RUN: not remat-opt - < %s 2>&1 | filecheck %s --check-prefixes=NOTRACE,STDIN
 
-// Input that is neither MLIR nor any other format remat-opt reads.
+// Input that is neither MLIR nor any other format remat-opt reads. Without NUL
+// bytes it is read as text (the format is told from the content: a byte that is
+// not UTF-8 may sit in a comment), so the parser locates the problem; binary
+// garbage is named as such.
 // RUN: printf '\x80\x81\x82' > %t.garbage
 // RUN: not remat-opt %t.garbage 2>&1 | filecheck %s --check-prefixes=NOTRACE,GARBAGE
-// GARBAGE: {{.*}}.garbage: error: not MLIR text, MLIR bytecode, a StableHLO portable artifact or a serialized jax.export.Exported
+// GARBAGE: {{.*}}.garbage:1:1: error: unexpected character
+// RUN: printf '\x80\x00\x82' > %t.binary
+// RUN: not remat-opt %t.binary 2>&1 | filecheck %s --check-prefixes=NOTRACE,BINARY
+// BINARY: {{.*}}.binary: error: not MLIR text, MLIR bytecode, a StableHLO portable artifact or a serialized jax.export.Exported
 
 // A missing input file.
 // RUN: not remat-opt %t.does-not-exist.mlir 2>&1 | filecheck %s --check-prefixes=NOTRACE,MISSING
