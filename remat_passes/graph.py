@@ -24,6 +24,10 @@ SIDE_EFFECT_OPS = {
     "stablehlo.rng",  # random: a recomputation would draw different numbers
     "stablehlo.replica_id", "stablehlo.partition_id",
 }
+# Shardy ops that only annotate a value (its sharding): pure, they follow the policy like
+# any op (a clone keeps its `sharding` attribute). GSPMD's annotations are custom_calls
+# without side effect (@Sharding, @SPMDFullToShardShape, ...), pure already.
+PURE_SDY_OPS = {"sdy.sharding_constraint", "sdy.reshard"}
 
 
 # ------------------------------------------------------------- op questions --
@@ -37,7 +41,7 @@ def _own_side_effect(op) -> bool:
     if op.name == "stablehlo.custom_call" and "has_side_effect" in op.attributes:
         return str(op.attributes["has_side_effect"]) == "true"
     if op.name.startswith("func.") or op.name.startswith("sdy."):
-        return op.name not in ("func.return",)
+        return op.name not in ("func.return",) and op.name not in PURE_SDY_OPS
     return False
 
 
