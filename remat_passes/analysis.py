@@ -242,11 +242,20 @@ class FunctionAnalysis:
         # JAX also puts work that needs no cotangent under transpose frames (the
         # reversed kernel of a conv transpose, the 1/N of a mean's gradient, zero
         # gradients). It is backward too when every user is backward: then it
-        # reads residuals instead of becoming one.
+        # reads residuals instead of becoming one. The return counts as a backward
+        # user only for a gradient result: a primal output computed under transpose
+        # frames (the output of a second-order module, jax.grad inside) is forward.
+        gradient_vids = None
         for pos in range(n - 1, -1, -1):   # (users are built only if such an op exists)
             if backward[pos] or not transposed[pos]:
                 continue
-            if all(u == n or backward[u] for vid in self.results(pos) for u in self.users(vid)):
+            if gradient_vids is None:
+                operands = list(self.terminator.operands)
+                gradient_vids = {self.vid(operands[i])
+                                 for i in contract.gradient_results(self.func_op)
+                                 if i < len(operands)}
+            if all((vid in gradient_vids) if u == n else backward[u]
+                   for vid in self.results(pos) for u in self.users(vid)):
                 backward[pos] = 1
         return backward
 

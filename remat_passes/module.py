@@ -94,8 +94,22 @@ class Module:
         return jax_bridge.to_exported(self, function)
 
     def call(self, *args, function: str = "main"):
+        """Run `function` compiled with XLA. @main keeps the calling convention of the
+        export it came from (pytrees, typed PRNG keys); the other functions (the split
+        halves) take flat arrays, a typed key as its raw key data, as the module holds it."""
         from remat_passes import jax_bridge
+        if function != "main" or self.exported is None:
+            args = tuple(_raw_key_data(a) for a in args)
         return jax_bridge.compile(self, function)(*args)
+
+
+def _raw_key_data(x):
+    """A typed PRNG key array as its uint32 key data (what the exported module holds)."""
+    import jax
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(x)
+    return x
 
 
 def write_atomically(path: str, data: bytes) -> None:

@@ -30,6 +30,10 @@ def split_function(plan, residual_vids: list[int], descriptions: list[str]) -> N
     fwd_results = [v for v, b in zip(results, flags) if not b]
     bwd_results = [v for v, b in zip(results, flags) if b]
     offloads = [plan.saved[vid] for vid in residual_vids]
+    # the joint function's argument and result attributes (jax.result_info labels, marks)
+    # go with the arguments and results to whichever half takes them
+    arg_entries = contract.all_entries(f, "arg_attrs")
+    res_entries = contract.all_entries(f, "res_attrs")
     with f.context, ir.Location.unknown():
         ip = ir.InsertionPoint(f)
         fwd = _empty_func(f"{name}_fwd", primal_args, fwd_results + residuals,
@@ -53,11 +57,17 @@ def split_function(plan, residual_vids: list[int], descriptions: list[str]) -> N
             v.replace_all_uses_with(arg)
         for v, arg in zip(primal_args, fwd_block.arguments):
             v.replace_all_uses_with(arg)
-        contract.set_all_entries(fwd, "res_attrs", [{} for _ in fwd_results] + [
+        contract.set_all_entries(fwd, "arg_attrs", [
+            arg_entries[i] for i in range(len(args)) if i not in a.cotangent_vids])
+        contract.set_all_entries(fwd, "res_attrs", [
+            res_entries[i] for i, b in enumerate(flags) if not b] + [
             contract.residual_entry(d, o) for d, o in zip(descriptions, offloads)])
         contract.set_all_entries(bwd, "arg_attrs", [
             {} if o is None else {contract.OFFLOAD: contract.offload_attr(o)} for o in offloads]
-            + [{contract.COTANGENT: ir.UnitAttr.get()} for _ in cot_args])
+            + [dict(arg_entries[i], **{contract.COTANGENT: ir.UnitAttr.get()})
+               for i in range(len(args)) if i in a.cotangent_vids])
+        contract.set_all_entries(bwd, "res_attrs", [
+            res_entries[i] for i, b in enumerate(flags) if b])
     f.operation.erase()
 
 

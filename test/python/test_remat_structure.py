@@ -499,3 +499,74 @@ def test_region_prevent_cse_false_places_no_barrier_as_jax():
         np.testing.assert_allclose(np.asarray(got[0]), np.asarray(ref_out), rtol=1e-5)
         for g, r in zip(got[1], grads):
             np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+
+
+def test_typed_prng_key_in_split_calls():
+    """A typed key (jax.random.key) is an argument of the joint module and of main_fwd:
+    the split halves take it as they take any array, and the gradients equal jax.vjp's."""
+    def f(W, key):
+        x = jax.random.normal(key, (4,))
+        return jnp.sum(jnp.sin(W @ x))
+    W = jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)), jnp.float32)
+    key = jax.random.key(0)
+    m = rp.export_vjp(f, W, key)
+    value, vjp = jax.vjp(f, W, key)
+    dW = vjp(jnp.float32(1.0))[0]
+    joint = rp.remat(m, "nothing_saveable")
+    got = joint.call(W, key, jnp.float32(1.0))
+    np.testing.assert_allclose(np.asarray(got[1][0]), np.asarray(dW), rtol=1e-5)
+    split = rp.remat(m, "nothing_saveable", mode="split")
+    fwd = split.call(W, key, function="main_fwd")
+    np.testing.assert_allclose(np.asarray(fwd[0]), np.asarray(value), rtol=1e-5)
+    bwd = split.call(*fwd[1:], jnp.float32(1.0), function="main_bwd")
+    np.testing.assert_allclose(np.asarray(bwd[0]), np.asarray(dW), rtol=1e-5)
+
+
+def test_split_halves_keep_result_labels_and_argument_attributes():
+    """jax.result_info labels and argument attributes go with the results and arguments
+    to the half that takes them: outputs to main_fwd, gradients to main_bwd."""
+    def f(W, x):
+        return jnp.sum(jnp.sin(x @ W)), jnp.cos(x)
+    W = jnp.ones((4, 4)) * 0.5
+    x = jnp.ones((2, 4))
+    m = rp.export_vjp(f, W, x)
+    split = rp.remat(m, "nothing_saveable", mode="split")
+    from remat_passes import contract, graph
+    with m.op.context:
+        main = graph.find_func(m.op, "main")
+        labels = [e.get("jax.result_info") for e in contract.all_entries(main, "res_attrs")]
+    with split.op.context:
+        fwd = graph.find_func(split.op, "main_fwd")
+        bwd = graph.find_func(split.op, "main_bwd")
+        fwd_labels = [e.get("jax.result_info") for e in contract.all_entries(fwd, "res_attrs")]
+        bwd_entries = contract.all_entries(bwd, "res_attrs")
+    assert all(label is not None for label in labels)
+    assert [str(v) for v in fwd_labels[:2]] == [str(v) for v in labels[:2]]   # the outputs
+    assert [str(e.get("jax.result_info")) for e in bwd_entries] == \
+        [str(v) for v in labels[2:]]                                        # the gradients
+    assert all(contract.GRADIENT in e for e in bwd_entries)
+
+
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
+def test_second_order_split_keeps_the_output_forward(policy):
+    """export_vjp(jax.grad(f)): the output (a gradient of f, computed under JAX's transpose
+    frames) is main_fwd's; main_bwd returns the second-order gradient. Both equal jax.vjp,
+    and the residuals are what jax.checkpoint saves."""
+    W = jnp.asarray(np.random.default_rng(0).normal(size=(4, 4)) * 0.5, jnp.float32)
+
+    def f(W, x):
+        return jnp.sum(jnp.sin(W @ x) ** 2)
+    g = jax.grad(f, argnums=1)
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(4,)), jnp.float32)
+    m = rp.export_vjp(g, W, x)
+    split = rp.remat(m, policy, mode="split")
+    out, vjp = jax.vjp(g, W, x)
+    ct = jnp.asarray(np.random.default_rng(2).normal(size=(4,)), jnp.float32)
+    fwd = split.call(W, x, function="main_fwd")
+    np.testing.assert_allclose(np.asarray(fwd[0]), np.asarray(out), rtol=1e-5, atol=1e-6)
+    bwd = split.call(*fwd[1:], ct, function="main_bwd")
+    for got, want in zip(bwd, vjp(ct)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+    assert_same_residual_types(split.residuals,
+                               jax.checkpoint(g, policy=getattr(jax.checkpoint_policies, policy)),
+                               W, x, context=f"second order / {policy}")
