@@ -189,36 +189,29 @@ class _BranchPlanner:
         return isinstance(v, ir.OpResult) and op_id(v.owner) in self.pp.fops[self.j]
 
     def source(self, root):
-        """The source of forward value `root` (post-order worklist: the operands of a
-        clone are decided before it)."""
-        stack = [root]
-        while stack:
-            v = stack[-1]
-            if v in self.memo:
-                stack.pop()
-                continue
-            if not self.in_branch(v):
-                self.memo[v] = v
-                stack.pop()
-                continue
-            op = v.owner.operation
-            if not self.recomputes(v):
-                self.memo[v] = self.pp.slot_for(self.j, v)
-                self.pp.mark_offload(v)
-                stack.pop()
-                continue
-            reads = graph.read_values(op)
-            pending = [u for u in reads if u not in self.memo]
-            if pending:
-                stack.extend(pending)
-                continue
-            key = op_id(op)
-            if key not in self.cloned:      # one clone per op (it may have many results)
-                self.clones.append(Clone(op, {u: self.memo[u] for u in reads}))
-                self.cloned[key] = len(self.clones) - 1
-            self.memo[v] = Made(self.cloned[key], v.result_number)
-            stack.pop()
-        return self.memo[root]
+        """The source of forward value `root` (the operands of a clone are decided before
+        it)."""
+        return graph.post_order(root, self.memo, self._source_step)
+
+    def _source_step(self, v):
+        if not self.in_branch(v):
+            self.memo[v] = v
+            return None
+        op = v.owner.operation
+        if not self.recomputes(v):
+            self.memo[v] = self.pp.slot_for(self.j, v)
+            self.pp.mark_offload(v)
+            return None
+        reads = graph.read_values(op)
+        pending = [u for u in reads if u not in self.memo]
+        if pending:
+            return pending
+        key = op_id(op)
+        if key not in self.cloned:      # one clone per op (it may have many results)
+            self.clones.append(Clone(op, {u: self.memo[u] for u in reads}))
+            self.cloned[key] = len(self.clones) - 1
+        self.memo[v] = Made(self.cloned[key], v.result_number)
+        return None
 
     def recomputes(self, v) -> bool:
         op = v.owner.operation
@@ -276,26 +269,18 @@ class _PairPlanner:
 
     def free(self, root, j) -> bool:
         """Computed inside branch j from constants alone (cloned rather than saved)."""
-        stack = [root]
-        while stack:
-            v = stack[-1]
-            if v in self._free:
-                stack.pop()
-                continue
+        def step(v):
             if not (isinstance(v, ir.OpResult) and op_id(v.owner) in self.fops[j]):
                 self._free[v] = False
-                stack.pop()
-                continue
+                return None
             op = v.owner.operation
             reads = graph.read_values(op)
             pending = [u for u in reads if u not in self._free]
-            if pending:
-                stack.extend(pending)
-                continue
-            self._free[v] = not graph.is_side_effecting(op) and all(
-                self._free[u] for u in reads)
-            stack.pop()
-        return self._free[root]
+            if not pending:
+                self._free[v] = not graph.is_side_effecting(op) and all(
+                    self._free[u] for u in reads)
+            return pending
+        return graph.post_order(root, self._free, step)
 
     def plan(self) -> CasePlan:
         pair = self.pair

@@ -167,6 +167,25 @@ def scope_key(scope_path: str) -> str:
 
 
 # ------------------------------------------------------------------ values --
+def post_order(root, memo: dict, step):
+    """Evaluate `root` over the values it depends on, operands first, with a worklist (no
+    recursion: chains are 100k ops long). `step(v)` either stores `memo[v]` and returns
+    nothing, or returns the values (not yet in `memo`) it needs first; it is called again
+    for `v` once they are in. Returns `memo[root]`."""
+    stack = [root]
+    while stack:
+        v = stack[-1]
+        if v in memo:
+            stack.pop()
+            continue
+        pending = step(v)
+        if pending:
+            stack.extend(pending)
+        else:
+            stack.pop()
+    return memo[root]
+
+
 def read_values(op) -> list:
     """Operands of `op` plus the outer values its nested regions capture (no duplicates)."""
     op = op.operation

@@ -188,37 +188,32 @@ class _Planner:
             v = op.operands[0]
 
     def free_kind(self, root):
-        """None (needs iteration data), "invariant" or "indexed" (post-order worklist)."""
-        stack = [root]
-        while stack:
-            v = stack[-1]
-            if v in self._free:
-                stack.pop()
-                continue
-            if not self.in_fwd(v):
-                kind = "invariant"
-            elif v in self.slot_index:
-                kind = "indexed"
-            elif isinstance(v, ir.BlockArgument):
-                kind = "invariant" if (v.owner == self.fwd.body
-                                       and v.arg_number in self.fwd.invariant) else None
+        """None (needs iteration data), "invariant" or "indexed"."""
+        return graph.post_order(root, self._free, self._free_step)
+
+    def _free_step(self, v):
+        if not self.in_fwd(v):
+            kind = "invariant"
+        elif v in self.slot_index:
+            kind = "indexed"
+        elif isinstance(v, ir.BlockArgument):
+            kind = "invariant" if (v.owner == self.fwd.body
+                                   and v.arg_number in self.fwd.invariant) else None
+        else:
+            op = v.owner.operation
+            reads = graph.read_values(op)
+            pending = [u for u in reads if u not in self._free]
+            if pending:
+                return pending
+            kinds = [self._free[u] for u in reads]
+            if graph.is_side_effecting(op) or None in kinds:
+                kind = None
+            elif "indexed" in kinds:
+                kind = "indexed" if _moves_data(op) else None
             else:
-                op = v.owner.operation
-                reads = graph.read_values(op)
-                pending = [u for u in reads if u not in self._free]
-                if pending:
-                    stack.extend(pending)
-                    continue
-                kinds = [self._free[u] for u in reads]
-                if graph.is_side_effecting(op) or None in kinds:
-                    kind = None
-                elif "indexed" in kinds:
-                    kind = "indexed" if _moves_data(op) else None
-                else:
-                    kind = "invariant"
-            self._free[v] = kind
-            stack.pop()
-        return self._free[root]
+                kind = "invariant"
+        self._free[v] = kind
+        return None
 
     def must_stack(self, v) -> bool:
         if isinstance(v, ir.BlockArgument):

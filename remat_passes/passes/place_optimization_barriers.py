@@ -63,32 +63,22 @@ def _is_shape_value(v, memo: dict) -> bool:
     """Computed from constants and dimension sizes alone (a shape computation of a
     symbolic-shape module, or a constant): nothing to hide from CSE, and routing it through
     a barrier would keep XLA from refining the shapes it feeds."""
-    stack = [v]
-    while stack:
-        u = stack[-1]
-        if u in memo:
-            stack.pop()
-            continue
+    def step(u):
         if not isinstance(u, ir.OpResult):
             memo[u] = False
-            stack.pop()
-            continue
+            return None
         op = u.owner.operation
         if op.name in _SHAPE_SOURCES:
             memo[u] = True
-            stack.pop()
-            continue
+            return None
         if len(op.regions) or graph.is_side_effecting(op):
             memo[u] = False
-            stack.pop()
-            continue
+            return None
         pending = [w for w in op.operands if w not in memo]
-        if pending:
-            stack.extend(pending)
-            continue
-        memo[u] = bool(len(op.operands)) and all(memo[w] for w in op.operands)
-        stack.pop()
-    return memo[v]
+        if not pending:
+            memo[u] = bool(len(op.operands)) and all(memo[w] for w in op.operands)
+        return pending
+    return graph.post_order(v, memo, step)
 
 
 def place(groups, is_backward, cotangents, note=None, skip=None) -> int:

@@ -32,11 +32,13 @@ F32_ATOL = 1e-6
 def jax_saved_residuals(fun, *args):
     """JAX's (aval, description) list, as print_saved_residuals prints it.
 
-    Entries 'from a literal' are left out: JAX keeps a Python scalar that the
-    backward multiplies by as a residual, while remat-partial-eval recomputes
-    every constant for free (DESIGN.md section 4), so no constant is ever saved.
+    Entries 'from a literal' and 'from a constant' are left out: JAX keeps a Python
+    scalar or a constant array that the backward multiplies by as a residual, while
+    remat-partial-eval recomputes every constant for free (DESIGN.md section 4), so no
+    constant is ever saved.
     """
-    return [(a, d) for a, d in _jax_saved_residuals(fun, *args) if d != "from a literal"]
+    return [(a, d) for a, d in _jax_saved_residuals(fun, *args)
+            if d not in ("from a literal", "from a constant")]
 
 
 def jax_type(aval) -> str:
