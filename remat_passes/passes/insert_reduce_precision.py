@@ -18,10 +18,12 @@ Nothing is inserted where the producer already is an identical
 arguments: they arrive from memory in their own type, so rounding them is the
 identity (JAX's lowering of a checkpoint emits none for them either).
 
-`when-recomputed=true` (how the `remat` pipeline runs it) skips the pass when
-remat-partial-eval recomputed nothing from saved values: without
-recomputation forward and backward read the same value, and JAX without
-`jax.checkpoint` rounds nothing either.
+`when-recomputed=true` (how the `remat` pipeline runs it) skips the pass in
+joint form when remat-partial-eval recomputed nothing from saved values:
+without recomputation forward and backward read the same value, and JAX
+without `jax.checkpoint` rounds nothing either. The split form is always
+rounded: its residuals reach `@<f>_bwd` through memory, rounded to their type,
+so the forward's own consumers must read the rounded value as well.
 """
 from __future__ import annotations
 
@@ -123,9 +125,10 @@ class InsertReducePrecision(ModulePass):
         name = self.func
         with module_op.context:
             if graph.is_split(module_op, name):
-                if self.when_recomputed and not recomputes(
-                        graph.find_func(module_op, f"{name}_bwd")):
-                    return
+                # (always: the residual reaches @<f>_bwd through memory, rounded to its
+                # type, whether or not anything is recomputed from it, so the forward's
+                # own consumers must read the rounded value too; JAX's
+                # test_excess_precision_hell)
                 self._round_split(state, graph.find_func(module_op, f"{name}_fwd"))
                 return
             f = graph.find_func(module_op, name)

@@ -505,3 +505,35 @@ def test_ported(case: Case):
             ours = "optimization_barrier" in str(rp.remat(m, policy))
             theirs = "optimization_barrier" in _jax_program(case)
             assert ours == theirs, f"{case.id}: barrier ours {ours}, JAX {theirs}"
+
+
+@pytest.mark.parametrize("policy", ["everything_saveable", "nothing_saveable"])
+def test_excess_precision_hell(policy):
+    """JAX's test_excess_precision_hell: a bf16 dot whose result is saved (custom_vjp) and
+    read back by a backward that returns it. The forward's output and the backward's value
+    must agree bit for bit: the forward may not read the residual at excess precision while
+    the backward reads it rounded. Joint and split."""
+    eps = jnp.finfo("bfloat16").eps
+
+    @jax.custom_vjp
+    def dot(x):
+        return jnp.dot(x, x)
+    dot.defvjp(lambda x: (dot(x), None), lambda _, g: (g,))
+
+    @jax.custom_vjp
+    def foo(x):
+        return jnp.float32(1.0) * x.astype("float32")
+    foo.defvjp(lambda x: (foo(x), x), lambda x, _: (jnp.float32(1.0) * x.astype("float32"),))
+
+    def f(x):
+        return foo(dot(x))
+    x = (jnp.bfloat16(1) + eps) * jnp.eye(2, dtype="bfloat16")
+    ct = jnp.ones((2, 2), jnp.float32)
+    m = rp.export_vjp(f, x)
+    y, (g,) = rp.remat(m, policy).call(x, ct)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(g, np.float32))
+    split = rp.remat(m, policy, mode="split")
+    fwd = split.call(x, function="main_fwd")
+    bwd = split.call(*fwd[1:], ct, function="main_bwd")
+    bwd = bwd[0] if isinstance(bwd, (list, tuple)) else bwd
+    np.testing.assert_array_equal(np.asarray(fwd[0]), np.asarray(bwd, np.float32))
