@@ -23,7 +23,6 @@ Nothing is hard-coded: every expectation is computed from the installed JAX in t
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 
 import jax
 import jax.numpy as jnp
