@@ -115,6 +115,8 @@ def parse(data: str | bytes, filename: str | None = None) -> tuple[ir.Module, ob
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError:
             data = bytes(data)
+    if isinstance(data, str) or not bytes(data[:4]) == BYTECODE_MAGIC:
+        _check_nesting(data.encode() if isinstance(data, str) else bytes(data), filename)
     if isinstance(data, (bytes, bytearray)) and bytes(data[:4]) == BYTECODE_MAGIC and \
             _parse_aborts(bytes(data)):
         raise RematError(f"{filename or '<input>'}: error: malformed MLIR bytecode (the MLIR "
@@ -137,6 +139,37 @@ def _parse_module(data, filename, ctx) -> ir.Module:
                                  f"portable artifact ({first})") from None
             _map_remat_flags(module, to_bool=False)
     return module
+
+
+MAX_NESTING = 1000
+
+
+def _check_nesting(text: bytes, filename: str | None) -> None:
+    """MLIR's parser and printer recurse on nested types, attributes and regions: a type
+    nested some 20000 deep crashes the process. Refuse text whose brackets nest more than
+    MAX_NESTING deep, with the place it happens (counted in 1 MiB chunks: no copy of a
+    large module's size in memory)."""
+    import numpy as np
+    text = text.replace(b"->", b"  ")       # (arrows are not brackets)
+    table = np.zeros(256, np.int8)
+    for c in b"<([{":
+        table[c] = 1
+    for c in b">)]}":
+        table[c] = -1
+    depth = 0
+    chunk = 1 << 20
+    for start in range(0, len(text), chunk):
+        steps = table[np.frombuffer(text, np.uint8, min(chunk, len(text) - start), start)]
+        running = np.cumsum(steps, dtype=np.int64) + depth
+        if running.size and running.max() > MAX_NESTING:
+            i = start + int(np.argmax(running > MAX_NESTING))
+            line = text.count(b"\n", 0, i) + 1
+            col = i - (text.rfind(b"\n", 0, i) + 1) + 1
+            raise RematError(f"{filename or '<input>'}:{line}:{col}: error: brackets nested more "
+                             f"than {MAX_NESTING} deep (MLIR's parser and printer recurse on "
+                             "nesting and would crash)")
+        if running.size:
+            depth = int(running[-1])
 
 
 _PARSE_GUARD_SECONDS = 30.0     # a legitimate parse of user bytecode takes far less

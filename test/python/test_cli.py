@@ -336,3 +336,14 @@ def test_python_api_rejects_wrong_kinds():
     with pytest.raises(rp.RematError, match="region_regex"):
         rp.remat(rp.Module.parse(BAD_OP_TEXT.replace("stablehlo.bogus", "stablehlo.sine")
                                  .replace("@main", "@main")), region_regex="(")
+
+
+def test_deep_nesting_is_a_located_error(tmp_path):
+    """A type nested 20000 deep made MLIR's parser crash the process (a segfault)."""
+    n = 20000
+    deep = tmp_path / "deep.mlir"
+    deep.write_text("func.func @f(%a: tuple<" + "tuple<" * n + "f32" + ">" * n + ">) {\n"
+                    "  return\n}\n")
+    proc = remat_opt(deep)
+    err = assert_user_error(proc, "nested more than")
+    assert err.startswith(f"{deep}:1:"), err
