@@ -115,12 +115,13 @@ def parse(data: str | bytes, filename: str | None = None) -> tuple[ir.Module, ob
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError:
             data = bytes(data)
+            _check_utf8_outside_comments(data, filename)
     if isinstance(data, str) or not bytes(data[:4]) == BYTECODE_MAGIC:
         _check_nesting(data.encode() if isinstance(data, str) else bytes(data), filename)
     if isinstance(data, (bytes, bytearray)) and bytes(data[:4]) == BYTECODE_MAGIC and \
             _parse_aborts(bytes(data)):
         raise RematError(f"{filename or '<input>'}: error: malformed MLIR bytecode (the MLIR "
-                         "parser aborted on it)")
+                         "parser aborted on it, or it holds a string that is not UTF-8)")
     return _parse_module(data, filename, ctx), exported
 
 
@@ -142,6 +143,35 @@ def _parse_module(data, filename, ctx) -> ir.Module:
 
 
 MAX_NESTING = 1000
+
+
+def _check_utf8_outside_comments(text: bytes, filename: str | None) -> None:
+    """Bytes that are not UTF-8 may sit in a comment (the parser drops it); anywhere else
+    they end up in a name, location or attribute that the MLIR bindings cannot turn into a
+    Python string (some versions abort the process on it): refuse them, located."""
+    for lineno, line in enumerate(text.split(b"\n"), 1):
+        try:
+            line.decode("utf-8")
+            continue
+        except UnicodeDecodeError:
+            pass
+        code, in_string, i = line, False, 0
+        while i < len(line) - 1:          # the part before a // comment outside a string
+            c = line[i:i + 1]
+            if in_string and c == b"\\":
+                i += 2
+                continue
+            if c == b'"':
+                in_string = not in_string
+            elif not in_string and line[i:i + 2] == b"//":
+                code = line[:i]
+                break
+            i += 1
+        try:
+            code.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RematError(f"{filename or '<input>'}:{lineno}:{e.start + 1}: error: a byte "
+                             "that is not UTF-8 outside a comment") from None
 
 
 def _check_nesting(text: bytes, filename: str | None) -> None:
@@ -193,9 +223,13 @@ def _parse_aborts(data: bytes) -> bool:
             os.dup2(devnull, 2)
             ctx = context()
             ctx.enable_multithreading(False)
-            _parse_module(data, None, ctx)
+            module = _parse_module(data, None, ctx)
         except BaseException:           # an error the parent reports the normal way
-            code = 0
+            os._exit(0)
+        try:     # every string of the module (names, locations, attributes) as Python text:
+            module.operation.get_asm(enable_debug_info=True)   # one that is not UTF-8
+        except BaseException:                                  # aborts a later access
+            code = 3
         os._exit(code)
     deadline = time.monotonic() + _PARSE_GUARD_SECONDS
     delay = 0.001

@@ -21,11 +21,11 @@
 
 // Input that is neither MLIR nor any other format remat-opt reads. Without NUL
 // bytes it is read as text (the format is told from the content: a byte that is
-// not UTF-8 may sit in a comment), so the parser locates the problem; binary
+// not UTF-8 may sit in a comment, nowhere else), so the problem is located; binary
 // garbage is named as such.
 // RUN: printf '\x80\x81\x82' > %t.garbage
 // RUN: not remat-opt %t.garbage 2>&1 | filecheck %s --check-prefixes=NOTRACE,GARBAGE
-// GARBAGE: {{.*}}.garbage:1:1: error: unexpected character
+// GARBAGE: {{.*}}.garbage:1:1: error: a byte that is not UTF-8 outside a comment
 // RUN: printf '\x80\x00\x82' > %t.binary
 // RUN: not remat-opt %t.binary 2>&1 | filecheck %s --check-prefixes=NOTRACE,BINARY
 // BINARY: {{.*}}.binary: error: not MLIR text, MLIR bytecode, a StableHLO portable artifact or a serialized jax.export.Exported
