@@ -46,6 +46,7 @@ import dataclasses
 from remat_passes import contract, graph, loop_edit
 from remat_passes.mlir import ir, op_id
 from remat_passes.policies import Offloadable, Recompute
+from remat_passes.scan_pairs import inside
 
 CASE = "stablehlo.case"
 
@@ -103,9 +104,7 @@ def find_case_pairs(block, is_backward) -> list[CasePair]:
                             (user, use.operand_number))
                         break
                 else:
-                    top = user
-                    while op_id(top) not in position:
-                        top = top.parent
+                    top = graph.top_level(user, block.owner)
                     if top.name != "func.return" and is_backward(top):
                         direct.setdefault(k, []).append((user, use.operand_number))
                     else:
@@ -407,7 +406,7 @@ def materialize_case(plan: CasePlan, mark_clone, next_group, key: int) -> None:
         if isinstance(x, int) and x in pair.outside:
             for use in list(old.results[x].uses):
                 user = use.owner.operation
-                if not _inside_any(user, pair.bwds):
+                if not any(inside(user, b) for b in pair.bwds):
                     user.operands[use.operand_number] = new.results[s]
     recompute = None
     if plan.r_types:
@@ -503,16 +502,16 @@ def tidy(analysis, twins_read: set) -> bool:
     a = analysis
     block = graph.body_block(a.func_op)
     changed = False
-    renumbered: dict = {}            # key -> (forward map, {recompute op id: map})
+    renumbered: dict = {}            # op_id of a rebuilt case -> {old result: new result}
     cases = [op for op in a.ops if op.name == CASE and (
         contract.case_key(op) is not None or contract.twin_of(op) is not None)]
     for op in reversed(cases):       # the recompute case first: it reads the forward one
         base = a.result_base[a.position[op_id(op)]]
+        own_twins = contract.twin_of(op) if contract.case_key(op) is not None else None
+        kept_primals = {k for k, _ in own_twins[1]} if own_twins else set()
         keep = [i for i, r in enumerate(op.results)
-                if next(iter(r.uses), None) is not None or base + i in twins_read]
-        if contract.case_key(op) is not None:
-            keep = sorted(set(keep) | {k for k, _ in contract.twin_of(op)[1]}
-                          if contract.twin_of(op) else set(keep))
+                if next(iter(r.uses), None) is not None or base + i in twins_read
+                or i in kept_primals]
         if len(keep) == len(op.results):
             continue
         changed = True
@@ -566,27 +565,11 @@ def _move_recompute_cases(block) -> None:
         if op.name != CASE or not contract.is_recompute_clone(op) or \
                 contract.twin_of(op) is not None:
             continue
-        users = {op_id(_top(use.owner.operation, block)) for r in op.results for use in r.uses}
+        users = {op_id(graph.top_level(use.owner.operation, block.owner))
+                 for r in op.results for use in r.uses}
         first = next((later for later in ops[i + 1:] if op_id(later) in users), None)
         if first is not None and first != ops[i + 1]:
             op.move_before(first)
-
-
-def _top(op, block):
-    """The op of `block` that is or contains `op`."""
-    parent = block.owner
-    while op.parent is not None and op.parent != parent:
-        op = op.parent
-    return op
-
-
-def _inside_any(op, containers) -> bool:
-    ids = {op_id(c) for c in containers}
-    while op is not None:
-        if op_id(op) in ids:
-            return True
-        op = op.parent
-    return False
 
 
 def rewrite_cases(block, verdict, mark_clone, next_group, is_backward) -> dict:

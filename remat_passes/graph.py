@@ -186,6 +186,13 @@ def post_order(root, memo: dict, step):
     return memo[root]
 
 
+def top_level(op, container):
+    """The op directly inside `container` (an op, e.g. a func) that is or contains `op`."""
+    while op.parent is not None and op.parent != container:
+        op = op.parent
+    return op
+
+
 def read_values(op) -> list:
     """Operands of `op` plus the outer values its nested regions capture (no duplicates)."""
     op = op.operation

@@ -139,9 +139,7 @@ def _read_outside_cases(analysis, op) -> bool:
     func = analysis.func_op.operation
     for r in op.results:
         for use in r.uses:
-            top = use.owner.operation
-            while top.parent is not None and top.parent != func:
-                top = top.parent
+            top = graph.top_level(use.owner.operation, func)
             if top.name == CASE:
                 continue
             if contract.is_recompute_clone(top):
