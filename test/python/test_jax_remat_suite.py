@@ -53,10 +53,10 @@ class Case:
     xfail: str | None = None          # a known difference from JAX, stated (strict xfail)
 
     def jax_policy(self):
-        return None if self.policy is None else _JAX_POLICIES[self.policy]()
+        return None if self.policy is None else _POLICIES[self.policy][0]()
 
     def our_policy(self):
-        return None if self.policy is None else _OUR_POLICIES[self.policy]()
+        return None if self.policy is None else _POLICIES[self.policy][1]()
 
     def theirs(self):
         """JAX's checkpointed function."""
@@ -76,43 +76,33 @@ class Case:
         return self.fun
 
 
-_JAX_POLICIES = {
-    "nothing": lambda: JP.nothing_saveable,
-    "everything": lambda: JP.everything_saveable,
-    "dots": lambda: JP.dots_saveable,
-    "dots_no_batch": lambda: JP.dots_with_no_batch_dims_saveable,
-    "names_a": lambda: JP.save_only_these_names("a"),
-    "names_but_a": lambda: JP.save_any_names_but_these("a"),
-    "except_a": lambda: JP.save_anything_except_these_names("a"),
-    "both": lambda: JP.save_from_both_policies(JP.dots_saveable,
-                                               JP.save_only_these_names("a")),
-    "offload_a": lambda: JP.save_and_offload_only_these_names(
-        names_which_can_be_saved=[], names_which_can_be_offloaded=["a"],
-        offload_src="device", offload_dst="pinned_host"),
-    "save_b_offload_a": lambda: JP.save_and_offload_only_these_names(
-        names_which_can_be_saved=["b"], names_which_can_be_offloaded=["a"],
-        offload_src="device", offload_dst="pinned_host"),
-    "offload_dots": lambda: JP.offload_dot_with_no_batch_dims("device", "pinned_host"),
-}
 P = rp.policies
-_OUR_POLICIES = {
-    "nothing": lambda: P.nothing_saveable,
-    "everything": lambda: P.everything_saveable,
-    "dots": lambda: P.dots_saveable,
-    "dots_no_batch": lambda: P.dots_with_no_batch_dims_saveable,
-    "names_a": lambda: P.save_only_these_names("a"),
-    "names_but_a": lambda: P.save_any_names_but_these("a"),
-    "except_a": lambda: P.save_anything_except_these_names("a"),
-    "both": lambda: P.save_from_both_policies(P.dots_saveable, P.save_only_these_names("a")),
-    "offload_a": lambda: P.save_and_offload_only_these_names(
-        names_which_can_be_saved=[], names_which_can_be_offloaded=["a"],
-        offload_src="device", offload_dst="pinned_host"),
-    "save_b_offload_a": lambda: P.save_and_offload_only_these_names(
-        names_which_can_be_saved=["b"], names_which_can_be_offloaded=["a"],
-        offload_src="device", offload_dst="pinned_host"),
-    "offload_dots": lambda: P.offload_dot_with_no_batch_dims("device", "pinned_host"),
-}
+OFFLOAD_A = dict(names_which_can_be_saved=[], names_which_can_be_offloaded=["a"],
+                 offload_src="device", offload_dst="pinned_host")
+SAVE_B_OFFLOAD_A = dict(OFFLOAD_A, names_which_can_be_saved=["b"])
 
+
+def _pair(name, *args, **kwargs):
+    """JAX's policy `name` and ours, built from the same arguments."""
+    return (lambda: getattr(JP, name)(*args, **kwargs) if args or kwargs else getattr(JP, name),
+            lambda: getattr(P, name)(*args, **kwargs) if args or kwargs else getattr(P, name))
+
+
+_POLICIES = {    # case policy name -> (JAX's policy, ours), each made on demand
+    "nothing": _pair("nothing_saveable"),
+    "everything": _pair("everything_saveable"),
+    "dots": _pair("dots_saveable"),
+    "dots_no_batch": _pair("dots_with_no_batch_dims_saveable"),
+    "names_a": _pair("save_only_these_names", "a"),
+    "names_but_a": _pair("save_any_names_but_these", "a"),
+    "except_a": _pair("save_anything_except_these_names", "a"),
+    "both": (lambda: JP.save_from_both_policies(JP.dots_saveable,
+                                                JP.save_only_these_names("a")),
+             lambda: P.save_from_both_policies(P.dots_saveable, P.save_only_these_names("a"))),
+    "offload_a": _pair("save_and_offload_only_these_names", **OFFLOAD_A),
+    "save_b_offload_a": _pair("save_and_offload_only_these_names", **SAVE_B_OFFLOAD_A),
+    "offload_dots": _pair("offload_dot_with_no_batch_dims", "device", "pinned_host"),
+}
 CASES: list[Case] = []
 
 
