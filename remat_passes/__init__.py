@@ -1,19 +1,30 @@
-"""remat_passes: gradient checkpointing (rematerialization) as MLIR passes over StableHLO."""
+"""remat_passes: gradient checkpointing (rematerialization) as MLIR passes over StableHLO.
+
+The public names below are loaded on first use (PEP 562), so `import remat_passes`
+and the CLI's `--version`/`--help` do not pay for importing JAX; the installed
+jaxlib's version is checked at import, jax's when it is first imported (jax_bridge).
+"""
 from remat_passes import jax_compat as _jax_compat
 
-_jax_compat.check_installed_version()   # a clear ImportError on an unsupported jax/jaxlib
-
-from remat_passes import policies
-from remat_passes.jax_bridge import (checkpoint, checkpoint_name, compile, export,
-                                     export_vjp, from_exported, names_as_markers, to_exported)
-from remat_passes.memory import FunctionMemory, MemoryEstimate, estimate_memory, format_memory
-from remat_passes.mlir import RematError
-from remat_passes.module import Module, load
-from remat_passes.pipeline import remat, run_pipeline, parse_pipeline
-from remat_passes.planner import ParetoPoint, pareto
-from remat_passes.report import Residual, print_fwd_bwd, print_saved_residuals, saved_residuals
+_jax_compat.check_installed_version(("jaxlib",))   # a clear ImportError on an unsupported jaxlib
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "policies": None,
+    **{name: "jax_bridge" for name in (
+        "checkpoint", "checkpoint_name", "compile", "export", "export_vjp",
+        "from_exported", "names_as_markers", "to_exported")},
+    **{name: "memory" for name in (
+        "FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory")},
+    "RematError": "mlir",
+    "Module": "module", "load": "module",
+    "remat": "pipeline", "run_pipeline": "pipeline", "parse_pipeline": "pipeline",
+    "ParetoPoint": "planner", "pareto": "planner",
+    **{name: "report" for name in (
+        "Residual", "print_fwd_bwd", "print_saved_residuals", "saved_residuals")},
+}
 
 __all__ = [
     "Module", "load", "from_exported", "to_exported", "compile", "export", "export_vjp",
@@ -24,3 +35,19 @@ __all__ = [
     "pareto", "ParetoPoint",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    import importlib
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'remat_passes' has no attribute {name!r}")
+    if _EXPORTS[name] is None:
+        value = importlib.import_module(f"remat_passes.{name}")
+    else:
+        value = getattr(importlib.import_module(f"remat_passes.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -25,8 +25,10 @@ import numpy as np
 from jax import export as jax_export
 
 from remat_passes import contract, graph, jax_compat
+
+jax_compat.check_installed_version(("jax",))   # jaxlib was checked by `import remat_passes`
 from remat_passes.mlir import RematError, func, ir, stablehlo
-from remat_passes.module import Module
+from remat_passes.module import Module, main_signature
 from remat_passes.policies import Policy, as_policy, nothing_saveable
 
 MARKER_TARGET = contract.NAME_TARGET
@@ -228,14 +230,6 @@ def _aval(t):
     if elem not in _DTYPES:
         raise RematError(f"error: cannot call a function with element type {elem}")
     return jax.core.ShapedArray(tuple(rt.shape), np.dtype(_DTYPES[elem]))
-
-
-def main_signature(module_op) -> str | None:
-    """The printed type of @main, to tell whether a rewrite changed the calling convention."""
-    for op in module_op.body.operations:
-        if op.operation.name == "func.func" and graph.func_name(op) == "main":
-            return str(op.type)
-    return None
 
 
 def _single_function_module(module: Module, function: str):

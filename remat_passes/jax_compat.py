@@ -8,8 +8,11 @@ moves one breaks one function, not the package:
 ==========================  ===========================================  =========
 what                        where (private)                               used by
 ==========================  ===========================================  =========
-MLIR context with JAX's     `jax.interpreters.mlir.make_ir_context`      mlir.py
-dialects
+the MLIR bindings, and a    `jaxlib.mlir` (what `jax.extend.mlir`         mlir.py
+context with the dialects   re-exports) and the dialect registry of
+JAX emits                   `jaxlib.mlir._mlir_libs._jax_mlir_ext`, as
+                            `jax.interpreters.mlir.make_ir_context`
+                            builds it; parsing needs no `import jax`
 the `checkpoint_name`       `jax._src.ad_checkpoint.name_p`              jax_bridge,
 primitive                                                                policies
 its lowering rule           `jax._src.interpreters.mlir._lowerings`      jax_bridge
@@ -40,7 +43,8 @@ answers instead of encoding any of these):
   `everything_saveable`/`nothing_saveable` operands away.
 
 Nothing here imports JAX at module import time except where a function needs
-it, so `import remat_passes` only checks the installed version's metadata.
+it: `import remat_passes` checks jaxlib's version (the bindings every pass uses),
+and jax's is checked when `jax_bridge` first imports jax.
 """
 from __future__ import annotations
 
@@ -48,7 +52,6 @@ import contextlib
 import dataclasses
 import os
 import re
-from importlib import metadata
 
 JAX_MIN = (0, 10, 2)
 JAX_BELOW = (0, 13)          # the next minor: we use semi-private APIs
@@ -69,21 +72,39 @@ def supported_range() -> str:
     return (f">={'.'.join(map(str, JAX_MIN))},<{'.'.join(map(str, JAX_BELOW))}")
 
 
-def check_installed_version() -> None:
+def installed_version(dist: str) -> str | None:
+    """The installed version of `jax` or `jaxlib`, None if it is not installed.
+
+    Read from the packages themselves, not from package metadata (`importlib.metadata`
+    costs the CLI's start-up about 40 ms): jaxlib's small `jaxlib.version` module
+    (jaxlib is imported anyway for the MLIR bindings), and jax's `__version__`, which
+    is only asked once jax is imported.
+    """
+    try:
+        if dist == "jaxlib":
+            from jaxlib import version
+            return version.__version__
+        import jax
+        return jax.__version__
+    except ImportError:
+        return None
+
+
+def check_installed_version(dists=("jax", "jaxlib")) -> None:
     """Raise ImportError naming the problem if jax/jaxlib are outside the supported range.
 
-    Reads package metadata only (no `import jax`). Set
+    `import remat_passes` checks jaxlib (jax pins jaxlib to its own release, so this
+    covers what pip installs) and `jax_bridge` checks jax as it imports it. Set
     REMAT_PASSES_SKIP_JAX_VERSION_CHECK=1 to try an untested JAX anyway.
     """
     if os.environ.get(SKIP_CHECK_ENV):
         return
-    for dist in ("jax", "jaxlib"):
-        try:
-            text = metadata.version(dist)
-        except metadata.PackageNotFoundError:
+    for dist in dists:
+        text = installed_version(dist)
+        if text is None:
             raise ImportError(
                 f"remat_passes needs {dist} {supported_range()}, and {dist} is not installed "
-                f"(pip install 'remat_passes' installs a supported one)") from None
+                f"(pip install 'remat_passes' installs a supported one)")
         version = _parse_version(text)
         if not (JAX_MIN <= version < JAX_BELOW):
             raise ImportError(
@@ -98,10 +119,47 @@ def jax_version() -> tuple[int, ...]:
 
 
 # -------------------------------------------------------------- MLIR context --
+_THREAD_POOL = None
+
+
 def make_ir_context():
-    """A fresh MLIR context with every dialect JAX emits registered."""
-    from jax.interpreters import mlir as jax_interp_mlir
-    return jax_interp_mlir.make_ir_context()
+    """A fresh MLIR context with every dialect JAX emits registered.
+
+    Built the way `jax.interpreters.mlir.make_ir_context` builds one, from
+    jaxlib alone: importing `jax` costs the CLI most of its start-up time,
+    and the passes need only the bindings. (On jax >= 0.12 JAX's factory also
+    hands out a thread-local context that its own lowering reuses; ours is
+    owned by remat_passes.)
+    """
+    from jaxlib.mlir import ir
+    # the native registration functions: the Python op classes of chlo, mhlo and sdy
+    # (jaxlib.mlir.dialects.*) cost start-up time and no pass builds their ops
+    from jaxlib.mlir._mlir_libs import _chlo as chlo, _jax_mlir_ext, _mlirHlo as mhlo, \
+        _sdy as sdy, _stablehlo as stablehlo
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    ctx = ir.Context()
+    ctx.append_dialect_registry(registry)
+    ctx.load_all_available_dialects()
+    # An external thread pool, as JAX's contexts have: a context that owns its pool
+    # joins those threads when multithreading is turned off, which hangs in a forked
+    # child (mlir.parse's guard), where the threads do not exist.
+    global _THREAD_POOL
+    if _THREAD_POOL is None:
+        _THREAD_POOL = ir.ThreadPool()
+    ctx.set_thread_pool(_THREAD_POOL)
+    sdy.register_dialect(ctx)
+    mhlo.register_mhlo_dialect(ctx)
+    chlo.register_dialect(ctx)
+    stablehlo.register_dialect(ctx)
+    return ctx
+
+
+def portable_artifacts():
+    """(serialize, deserialize) of StableHLO portable artifacts (`jax.extend.mlir`)."""
+    from jax.extend import mlir as jax_extend_mlir
+    return (jax_extend_mlir.serialize_portable_artifact,
+            jax_extend_mlir.deserialize_portable_artifact)
 
 
 # ---------------------------------------------------------- checkpoint names --

@@ -17,9 +17,10 @@ import signal
 import time
 import warnings
 
-from jax.extend import mlir as _jax_mlir
-from jax.extend.mlir import ir, passmanager  # noqa: F401  (re-exported)
-from jax.extend.mlir.dialects import func, stablehlo  # noqa: F401  (re-exported)
+# jaxlib's bindings: the modules `jax.extend.mlir` re-exports, imported without
+# importing jax (see jax_compat.make_ir_context).
+from jaxlib.mlir import ir, passmanager  # noqa: F401  (re-exported)
+from jaxlib.mlir.dialects import func, stablehlo  # noqa: F401  (re-exported)
 
 from remat_passes import jax_compat
 
@@ -133,7 +134,7 @@ def _parse_module(data, filename, ctx) -> ir.Module:
             raise RematError(diagnostics_message(e, filename, None)) from None
         if isinstance(data, (bytes, bytearray)) and _is_portable_artifact(module):
             try:
-                module = _jax_mlir.deserialize_portable_artifact(bytes(data), ctx)
+                module = jax_compat.portable_artifacts()[1](bytes(data), ctx)
             except Exception as e:  # jaxlib's own error type, varying by version
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise RematError(f"{filename or '<input>'}: error: malformed StableHLO "
@@ -306,7 +307,7 @@ def to_portable_artifact(module: ir.Module, target: str | None = None) -> bytes:
         _map_remat_flags(copy, to_bool=True)
         text = to_text(copy, debug_info=True)
     try:
-        return _jax_mlir.serialize_portable_artifact(text, target)
+        return jax_compat.portable_artifacts()[0](text, target)
     except Exception as e:  # jaxlib raises its runtime error type
         raise RematError(f"error: cannot write a StableHLO portable artifact: {e}") from None
 

@@ -10,8 +10,16 @@ import os
 import stat
 import tempfile
 
-from remat_passes import mlir
+from remat_passes import graph, mlir
 from remat_passes.mlir import RematError
+
+
+def main_signature(module_op) -> str | None:
+    """The printed type of @main, to tell whether a rewrite changed the calling convention."""
+    for op in module_op.body.operations:
+        if op.operation.name == "func.func" and graph.func_name(op) == "main":
+            return str(op.type)
+    return None
 
 
 class Module:
@@ -35,7 +43,6 @@ class Module:
 
     @exported.setter
     def exported(self, value):
-        from remat_passes.jax_bridge import main_signature
         self._exported = value
         self.exported_signature = main_signature(self.op) if value is not None else None
 

@@ -347,3 +347,28 @@ def test_deep_nesting_is_a_located_error(tmp_path):
     proc = remat_opt(deep)
     err = assert_user_error(proc, "nested more than")
     assert err.startswith(f"{deep}:1:"), err
+
+
+def test_short_runs_do_not_import_jax(files, tmp_path):
+    """--version, --help, --list-passes and pipelines on MLIR input run on jaxlib's
+    bindings alone: `import jax` is most of the start-up time (see the start-up
+    benchmark, `python -m tools.benchmarks startup`). A serialized Exported or a
+    portable artifact imports it, as jax.export reads them."""
+    runs = [["--version"], ["--help"], ["--list-passes"],
+            [files["vjp"], "--pass-pipeline", PIPELINE],
+            [files["vjp"], "--remat-partial-eval=policy=nothing_saveable mode=split",
+             "--print-memory", "-o", tmp_path / "out.mlir"],
+            [files["vjp"], "--print-saved-residuals", "--emit-bytecode",
+             "-o", tmp_path / "out.mlirbc"]]
+    script = ("import sys\n"
+              "from remat_passes import cli\n"
+              f"for argv in {[[str(a) for a in r] for r in runs]!r}:\n"
+              "    try:\n"
+              "        rc = cli.main(argv)\n"
+              "    except SystemExit as e:\n"
+              "        rc = e.code\n"
+              "    assert rc == 0, (argv, rc)\n"
+              "print('imported:', sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "imported: []", proc.stdout[-2000:]

@@ -1,11 +1,12 @@
-"""python -m tools.benchmarks {models,budgets,scaling,memory,render,all} [options]
+"""python -m tools.benchmarks {models,budgets,scaling,memory,startup,render,all} [options]
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
   scaling  pass time and memory against module size          -> results/scaling.json
   memory   static peak-memory figures                        -> results/memory.json
+  startup  remat-opt start-up time against `import jax`      -> results/startup.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
-  all      the four measurements, then render (about 1.5 hours on 2 cores)
+  all      the five measurements, then render (about 1.5 hours on 2 cores)
 
 Run from the repository root after `pip install -e ".[bench]"`.
 """
@@ -64,8 +65,16 @@ def run_memory(argv) -> None:
     _log(f"wrote {common.write_json('memory', memory_figures.measure())}")
 
 
+def run_startup(argv) -> None:
+    from tools.benchmarks import common, startup
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks startup")
+    ap.add_argument("--repeat", type=int, default=15, help="rounds (default 15)")
+    args = ap.parse_args(argv)
+    _log(f"wrote {common.write_json('startup', startup.measure(args.repeat, _log))}")
+
+
 def main(argv: list[str]) -> int:
-    commands = ("models", "budgets", "scaling", "memory", "render", "all")
+    commands = ("models", "budgets", "scaling", "memory", "startup", "render", "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -79,6 +88,8 @@ def main(argv: list[str]) -> int:
         scaling.main(rest if command == "scaling" else [])
     if command in ("memory", "all"):
         run_memory(rest if command == "memory" else [])
+    if command in ("startup", "all"):
+        run_startup(rest if command == "startup" else [])
     if command in ("render", "all"):
         from tools.benchmarks import render
         render.render()

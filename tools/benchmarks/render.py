@@ -421,9 +421,9 @@ def block(name, body) -> str:
 
 def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     """Write the page (and the plots) from the JSON results; returns the page."""
-    from tools.benchmarks import budgets, memory_figures, scaling
+    from tools.benchmarks import budgets, memory_figures, scaling, startup
     results = {name: common.read_json(name) for name in ("models", "budgets", "scaling",
-                                                          "memory")}
+                                                          "memory", "startup")}
     missing = [n for n, d in results.items() if d is None]
     if missing:
         raise SystemExit(f"no results for {', '.join(missing)} in {common.RESULTS}: run "
@@ -434,7 +434,8 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     budgets.plot(results["budgets"], str(pareto_path))
     parts = [render_models(results["models"], os.path.relpath(plot_path, page.parent), extra),
              budgets.render(results["budgets"], os.path.relpath(pareto_path, page.parent)),
-             scaling.render(results["scaling"]), memory_figures.render(results["memory"])]
+             scaling.render(results["scaling"]), memory_figures.render(results["memory"]),
+             startup.render(results["startup"])]
     text = "\n".join(p.rstrip() + "\n" for p in parts)
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(text)
