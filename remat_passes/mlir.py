@@ -140,7 +140,23 @@ def _parse_module(data, filename, ctx) -> ir.Module:
                 raise RematError(f"{filename or '<input>'}: error: malformed StableHLO "
                                  f"portable artifact ({first})") from None
             _map_remat_flags(module, to_bool=False)
+        _check_one_module(module, filename)
     return module
+
+
+def _check_one_module(module: ir.Module, filename: str | None) -> None:
+    """Text with several top-level modules parses as one implicit module holding them;
+    every pass works on the functions of one module, so say so instead of finding none."""
+    nested = [op for op in module.body.operations if op.operation.name == "builtin.module"]
+    if not nested:
+        return
+    where = ", ".join(format_location(op.location, filename) for op in nested[:4])
+    what = (f"{len(nested)} top-level modules (at {where})" if len(nested) > 1 else
+            f"a module nested in the top-level module (at {where})")
+    raise RematError(
+        f"{format_location(nested[0].location, filename)}: error: the input holds {what}; "
+        "remat_passes works on one module per input: put each in a file of its own, or "
+        "separate them with '// -----' lines and pass --split-input-file")
 
 
 MAX_NESTING = 1000

@@ -48,7 +48,9 @@ def files(tmp_path_factory, vjp_module):
     vjp_module.save(str(vjp_bc), bytecode=True)
     bad = d / "bad.mlir"
     bad.write_text(BAD_OP_TEXT)
-    return {"vjp": str(vjp), "vjp_bc": str(vjp_bc), "bad": str(bad), "dir": d}
+    two = d / "two.mlir"
+    two.write_text("module {\n}\nmodule {\n  func.func @main() {\n    return\n  }\n}\n")
+    return {"vjp": str(vjp), "vjp_bc": str(vjp_bc), "bad": str(bad), "two": str(two), "dir": d}
 
 
 def remat_opt(*args, stdin=None):
@@ -165,12 +167,14 @@ def _error_cases(files):
             [files["vjp"], "--pass-pipeline=builtin.module(remat-partial-eval{func=nope})"],
             ["@nope"]),
         "garbage-input": (None, ["MLIR text", "Exported"]),
+        "two-modules": ([files["two"]], [f"{files['two']}:1:1", "2 top-level modules",
+                                         f"{files['two']}:3:1", "--split-input-file"]),
     }
 
 
 ERROR_CASES = ["malformed-mlir", "unknown-pass-in-pipeline", "unknown-pass-flag", "unknown-option",
                "bad-option-value", "bad-core-pass-option", "missing-file", "missing-function",
-               "missing-function-pipeline", "garbage-input"]
+               "missing-function-pipeline", "garbage-input", "two-modules"]
 
 
 @pytest.mark.parametrize("case", ERROR_CASES)
