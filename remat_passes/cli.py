@@ -22,7 +22,7 @@ from remat_passes.mlir import RematError
 from remat_passes.module import Module, write_atomically
 from remat_passes.passes import CORE_PASSES, PassState, registry
 from remat_passes.pipeline import make_pass, parse_options, parse_pipeline, run_pipeline
-from remat_passes.report import residual_bytes
+from remat_passes.report import residual_bytes_text
 
 SPLIT_MARKER = "// -----"
 
@@ -154,7 +154,8 @@ def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]
                  print_after=args.mlir_print_ir_after_all)
     report = ""
     if args.print_memory:
-        report += format_memory(estimate_memory(module.op)) + "\n"
+        estimate = estimate_memory(module.op, dim_symbols=state.dim_symbols)
+        report += format_memory(estimate) + "\n"
     if args.print_pareto:
         from remat_passes import planner
         if args.pareto_device is not None and args.pareto_device not in planner.PROFILES:
@@ -169,7 +170,7 @@ def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]
         for fname, residuals in state.residuals.items():
             count = f"{len(residuals)} value" + ("" if len(residuals) == 1 else "s")
             report += f"// saved residuals of @{fname}: {count}, " \
-                      f"{residual_bytes(residuals)} bytes\n"
+                      f"{residual_bytes_text(residuals)}\n"
             report += "".join(f"{r}\n" for r in residuals)
         report += "".join(f"// remark: {text}\n" for text in state.remarks)
     else:       # (the saved-residuals report carries them; else they go to stderr)

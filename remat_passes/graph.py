@@ -344,6 +344,13 @@ def function_names(module) -> list[str]:
     return [func_name(op) for op in module.body.operations if op.operation.name == "func.func"]
 
 
+def is_public(func_op) -> bool:
+    attrs = func_op.operation.attributes
+    if "sym_visibility" not in attrs:
+        return True
+    return ir.StringAttr(attrs["sym_visibility"]).value == "public"
+
+
 def body_block(func_op):
     return func_op.regions[0].blocks[0]
 

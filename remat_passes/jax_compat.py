@@ -132,10 +132,14 @@ def make_ir_context():
     owned by remat_passes.)
     """
     from jaxlib.mlir import ir
+
     # the native registration functions: the Python op classes of chlo, mhlo and sdy
     # (jaxlib.mlir.dialects.*) cost start-up time and no pass builds their ops
-    from jaxlib.mlir._mlir_libs import _chlo as chlo, _jax_mlir_ext, _mlirHlo as mhlo, \
-        _sdy as sdy, _stablehlo as stablehlo
+    from jaxlib.mlir._mlir_libs import _chlo as chlo
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+    from jaxlib.mlir._mlir_libs import _mlirHlo as mhlo
+    from jaxlib.mlir._mlir_libs import _sdy as sdy
+    from jaxlib.mlir._mlir_libs import _stablehlo as stablehlo
     registry = ir.DialectRegistry()
     _jax_mlir_ext.register_dialects(registry)
     ctx = ir.Context()

@@ -33,7 +33,10 @@ assigner without reordering would see it:
   results), added while the op runs. A `func.call` is approximated the same
   way by the callee's body (remat-partial-eval inlines calls anyway).
 
-Bytes come from the static tensor types (`graph.type_bytes`; tokens are 0).
+Bytes come from the static tensor types (`graph.type_bytes`; tokens are 0). A
+value with symbolic dimensions (`jax.export.symbolic_shape`) counts 0 bytes; each
+function's estimate says how many such values it has and the names of their
+dimensions (`symbolic.DimNames`), and `format_memory` prints them.
 Everything is O(number of ops): one pass computes last uses, one sweep
 accumulates live bytes.
 
@@ -68,6 +71,9 @@ class FunctionMemory:
     live_bytes_timeline: list[int]  # bytes live after each top-level op (return excluded)
     residual_bytes: int | None = None  # <f>_fwd of a split module: results marked remat.residual
     num_ops: int = 0           # top-level ops, return excluded
+    # values (arguments included) with symbolic dimensions: counted as 0 bytes above
+    symbolic_values: int = 0
+    symbols: tuple[str, ...] = ()   # the names of those dimensions ('?' where unknown)
 
 
 @dataclasses.dataclass
@@ -138,8 +144,9 @@ class _Sweep:
 
 
 class _Estimator:
-    def __init__(self, module_op):
+    def __init__(self, module_op, dim_symbols=None):
         self.module_op = module_op
+        self.dim_symbols = dim_symbols or {}
         self._funcs = None
         self._callee_peaks: dict[str, int] = {}
         self._in_progress: set[str] = set()
@@ -250,17 +257,41 @@ class _Estimator:
         if residual_slots or is_split_fwd:
             residual = sum(graph.type_bytes(ftype.results[i]) for i in residual_slots)
         peak_op = "entry (arguments)" if s.peak_op is None else describe_op(s.peak_op)
+        n_symbolic, symbols = self._symbolic(func_op)
         return FunctionMemory(name=name, peak_bytes=s.peak, argument_bytes=arg_bytes,
                               result_bytes=res_bytes, peak_op=peak_op, peak_index=s.peak_index,
                               live_bytes_timeline=s.timeline, residual_bytes=residual,
-                              num_ops=s.num_ops)
+                              num_ops=s.num_ops, symbolic_values=n_symbolic, symbols=symbols)
 
+    def _symbolic(self, func_op) -> tuple[int, tuple[str, ...]]:
+        """How many values have symbolic (`?`) dimensions, and their names."""
+        from remat_passes.symbolic import UNKNOWN, DimNames
+        names = DimNames(func_op, self.dim_symbols.get(graph.func_name(func_op)))
+        count, symbols = 0, set()
 
-def _is_public(func_op) -> bool:
-    attrs = func_op.operation.attributes
-    if "sym_visibility" not in attrs:
-        return True
-    return ir.StringAttr(attrs["sym_visibility"]).value == "public"
+        def visit(values):
+            nonlocal count
+            for v in values:
+                if graph.dynamic_unit_bytes(v.type) is None:
+                    continue
+                count += 1
+                rt = ir.RankedTensorType(v.type)
+                labels = names.labels(v)
+                symbols.update(labels[i] for i in range(rt.rank) if rt.is_dynamic_dim(i))
+        visit(graph.body_block(func_op).arguments)
+        stack = [iter(graph.body_block(func_op).operations)]
+        while stack:
+            op = next(stack[-1], None)
+            if op is None:
+                stack.pop()
+                continue
+            visit(op.results)
+            for region in op.regions:
+                for b in region.blocks:
+                    visit(b.arguments)
+                    stack.append(iter(b.operations))
+        return count, tuple(sorted(symbols - {UNKNOWN}) + ([UNKNOWN] if UNKNOWN in symbols
+                                                           else []))
 
 
 def _has_body(func_op) -> bool:
@@ -270,7 +301,7 @@ def _has_body(func_op) -> bool:
 def _select(est: _Estimator, function) -> list[str]:
     funcs = est.functions()
     if function is None:
-        names = [n for n, f in funcs.items() if _is_public(f) and _has_body(f)]
+        names = [n for n, f in funcs.items() if graph.is_public(f) and _has_body(f)]
         if not names and "main" in funcs:
             names = ["main"]
         if not names:
@@ -288,18 +319,24 @@ def _select(est: _Estimator, function) -> list[str]:
     return names
 
 
-def estimate_memory(module, function=None) -> MemoryEstimate:
+def estimate_memory(module, function=None, dim_symbols=None) -> MemoryEstimate:
     """Static peak-memory estimate of the functions of `module`.
 
     `module` is a `remat_passes.Module` (or an `ir.Module`). `function` is a
     name or a list of names; by default every public function with a body
     (else `main`). Naming `f` in a split module gives `f_fwd` and `f_bwd`.
     See the module docstring for the model (program order, no reuse, regions
-    approximated by their largest internal peak).
+    approximated by their largest internal peak). `dim_symbols` names symbolic
+    argument dimensions (`symbolic.argument_dims`; by default the Module's, or read
+    from the module).
     """
+    from remat_passes.symbolic import argument_dims
     module_op = getattr(module, "op", module)
     with module_op.context:
-        est = _Estimator(module_op)
+        dim_symbols = getattr(module, "dim_symbols", None) if dim_symbols is None \
+            else dim_symbols
+        est = _Estimator(module_op, argument_dims(module_op) if dim_symbols is None
+                         else dim_symbols)
         names = _select(est, function)
         funcs = est.functions()
         return MemoryEstimate({n: est.function(funcs[n]) for n in names})
@@ -326,5 +363,8 @@ def format_memory(estimate: MemoryEstimate) -> str:
                 f"results {format_bytes(f.result_bytes)}")
         if f.residual_bytes is not None:
             line += f"; residuals {format_bytes(f.residual_bytes)}"
+        if f.symbolic_values:
+            line += (f"; not counted: {f.symbolic_values} values with symbolic dimensions "
+                     f"({', '.join(f.symbols)})")
         lines.append(line)
     return "\n".join(lines)

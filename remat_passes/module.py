@@ -10,7 +10,7 @@ import os
 import stat
 import tempfile
 
-from remat_passes import graph, mlir
+from remat_passes import graph, mlir, symbolic
 from remat_passes.mlir import RematError
 
 
@@ -30,6 +30,9 @@ class Module:
         self.exported = exported          # jax.export.Exported or None
         self.residuals = None             # set by remat(): what partial-eval saved
         self.remarks = []                 # set by remat(): what partial-eval wants said
+        # names of symbolic argument dimensions (symbolic.argument_dims), read while the
+        # module still has them: `inline` erases them, and reports name `f32[b,4]` by them
+        self.dim_symbols = symbolic.argument_dims(op) if op is not None else {}
 
     @property
     def exported(self):
@@ -66,6 +69,7 @@ class Module:
             op = mlir.ir.Module.parse(mlir.to_bytecode(self.op))
         copy = Module(op, self.exported, self.region_policies, self.filename)
         copy.exported_signature = self.exported_signature
+        copy.dim_symbols = self.dim_symbols
         return copy
 
     # --------------------------------------------------------------- out --

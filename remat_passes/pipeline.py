@@ -16,7 +16,7 @@ import tempfile
 import time
 from typing import TextIO
 
-from remat_passes import mlir
+from remat_passes import mlir, symbolic
 from remat_passes.mlir import RematError, passmanager
 from remat_passes.passes import (CORE_PASSES, CorePass, PassState, PipelinePass, registry,
                                  unknown_pass_error)
@@ -167,6 +167,9 @@ def run_pipeline(module, passes: list, state: PassState | None = None, *,
     across steps that preserve them. Python's cyclic GC is paused for the run (many
     small long-lived objects; collections would cost more than the passes)."""
     state = state or PassState()
+    if state.dim_symbols is None:
+        with mlir.context():
+            state.dim_symbols = symbolic.argument_dims(module)
     dump_to = dump_to or sys.stderr
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -229,6 +232,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
         options["region_policy"] = as_policy(region_policy)
     out = module.clone()
     state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
+    state.dim_symbols = dict(module.dim_symbols)
     run_pipeline(out.op, [Remat(**options)], state, verify_each=False)
     if verify:   # the result, once (the CLI's --verify-each checks after every step)
         mlir.verify(out.op.operation, module.filename, after="remat")
@@ -236,4 +240,5 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     out.remarks = list(state.remarks)
     out.timings = list(state.timings)
     out.plan_reports = state.plan_reports.get(func, [])
+    out.dim_symbols = state.dim_symbols
     return out

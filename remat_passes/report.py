@@ -16,6 +16,10 @@ class Residual:
     bytes: int
     offload: Offloadable | None = None
     note: str | None = None   # auto(budget=...): what recomputing it would have cost
+    # symbolic dimensions (not in `bytes`): bytes per unit of their product, and its name
+    # ('b', 'b*s'; None where a dimension's symbol is unknown)
+    unit_bytes: int | None = None
+    symbols: str | None = None
 
     def __str__(self):
         text = f"{self.type} {self.description}"
@@ -44,12 +48,16 @@ def describe_value(value, func_op, analysis=None) -> str:
     return f"output of {graph.jax_primitive(op)}{where}"
 
 
-def residual(value, func_op, offload=None, analysis=None) -> Residual:
+def residual(value, func_op, offload=None, analysis=None, dims=None) -> Residual:
+    """`dims` (a symbolic.DimNames of `func_op`) names symbolic dimensions: `f32[b,4]`."""
     unit = graph.dynamic_unit_bytes(value.type)
-    note = None if unit is None else \
-        f"{unit} bytes per unit of its dynamic dimensions, not counted in the total"
-    return Residual(graph.jax_type_str(value.type), describe_value(value, func_op, analysis),
-                    graph.type_bytes(value.type), offload, note)
+    symbols = dims.symbols(value) if dims is not None and unit is not None else None
+    note = None if unit is None else (
+        f"{unit} bytes per unit of {symbols}, not counted in the total" if symbols else
+        f"{unit} bytes per unit of its dynamic dimensions, not counted in the total")
+    type_str = dims.type_str(value) if dims is not None else graph.jax_type_str(value.type)
+    return Residual(type_str, describe_value(value, func_op, analysis),
+                    graph.type_bytes(value.type), offload, note, unit, symbols)
 
 
 def _as_module(fun_or_module, args):
@@ -79,6 +87,17 @@ def print_saved_residuals(fun_or_module, *args, policy=None, file=None) -> None:
 
 def residual_bytes(residuals) -> int:
     return sum(r.bytes for r in residuals)
+
+
+def residual_bytes_text(residuals) -> str:
+    """'64 bytes', or with symbolic sizes '64 bytes + 32 bytes per unit of b'."""
+    per: dict[str, int] = {}
+    for r in residuals:
+        if r.unit_bytes is not None:
+            key = r.symbols or "unnamed dynamic dimensions"
+            per[key] = per.get(key, 0) + r.unit_bytes
+    return " + ".join([f"{residual_bytes(residuals)} bytes"] +
+                      [f"{n} bytes per unit of {k}" for k, n in per.items()])
 
 
 def print_fwd_bwd(fun_or_module, *args, policy=None, width: int = 240, file=None) -> None:

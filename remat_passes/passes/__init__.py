@@ -54,6 +54,8 @@ class PassState:
       use and kept until a pass drops it (the runner drops every analysis after
       a pass that does not declare `preserves_analyses`);
     * region policies of checkpoint regions made with Python callables;
+    * `dim_symbols`: names of the symbolic argument dimensions (`symbolic.argument_dims`,
+      read by the runner before the first pass, as `inline` erases them);
     * results: residuals per function (remat-partial-eval), remarks, timings.
     """
 
@@ -64,6 +66,7 @@ class PassState:
         self.remarks: list = []
         self.timings: list = []      # (pass name, seconds) per step run
         self.plan_reports: dict = {} # function -> [planner.PlanReport] of auto policies
+        self.dim_symbols: dict | None = None
         self._analyses: dict = {}
 
     def analysis(self, func_op, cotangent_indices=None):

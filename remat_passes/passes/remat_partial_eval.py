@@ -34,6 +34,7 @@ from remat_passes.passes import ModulePass, PassState, option, parse_int_list
 from remat_passes.mlir import RematError, ir, op_id
 from remat_passes.plan import ScopePolicies, plan_with_policies, policy_verdict
 from remat_passes.policies import Policy, as_policy, nothing_saveable, parse_policy
+from remat_passes.symbolic import DimNames
 from remat_passes.rules import RULES, Groups
 from remat_passes.split import split_function
 
@@ -126,7 +127,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                         [rule.tidy(a, plan.twins_read) for rule in RULES.values()]):
                     break
             vids = plan.residuals()
-            residuals = [report.residual(a.value(v), f, plan.saved[v], a) for v in vids]
+            dims = DimNames(f, (state.dim_symbols or {}).get(self.func))
+            residuals = [report.residual(a.value(v), f, plan.saved[v], a, dims) for v in vids]
             for r in reports:
                 _explain(r, a, vids, residuals, state)
             erased = materialize(plan)
@@ -144,6 +146,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                     "the policy cannot see inside); run the inline pass first (the remat "
                     "pipeline does)")
             if self.mode == "split":
+                if state.dim_symbols is not None:   # the halves' arguments keep their names
+                    state.dim_symbols.update(dims.split_arguments(a, [a.value(v) for v in vids]))
                 split_function(plan, vids, [str(r) for r in residuals])
             state.drop()
         state.residuals[self.func] = residuals

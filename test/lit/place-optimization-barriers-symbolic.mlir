@@ -8,6 +8,7 @@
 //
 // RUN: remat-opt %s --remat='policy=nothing_saveable' | filecheck %s
 // RUN: remat-opt %s --print-saved-residuals --inline --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=RES
+// RUN: remat-opt %s --inline | remat-opt --print-saved-residuals --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=UNNAMED
 
 // CHECK-LABEL: module @symbolic
 // CHECK: %[[B:.*]] = stablehlo.get_dimension_size %arg1, dim = 0
@@ -18,11 +19,18 @@
 // CHECK-NOT: optimization_barrier {{.*}}tensor<{{[0-9]*x?}}i32>
 // CHECK: return
 
-// A dynamic dimension prints as `?`, with the bytes per unit of it.
-// RES: // saved residuals of @main: 2 values, 64 bytes
+// A symbolic dimension prints by its name (read from the call to the exported body,
+// before inline erases it), with the bytes per unit of it.
+// RES: // saved residuals of @main: 2 values, 64 bytes + 16 bytes per unit of b
 // RES-NEXT: f32[4,4] from the argument arg0
-// RES-NEXT: f32[?,4] from the argument arg1 (16 bytes per unit of its dynamic dimensions, not counted in the total)
+// RES-NEXT: f32[b,4] from the argument arg1 (16 bytes per unit of b, not counted in the total)
 // RES-NOT: {{.}}
+
+// Inlined in an earlier run, the names are gone: `?`.
+// UNNAMED: // saved residuals of @main: 2 values, 64 bytes + 16 bytes per unit of unnamed dynamic dimensions
+// UNNAMED-NEXT: f32[4,4] from the argument arg0
+// UNNAMED-NEXT: f32[?,4] from the argument arg1 (16 bytes per unit of its dynamic dimensions, not counted in the total)
+// UNNAMED-NOT: {{.}}
 
 module @symbolic attributes {jax.uses_shape_polymorphism = true, mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
   func.func public @main(%arg0: tensor<4x4xf32>, %arg1: tensor<?x4xf32>, %arg2: tensor<f32> {remat.cotangent}) -> (tensor<f32> {jax.result_info = "result[0]"}, tensor<4x4xf32> {jax.result_info = "result[1][0]", remat.gradient}, tensor<?x4xf32> {jax.result_info = "result[1][1]", remat.gradient}) {
