@@ -23,7 +23,8 @@ def main_signature(module_op) -> str | None:
 
 
 class Module:
-    def __init__(self, op, exported=None, region_policies=None, filename=None):
+    def __init__(self, op, exported=None, region_policies=None, filename=None,
+                 dim_symbols=None):
         self.op = op                      # the ir.Module
         self.region_policies = dict(region_policies or {})
         self.filename = filename
@@ -32,7 +33,8 @@ class Module:
         self.remarks = []                 # set by remat(): what partial-eval wants said
         # names of symbolic argument dimensions (symbolic.argument_dims), read while the
         # module still has them: `inline` erases them, and reports name `f32[b,4]` by them
-        self.dim_symbols = symbolic.argument_dims(op) if op is not None else {}
+        self.dim_symbols = dim_symbols if dim_symbols is not None else \
+            symbolic.argument_dims(op) if op is not None else {}
 
     @property
     def exported(self):
@@ -67,9 +69,9 @@ class Module:
     def clone(self) -> "Module":
         with mlir.context():
             op = mlir.ir.Module.parse(mlir.to_bytecode(self.op))
-        copy = Module(op, self.exported, self.region_policies, self.filename)
+        copy = Module(op, self.exported, self.region_policies, self.filename,
+                      self.dim_symbols)
         copy.exported_signature = self.exported_signature
-        copy.dim_symbols = self.dim_symbols
         return copy
 
     # --------------------------------------------------------------- out --

@@ -52,6 +52,9 @@ def argument_dims(module_op) -> ArgumentDims:
     inlined)."""
     funcs = {graph.func_name(op): op for op in module_op.body.operations
              if op.operation.name == "func.func"}
+    if not any(_arg_attr(f, i, GLOBAL_CONSTANT) is not None
+               for f in funcs.values() for i in range(len(f.type.inputs))):
+        return {}       # (no exported body takes dimension variables: nothing to scan)
     out: ArgumentDims = {}
     for name, f in funcs.items():
         if not graph.is_public(f) or not f.regions[0].blocks:
@@ -64,7 +67,7 @@ def argument_dims(module_op) -> ArgumentDims:
                 continue
             for i, operand in enumerate(op.operands):
                 symbol = _arg_attr(callee, i, GLOBAL_CONSTANT) \
-                    if i < len(callee.arguments) else None
+                    if i < len(callee.type.inputs) else None
                 source = _through_scalars(operand)
                 if symbol is None or not isinstance(source, ir.OpResult) or \
                         source.owner.name != "stablehlo.get_dimension_size":
