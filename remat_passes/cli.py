@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pareto-offload", choices=["pinned_host", "unpinned_host"],
                    help="let the --print-pareto plans offload to this memory")
     p.add_argument("--pareto-device", metavar="PROFILE",
-                   help="cost profile of the --print-pareto plans: cpu, h100, tpu-v5e "
+                   help="cost profile of the --print-pareto plans: cpu, h100, tpu-v5e, flops "
                         "(default: the JAX backend in use)")
     p.add_argument("--list-passes", action="store_true", help="list the passes and their options")
     p.add_argument("--version", action="version", version=f"remat-opt {__version__}")

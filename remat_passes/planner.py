@@ -48,7 +48,7 @@ import time
 import numpy as np
 
 from remat_passes import contract, flops, graph, scan_pairs
-from remat_passes.mlir import RematError, op_id
+from remat_passes.mlir import RematError, ir, op_id
 from remat_passes.policies import Offloadable, Policy, Recompute, Saveable, everything_saveable
 
 _SAVE = everything_saveable   # for the ops a plan leaves undecided (free ones, say)
@@ -120,6 +120,13 @@ PROFILES = {
         host_bandwidth=32e9,
         source="Google Cloud TPU v5e: 197 TFLOP/s BF16, 819 GB/s HBM2e; host link taken as "
                "PCIe Gen4 x16, 32 GB/s (not published per chip)"),
+    # No device: the cost is the FLOP count itself, as XLA's cost analysis counts it (one
+    # 'second' per FLOP, memory traffic free); an offloaded byte costs one FLOP each way.
+    "flops": DeviceProfile(
+        "flops", matrix_flops=1.0, vector_flops=1.0, memory_bandwidth=math.inf,
+        host_bandwidth=1.0,
+        source="no device: recomputation costs its FLOP count (XLA's counting rules), "
+               "memory traffic is free, offloading costs one FLOP per byte each way"),
 }
 
 
@@ -757,6 +764,9 @@ class _Builder:
         self.value_bytes, self.value_producer, self.needed = [], [], []
         self.keep_cost, self.rounds = [], []
         self.flops: list = []
+        # loop-body ops the model leaves out as free (computed from invariants and re-sliced
+        # inputs alone: never stacked); the plan recomputes them, as the model assumes
+        self.free_ops: list = []
 
     def op(self, op, recomputable: bool, scale: int, label: str) -> int:
         node = len(self.ops)
@@ -868,6 +878,28 @@ def _add_pair(b: _Builder, pair, vid_node, a) -> None:
     label = f"scan loop at {graph.source_position(fwd.op)[0] or 'top'}"
     body_ops = [op.operation for op in fwd.body.operations][:-1]
     node_of: dict = {}
+    # the loop's invariant operands, by body argument: a recomputed body op that reads one
+    # (directly or through free ops) needs it available
+    invariant_node = {}
+    for k in fwd.invariant:
+        vid = a.vid(fwd.op.operands[k])
+        if vid in vid_node:
+            invariant_node[fwd.body.arguments[k]] = vid_node[vid]
+    invariants_of: dict = {}       # free value -> the invariant nodes it is computed from
+
+    def step(u):                   # (graph.post_order: operands first, no recursion)
+        if u in invariant_node:
+            invariants_of[u] = {invariant_node[u]}
+        elif not isinstance(u, ir.OpResult) or facts.free_kind(u) is None:
+            invariants_of[u] = set()
+        else:
+            reads = graph.read_values(u.owner.operation)
+            pending = [w for w in reads if w not in invariants_of]
+            if pending:
+                return pending
+            invariants_of[u] = set().union(*(invariants_of[w] for w in reads))
+        return None
+
     for arg in fwd.body.arguments:
         k = arg.arg_number
         if k in fwd.invariant or k == fwd.counter or facts.free_kind(arg) is not None:
@@ -876,7 +908,8 @@ def _add_pair(b: _Builder, pair, vid_node, a) -> None:
     for op in body_ops:
         results = list(op.results)
         if results and all(facts.free_kind(r) is not None for r in results):
-            continue                                # invariant or re-sliced: never stacked
+            b.free_ops.append(op)                   # invariant or re-sliced: never stacked
+            continue
         rec = not graph.is_side_effecting(op) and scan_pairs.analyse_forward(op) is None
         node = b.op(op, rec, n, label)
         for r in results:
@@ -884,16 +917,15 @@ def _add_pair(b: _Builder, pair, vid_node, a) -> None:
         for u in graph.read_values(op):
             if u in node_of:
                 b.reads[node].append(node_of[u])
-    # invariants the backward body may thread in are available (arguments, mostly)
-    for m, k in pair.links.items():
+            elif facts.free_kind(u) is not None:
+                b.reads[node].extend(graph.post_order(u, invariants_of, step))
+    for m, k in pair.links.items():    # the stacked values the backward loop reads
         v = fwd.stacked[k].value
         if v in node_of:
             b.needed[node_of[v]] = True
-    for k in fwd.invariant:
-        init = fwd.op.operands[k]
-        vid = a.vid(init)
-        if vid in vid_node:
-            b.needed[vid_node[vid]] = True
+        elif facts.free_kind(v) is not None:   # re-derived from the invariants instead
+            for node in graph.post_order(v, invariants_of, step):
+                b.needed[node] = True
 
 
 # ---------------------------------------------------------------- reporting --
@@ -911,13 +943,23 @@ class PlanReport:
     recomputed: list             # (value described as JAX would, FLOPs, seconds, where)
                                  # per op the plan recomputes (computed before any rewrite)
 
+    def cost_text(self, cost: float) -> str:
+        """A modelled cost in its unit: seconds on a device, FLOPs on the `flops` profile."""
+        return format_flop(cost) if self.device == "flops" else format_seconds(cost)
+
+    def with_flops(self, flop_count: float, cost: float) -> str:
+        """'2.05 kFLOP, 2.05 ns' (the FLOPs once on the `flops` profile)."""
+        text = format_flop(flop_count)
+        return text if self.device == "flops" else f"{text}, {format_seconds(cost)}"
+
     def summary(self) -> str:
         s = self.solution
         text = (f"{self.policy}: budget {self.budget} B (minimum {self.minimum} B, no remat "
                 f"{self.no_remat} B); plan keeps {s.device_bytes} B on the device and "
                 f"recomputes {len(self.recomputed)} op(s), "
-                f"{format_flop(sum(f for _, f, _, _ in self.recomputed))} "
-                f"({format_seconds(s.cost)} on {self.device}); ")
+                f"{format_flop(sum(f for _, f, _, _ in self.recomputed))}"
+                + ("; " if self.device == "flops" else
+                   f" ({self.cost_text(s.cost)} on {self.device}); "))
         if s.method == "no-remat":
             text += "every residual fits: nothing to solve"
         else:
@@ -925,7 +967,7 @@ class PlanReport:
                      f"{self.problem_size[0]} ops and {self.problem_size[1]} values")
         if self.exact is not None and s.method != "exact":
             gap = (s.cost - self.exact.cost) / self.exact.cost * 100 if self.exact.cost else 0.0
-            text += f" (exact optimum {format_seconds(self.exact.cost)}: gap {gap:.2f}%)"
+            text += f" (exact optimum {self.cost_text(self.exact.cost)}: gap {gap:.2f}%)"
         return text
 
 
@@ -1021,6 +1063,8 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
             f"{no_remat} B")
     sol, exact = solve(p, budget, policy.solver, compare_exact=compare_exact)
     verdicts = _verdicts(p, sol, policy.offload)
+    for op in b.free_ops:      # (the fallback, save, would stack what the model never does)
+        verdicts.setdefault(op_id(op), Recompute)
     cost = {op_id(op): (op.name, b.flops[n], p.op_cost[n]) for n, op in enumerate(p.ops)}
     from remat_passes.report import describe_value
     recomputed = []

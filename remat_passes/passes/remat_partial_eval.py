@@ -250,8 +250,7 @@ def _explain(plan_report, a, vids, residuals, state) -> None:
             op = a.ops[pos]
             cost = plan_report.recompute_cost.get(op_id(op))
             if cost is not None and cost[0] == op.name and cost[1] > 0:
-                r.note = (f"recomputing it: {planner.format_flop(cost[1])}, "
-                          f"{planner.format_seconds(cost[2])}")
+                r.note = f"recomputing it: {plan_report.with_flops(cost[1], cost[2])}"
     state.remarks.append(plan_report.summary())
     free = 0
     for what, f, seconds, label in plan_report.recomputed:
@@ -259,8 +258,8 @@ def _explain(plan_report, a, vids, residuals, state) -> None:
             free += 1
             continue
         where = "" if label == "top" else f" per iteration of the {label}"
-        state.remarks.append(f"auto recomputes {what}{where}: {planner.format_flop(f)}, "
-                             f"{planner.format_seconds(seconds)}")
+        state.remarks.append(f"auto recomputes {what}{where}: "
+                             f"{plan_report.with_flops(f, seconds)}")
     if free:
         state.remarks.append(f"auto recomputes {free} op(s) that cost no FLOPs (data "
                              "movement, checkpoint names)")

@@ -99,8 +99,16 @@ def measure_model(model: Model, progress) -> dict:
         # recompute time; where offloading is allowed, with the transfers)
         fits = [g for g in out["fixed"] if g["dev"] <= f["dev"] and (offload or not g["host"])]
         cheapest = min(fits, key=lambda g: (g["total_s"] if offload else g["model_s"], g["dev"]))
-        out["at_fixed"].append({"short": f["short"], "budget": f["dev"], "offload": offload,
-                                "auto": a, "cheapest": cheapest["short"]})
+        row = {"short": f["short"], "budget": f["dev"], "offload": offload, "auto": a,
+               "cheapest": cheapest["short"]}
+        if not offload:   # the FLOP-count profile, against the fixed policies in XLA's count
+            try:
+                row["auto_flops"] = point(model, module, planner.auto(f["dev"], device="flops"),
+                                          ref)
+            except rp.RematError as e:
+                row["auto_flops"] = {"error": str(e)}
+            row["cheapest_flops"] = min(fits, key=lambda g: (g["cost"], g["dev"]))["short"]
+        out["at_fixed"].append(row)
     # --------------------------------------------------------------------- sweep --
     problem = planner.problem_for(module, policy=planner.AutoPolicy(0, device=DEVICE))
     budgets = sorted({int(lo + (hi - lo) * k / (SWEEP - 1)) for k in range(SWEEP)})
@@ -195,6 +203,17 @@ def checks(data) -> list[str]:
             if a[what] > cheapest[what] * (1 + 1e-6) + 1e-15:
                 bad.append(f"{key}: auto at {r['short']} costs {a[what]:.4g} ({what}) > "
                            f"{r['cheapest']} {cheapest[what]:.4g}")
+            af = r.get("auto_flops")
+            if af is not None:   # device=flops, in XLA's FLOP count of the compiled split
+                c = next(f for f in m["fixed"] if f["short"] == r["cheapest_flops"])
+                if "error" in af:
+                    bad.append(f"{key}: auto(device=flops) at {r['short']}: {af['error']}")
+                elif af["dev"] > r["budget"]:
+                    bad.append(f"{key}: auto(device=flops) at {r['short']} keeps {af['dev']} B "
+                               f"> {r['budget']} B")
+                elif af["cost"] > c["cost"] * (1 + 1e-6):
+                    bad.append(f"{key}: auto(device=flops) at {r['short']}: XLA counts "
+                               f"{af['cost']:.6g} FLOPs > {r['cheapest_flops']} {c['cost']:.6g}")
         costs = [r["auto"]["model_s"] for r in m["sweep"]]
         for r in m["sweep"]:
             if r["auto"]["dev"] > r["budget"]:
@@ -248,9 +267,11 @@ def render(data, png_rel: str) -> str:
          "form's `main_fwd` keeps for `main_bwd`, which is what the budget bounds.", "",
          "What is checked (recomputed from the results by `tools/benchmarks/budgets.py:checks` "
          "when the page is rendered): for every fixed policy P, `auto(budget = P's residual "
-         "bytes)` keeps at most that many bytes and costs no more extra FLOPs than the "
-         "cheapest fixed policy within the same budget (with offloading: no more modelled "
-         "time, transfers included); along a sweep of 20 budgets from the minimum to no "
+         "bytes)` keeps at most that many bytes and costs no more modelled recompute time "
+         "(what it minimises) than the cheapest fixed policy within the same budget (with "
+         "offloading: transfers included), and `auto(budget, device=flops)` costs no more "
+         "extra FLOPs in XLA's count than the fixed policy with the fewest within that "
+         "budget; along a sweep of 20 budgets from the minimum to no "
          "remat the bytes never exceed the budget, the cost never rises as the budget grows "
          "and the gradients of the split and of the joint form equal `jax.grad`; the "
          "scalable solver is within 2% of the exact optimum wherever the exact solve "
@@ -263,7 +284,8 @@ def render(data, png_rel: str) -> str:
          "### Against every fixed policy, at its own budget", "",
          "| model | fixed policy P | P: residuals | P: extra FLOPs | auto: residuals | "
          "auto: extra FLOPs | cheapest fixed within the budget | its extra FLOPs | "
-         "auto solve |", "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+         "auto solve | auto(device=flops): extra FLOPs | fewest FLOPs fixed within the "
+         "budget |", "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for key, d in models.items():
         fixed = {f["short"]: f for f in d["fixed"]}
         base = d["base_cost"]
@@ -271,17 +293,24 @@ def render(data, png_rel: str) -> str:
             f, a, c = fixed[r["short"]], r["auto"], fixed[r["cheapest"]]
             if "error" in a:
                 L.append(f"| {key} | `{f['label']}` | {fmt_res(f['dev'], f['host'])} | "
-                         f"{_pct(f['cost'], base)} | error: {a['error']} | | | | |")
+                         f"{_pct(f['cost'], base)} | error: {a['error']} | | | | | | |")
                 continue
             off = " (offload)" if r["offload"] else ""
+            af, cf = r.get("auto_flops"), fixed.get(r.get("cheapest_flops"))
+            flops_cols = "| |" if af is None else (
+                f"| error: {af['error']} | |" if "error" in af else
+                f"| {_pct(af['cost'], base)} ({fmt_bytes(af['dev'])}) | {cf['short']} "
+                f"{_pct(cf['cost'], base)} |")
             L.append(f"| {key} | `{f['label']}` | {fmt_res(f['dev'], f['host'])} | "
                      f"{_pct(f['cost'], base)} | {fmt_res(a['dev'], a['host'])}{off} | "
                      f"{_pct(a['cost'], base)} | {c['short']} | {_pct(c['cost'], base)} | "
-                     f"{a['solve_s']:.2f} s {a['method']} |")
+                     f"{a['solve_s']:.2f} s {a['method']} {flops_cols}")
     L += ["", "Offloading rows (P moves residuals to host memory) compare "
           "`auto(budget, offload=pinned_host)`, which may offload too; the cheapest fixed policy "
           "there is the one with the least modelled time, recomputation plus transfers at the "
-          "profile's host bandwidth.", "",
+          "profile's host bandwidth. The last two columns plan with `device=flops` (the cost "
+          "is the FLOP count itself) and compare in XLA's count: there auto must cost no more "
+          "than the fixed policy with the fewest extra FLOPs within the same budget.", "",
           f"![auto sweeps against the fixed policies and the knapsack baseline]({png_rel})", "",
           "### Budget sweeps, and the independent knapsack", "",
           "`knapsack` is the baseline in `tools/benchmarks/knapsack.py`: a 0/1 knapsack over "
