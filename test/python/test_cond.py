@@ -221,3 +221,16 @@ def test_cond_in_a_custom_jvp_rule():
             ref_out, ct, grads = reference_vjp(f, a)
             assert_trees_close(run_joint_cached(joint, a, ct), leaves(ref_out) + leaves(grads),
                                what=f"custom_jvp/{policy} sign={sign}")
+
+
+@pytest.mark.parametrize("policy", ["nothing", "dots"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_residual_descriptions_match_jax(name, policy):
+    """A value saved inside a branch is described as JAX's saved_residuals describes it:
+    'output of cond from <file:line:col> (<function>)', by the cond's position."""
+    from remat_passes import jax_compat
+    jax_policy, ours = POLICIES[policy]
+    out = rp.remat(module(name), ours, mode="split")
+    theirs = jax_compat.jax_saved_residuals(jax.checkpoint(MODELS[name], policy=jax_policy),
+                                            *args_for(1.0))
+    assert sorted(r.description for r in out.residuals) == sorted(d for _, d in theirs)
