@@ -28,6 +28,14 @@ SIDE_EFFECT_OPS = {
 # any op (a clone keeps its `sharding` attribute). GSPMD's annotations are custom_calls
 # without side effect (@Sharding, @SPMDFullToShardShape, ...), pure already.
 PURE_SDY_OPS = {"sdy.sharding_constraint", "sdy.reshard"}
+# shard_map's region op. Inside it every device runs the same program, so its collectives
+# can be run again in lockstep (jax.checkpoint recomputes them too): a manual computation
+# is side-effecting only if its body has another side effect.
+MANUAL_COMPUTATION = "sdy.manual_computation"
+COLLECTIVE_OPS = {
+    "stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.all_to_all",
+    "stablehlo.reduce_scatter", "stablehlo.collective_permute",
+    "stablehlo.collective_broadcast"}
 
 
 # ------------------------------------------------------------- op questions --
@@ -48,13 +56,17 @@ def _own_side_effect(op) -> bool:
 def is_side_effecting(op) -> bool:
     """Must this op (or anything nested in its regions) never be duplicated?"""
     op = op.operation
-    if _own_side_effect(op):
+    manual = op.name == MANUAL_COMPUTATION
+    if not manual and _own_side_effect(op):
         return True
     if len(op.regions) == 0:
         return False
     found = []
 
     def visit(inner):
+        if manual and (inner.name in COLLECTIVE_OPS or inner.name in (
+                MANUAL_COMPUTATION, "sdy.return")):
+            return ir.WalkResult.ADVANCE
         if _own_side_effect(inner):
             found.append(inner)
             return ir.WalkResult.INTERRUPT

@@ -840,7 +840,9 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         if a.backward[pos] or a.free[pos]:
             continue
         rec = (not a.side_effect[pos] and pos not in kept_whole and governed(pos)
-               and op.name != "func.call")
+               and op.name not in ("func.call", graph.MANUAL_COMPUTATION))
+        # (a shard_map body is not planned: its ops get the fallback verdict, save, and
+        # the manual-computation rule then saves it whole, as the model does)
         node = b.op(op, rec, 1, "top")
         for vid in a.results(pos):
             if vid not in stacked:

@@ -23,17 +23,22 @@ gets a rule instead, with three hooks that remat-partial-eval calls:
   (twins in `twins_read` are read); returns whether the IR changed, and then
   the function is analysed and planned again;
 * `remarks(analysis, surviving)`: what to tell the user (an op the policy
-  could not see into).
+  could not see into);
+* `finish(func_op)`: after the plan is applied: trim what the rule's own ops
+  computed that nothing reads.
 
 Adding a rule: write a class with these hooks and register it here under the
 op name. `stablehlo.while` has the scan-pair rule, `stablehlo.case` the
-case-pair rule.
+case-pair rule, `sdy.manual_computation` (shard_map) a whole-op rule.
 """
 from __future__ import annotations
+
+import re
 
 from remat_passes import case_rewrite, contract, graph, scan_rewrite
 from remat_passes.case_rewrite import CASE
 from remat_passes.mlir import ir, op_id
+from remat_passes.policies import Recompute
 from remat_passes.scan_pairs import WHILE
 
 
@@ -69,6 +74,9 @@ class ScanPairRule:
 
     def tidy(self, analysis, twins_read) -> bool:
         return False
+
+    def finish(self, func_op) -> None:
+        pass
 
     def remarks(self, analysis, surviving) -> list[str]:
         loops = sum(1 for pos in surviving   # erased ops must not be touched
@@ -121,6 +129,9 @@ class CasePairRule:
     def tidy(self, analysis, twins_read) -> bool:
         return case_rewrite.tidy(analysis, twins_read)
 
+    def finish(self, func_op) -> None:
+        pass
+
     def remarks(self, analysis, surviving) -> list[str]:
         opaque = sum(1 for pos in surviving    # (a rewritten case has a key)
                      if analysis.ops[pos].name == CASE and not analysis.backward[pos]
@@ -150,4 +161,113 @@ def _read_outside_cases(analysis, op) -> bool:
     return False
 
 
-RULES = {CASE: CasePairRule(), WHILE: ScanPairRule()}   # in the order they run
+class ManualComputationRule:
+    """`sdy.manual_computation` (shard_map): recomputed whole where the policy recomputes
+    every op inside it, collectives included (run again in lockstep, as jax.checkpoint
+    does: this is how a non-saving policy avoids keeping FSDP's gathered weights); else
+    saved whole, with a remark (the policy cannot yet keep single values of its body).
+
+    The decision is made in `rewrite` (the policy in force is known there) and kept by
+    op identity until `kept_whole` of the same function reads it."""
+
+    def __init__(self):
+        self._func = None              # op id of the function `_saved` was decided for
+        self._saved: set = set()       # op ids of forward manual computations saved whole
+
+    def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
+        self._func, self._saved = op_id(block.owner), set()
+        ops = [op.operation for op in block.operations
+               if op.operation.name == graph.MANUAL_COMPUTATION]
+        if not ops:
+            return {}
+        a = analysis()
+        for op in ops:
+            pos = a.position.get(op_id(op))
+            if pos is None or a.backward[pos] or graph.is_side_effecting(op):
+                continue
+            if any(policy.op_verdict(inner) is not Recompute for inner in _body_ops(op)):
+                self._saved.add(op_id(op))
+        return {}
+
+    def kept_whole(self, analysis) -> dict:
+        if self._func != op_id(analysis.func_op):   # (asked before `rewrite` decided)
+            return {}
+        found = (analysis.position.get(oid) for oid in self._saved)
+        return {pos: (lambda vid: None) for pos in found if pos is not None}
+
+    def twins(self, analysis) -> dict:
+        return {}
+
+    def tidy(self, analysis, twins_read) -> bool:
+        return False
+
+    def finish(self, func_op) -> None:
+        """A recompute clone computes every output of the manual computation; the
+        backward reads some. The others are returned as zeros instead, and the body ops
+        only they needed (collectives too: the psum of a loss) are erased."""
+        for op in graph.body_block(func_op).operations:
+            op = op.operation
+            if op.name == graph.MANUAL_COMPUTATION and contract.is_recompute_clone(op):
+                _trim_unread_results(op)
+
+    def remarks(self, analysis, surviving) -> list[str]:
+        if self._func != op_id(analysis.func_op):
+            return []
+        saved = sum(1 for pos in surviving if op_id(analysis.ops[pos]) in self._saved)
+        if not saved:
+            return []
+        return [f"@{analysis.name}: {saved} sdy.manual_computation op(s) (shard_map) hold "
+                "values the policy saves; each is saved whole (its outputs are residuals): "
+                "the policy cannot yet keep single values of a shard_map body"]
+
+
+def _trim_unread_results(op) -> None:
+    from remat_passes.mlir import stablehlo
+    body = op.regions[0].blocks[0]
+    ret = graph.terminator(body)
+    for i, r in enumerate(op.results):
+        if any(True for _ in r.uses):
+            continue
+        t = ret.operands[i].type
+        with ir.InsertionPoint(ret), ret.location:
+            fill = _zero_of(ir.RankedTensorType(t).element_type)
+            if fill is None:           # (complex, say: left as computed)
+                continue
+            zero = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(t, fill)).result
+        ret.operands[i] = zero
+    changed = True
+    while changed:                     # erase body ops nothing reads (innermost last)
+        changed = False
+        for inner in reversed(list(body.operations)):
+            inner = inner.operation
+            if inner == ret or any(True for r in inner.results for _ in r.uses):
+                continue
+            if graph.is_side_effecting(inner) and inner.name not in graph.COLLECTIVE_OPS:
+                continue
+            inner.erase()
+            changed = True
+
+
+def _zero_of(elem):
+    if re.fullmatch(r"[su]?i\d+", str(elem)):
+        return ir.IntegerAttr.get(elem, 0)
+    try:
+        return ir.FloatAttr.get(elem, 0.0)
+    except (ValueError, TypeError):    # not a float type (complex, say)
+        return None
+
+
+def _body_ops(op):
+    """The ops with results nested in `op`'s regions (terminators have none)."""
+    out = []
+
+    def visit(inner):
+        if len(inner.results):
+            out.append(inner)
+        return ir.WalkResult.ADVANCE
+    op.walk(visit)
+    return [o for o in out if o != op]      # (walk visits `op` itself too)
+
+
+RULES = {CASE: CasePairRule(), WHILE: ScanPairRule(),
+         graph.MANUAL_COMPUTATION: ManualComputationRule()}   # in the order they run
