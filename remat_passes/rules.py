@@ -37,7 +37,7 @@ import re
 
 from remat_passes import case_rewrite, contract, graph, scan_rewrite
 from remat_passes.case_rewrite import CASE
-from remat_passes.mlir import ir, op_id
+from remat_passes.mlir import ir, op_id, stablehlo
 from remat_passes.policies import Recompute
 from remat_passes.scan_pairs import WHILE
 
@@ -222,7 +222,6 @@ class ManualComputationRule:
 
 
 def _trim_unread_results(op) -> None:
-    from remat_passes.mlir import stablehlo
     body = op.regions[0].blocks[0]
     ret = graph.terminator(body)
     for i, r in enumerate(op.results):
@@ -236,7 +235,7 @@ def _trim_unread_results(op) -> None:
             zero = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(t, fill)).result
         ret.operands[i] = zero
     changed = True
-    while changed:                     # erase body ops nothing reads (innermost last)
+    while changed:                     # erase body ops nothing reads, until none is left
         changed = False
         for inner in reversed(list(body.operations)):
             inner = inner.operation
