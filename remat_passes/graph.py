@@ -198,6 +198,21 @@ def post_order(root, memo: dict, step):
     return memo[root]
 
 
+def nested_ops(block):
+    """Every op of `block` and of the blocks nested in it, each op before the ops of its
+    regions, blocks in order (a worklist: no recursion)."""
+    stack = [iter(block.operations)]
+    while stack:
+        op = next(stack[-1], None)
+        if op is None:
+            stack.pop()
+            continue
+        op = op.operation
+        yield op
+        blocks = [b for region in op.regions for b in region.blocks]
+        stack.extend(iter(b.operations) for b in reversed(blocks))
+
+
 def top_level(op, container):
     """The op directly inside `container` (an op, e.g. a func) that is or contains `op`."""
     while op.parent is not None and op.parent != container:

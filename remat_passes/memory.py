@@ -279,17 +279,11 @@ class _Estimator:
                 labels = names.labels(v)
                 symbols.update(labels[i] for i in range(rt.rank) if rt.is_dynamic_dim(i))
         visit(graph.body_block(func_op).arguments)
-        stack = [iter(graph.body_block(func_op).operations)]
-        while stack:
-            op = next(stack[-1], None)
-            if op is None:
-                stack.pop()
-                continue
+        for op in graph.nested_ops(graph.body_block(func_op)):
             visit(op.results)
             for region in op.regions:
                 for b in region.blocks:
                     visit(b.arguments)
-                    stack.append(iter(b.operations))
         return count, tuple(sorted(symbols - {UNKNOWN}) + ([UNKNOWN] if UNKNOWN in symbols
                                                            else []))
 

@@ -258,14 +258,8 @@ def _zero_of(elem):
 
 def _body_ops(op):
     """The ops with results nested in `op`'s regions (terminators have none)."""
-    out = []
-
-    def visit(inner):
-        if len(inner.results):
-            out.append(inner)
-        return ir.WalkResult.ADVANCE
-    op.walk(visit)
-    return [o for o in out if o != op]      # (walk visits `op` itself too)
+    return [inner for region in op.regions for b in region.blocks
+            for inner in graph.nested_ops(b) if len(inner.results)]
 
 
 RULES = {CASE: CasePairRule(), WHILE: ScanPairRule(),

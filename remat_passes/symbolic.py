@@ -14,7 +14,7 @@ these explain stays `?`. One forward sweep, on first use: O(number of ops).
 """
 from __future__ import annotations
 
-from remat_passes import graph
+from remat_passes import contract, graph
 from remat_passes.mlir import ir
 
 GLOBAL_CONSTANT = "jax.global_constant"
@@ -31,13 +31,6 @@ def _ranked(t):
         return None
 
 
-def _arg_attr(func_op, index: int, name: str):
-    if "arg_attrs" not in func_op.attributes:
-        return None
-    attrs = ir.DictAttr(ir.ArrayAttr(func_op.attributes["arg_attrs"])[index])
-    return attrs[name] if name in attrs else None
-
-
 def _through_scalars(value):
     """The op a scalar shape value comes from, looking through convert/reshape."""
     while isinstance(value, ir.OpResult) and value.owner.name in (
@@ -52,8 +45,8 @@ def argument_dims(module_op) -> ArgumentDims:
     inlined)."""
     funcs = {graph.func_name(op): op for op in module_op.body.operations
              if op.operation.name == "func.func"}
-    if not any(_arg_attr(f, i, GLOBAL_CONSTANT) is not None
-               for f in funcs.values() for i in range(len(f.type.inputs))):
+    if not any(GLOBAL_CONSTANT in entries for f in funcs.values()
+               for entries in contract.all_entries(f, "arg_attrs")):
         return {}       # (no exported body takes dimension variables: nothing to scan)
     out: ArgumentDims = {}
     for name, f in funcs.items():
@@ -66,8 +59,7 @@ def argument_dims(module_op) -> ArgumentDims:
             if callee is None:
                 continue
             for i, operand in enumerate(op.operands):
-                symbol = _arg_attr(callee, i, GLOBAL_CONSTANT) \
-                    if i < len(callee.type.inputs) else None
+                symbol = contract.entry(callee, "arg_attrs", i, GLOBAL_CONSTANT)
                 source = _through_scalars(operand)
                 if symbol is None or not isinstance(source, ir.OpResult) or \
                         source.owner.name != "stablehlo.get_dimension_size":
@@ -164,17 +156,8 @@ class DimNames:
         for i, arg in enumerate(block.arguments):
             if i in self._args:
                 self._set(arg, self._args[i])
-        stack = [iter(block.operations)]
-        while stack:
-            op = next(stack[-1], None)
-            if op is None:
-                stack.pop()
-                continue
-            op = op.operation
-            self._op(op)
-            for region in reversed(op.regions):
-                for b in region.blocks:
-                    stack.append(iter(b.operations))
+        for op in graph.nested_ops(block):     # (a loop's block arguments are named
+            self._op(op)                       # before its body is swept)
 
     def _op(self, op) -> None:
         name = op.name
