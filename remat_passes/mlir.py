@@ -118,7 +118,9 @@ def parse(data: str | bytes, filename: str | None = None) -> tuple[ir.Module, ob
             data = bytes(data)
             _check_utf8_outside_comments(data, filename)
     if isinstance(data, str) or not bytes(data[:4]) == BYTECODE_MAGIC:
-        _check_nesting(data.encode() if isinstance(data, str) else bytes(data), filename)
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        _check_nesting(raw, filename)
+        _check_string_escapes(raw, filename)
     if isinstance(data, (bytes, bytearray)) and bytes(data[:4]) == BYTECODE_MAGIC and \
             _parse_aborts(bytes(data)):
         raise RematError(f"{filename or '<input>'}: error: malformed MLIR bytecode (the MLIR "
@@ -162,6 +164,22 @@ def _check_one_module(module: ir.Module, filename: str | None) -> None:
 MAX_NESTING = 1000
 
 
+def _code_part(line: bytes) -> bytes:
+    """The part of a line of MLIR text before a `//` comment outside a string."""
+    in_string, i = False, 0
+    while i < len(line) - 1:
+        c = line[i:i + 1]
+        if in_string and c == b"\\":
+            i += 2
+            continue
+        if c == b'"':
+            in_string = not in_string
+        elif not in_string and line[i:i + 2] == b"//":
+            return line[:i]
+        i += 1
+    return line
+
+
 def _check_utf8_outside_comments(text: bytes, filename: str | None) -> None:
     """Bytes that are not UTF-8 may sit in a comment (the parser drops it); anywhere else
     they end up in a name, location or attribute that the MLIR bindings cannot turn into a
@@ -172,23 +190,51 @@ def _check_utf8_outside_comments(text: bytes, filename: str | None) -> None:
             continue
         except UnicodeDecodeError:
             pass
-        code, in_string, i = line, False, 0
-        while i < len(line) - 1:          # the part before a // comment outside a string
-            c = line[i:i + 1]
-            if in_string and c == b"\\":
-                i += 2
-                continue
-            if c == b'"':
-                in_string = not in_string
-            elif not in_string and line[i:i + 2] == b"//":
-                code = line[:i]
-                break
-            i += 1
         try:
-            code.decode("utf-8")
+            _code_part(line).decode("utf-8")
         except UnicodeDecodeError as e:
             raise RematError(f"{filename or '<input>'}:{lineno}:{e.start + 1}: error: a byte "
                              "that is not UTF-8 outside a comment") from None
+
+
+_STRING_RE = re.compile(rb'"((?:[^"\\]|\\.)*)"')
+_HEX_PAIR_RE = re.compile(rb"[0-9a-fA-F]{2}")
+_ESCAPES = {b"n": b"\n", b"t": b"\t"}
+
+
+def _unescape(raw: bytes) -> bytes:
+    """The bytes an MLIR string literal spells (`\\XX` hex, `\\n`, `\\t`, `\\"`, `\\\\`)."""
+    out, i = bytearray(), 0
+    while i < len(raw):
+        if raw[i:i + 1] == b"\\" and i + 1 < len(raw):
+            if _HEX_PAIR_RE.fullmatch(raw[i + 1:i + 3]):
+                out.append(int(raw[i + 1:i + 3], 16))
+                i += 3
+            else:
+                out += _ESCAPES.get(raw[i + 1:i + 2], raw[i + 1:i + 2])
+                i += 2
+            continue
+        out += raw[i:i + 1]
+        i += 1
+    return bytes(out)
+
+
+def _check_string_escapes(text: bytes, filename: str | None) -> None:
+    """A string literal can spell bytes that are not UTF-8 with hex escapes (`"x.\\FF"`),
+    and those abort the process as raw bytes do once Python reads the string: refuse
+    them, located. Only lines with a backslash are looked at."""
+    if b"\\" not in text:
+        return
+    for lineno, line in enumerate(text.split(b"\n"), 1):
+        if b"\\" not in line:
+            continue
+        for m in _STRING_RE.finditer(_code_part(line)):
+            try:
+                _unescape(m.group(1)).decode("utf-8")
+            except UnicodeDecodeError:
+                raise RematError(f"{filename or '<input>'}:{lineno}:{m.start() + 1}: error: "
+                                 "a string whose escapes spell bytes that are not UTF-8"
+                                 ) from None
 
 
 def _check_nesting(text: bytes, filename: str | None) -> None:
@@ -244,8 +290,9 @@ def _parse_aborts(data: bytes) -> bool:
         except BaseException:           # an error the parent reports the normal way
             os._exit(0)
         try:     # every string of the module (names, locations, attributes) as Python text:
-            module.operation.get_asm(enable_debug_info=True)   # one that is not UTF-8
-        except BaseException:                                  # aborts a later access
+            asm = module.operation.get_asm(enable_debug_info=True)   # one that is not
+            _check_string_escapes(asm.encode(), None)   # UTF-8 aborts a later access (the
+        except BaseException:                           # printer escapes it in a string)
             code = 3
         os._exit(code)
     deadline = time.monotonic() + _PARSE_GUARD_SECONDS

@@ -50,7 +50,11 @@ def files(tmp_path_factory, vjp_module):
     bad.write_text(BAD_OP_TEXT)
     two = d / "two.mlir"
     two.write_text("module {\n}\nmodule {\n  func.func @main() {\n    return\n  }\n}\n")
-    return {"vjp": str(vjp), "vjp_bc": str(vjp_bc), "bad": str(bad), "two": str(two), "dir": d}
+    escaped = d / "escaped.mlir"     # valid UTF-8 text whose string escapes spell 0xFF
+    escaped.write_text('func.func @main(%a: tensor<f32> {"x.\\FF" = 1 : i32}) -> tensor<f32> '
+                       '{\n  return %a : tensor<f32>\n}\n')
+    return {"vjp": str(vjp), "vjp_bc": str(vjp_bc), "bad": str(bad), "two": str(two),
+            "escaped": str(escaped), "dir": d}
 
 
 def remat_opt(*args, stdin=None):
@@ -169,12 +173,16 @@ def _error_cases(files):
         "garbage-input": (None, ["MLIR text", "Exported"]),
         "two-modules": ([files["two"]], [f"{files['two']}:1:1", "2 top-level modules",
                                          f"{files['two']}:3:1", "--split-input-file"]),
+        # (reading such an attribute name aborted the process)
+        "escaped-non-utf8": ([files["escaped"], "--print-memory"],
+                             [f"{files['escaped']}:1:34", "not UTF-8"]),
     }
 
 
 ERROR_CASES = ["malformed-mlir", "unknown-pass-in-pipeline", "unknown-pass-flag", "unknown-option",
                "bad-option-value", "bad-core-pass-option", "missing-file", "missing-function",
-               "missing-function-pipeline", "garbage-input", "two-modules"]
+               "missing-function-pipeline", "garbage-input", "two-modules",
+               "escaped-non-utf8"]
 
 
 @pytest.mark.parametrize("case", ERROR_CASES)
