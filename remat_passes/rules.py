@@ -173,11 +173,13 @@ class ManualComputationRule:
     def __init__(self):
         self._func = None              # op id of the function `_saved` was decided for
         self._saved: set = set()       # op ids of forward manual computations saved whole
+        self._any = False              # does that function have a manual computation?
 
     def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
         self._func, self._saved = op_id(block.owner), set()
         ops = [op.operation for op in block.operations
                if op.operation.name == graph.MANUAL_COMPUTATION]
+        self._any = bool(ops)
         if not ops:
             return {}
         a = analysis()
@@ -205,6 +207,8 @@ class ManualComputationRule:
         """A recompute clone computes every output of the manual computation; the
         backward reads some. The others are returned as zeros instead, and the body ops
         only they needed (collectives too: the psum of a loss) are erased."""
+        if not self._any or self._func != op_id(func_op):
+            return
         for op in graph.body_block(func_op).operations:
             op = op.operation
             if op.name == graph.MANUAL_COMPUTATION and contract.is_recompute_clone(op):
