@@ -23,22 +23,17 @@ gets a rule instead, with three hooks that remat-partial-eval calls:
   (twins in `twins_read` are read); returns whether the IR changed, and then
   the function is analysed and planned again;
 * `remarks(analysis, surviving)`: what to tell the user (an op the policy
-  could not see into);
-* `finish(func_op)`: after the plan is applied: trim what the rule's own ops
-  computed that nothing reads.
+  could not see into).
 
 Adding a rule: write a class with these hooks and register it here under the
 op name. `stablehlo.while` has the scan-pair rule, `stablehlo.case` the
-case-pair rule, `sdy.manual_computation` (shard_map) a whole-op rule.
+case-pair rule, `sdy.manual_computation` (shard_map) the shard_map-pair rule.
 """
 from __future__ import annotations
 
-import re
-
-from remat_passes import case_rewrite, contract, graph, scan_rewrite
+from remat_passes import case_rewrite, contract, graph, scan_rewrite, shard_map_rewrite
 from remat_passes.case_rewrite import CASE
-from remat_passes.mlir import ir, op_id, stablehlo
-from remat_passes.policies import Recompute
+from remat_passes.mlir import ir, op_id
 from remat_passes.scan_pairs import WHILE
 
 
@@ -74,9 +69,6 @@ class ScanPairRule:
 
     def tidy(self, analysis, twins_read) -> bool:
         return False
-
-    def finish(self, func_op) -> None:
-        pass
 
     def remarks(self, analysis, surviving) -> list[str]:
         loops = sum(1 for pos in surviving   # erased ops must not be touched
@@ -129,9 +121,6 @@ class CasePairRule:
     def tidy(self, analysis, twins_read) -> bool:
         return case_rewrite.tidy(analysis, twins_read)
 
-    def finish(self, func_op) -> None:
-        pass
-
     def remarks(self, analysis, surviving) -> list[str]:
         opaque = sum(1 for pos in surviving    # (a rewritten case has a key)
                      if analysis.ops[pos].name == CASE and not analysis.backward[pos]
@@ -162,109 +151,61 @@ def _read_outside_cases(analysis, op) -> bool:
 
 
 class ManualComputationRule:
-    """`sdy.manual_computation` (shard_map): recomputed whole where the policy recomputes
-    every op inside it, collectives included (run again in lockstep, as jax.checkpoint
-    does: this is how a non-saving policy avoids keeping FSDP's gathered weights); else
-    saved whole, with a remark (the policy cannot yet keep single values of its body).
-
-    The decision is made in `rewrite` (the policy in force is known there) and kept by
-    op identity until `kept_whole` of the same function reads it."""
+    """`sdy.manual_computation` (shard_map): a forward one whose results the backward
+    reads gets the policy per body op (`shard_map_rewrite`), as JAX's shard_map
+    partial-eval rule applies it; its collectives are recomputed like any op (every
+    device runs them again in lockstep). The pairs it rewrote are kept, by op, until
+    `kept_whole` of the same function reads them."""
 
     def __init__(self):
-        self._func = None              # op id of the function `_saved` was decided for
-        self._saved: set = set()       # op ids of forward manual computations saved whole
-        self._any = False              # does that function have a manual computation?
+        self._func = None              # op id of the function decided for
+        self._rewritten: list = []     # its shard_map_rewrite.Rewritten pairs
 
     def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
-        self._func, self._saved = op_id(block.owner), set()
-        ops = [op.operation for op in block.operations
-               if op.operation.name == graph.MANUAL_COMPUTATION]
-        self._any = bool(ops)
-        if not ops:
+        self._func, self._rewritten = op_id(block.owner), []
+        if not any(op.operation.name == graph.MANUAL_COMPUTATION for op in block.operations):
             return {}
-        a = analysis()
-        for op in ops:
-            pos = a.position.get(op_id(op))
-            if pos is None or a.backward[pos] or graph.is_side_effecting(op):
-                continue
-            if any(policy.op_verdict(inner) is not Recompute for inner in _body_ops(op)):
-                self._saved.add(op_id(op))
-        return {}
+
+        def mark(clone):
+            contract.set_recompute_group(clone, groups.n)
+
+        def verdict(v):
+            op = v.owner.operation
+            if op.name in graph.COLLECTIVE_OPS:    # (value_verdict would call it saved)
+                return policy.op_verdict(op)
+            return policy(v)
+        self._rewritten, stats = shard_map_rewrite.rewrite_pairs(
+            block, verdict, mark, groups.next, analysis())
+        return stats
+
+    def _mine(self, analysis) -> list:
+        return self._rewritten if self._func == op_id(analysis.func_op) else []
 
     def kept_whole(self, analysis) -> dict:
-        if self._func != op_id(analysis.func_op):   # (asked before `rewrite` decided)
-            return {}
-        found = (analysis.position.get(oid) for oid in self._saved)
-        return {pos: (lambda vid: None) for pos in found if pos is not None}
+        """Forward computations decided per body op: their results are primal outputs and
+        residuals the policy saves (an offloaded one keeps the placement its body value
+        was given)."""
+        def placement(vid):
+            v = analysis.value(vid)
+            y = graph.terminator(v.owner.regions[0].blocks[0]).operands[v.result_number]
+            if isinstance(y, ir.OpResult) and y.owner.name == "stablehlo.reshape":
+                y = y.owner.operands[0]     # (a scalar returned as one element)
+            return contract.offload_of(y.owner) if isinstance(y, ir.OpResult) else None
+        found = (analysis.position.get(op_id(rw.fwd)) for rw in self._mine(analysis))
+        return {pos: placement for pos in found if pos is not None}
 
     def twins(self, analysis) -> dict:
-        return {}
+        """Primal outputs of forward computations that their recompute one computes."""
+        return shard_map_rewrite.twins(analysis, self._mine(analysis))
 
     def tidy(self, analysis, twins_read) -> bool:
-        return False
-
-    def finish(self, func_op) -> None:
-        """A recompute clone computes every output of the manual computation; the
-        backward reads some. The others are returned as zeros instead, and the body ops
-        only they needed (collectives too: the psum of a loss) are erased."""
-        if not self._any or self._func != op_id(func_op):
-            return
-        for op in graph.body_block(func_op).operations:
-            op = op.operation
-            if op.name == graph.MANUAL_COMPUTATION and contract.is_recompute_clone(op):
-                _trim_unread_results(op)
+        return shard_map_rewrite.tidy(analysis, twins_read, self._mine(analysis))
 
     def remarks(self, analysis, surviving) -> list[str]:
-        if self._func != op_id(analysis.func_op):
-            return []
-        saved = sum(1 for pos in surviving if op_id(analysis.ops[pos]) in self._saved)
-        if not saved:
-            return []
-        return [f"@{analysis.name}: {saved} sdy.manual_computation op(s) (shard_map) hold "
-                "values the policy saves; each is saved whole (its outputs are residuals): "
-                "the policy cannot yet keep single values of a shard_map body"]
+        return []
 
 
-def _trim_unread_results(op) -> None:
-    body = op.regions[0].blocks[0]
-    ret = graph.terminator(body)
-    for i, r in enumerate(op.results):
-        if any(True for _ in r.uses):
-            continue
-        t = ret.operands[i].type
-        with ir.InsertionPoint(ret), ret.location:
-            fill = _zero_of(ir.RankedTensorType(t).element_type)
-            if fill is None:           # (complex, say: left as computed)
-                continue
-            zero = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(t, fill)).result
-        ret.operands[i] = zero
-    changed = True
-    while changed:                     # erase body ops nothing reads, until none is left
-        changed = False
-        for inner in reversed(list(body.operations)):
-            inner = inner.operation
-            if inner == ret or any(True for r in inner.results for _ in r.uses):
-                continue
-            if graph.is_side_effecting(inner) and inner.name not in graph.COLLECTIVE_OPS:
-                continue
-            inner.erase()
-            changed = True
-
-
-def _zero_of(elem):
-    if re.fullmatch(r"[su]?i\d+", str(elem)):
-        return ir.IntegerAttr.get(elem, 0)
-    try:
-        return ir.FloatAttr.get(elem, 0.0)
-    except (ValueError, TypeError):    # not a float type (complex, say)
-        return None
-
-
-def _body_ops(op):
-    """The ops with results nested in `op`'s regions (terminators have none)."""
-    return [inner for region in op.regions for b in region.blocks
-            for inner in graph.nested_ops(b) if len(inner.results)]
-
-
-RULES = {CASE: CasePairRule(), WHILE: ScanPairRule(),
-         graph.MANUAL_COMPUTATION: ManualComputationRule()}   # in the order they run
+# in the order they run (the shard_map rule reports what it inserts to the analysis, so
+# the case rule after it still tells forward from backward)
+RULES = {graph.MANUAL_COMPUTATION: ManualComputationRule(), CASE: CasePairRule(),
+         WHILE: ScanPairRule()}

@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes import contract, graph, scan_pairs
+from remat_passes.case_rewrite import CASE
 from remat_passes.mlir import ir, stablehlo
+from remat_passes.shard_map_rewrite import MC
 from remat_passes.passes import ModulePass, option
 
 
@@ -33,24 +35,46 @@ def annotate(value, kind: str, ip, loc):
     return op.result
 
 
-def _residual_values(op) -> list:
-    """The values of an offloaded producer the backward may read: its results, or the
-    rounded copies insert-reduce-precision put after them."""
+def _residual_values(op, placements) -> list:
+    """(value, placement) of an offloaded producer's values the backward may read: its
+    results, or the rounded copies insert-reduce-precision put after them."""
     values = []
-    for v in op.results:
-        values.append(v)
-        values.extend(u.owner.operation.results[0] for u in v.uses
+    for v, placement in zip(op.results, placements):
+        if placement is None:
+            continue
+        values.append((v, placement))
+        values.extend((u.owner.operation.results[0], placement) for u in v.uses
                       if u.owner.operation.name == "stablehlo.reduce_precision")
     return values
+
+
+def _placements(op) -> list:
+    """Per result of a forward op, its offload placement (or None). A case or a shard_map's
+    manual computation that a rule decided inside has the placement of the value its
+    region returns there (a scalar shard_map residual is returned reshaped)."""
+    own = contract.offload_of(op)
+    if own is not None or not len(op.regions) or op.name not in (CASE, MC):
+        return [own] * len(op.results)
+    out = [None] * len(op.results)
+    for region in op.regions:
+        for i, y in enumerate(graph.terminator(region.blocks[0]).operands):
+            if isinstance(y, ir.OpResult) and y.owner.name == "stablehlo.reshape" and \
+                    op.name == MC:
+                y = y.owner.operands[0]
+            if out[i] is None and isinstance(y, ir.OpResult):
+                out[i] = contract.offload_of(y.owner)
+    return out
 
 
 def offload_joint(a) -> int:
     count = 0
     for pos, op in enumerate(a.ops):
-        placement = contract.offload_of(op)
-        if placement is None or a.backward[pos]:
+        if a.backward[pos]:
             continue
-        for v in _residual_values(op):
+        placements = _placements(op)
+        if not any(placements):
+            continue
+        for v, placement in _residual_values(op, placements):
             bwd_uses = [(u, a.top_level(u.owner.operation)) for u in v.uses]
             bwd_uses = [(u, top) for u, top in bwd_uses if a.is_backward(top)]
             if not bwd_uses:

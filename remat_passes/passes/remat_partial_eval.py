@@ -132,8 +132,6 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             for r in reports:
                 _explain(r, a, vids, residuals, state)
             erased = materialize(plan)
-            for rule in RULES.values():
-                rule.finish(f)
             keep = [i for i, v in enumerate(vids) if a.producer[v] not in erased]
             vids = [vids[i] for i in keep]
             residuals = [residuals[i] for i in keep]

@@ -1,21 +1,28 @@
-// shard_map (sdy.manual_computation) under a policy that recomputes every op of its body:
-// the backward runs a clone of it behind the barrier, collectives included (every device
-// runs the same program, so they run again in lockstep, as jax.checkpoint does), and the
-// clone computes only what the backward reads (the loss's psum is gone from it). The
-// residuals are the sharded inputs, not the gathered weights: FSDP's memory saving.
+// shard_map (sdy.manual_computation) pairs: the policy applies to the forward body's ops,
+// as jax.checkpoint applies it inside a shard_map. What the backward manual computation
+// reads is recomputed by a recompute manual computation behind the barrier, collectives
+// included (every device runs the same program, so they run again in lockstep); the
+// forward one keeps its primal output and the values the policy saves. Under
+// nothing_saveable the residuals are the sharded inputs, not the gathered weights:
+// FSDP's memory saving. Under dots_saveable the two dots inside stay residuals of the
+// forward computation, sharded over "data" (the axis they vary over), as JAX saves them.
 // Input: export_vjp of an FSDP loss (all_gather of W over "data", psum of the loss) on a
 // 4x2 mesh of host devices, jax 0.10.2 with Shardy.
 //
 // RUN: remat-opt %s --remat='policy=nothing_saveable' | filecheck %s
 // RUN: remat-opt %s --print-saved-residuals --remat='policy=nothing_saveable' | filecheck %s --check-prefix=RES
-// RUN: remat-opt %s --remat='policy=dots_saveable' 2>&1 >/dev/null | filecheck %s --check-prefix=DOTS
+// RUN: remat-opt %s --remat='policy=dots_saveable' | filecheck %s --check-prefix=DOTS
+// RUN: remat-opt %s --print-saved-residuals --remat='policy=dots_saveable' | filecheck %s --check-prefix=DOTS-RES
 
+// The forward computation keeps only the loss (its all_gather and psum stay); the
+// recompute one gathers W again and returns what the backward one reads.
 // CHECK-LABEL: func.func public @main
-// CHECK: sdy.manual_computation(%arg0, %arg1)
+// CHECK: %[[F:.*]] = sdy.manual_computation(%arg0, %arg1) {{.*}} out_shardings=[<@mesh, []>]
 // CHECK: stablehlo.all_gather
 // CHECK: stablehlo.all_reduce
+// CHECK: sdy.return %{{[0-9]+}} : tensor<f32>
 // CHECK: %[[B:.*]]:3 = stablehlo.optimization_barrier %arg0, %arg1, %arg2
-// CHECK: %[[R:.*]]:7 = sdy.manual_computation(%[[B]]#0, %[[B]]#1)
+// CHECK: %[[R:.*]]:6 = sdy.manual_computation(%[[B]]#0, %[[B]]#1)
 // CHECK: stablehlo.all_gather
 // CHECK-NOT: stablehlo.all_reduce
 // CHECK: sdy.return
@@ -27,9 +34,23 @@
 // RES-NEXT: f32[8,8] from the argument arg1
 // RES-NOT: {{.}}
 
-// A dot inside the body is saved under dots_saveable: the manual computation is saved
-// whole, and a remark says the policy cannot yet keep single values of its body.
-// DOTS: remark: @main: 1 sdy.manual_computation op(s) (shard_map) hold values the policy saves; each is saved whole
+// DOTS-LABEL: func.func public @main
+// DOTS: %[[F:.*]]:3 = sdy.manual_computation(%arg0, %arg1) {{.*}} out_shardings=[<@mesh, []>, <@mesh, [{"data"}, {}]>, <@mesh, [{"data"}, {}]>]
+// DOTS: %[[D1:.*]] = stablehlo.dot_general
+// DOTS: %[[D2:.*]] = stablehlo.dot_general
+// DOTS: sdy.return %{{[0-9]+}}, %[[D1]], %[[D2]]
+// DOTS-NEXT: } : (tensor<8x8xf32>, tensor<8x8xf32>) -> (tensor<f32>, tensor<8x8xf32>, tensor<8x8xf32>)
+// DOTS: %[[B:.*]]:4 = stablehlo.optimization_barrier %arg0, %[[F]]#1, %[[F]]#2, %arg2
+// DOTS: sdy.manual_computation(%[[B]]#0, %[[B]]#1, %[[B]]#2)
+// DOTS-NOT: stablehlo.dot_general
+// DOTS: sdy.return
+
+// DOTS-RES: // saved residuals of @main: 4 values, 1024 bytes
+// DOTS-RES-NEXT: f32[8,8] from the argument arg0
+// DOTS-RES-NEXT: f32[8,8] from the argument arg1
+// DOTS-RES-NEXT: f32[8,8] output of manual_computation from line 60
+// DOTS-RES-NEXT: f32[8,8] output of manual_computation from line 60
+// DOTS-RES-NOT: {{.}}
 
 module @jit_loss attributes {jax.uses_shape_polymorphism = false, mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["data"=4, "model"=2]> {stablehlo.mesh = {axes = [{name = "data", size = 4 : i64}, {name = "model", size = 2 : i64}]}}

@@ -101,6 +101,7 @@ import json, os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 from functools import partial
 import jax, jax.numpy as jnp, numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 try:
     from jax import shard_map
@@ -115,48 +116,105 @@ mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
 @partial(shard_map, mesh=mesh, in_specs=(P("data", None), P("data", None)), out_specs=P())
 def fsdp_loss(W_shard, x):               # FSDP: each device holds a slice of W
     W = jax.lax.all_gather(W_shard, "data", tiled=True)
-    h = jnp.sin(x @ W)
-    return jax.lax.psum(jnp.sum(jnp.tanh(h @ W.T)), ("data",))
+    h = checkpoint_name(jnp.sin(x @ W), "h")
+    s = checkpoint_name(jnp.sum(h * h), "s")  # a per-device scalar
+    return jax.lax.psum(jnp.sum(jnp.tanh((jnp.sin(s) * h) @ W.T)), ("data",))
 
 def loss(W, x):
     return jnp.sum(fsdp_loss(W, x))
 
+def loss_read_outside(W, x):             # the backward reads the shard_map's output itself
+    o = fsdp_loss(W, x)
+    return o * o
+
+@partial(shard_map, mesh=mesh, in_specs=(P("data", None), P(None, "model"), P("model", None)),
+         out_specs=P("data", None))
+def tp_mlp(x, W1, W2):                   # Megatron-style tensor parallelism over "model"
+    h = checkpoint_name(jax.nn.gelu(x @ W1), "h")
+    s = checkpoint_name(jnp.mean(h), "s")     # varies over both axes
+    return jax.lax.psum((h * s) @ W2, "model")
+
+def tp_loss(x, W1, W2):                  # the second block's input is the first's output
+    y = tp_mlp(jnp.tanh(tp_mlp(x, W1, W2)), W1, W2)
+    return jnp.sum(y * y)
+
 rng = np.random.default_rng(0)
-W = jax.device_put(jnp.asarray(rng.normal(size=(8, 8)) * 0.3, jnp.float32),
-                   NamedSharding(mesh, P("data", None)))
-x = jax.device_put(jnp.asarray(rng.normal(size=(8, 8)), jnp.float32),
-                   NamedSharding(mesh, P("data", None)))
-m = rp.export_vjp(loss, W, x)
-value, vjp = jax.vjp(loss, W, x)
-ref = jax.tree_util.tree_leaves((value, vjp(jnp.float32(1.0))))
+def put(shape, spec, scale=1.0):
+    return jax.device_put(jnp.asarray(rng.normal(size=shape) * scale, jnp.float32),
+                          NamedSharding(mesh, spec))
+W = put((8, 8), P("data", None), 0.3)
+x = put((8, 8), P("data", None))
+W1 = put((8, 16), P(None, "model"), 0.3)
+W2 = put((16, 8), P("model", None), 0.3)
 COLLECTIVES = ("stablehlo.all_gather", "stablehlo.all_reduce", "stablehlo.reduce_scatter")
+POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+            "dots_saveable": jax.checkpoint_policies.dots_saveable,
+            "everything_saveable": jax.checkpoint_policies.everything_saveable,
+            "save_only_these_names(h)": jax.checkpoint_policies.save_only_these_names("h"),
+            "save_only_these_names(s)": jax.checkpoint_policies.save_only_these_names("s")}
+
+def error(got, ref):
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(jax.tree_util.tree_leaves(got), ref))
+
 out = {}
-for pol in ("nothing_saveable", "dots_saveable"):
-    jp = getattr(jax.checkpoint_policies, pol)
-    theirs = jax_saved_residuals(jax.checkpoint(loss, policy=jp), W, x)
-    jax_text = rp.export_vjp(jax.checkpoint(loss, policy=jp), W, x).text()
-    joint = rp.remat(m, pol)
-    got = jax.tree_util.tree_leaves(joint.call(W, x, jnp.float32(1.0)))
-    out[pol] = {
-        "jax": sorted(str(a).replace("float32", "f32") for a, _ in theirs),
-        "ours": sorted(r.type for r in joint.residuals),
-        "jax_collectives": [jax_text.count(c) for c in COLLECTIVES],
-        "our_collectives": [joint.text().count(c) for c in COLLECTIVES],
-        "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                   for a, b in zip(got, ref)),
-        "remarks": joint.remarks}
+for name, fn, args in (("loss", loss, (W, x)), ("outside", loss_read_outside, (W, x)),
+                       ("tp", tp_loss, (x, W1, W2))):
+    m = rp.export_vjp(fn, *args)
+    value, vjp = jax.vjp(fn, *args)
+    ref = jax.tree_util.tree_leaves((value, vjp(jnp.float32(1.0))))
+    for pol, jp in POLICIES.items():
+        theirs = jax_saved_residuals(jax.checkpoint(fn, policy=jp), *args)
+        jax_text = rp.export_vjp(jax.checkpoint(fn, policy=jp), *args).text()
+        joint = rp.remat(m, pol)
+        split = rp.remat(m, pol, mode="split")
+        fwd = split.call(*args, function="main_fwd")
+        grads = split.call(*fwd[1:], jnp.float32(1.0), function="main_bwd")
+        out[f"{name} {pol}"] = {
+            "jax": sorted(str(a).replace("float32", "f32") for a, _ in theirs),
+            "ours": sorted(r.type for r in joint.residuals),
+            "jax_bytes": int(sum(np.prod(a.shape) * a.dtype.itemsize for a, _ in theirs)),
+            "our_bytes": int(sum(r.bytes for r in joint.residuals)),
+            "err": error(joint.call(*args, jnp.float32(1.0)), ref),
+            "jax_collectives": [jax_text.count(c) for c in COLLECTIVES],
+            "our_collectives": [joint.text().count(c) for c in COLLECTIVES],
+            "split_err": error((fwd[0],) + tuple(jax.tree_util.tree_leaves(grads)), ref),
+            "split_on_mesh": all(len(a.sharding.device_set) == 8
+                                 for a in jax.tree_util.tree_leaves((fwd, grads))),
+            "remarks": joint.remarks}
+# offloading the dots inside: the same residuals JAX moves to host, annotated at the top
+m = rp.export_vjp(loss, W, x)
+jp = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+theirs = jax_saved_residuals(jax.checkpoint(loss, policy=jp), W, x)
+joint = rp.remat(m, 'offload_dot_with_no_batch_dims("device","pinned_host")')
+value, vjp = jax.vjp(loss, W, x)
+out["offload"] = {
+    "jax_host": sorted(str(a).replace("float32<host>", "f32") for a, _ in theirs
+                       if "<host>" in str(a)),
+    "ours_host": sorted(r.type for r in joint.residuals if r.offload is not None),
+    "annotations": joint.text().count("annotate_device_placement"),
+    "err": error(joint.call(W, x, jnp.float32(1.0)),
+                 jax.tree_util.tree_leaves((value, vjp(jnp.float32(1.0)))))}
 print("RESULT " + json.dumps(out))
 '''
 
 
 @pytest.mark.slow
-def test_shard_map_is_recomputed_whole_under_a_non_saving_policy():
-    """FSDP with shard_map (Shardy's sdy.manual_computation) on 8 host devices: under
-    nothing_saveable the residuals are what jax.checkpoint saves (the sharded inputs, not
-    the gathered weights), the backward runs the collectives again as JAX's own lowering of
-    the checkpointed function does (the same count of each), and the gradients on the mesh
-    equal jax.vjp's. Under dots_saveable the shard_map is saved whole, with a remark:
-    keeping single values of its body is not done yet (JAX keeps only its two dots)."""
+def test_shard_map_bodies_follow_the_policy():
+    """FSDP with shard_map (Shardy's sdy.manual_computation) on 8 host devices, with
+    checkpoint names inside the body (one on a per-device scalar). For every policy the
+    residuals are exactly what jax.checkpoint saves (types and global shapes, so the same
+    shardings), the backward runs the collectives again as often as JAX's own lowering of
+    the checkpointed function does, and the gradients on the mesh equal jax.vjp's, joint
+    and split (both halves run on the 8 devices). Under nothing_saveable the residuals
+    are the sharded inputs, not the gathered weights.
+
+    The same where the backward reads the shard_map's output itself (`o * o`): the
+    recompute computation computes it, psum included, as JAX's staged shard_map does;
+    and for two Megatron-style tensor-parallel blocks (psum over "model", a name on a
+    value that varies over both axes), the first one's output read through a forward op
+    (recomputed through the recompute computation's twin, not saved). An offload policy
+    moves the same dots to host that JAX moves."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", SHARD_MAP_SCRIPT, here],
@@ -164,10 +222,23 @@ def test_shard_map_is_recomputed_whole_under_a_non_saving_policy():
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
     out = json.loads(line[0][len("RESULT "):])
-    ns = out["nothing_saveable"]
-    assert ns["ours"] == ns["jax"], ns
-    assert ns["our_collectives"] == ns["jax_collectives"], ns
-    assert ns["err"] < 1e-5 and not ns["remarks"], ns
-    dots = out["dots_saveable"]
-    assert dots["err"] < 1e-5, dots
-    assert any("sdy.manual_computation" in r and "saved whole" in r for r in dots["remarks"])
+    off = out.pop("offload")
+    assert off["ours_host"] == off["jax_host"] == ["f32[8,8]", "f32[8,8]"], off
+    assert off["annotations"] == 4 and off["err"] < 1e-5, off    # to host, back, each
+    for key, r in out.items():
+        assert r["err"] < 1e-5 and r["split_err"] < 1e-5, (key, r)
+        assert r["split_on_mesh"], (key, r)
+        assert r["our_collectives"] == r["jax_collectives"], (key, r)
+        assert not r["remarks"], (key, r)
+        if key == "tp everything_saveable":
+            # JAX also keeps copies of the weights from inside the shard_map, laid out
+            # over every mesh axis (W1 as f32[64,8]); ours reads them from the arguments
+            assert r["our_bytes"] < r["jax_bytes"], (key, r)
+        else:
+            assert r["ours"] == r["jax"], (key, r)
+    assert out["loss nothing_saveable"]["ours"] == ["f32[8,8]", "f32[8,8]"]
+    assert "f32[4]" in out["loss save_only_these_names(s)"]["ours"]   # (s, one per device)
+    # the backward reads o itself: the recompute computation runs the psum again
+    assert out["outside nothing_saveable"]["our_collectives"][1] == 2
+    # the first block's output is recomputed (psum over "model" included), not saved
+    assert out["tp nothing_saveable"]["ours"] == ["f32[16,8]", "f32[8,16]", "f32[8,8]"]
