@@ -31,7 +31,7 @@ import functools
 import re
 from array import array
 
-from remat_passes import contract, graph, scan_pairs
+from remat_passes import contract, graph, gspmd, scan_pairs
 from remat_passes.mlir import RematError, ir, op_id
 
 
@@ -187,7 +187,25 @@ class FunctionAnalysis:
 
     @functools.cached_property
     def side_effect(self) -> bytearray:
-        return bytearray(graph.is_side_effecting(op) for op in self.ops)
+        """Per op: must it never be duplicated? A collective of a GSPMD shard_map (its
+        body inlined: between `@SPMDFullToShardShape` and `@SPMDShardToFullShape` custom
+        calls) may be: every device runs the manual region in lockstep, as in
+        `sdy.manual_computation`."""
+        out = bytearray(graph.is_side_effecting(op) for op in self.ops)
+        collectives = [pos for pos, op in enumerate(self.ops)
+                       if out[pos] and op.name in graph.COLLECTIVE_OPS]
+        if collectives:
+            manual = self.manual
+            starts, flat = self._reads
+            for pos in collectives:
+                if any(manual[flat[k]] for k in range(starts[pos], starts[pos + 1])):
+                    out[pos] = 0
+        return out
+
+    @functools.cached_property
+    def manual(self) -> bytearray:
+        """Per value: is it inside a GSPMD manual region (see `gspmd`)?"""
+        return gspmd.manual_values(self)
 
     # ----------------------------------------------------------- backward --
     def _set_cotangents(self, indices) -> None:

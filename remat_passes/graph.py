@@ -38,9 +38,23 @@ COLLECTIVE_OPS = {
     "stablehlo.collective_broadcast"}
 
 
+# GSPMD's shard_map: its body (a call, inlined) runs on values these custom calls make
+# manual (per-device shapes) and turn back into global ones.
+SPMD_FULL_TO_SHARD = "SPMDFullToShardShape"
+SPMD_SHARD_TO_FULL = "SPMDShardToFullShape"
+
+
 # ------------------------------------------------------------- op questions --
 def op_name(op) -> str:
     return op.operation.name
+
+
+def custom_call_target(op) -> str | None:
+    """The call_target_name of a `stablehlo.custom_call`, else None."""
+    op = op.operation
+    if op.name != "stablehlo.custom_call":
+        return None
+    return ir.StringAttr(op.attributes["call_target_name"]).value
 
 
 def _own_side_effect(op) -> bool:

@@ -48,16 +48,20 @@ def describe_value(value, func_op, analysis=None) -> str:
     return f"output of {graph.jax_primitive(op)}{where}"
 
 
-def residual(value, func_op, offload=None, analysis=None, dims=None) -> Residual:
-    """`dims` (a symbolic.DimNames of `func_op`) names symbolic dimensions: `f32[b,4]`."""
-    unit = graph.dynamic_unit_bytes(value.type)
+def residual(value, func_op, offload=None, analysis=None, dims=None,
+             global_type=None) -> Residual:
+    """`dims` (a symbolic.DimNames of `func_op`) names symbolic dimensions: `f32[b,4]`.
+    `global_type`: the type a per-device value of a GSPMD manual region is kept as."""
+    t = value.type if global_type is None else global_type
+    unit = graph.dynamic_unit_bytes(t)
     symbols = dims.symbols(value) if dims is not None and unit is not None else None
     note = None if unit is None else (
         f"{unit} bytes per unit of {symbols}, not counted in the total" if symbols else
         f"{unit} bytes per unit of its dynamic dimensions, not counted in the total")
-    type_str = dims.type_str(value) if dims is not None else graph.jax_type_str(value.type)
+    type_str = dims.type_str(value) if dims is not None and global_type is None else \
+        graph.jax_type_str(t)
     return Residual(type_str, describe_value(value, func_op, analysis),
-                    graph.type_bytes(value.type), offload, note, unit, symbols)
+                    graph.type_bytes(t), offload, note, unit, symbols)
 
 
 def _as_module(fun_or_module, args):

@@ -10,12 +10,16 @@ flagged as backward (gradients, and values computed from cotangents) are
 """
 from __future__ import annotations
 
-from remat_passes import contract, graph
+from remat_passes import contract, graph, gspmd
 from remat_passes.mlir import func, ir
 from remat_passes.scan_pairs import inside
 
 
-def split_function(plan, residual_vids: list[int], descriptions: list[str]) -> None:
+def split_function(plan, residual_vids: list[int], descriptions: list[str],
+                   layouts: dict | None = None) -> None:
+    """`layouts`: {vid: gspmd.residual_layout} of residuals inside GSPMD manual regions
+    (they cross as global values)."""
+    layouts = layouts or {}
     a = plan.analysis
     residuals = [a.value(vid) for vid in residual_vids]
     f = a.func_op
@@ -36,9 +40,13 @@ def split_function(plan, residual_vids: list[int], descriptions: list[str]) -> N
     res_entries = contract.all_entries(f, "res_attrs")
     with f.context, ir.Location.unknown():
         ip = ir.InsertionPoint(f)
-        fwd = _empty_func(f"{name}_fwd", primal_args, fwd_results + residuals,
+        crossing = [layouts[vid][1] if vid in layouts else v.type
+                    for vid, v in zip(residual_vids, residuals)]
+        fwd = _empty_func(f"{name}_fwd", [v.type for v in primal_args],
+                          [v.type for v in fwd_results] + crossing,
                           [v.location for v in primal_args], ip)
-        bwd = _empty_func(f"{name}_bwd", residuals + cot_args, bwd_results,
+        bwd = _empty_func(f"{name}_bwd", crossing + [v.type for v in cot_args],
+                          [v.type for v in bwd_results],
                           [ir.Location.name(f"residual{i}") for i in range(len(residuals))]
                           + [v.location for v in cot_args], ip)
         fwd_block, bwd_block = graph.body_block(fwd), graph.body_block(bwd)
@@ -47,23 +55,35 @@ def split_function(plan, residual_vids: list[int], descriptions: list[str]) -> N
         for op in ops:
             backward = contract.is_recompute_clone(op) or a.is_backward(op)
             op.move_before(bwd_ret if backward else fwd_ret)
-        # Residuals: their uses in <f>_bwd read the new arguments.
-        for v, arg in zip(residuals, bwd_block.arguments):
-            for use in list(v.uses):
-                owner = use.owner
-                if owner == bwd_ret.operation or inside(owner, bwd):
-                    owner.operands[use.operand_number] = arg
+        # Residuals: their uses in <f>_bwd read the new arguments (a per-device value of
+        # a GSPMD shard_map leaves <f>_fwd as a global one and comes back per device).
+        for k, (vid, v, arg) in enumerate(zip(residual_vids, residuals, bwd_block.arguments)):
+            uses = [u for u in v.uses
+                    if u.owner == bwd_ret.operation or inside(u.owner, bwd)]
+            if vid in layouts:
+                first = next(iter(bwd_block.operations)).operation
+                arg = gspmd.enter_region(arg, v.type, layouts[vid], ir.InsertionPoint(first),
+                                         ir.Location.unknown())
+                fwd_ret.operands[len(fwd_results) + k] = gspmd.leave_region(
+                    v, layouts[vid], ir.InsertionPoint(fwd_ret), ir.Location.unknown())
+            for use in uses:
+                use.owner.operands[use.operand_number] = arg
         for v, arg in zip(cot_args, bwd_block.arguments[len(residuals):]):
             v.replace_all_uses_with(arg)
         for v, arg in zip(primal_args, fwd_block.arguments):
             v.replace_all_uses_with(arg)
         contract.set_all_entries(fwd, "arg_attrs", [
             arg_entries[i] for i in range(len(args)) if i not in a.cotangent_vids])
+        shardings = [{} if vid not in layouts else
+                     {"mhlo.sharding": ir.StringAttr.get(layouts[vid][2])}
+                     for vid in residual_vids]
         contract.set_all_entries(fwd, "res_attrs", [
             res_entries[i] for i, b in enumerate(flags) if not b] + [
-            contract.residual_entry(d, o) for d, o in zip(descriptions, offloads)])
+            dict(contract.residual_entry(d, o), **sh)
+            for d, o, sh in zip(descriptions, offloads, shardings)])
         contract.set_all_entries(bwd, "arg_attrs", [
-            {} if o is None else {contract.OFFLOAD: contract.offload_attr(o)} for o in offloads]
+            dict({} if o is None else {contract.OFFLOAD: contract.offload_attr(o)}, **sh)
+            for o, sh in zip(offloads, shardings)]
             + [dict(arg_entries[i], **{contract.COTANGENT: ir.UnitAttr.get()})
                for i in range(len(args)) if i in a.cotangent_vids])
         contract.set_all_entries(bwd, "res_attrs", [
@@ -71,8 +91,8 @@ def split_function(plan, residual_vids: list[int], descriptions: list[str]) -> N
     f.operation.erase()
 
 
-def _empty_func(name, args, results, locs, ip):
-    ftype = ir.FunctionType.get([a.type for a in args], [r.type for r in results])
+def _empty_func(name, arg_types, result_types, locs, ip):
+    ftype = ir.FunctionType.get(arg_types, result_types)
     new = func.FuncOp(name, ftype, ip=ip)
     new.add_entry_block(arg_locs=locs)
     return new

@@ -81,8 +81,12 @@ def _is_shape_value(v, memo: dict) -> bool:
     return graph.post_order(v, memo, step)
 
 
-def place(groups, is_backward, cotangents, note=None, skip=None) -> int:
-    """One barrier per group (but those `skip(group)` names); returns how many were placed."""
+def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None) -> int:
+    """One barrier per group (but those `skip(group)` names); returns how many were placed.
+
+    `is_manual(value)`: is it a per-device value of a GSPMD shard_map? XLA's partitioner
+    cannot take a barrier mixing those with global values, so a group reading both gets
+    one barrier of each kind (the incoming cotangent joins the one of its kind)."""
     placed = 0
     shape_values: dict = {}
     for group in groups:
@@ -94,14 +98,22 @@ def place(groups, is_backward, cotangents, note=None, skip=None) -> int:
         if not inputs or _already_placed(inputs):
             continue  # constants only: nothing to hide from CSE (or placed before)
         ct = _incoming(group, is_backward, cotangents)
-        operands = inputs + ([ct] if ct is not None and ct not in inputs else [])
+        kinds = [inputs] if is_manual is None else \
+            [k for k in ([v for v in inputs if not is_manual(v)],
+                         [v for v in inputs if is_manual(v)]) if k]
         first = group.ops[0]
-        barrier = stablehlo.OptimizationBarrierOp(
-            operands, ip=ir.InsertionPoint(first), loc=first.location)
-        contract.mark_barrier(barrier)
-        graph.replace_reads_all(group.ops, dict(zip(inputs, barrier.results)))
-        if note is not None:
-            note(barrier.operation, first)
+        mapping = {}
+        for kind in kinds:
+            same = ct is not None and ct not in kind and (
+                is_manual is None or is_manual(ct) == is_manual(kind[0]))
+            barrier = stablehlo.OptimizationBarrierOp(
+                kind + ([ct] if same else []), ip=ir.InsertionPoint(first),
+                loc=first.location)
+            contract.mark_barrier(barrier)
+            mapping.update(zip(kind, barrier.results))
+            if note is not None:
+                note(barrier.operation, first)
+        graph.replace_reads_all(group.ops, mapping)
         placed += 1
     return placed
 
@@ -125,6 +137,20 @@ def place_in_loops(func_op) -> int:
                                   lambda i, op: not contract.is_recompute_clone(op))
         placed += place(groups, lambda op: not contract.is_recompute_clone(op), changing)
     return placed
+
+
+def _manual_test(a):
+    """is_manual(value) for place(), or None when the function has no GSPMD shard_map."""
+    manual = a.manual
+    if not any(manual):
+        return None
+
+    def is_manual(v) -> bool:
+        try:
+            return bool(manual[a.vid(v)])
+        except KeyError:           # inserted after the analysis (a reduce_precision, say):
+            return any(is_manual(u) for u in v.owner.operands)   # manual if it reads one
+    return is_manual
 
 
 def _in_regions_without_barrier(module_op):
@@ -164,6 +190,6 @@ class PlaceOptimizationBarriers(ModulePass):
             a = state.analysis(f)
             place(a.recompute_groups, a.is_backward, [a.args[i] for i in a.cotangent_indices],
                   lambda barrier, first: a.note_inserted(barrier, backward=True, before=first),
-                  _in_regions_without_barrier(module_op))
+                  _in_regions_without_barrier(module_op), _manual_test(a))
             if self.in_loops:
                 place_in_loops(f)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from remat_passes import contract, graph, planner, report, scan_pairs
+from remat_passes import contract, graph, gspmd, planner, report, scan_pairs
 from remat_passes.materialize import materialize
 
 from remat_passes.passes import ModulePass, PassState, option, parse_int_list
@@ -128,7 +128,10 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                     break
             vids = plan.residuals()
             dims = DimNames(f, (state.dim_symbols or {}).get(self.func))
-            residuals = [report.residual(a.value(v), f, plan.saved[v], a, dims) for v in vids]
+            layouts = gspmd.residual_layouts(a, vids)    # per-device values of GSPMD shard_maps
+            residuals = [report.residual(a.value(v), f, plan.saved[v], a, dims,
+                                         layouts[v][1] if v in layouts else None)
+                         for v in vids]
             for r in reports:
                 _explain(r, a, vids, residuals, state)
             erased = materialize(plan)
@@ -148,7 +151,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             if self.mode == "split":
                 if state.dim_symbols is not None:   # the halves' arguments keep their names
                     state.dim_symbols.update(dims.split_arguments(a, [a.value(v) for v in vids]))
-                split_function(plan, vids, [str(r) for r in residuals])
+                split_function(plan, vids, [str(r) for r in residuals], layouts)
             state.drop()
         state.residuals[self.func] = residuals
         state.plan_reports[self.func] = reports

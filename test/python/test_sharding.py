@@ -101,6 +101,8 @@ import json, os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 from functools import partial
 import jax, jax.numpy as jnp, numpy as np
+SHARDY = sys.argv[2] == "shardy"
+jax.config.update("jax_use_shardy_partitioner", SHARDY)
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 try:
@@ -131,8 +133,9 @@ def loss_read_outside(W, x):             # the backward reads the shard_map's ou
          out_specs=P("data", None))
 def tp_mlp(x, W1, W2):                   # Megatron-style tensor parallelism over "model"
     h = checkpoint_name(jax.nn.gelu(x @ W1), "h")
-    s = checkpoint_name(jnp.mean(h), "s")     # varies over both axes
-    return jax.lax.psum((h * s) @ W2, "model")
+    if SHARDY:   # (GSPMD: XLA aborts on this inlined, see the test's docstring)
+        h = h * checkpoint_name(jnp.mean(h), "s")     # varies over both axes
+    return jax.lax.psum(h @ W2, "model")
 
 def tp_loss(x, W1, W2):                  # the second block's input is the first's output
     y = tp_mlp(jnp.tanh(tp_mlp(x, W1, W2)), W1, W2)
@@ -153,6 +156,15 @@ POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
             "save_only_these_names(h)": jax.checkpoint_policies.save_only_these_names("h"),
             "save_only_these_names(s)": jax.checkpoint_policies.save_only_these_names("s")}
 
+def calling(f, *args, **kw):
+    # (jax's own Exported.call of a sharded export needs Shardy on at call time: a jax
+    # limit, so the GSPMD leg exports and rewrites under GSPMD and calls under Shardy)
+    jax.config.update("jax_use_shardy_partitioner", True)
+    try:
+        return f(*args, **kw)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", SHARDY)
+
 def error(got, ref):
     return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                for a, b in zip(jax.tree_util.tree_leaves(got), ref))
@@ -164,18 +176,20 @@ for name, fn, args in (("loss", loss, (W, x)), ("outside", loss_read_outside, (W
     value, vjp = jax.vjp(fn, *args)
     ref = jax.tree_util.tree_leaves((value, vjp(jnp.float32(1.0))))
     for pol, jp in POLICIES.items():
+        if name == "tp" and not SHARDY and pol.endswith("(s)"):
+            continue                     # (no value named s there)
         theirs = jax_saved_residuals(jax.checkpoint(fn, policy=jp), *args)
         jax_text = rp.export_vjp(jax.checkpoint(fn, policy=jp), *args).text()
         joint = rp.remat(m, pol)
         split = rp.remat(m, pol, mode="split")
-        fwd = split.call(*args, function="main_fwd")
-        grads = split.call(*fwd[1:], jnp.float32(1.0), function="main_bwd")
+        fwd = calling(split.call, *args, function="main_fwd")
+        grads = calling(split.call, *fwd[1:], jnp.float32(1.0), function="main_bwd")
         out[f"{name} {pol}"] = {
             "jax": sorted(str(a).replace("float32", "f32") for a, _ in theirs),
             "ours": sorted(r.type for r in joint.residuals),
             "jax_bytes": int(sum(np.prod(a.shape) * a.dtype.itemsize for a, _ in theirs)),
             "our_bytes": int(sum(r.bytes for r in joint.residuals)),
-            "err": error(joint.call(*args, jnp.float32(1.0)), ref),
+            "err": error(calling(joint.call, *args, jnp.float32(1.0)), ref),
             "jax_collectives": [jax_text.count(c) for c in COLLECTIVES],
             "our_collectives": [joint.text().count(c) for c in COLLECTIVES],
             "split_err": error((fwd[0],) + tuple(jax.tree_util.tree_leaves(grads)), ref),
@@ -193,16 +207,19 @@ out["offload"] = {
                        if "<host>" in str(a)),
     "ours_host": sorted(r.type for r in joint.residuals if r.offload is not None),
     "annotations": joint.text().count("annotate_device_placement"),
-    "err": error(joint.call(W, x, jnp.float32(1.0)),
+    "err": error(calling(joint.call, W, x, jnp.float32(1.0)),
                  jax.tree_util.tree_leaves((value, vjp(jnp.float32(1.0)))))}
 print("RESULT " + json.dumps(out))
 '''
 
 
 @pytest.mark.slow
-def test_shard_map_bodies_follow_the_policy():
-    """FSDP with shard_map (Shardy's sdy.manual_computation) on 8 host devices, with
-    checkpoint names inside the body (one on a per-device scalar). For every policy the
+@pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
+def test_shard_map_bodies_follow_the_policy(partitioner):
+    """FSDP with shard_map on 8 host devices, under Shardy (sdy.manual_computation)
+    and under GSPMD (the body a call between SPMDFullToShardShape / SPMDShardToFullShape
+    custom calls, inlined), with checkpoint names inside the body (one on a per-device
+    scalar). For every policy the
     residuals are exactly what jax.checkpoint saves (types and global shapes, so the same
     shardings), the backward runs the collectives again as often as JAX's own lowering of
     the checkpointed function does, and the gradients on the mesh equal jax.vjp's, joint
@@ -214,10 +231,14 @@ def test_shard_map_bodies_follow_the_policy():
     and for two Megatron-style tensor-parallel blocks (psum over "model", a name on a
     value that varies over both axes), the first one's output read through a forward op
     (recomputed through the recompute computation's twin, not saved). An offload policy
-    moves the same dots to host that JAX moves."""
+    moves the same dots to host that JAX moves.
+
+    Under GSPMD the TP block has no per-device scalar: with `jnp.mean` inside, XLA aborts
+    compiling the module once our `inline` pass has inlined the body (any policy, or
+    none; jax 0.10.2 and 0.12): a known limit, see docs/passes.md."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SHARD_MAP_SCRIPT, here],
+    proc = subprocess.run([sys.executable, "-c", SHARD_MAP_SCRIPT, here, partitioner],
                           capture_output=True, text=True, env=env, timeout=600)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
@@ -231,8 +252,9 @@ def test_shard_map_bodies_follow_the_policy():
         assert r["our_collectives"] == r["jax_collectives"], (key, r)
         assert not r["remarks"], (key, r)
         if key == "tp everything_saveable":
-            # JAX also keeps copies of the weights from inside the shard_map, laid out
-            # over every mesh axis (W1 as f32[64,8]); ours reads them from the arguments
+            # JAX also keeps copies of values it could read from outside the shard_map
+            # (the weights, laid out over every mesh axis, under Shardy; constants
+            # broadcast per device under GSPMD)
             assert r["our_bytes"] < r["jax_bytes"], (key, r)
         else:
             assert r["ours"] == r["jax"], (key, r)
