@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from remat_passes import contract, graph, jax_compat
+from remat_passes import contract, graph, gspmd, jax_compat
 
 jax_compat.check_installed_version(("jax",))   # jaxlib was checked by `import remat_passes`
 from remat_passes.mlir import RematError, func, ir, stablehlo
@@ -288,7 +288,7 @@ def to_exported(module: Module, function: str = "main"):
         _out_named_shardings=(None,) * n_out,
         in_shardings_hlo=(None,) * n_in,
         out_shardings_hlo=(None,) * n_out,
-        nr_devices=1,
+        nr_devices=exp.nr_devices if exp is not None else gspmd.num_devices(copy.op),
         platforms=tuple(platforms),
         ordered_effects=(),
         unordered_effects=(),

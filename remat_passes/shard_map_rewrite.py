@@ -132,7 +132,12 @@ class Mesh:
 
 def shardings(op, which: str) -> list:
     """The per-value shardings (`in_shardings` / `out_shardings`) of a manual computation."""
-    return list(_sdy().TensorShardingPerValueAttr(op.attributes[which]).shardings)
+    return per_value_shardings(op.attributes[which])
+
+
+def per_value_shardings(attr) -> list:
+    """The shardings of a `#sdy.sharding_per_value<[...]>` attribute, one per value."""
+    return list(_sdy().TensorShardingPerValueAttr(attr).shardings)
 
 
 def _per_value(items) -> ir.Attribute:

@@ -10,7 +10,7 @@ flagged as backward (gradients, and values computed from cotangents) are
 """
 from __future__ import annotations
 
-from remat_passes import contract, graph, gspmd
+from remat_passes import contract, graph, gspmd, shard_map_rewrite
 from remat_passes.mlir import func, ir
 from remat_passes.scan_pairs import inside
 
@@ -74,9 +74,9 @@ def split_function(plan, residual_vids: list[int], descriptions: list[str],
             v.replace_all_uses_with(arg)
         contract.set_all_entries(fwd, "arg_attrs", [
             arg_entries[i] for i in range(len(args)) if i not in a.cotangent_vids])
-        shardings = [{} if vid not in layouts else
-                     {"mhlo.sharding": ir.StringAttr.get(layouts[vid][2])}
-                     for vid in residual_vids]
+        shardings = [{"mhlo.sharding": ir.StringAttr.get(layouts[vid][2])} if vid in layouts
+                     else _declared_sharding(v, arg_entries)
+                     for vid, v in zip(residual_vids, residuals)]
         contract.set_all_entries(fwd, "res_attrs", [
             res_entries[i] for i, b in enumerate(flags) if not b] + [
             dict(contract.residual_entry(d, o), **sh)
@@ -89,6 +89,28 @@ def split_function(plan, residual_vids: list[int], descriptions: list[str],
         contract.set_all_entries(bwd, "res_attrs", [
             res_entries[i] for i, b in enumerate(flags) if b])
     f.operation.erase()
+
+
+def _declared_sharding(v, arg_entries) -> dict:
+    """The sharding a residual's producer declares, as a result/argument attribute entry:
+    an argument's own, a manual computation's `out_shardings`, a Shardy op's `sdy.sharding`
+    (a sharding constraint's `sharding`), or a GSPMD `@Sharding` custom call's; {} if none."""
+    if isinstance(v, ir.BlockArgument):
+        entry = arg_entries[v.arg_number]
+        return {k: entry[k] for k in ("sdy.sharding", "mhlo.sharding") if k in entry}
+    op = v.owner.operation
+    attrs = op.attributes
+    if op.name == graph.MANUAL_COMPUTATION:
+        return {"sdy.sharding": shard_map_rewrite.shardings(op, "out_shardings")[
+            v.result_number]}
+    if op.name == "sdy.sharding_constraint" and "sharding" in attrs:
+        return {"sdy.sharding": attrs["sharding"]}
+    if "sdy.sharding" in attrs:
+        per_value = shard_map_rewrite.per_value_shardings(attrs["sdy.sharding"])
+        return {"sdy.sharding": per_value[v.result_number]}
+    if graph.custom_call_target(op) == gspmd.SHARDING and "mhlo.sharding" in attrs:
+        return {"mhlo.sharding": attrs["mhlo.sharding"]}
+    return {}
 
 
 def _empty_func(name, arg_types, result_types, locs, ip):

@@ -40,14 +40,23 @@ m = rp.export_vjp(loss, W1, W2, x)
 out = {"text_has_sharding": "sharding" in m.text()}
 split = rp.remat(m, "nothing_saveable", mode="split")
 from remat_passes import graph
-def _shardings(fname, which):
+def _shardings(fname, which, residuals):
     f = graph.find_func(split.op, fname)
     with split.op.context:
         from remat_passes import contract
-        return sum(1 for e in contract.all_entries(f, which)
-                   if "mhlo.sharding" in e or "sdy.sharding" in e)
-out["split_shardings"] = {f"{fn}/{w}": _shardings(fn, w) for fn in ("main_fwd", "main_bwd")
-                          for w in ("arg_attrs", "res_attrs")}
+        entries = contract.all_entries(f, which)
+        if fname == "main_fwd" and which == "res_attrs":
+            is_res = ["remat.residual" in e for e in entries]
+        else:
+            n = len(split.residuals)
+            is_res = [fname == "main_bwd" and which == "arg_attrs" and i < n
+                      for i in range(len(entries))]
+        return sum(1 for e, r in zip(entries, is_res)
+                   if r == residuals and ("mhlo.sharding" in e or "sdy.sharding" in e))
+out["split_shardings"] = {f"{fn}/{w}": _shardings(fn, w, False)
+                          for fn in ("main_fwd", "main_bwd") for w in ("arg_attrs", "res_attrs")}
+out["residual_shardings"] = [_shardings("main_fwd", "res_attrs", True),
+                             _shardings("main_bwd", "arg_attrs", True), len(split.residuals)]
 with m.op.context:
     from remat_passes import contract
     main = graph.find_func(m.op, "main")
@@ -64,12 +73,21 @@ for pol in ("nothing_saveable", "dots_saveable", "everything_saveable"):
     value, vjp = jax.vjp(loss, W1, W2, x)
     grads = vjp(jnp.float32(1.0))
     got = joint.call(W1, W2, x, jnp.float32(1.0))
+    halves = rp.remat(m, pol, mode="split")
+    fwd = halves.call(W1, W2, x, function="main_fwd")
+    grads_split = halves.call(*fwd[1:], jnp.float32(1.0), function="main_bwd")
+    split_err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                    for a, b in zip(jax.tree_util.tree_leaves((fwd[0], grads_split)),
+                                    jax.tree_util.tree_leaves((value, grads))))
+    on_mesh = all(len(a.sharding.device_set) == 8
+                  for a in jax.tree_util.tree_leaves((fwd, grads_split)))
     err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
               for a, b in zip(jax.tree_util.tree_leaves(got),
                               jax.tree_util.tree_leaves((value, grads))))
     jax.config.update("jax_use_shardy_partitioner", sys.argv[1] == "shardy")
     out[pol] = {"jax": int(sum(np.prod(a.shape) * a.dtype.itemsize for a, _ in theirs)),
-                "ours": int(sum(r.bytes for r in joint.residuals)), "err": err}
+                "ours": int(sum(r.bytes for r in joint.residuals)), "err": err,
+                "split_err": split_err, "on_mesh": on_mesh}
 print("RESULT " + json.dumps(out))
 '''
 
@@ -86,14 +104,17 @@ def test_sharding_annotations_follow_the_policy(partitioner):
     out = json.loads(line[0][len("RESULT "):])
     assert out["text_has_sharding"]
     # the declared shardings of arguments, outputs, cotangents and gradients go with them to
-    # the split halves (residuals have none: not done, see the issue)
+    # the split halves; each residual (here the arguments W1, W2, x) gets its producer's,
+    # as a result of main_fwd and an argument of main_bwd
     sp, mn = out["split_shardings"], out["main_shardings"]
     assert sp["main_fwd/arg_attrs"] + sp["main_bwd/arg_attrs"] == mn["arg_attrs"] > 0, out
     assert sp["main_fwd/res_attrs"] + sp["main_bwd/res_attrs"] == mn["res_attrs"], out
+    assert out["residual_shardings"] == [3, 3, 3], out
     for pol in ("nothing_saveable", "dots_saveable", "everything_saveable"):
         r = out[pol]
         assert r["ours"] == r["jax"], (pol, r)
-        assert r["err"] < 1e-5, (pol, r)
+        assert r["err"] < 1e-5 and r["split_err"] < 1e-5, (pol, r)
+        assert r["on_mesh"], (pol, r)   # both halves run on the 8 devices
 
 
 SHARD_MAP_SCRIPT = r'''
