@@ -1,8 +1,17 @@
-"""Sharded programs on 8 host devices (a subprocess: the device count is fixed when JAX
-starts). A data+tensor-parallel loss with `with_sharding_constraint` on an activation,
-under Shardy and under GSPMD: the sharding annotations follow the policy like any op, so
-the residual bytes equal what `jax.checkpoint` saves for the same policy (checked live),
-and the joint program's gradients on the 8-device mesh equal `jax.vjp`'s."""
+"""Sharded programs on 8 host devices (subprocesses: the device count is fixed when JAX
+starts), under Shardy and under GSPMD, compared live with jax.checkpoint:
+
+* a data+tensor-parallel loss with `with_sharding_constraint` on an activation and a
+  checkpoint name: the annotations follow the policy like any op, the residuals equal what
+  `jax.checkpoint` saves, and the split halves keep every declared sharding (residuals get
+  their producer's) and run on the mesh;
+* shard_map: an FSDP loss (`all_gather` of the weights, `psum`), the same loss read outside
+  the shard_map, and Megatron-style tensor-parallel blocks: the policy applies inside the
+  body, collectives included, with JAX's residuals and collective counts;
+* two data+tensor-parallel transformer blocks: JAX's residual bytes, and the collectives
+  XLA's partitioner gives the compiled program.
+
+Gradients equal `jax.vjp`'s everywhere, joint and split."""
 from __future__ import annotations
 
 import json
@@ -25,9 +34,14 @@ from remat_testlib import jax_saved_residuals
 mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
 
 def loss(W1, W2, x):
-    h = jnp.sin(x @ W1)
+    h = rp.checkpoint_name(jnp.sin(x @ W1), "h")
     h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P("data", "model")))
     return jnp.sum(jnp.tanh(h @ W2))
+
+POLICIES = {name: getattr(jax.checkpoint_policies, name) for name in (
+    "nothing_saveable", "dots_saveable", "everything_saveable",
+    "dots_with_no_batch_dims_saveable")}
+POLICIES["save_only_these_names(h)"] = jax.checkpoint_policies.save_only_these_names("h")
 
 rng = np.random.default_rng(0)
 W1 = jax.device_put(jnp.asarray(rng.normal(size=(8, 16)) * 0.3, jnp.float32),
@@ -63,9 +77,8 @@ with m.op.context:
     out["main_shardings"] = {w: sum(1 for e in contract.all_entries(main, w)
                                     if "mhlo.sharding" in e or "sdy.sharding" in e)
                              for w in ("arg_attrs", "res_attrs")}
-for pol in ("nothing_saveable", "dots_saveable", "everything_saveable"):
-    theirs = jax_saved_residuals(jax.checkpoint(loss, policy=getattr(jax.checkpoint_policies, pol)),
-                                 W1, W2, x)
+for pol, jp in POLICIES.items():
+    theirs = jax_saved_residuals(jax.checkpoint(loss, policy=jp), W1, W2, x)
     joint = rp.remat(m, pol)
     # (jax's own Exported.call of a sharded export needs Shardy on at call time: a jax
     # limit, so the GSPMD leg exports and rewrites under GSPMD and calls under Shardy)
@@ -110,7 +123,8 @@ def test_sharding_annotations_follow_the_policy(partitioner):
     assert sp["main_fwd/arg_attrs"] + sp["main_bwd/arg_attrs"] == mn["arg_attrs"] > 0, out
     assert sp["main_fwd/res_attrs"] + sp["main_bwd/res_attrs"] == mn["res_attrs"], out
     assert out["residual_shardings"] == [3, 3, 3], out
-    for pol in ("nothing_saveable", "dots_saveable", "everything_saveable"):
+    for pol in ("nothing_saveable", "dots_saveable", "everything_saveable",
+                "dots_with_no_batch_dims_saveable", "save_only_these_names(h)"):
         r = out[pol]
         assert r["ours"] == r["jax"], (pol, r)
         assert r["err"] < 1e-5 and r["split_err"] < 1e-5, (pol, r)
