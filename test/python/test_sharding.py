@@ -168,7 +168,7 @@ def loss_read_outside(W, x):             # the backward reads the shard_map's ou
          out_specs=P("data", None))
 def tp_mlp(x, W1, W2):                   # Megatron-style tensor parallelism over "model"
     h = checkpoint_name(jax.nn.gelu(x @ W1), "h")
-    if SHARDY:   # (GSPMD: XLA aborts on this inlined, see the test's docstring)
+    if SHARDY:   # (GSPMD: XLA aborts on this once inlined, see the test's docstring)
         h = h * checkpoint_name(jnp.mean(h), "s")     # varies over both axes
     return jax.lax.psum(h @ W2, "model")
 
@@ -268,9 +268,9 @@ def test_shard_map_bodies_follow_the_policy(partitioner):
     (recomputed through the recompute computation's twin, not saved). An offload policy
     moves the same dots to host that JAX moves.
 
-    Under GSPMD the TP block has no per-device scalar: with `jnp.mean` inside, XLA aborts
-    compiling the module once our `inline` pass has inlined the body (any policy, or
-    none; jax 0.10.2 and 0.12): a known limit, see docs/passes.md."""
+    Under GSPMD the TP block has no `h * jnp.mean(h)`: with it, XLA aborts compiling the
+    module once our `inline` pass has inlined the body (any policy, or none; jax 0.10.2
+    and 0.12): a known limit, see docs/passes.md."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", SHARD_MAP_SCRIPT, here, partitioner],
