@@ -41,6 +41,18 @@ def jax_saved_residuals(fun, *args):
             if d not in ("from a literal", "from a constant")]
 
 
+def with_shardy(f, *args, **kw):
+    """`f(*args, **kw)` with Shardy on, the flag restored after: JAX's own `Exported.call` of
+    a sharded export needs Shardy on at call time (a JAX limit), so a GSPMD test exports and
+    rewrites with Shardy off and calls with it on."""
+    before = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", True)
+    try:
+        return f(*args, **kw)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", before)
+
+
 def jax_type(aval) -> str:
     return aval.str_short(short_dtypes=True)
 

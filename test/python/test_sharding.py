@@ -146,7 +146,7 @@ except ImportError:                      # jax < 0.11
     from jax.experimental.shard_map import shard_map
 sys.path.insert(0, sys.argv[1])
 import remat_passes as rp
-from remat_testlib import jax_saved_residuals
+from remat_testlib import jax_saved_residuals, with_shardy as calling
 
 mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
 
@@ -190,15 +190,6 @@ POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
             "everything_saveable": jax.checkpoint_policies.everything_saveable,
             "save_only_these_names(h)": jax.checkpoint_policies.save_only_these_names("h"),
             "save_only_these_names(s)": jax.checkpoint_policies.save_only_these_names("s")}
-
-def calling(f, *args, **kw):
-    # (jax's own Exported.call of a sharded export needs Shardy on at call time: a jax
-    # limit, so the GSPMD leg exports and rewrites under GSPMD and calls under Shardy)
-    jax.config.update("jax_use_shardy_partitioner", True)
-    try:
-        return f(*args, **kw)
-    finally:
-        jax.config.update("jax_use_shardy_partitioner", SHARDY)
 
 def error(got, ref):
     return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
@@ -311,7 +302,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 sys.path.insert(0, sys.argv[1])
 import remat_passes as rp
 from remat_passes import jax_bridge
-from remat_testlib import jax_saved_residuals
+from remat_testlib import jax_saved_residuals, with_shardy as calling
 
 mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
 
@@ -345,14 +336,6 @@ params = (put((16, 48), None, "model"), put((16, 16), "model", None),
           put((16, 32), None, "model"), put((32, 16), "model", None))
 x = put((8, 4, 16), "data", None, None)
 ct = jnp.float32(1.0)
-
-def calling(f, *args, **kw):
-    # (jax's own Exported.call of a sharded export needs Shardy on at call time)
-    jax.config.update("jax_use_shardy_partitioner", True)
-    try:
-        return f(*args, **kw)
-    finally:
-        jax.config.update("jax_use_shardy_partitioner", SHARDY)
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 def compiled_collectives(fn):
