@@ -21,6 +21,19 @@ import sys
 
 import pytest
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_script(script: str, *argv) -> dict:
+    """Run `script` in a fresh Python (8 host devices) and return what it printed after
+    `RESULT ` (JSON)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True,
+                          text=True, env=env, timeout=600)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and line, proc.stderr[-3000:]
+    return json.loads(line[0][len("RESULT "):])
+
 SCRIPT = r'''
 import json, os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -108,13 +121,7 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 @pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
 def test_sharding_annotations_follow_the_policy(partitioner):
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, partitioner, here],
-                          capture_output=True, text=True, env=env, timeout=600)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and line, proc.stderr[-3000:]
-    out = json.loads(line[0][len("RESULT "):])
+    out = run_script(SCRIPT, partitioner, HERE)
     assert out["text_has_sharding"]
     # the declared shardings of arguments, outputs, cotangents and gradients go with them to
     # the split halves; each residual (here the arguments W1, W2, x) gets its producer's,
@@ -262,13 +269,7 @@ def test_shard_map_bodies_follow_the_policy(partitioner):
     Under GSPMD the TP block has no `h * jnp.mean(h)`: with it, XLA aborts compiling the
     module once our `inline` pass has inlined the body (any policy, or none; jax 0.10.2
     and 0.12): a known limit, see docs/passes.md."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SHARD_MAP_SCRIPT, here, partitioner],
-                          capture_output=True, text=True, env=env, timeout=600)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and line, proc.stderr[-3000:]
-    out = json.loads(line[0][len("RESULT "):])
+    out = run_script(SHARD_MAP_SCRIPT, HERE, partitioner)
     off = out.pop("offload")
     assert off["ours_host"] == off["jax_host"] == ["f32[8,8]", "f32[8,8]"], off
     assert off["annotations"] == 4 and off["err"] < 1e-5, off    # to host, back, each
@@ -390,13 +391,7 @@ def test_sharded_transformer_step(partitioner):
     all-reduces within one. (On jax 0.12 the partitioner adds one all-reduce to ours under
     four policies, from a barrier pairing a saved activation with a weight gradient not
     yet reduced; jax 0.10.2 gives both the same count.)"""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", TRANSFORMER_SCRIPT, here, partitioner],
-                          capture_output=True, text=True, env=env, timeout=600)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and line, proc.stderr[-3000:]
-    out = json.loads(line[0][len("RESULT "):])
+    out = run_script(TRANSFORMER_SCRIPT, HERE, partitioner)
     for pol, r in out.items():
         assert r["our_bytes"] == r["jax_bytes"], (pol, r)
         assert r["err"] < 1e-5 and r["split_err"] < 1e-5, (pol, r)
