@@ -135,13 +135,48 @@ def shardings(op, which: str) -> list:
     return per_value_shardings(op.attributes[which])
 
 
+_PER_VALUE = "#sdy.sharding_per_value<["
+_ONE = "#sdy.sharding"
+
+
 def per_value_shardings(attr) -> list:
-    """The shardings of a `#sdy.sharding_per_value<[...]>` attribute, one per value."""
-    return list(_sdy().TensorShardingPerValueAttr(attr).shardings)
+    """The shardings (`#sdy.sharding<...>`) of a `#sdy.sharding_per_value<[...]>` attribute,
+    one per value. (Read from its text: jaxlib 0.12 does not always bind the per-value
+    attribute's class when JAX is not imported.)"""
+    text = str(attr)
+    assert text.startswith(_PER_VALUE) and text.endswith("]>"), text
+    return [ir.Attribute.parse(_ONE + item) for item in _top_level_items(text[len(_PER_VALUE):-2])]
 
 
 def _per_value(items) -> ir.Attribute:
-    return _sdy().TensorShardingPerValueAttr.get(list(items))
+    return ir.Attribute.parse(
+        _PER_VALUE + ", ".join(str(i)[len(_ONE):] for i in items) + "]>")
+
+
+def _top_level_items(text: str) -> list[str]:
+    """`text` split at the commas outside brackets and strings."""
+    items, depth, start, quoted, escaped = [], 0, 0, False, False
+    for i, ch in enumerate(text):
+        if quoted:                   # inside a string: only its end matters
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quoted = False
+            continue
+        if ch == '"':
+            quoted = True
+        elif ch in "<[{(":
+            depth += 1
+        elif ch in ">]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    if text[start:].strip():
+        items.append(text[start:].strip())
+    return items
 
 
 def manual_axes(op) -> list[str]:
