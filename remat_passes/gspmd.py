@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from remat_passes import graph
+from remat_passes import contract, graph
 from remat_passes.mlir import ir
 
 SHARDING = "Sharding"
@@ -173,14 +173,19 @@ def _replica_groups(op) -> list | None:
 
 
 def _varies_on_its_own(op) -> bool:
-    from remat_passes import contract
-    if op.name in graph.SIDE_EFFECT_OPS and op.name not in graph.COLLECTIVE_OPS:
-        return True
-    if op.name == "stablehlo.custom_call":
-        target = graph.custom_call_target(op)
-        return target not in (SHARDING, graph.SPMD_FULL_TO_SHARD) and \
-            contract.checkpoint_name(op) is None
-    return False
+    """Can `op` (not a collective: those are followed) or an op nested in it give different
+    values on different devices from equal operands? (A nested collective counts.)"""
+    found = []
+
+    def visit(inner):
+        if inner.name in graph.SIDE_EFFECT_OPS:
+            found.append(inner)
+        elif inner.name == "stablehlo.custom_call" and contract.checkpoint_name(inner) is None \
+                and graph.custom_call_target(inner) not in (SHARDING, graph.SPMD_FULL_TO_SHARD):
+            found.append(inner)
+        return ir.WalkResult.INTERRUPT if found else ir.WalkResult.ADVANCE
+    op.operation.walk(visit)
+    return bool(found)
 
 
 def residual_layouts(analysis, vids) -> dict:
