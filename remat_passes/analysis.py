@@ -423,7 +423,8 @@ class FunctionAnalysis:
 def recompute_groups(ops, is_backward) -> list["RecomputeGroup"]:
     """Runs of consecutive clones with one recompute group among `ops` (a block's ops, its
     terminator last), each with the op after it (its consumer) and the result of the latest
-    backward op that is not a clone before it (`is_backward(index, op)`)."""
+    backward op before it that is neither a clone nor an accumulation (`is_backward(index,
+    op)`; see `graph.accumulates`)."""
     groups = []
     current, current_id = [], None
     latest = latest_at_start = None
@@ -438,7 +439,7 @@ def recompute_groups(ops, is_backward) -> list["RecomputeGroup"]:
             current, current_id, latest_at_start = [op], gid, latest
         else:
             current, current_id = [], None
-            if is_backward(i, op) and len(op.results):
+            if is_backward(i, op) and len(op.results) and not graph.accumulates(op):
                 latest = op.results[0]
     return groups
 

@@ -112,6 +112,13 @@ def jax_primitive(op) -> str:
     return op_name(op).split(".", 1)[-1]
 
 
+def accumulates(op) -> bool:
+    """Is `op` JAX's `add_any`, which sums cotangents? A weight gradient summed over a
+    sharded batch is a partial sum until XLA's partitioner reduces it; tying such a value to
+    a recomputation (a barrier) makes the partitioner reduce each part on its own."""
+    return op.operation.name == "stablehlo.add" and jax_primitive(op) == "add_any"
+
+
 def _innermost_frame(loc):
     """(FileLineColLoc, function name) of the first callee frame, or (None, '')."""
     fn = ""

@@ -34,7 +34,8 @@ from remat_passes.passes import ModulePass, option
 
 def _incoming(group: RecomputeGroup, is_backward, cotangents) -> ir.Value | None:
     """A backward value available before the group: the consumer's cotangent operand,
-    else the latest backward result before the group, else a cotangent argument."""
+    else the latest backward result before the group, else a cotangent argument. Sums of
+    cotangents (`graph.accumulates`) are passed over: on a mesh they can be partial sums."""
     inside = {r for op in group.ops for r in op.results}
     for v in graph.read_values(group.consumer):
         if v in inside:
@@ -42,7 +43,8 @@ def _incoming(group: RecomputeGroup, is_backward, cotangents) -> ir.Value | None
         if isinstance(v, ir.BlockArgument):
             if v in cotangents:
                 return v
-        elif is_backward(v.owner.operation) and not contract.is_recompute_clone(v.owner):
+        elif is_backward(v.owner.operation) and not contract.is_recompute_clone(v.owner) \
+                and not graph.accumulates(v.owner):
             return v
     if group.latest_backward is not None:
         return group.latest_backward

@@ -387,14 +387,12 @@ def test_sharded_transformer_step(partitioner):
     `with_sharding_constraint` on activations, checkpoint names), under Shardy and GSPMD,
     for five policies: the residual bytes equal what jax.checkpoint saves, gradients equal
     jax.vjp's joint and split (both halves on the mesh), and XLA's partitioner gives the
-    compiled program the collectives it gives jax.checkpoint's: the same all-gathers,
-    all-reduces within one. (On jax 0.12 the partitioner adds one all-reduce to ours under
-    four policies, from a barrier pairing a saved activation with a weight gradient not
-    yet reduced; jax 0.10.2 gives both the same count.)"""
+    compiled program the same collectives as jax.checkpoint's. (Before barriers passed
+    over sums of cotangents, jax 0.12's partitioner added an all-reduce under four
+    policies: a barrier tied a recomputation to a weight gradient not yet reduced.)"""
     out = run_script(TRANSFORMER_SCRIPT, HERE, partitioner)
     for pol, r in out.items():
         assert r["our_bytes"] == r["jax_bytes"], (pol, r)
         assert r["err"] < 1e-5 and r["split_err"] < 1e-5, (pol, r)
         assert r["on_mesh"] and not r["remarks"], (pol, r)
-        ours, theirs = r["ours_compiled"], r["jax_compiled"]
-        assert ours[1:] == theirs[1:] and theirs[0] <= ours[0] <= theirs[0] + 1, (pol, r)
+        assert r["ours_compiled"] == r["jax_compiled"], (pol, r)
