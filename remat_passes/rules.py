@@ -160,11 +160,18 @@ class ManualComputationRule:
     def __init__(self):
         self._func = None              # op id of the function decided for
         self._rewritten: list = []     # its shard_map_rewrite.Rewritten pairs
+        self._atomic = 0               # forward ones the backward reads, left atomic
 
     def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
-        self._func, self._rewritten = op_id(block.owner), []
-        if not any(op.operation.name == graph.MANUAL_COMPUTATION for op in block.operations):
+        self._func, self._rewritten, self._atomic = op_id(block.owner), [], 0
+        ops = [op.operation for op in block.operations
+               if op.operation.name == graph.MANUAL_COMPUTATION]
+        if not ops:
             return {}
+        a = analysis()
+        readable = sum(1 for op in ops if not a.is_backward(op) and any(
+            a.is_backward(graph.top_level(use.owner.operation, block.owner))
+            for r in op.results for use in r.uses))
 
         def mark(clone):
             contract.set_recompute_group(clone, groups.n)
@@ -175,7 +182,8 @@ class ManualComputationRule:
                 return policy.op_verdict(op)
             return policy(v)
         self._rewritten, stats = shard_map_rewrite.rewrite_pairs(
-            block, verdict, mark, groups.next, analysis())
+            block, verdict, mark, groups.next, a)
+        self._atomic = readable - stats["pairs"]
         return stats
 
     def _mine(self, analysis) -> list:
@@ -202,7 +210,11 @@ class ManualComputationRule:
         return shard_map_rewrite.tidy(analysis, twins_read, self._mine(analysis))
 
     def remarks(self, analysis, surviving) -> list[str]:
-        return []
+        if self._func != op_id(analysis.func_op) or not self._atomic:
+            return []
+        return [f"@{analysis.name}: {self._atomic} forward sdy.manual_computation op(s) "
+                "(shard_map) have a side effect inside (or no mesh); each is treated as one "
+                "atomic op: saved or recomputed whole"]
 
 
 # in the order they run (the shard_map rule reports what it inserts to the analysis, so

@@ -396,3 +396,23 @@ def test_sharded_transformer_step(partitioner):
         assert r["err"] < 1e-5 and r["split_err"] < 1e-5, (pol, r)
         assert r["on_mesh"] and not r["remarks"], (pol, r)
         assert r["ours_compiled"] == r["jax_compiled"], (pol, r)
+
+
+def test_shard_map_with_a_side_effect_inside_is_atomic_with_a_remark():
+    """A forward manual computation with a side effect in its body (a custom call marked
+    has_side_effect) is never duplicated: it is saved whole, and a remark says so. Its
+    results are residuals, and the rewritten module still verifies."""
+    import remat_passes as rp
+    lit = os.path.join(HERE, "..", "lit", "remat-partial-eval-shard-map.mlir")
+    text = "".join(line for line in open(lit) if not line.startswith("//"))
+    effect = ('      %fx = stablehlo.custom_call @effect(%5) {has_side_effect = true} : '
+              '(tensor<2x8xf32>) -> tensor<2x8xf32>\n')
+    marker = "      %5 = stablehlo.sine %4 : tensor<2x8xf32>\n"
+    assert text.count(marker) == 1
+    module = rp.Module.parse(text.replace(marker, marker + effect))
+    out = rp.remat(module, "nothing_saveable")
+    assert any("sdy.manual_computation" in r and "side effect inside" in r
+               for r in out.remarks), out.remarks
+    assert "output of manual_computation" in " ".join(str(r) for r in out.residuals)
+    assert out.text().count("@effect") == 1
+    rp.Module.parse(out.text())                  # verifies
