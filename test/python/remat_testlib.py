@@ -53,6 +53,18 @@ def with_shardy(f, *args, **kw):
         jax.config.update("jax_use_shardy_partitioner", before)
 
 
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                    "collective-permute")
+
+
+def compiled_collectives(fn, *args) -> list[int]:
+    """How many collectives of each of COLLECTIVE_KINDS XLA's partitioner puts in the
+    compiled `jax.jit(fn)` at `args` (compiled with Shardy on, see `with_shardy`)."""
+    import re
+    text = with_shardy(lambda: jax.jit(fn).lower(*args).compile().as_text())
+    return [len(re.findall(r"\b" + k + r"(-start)?\(", text)) for k in COLLECTIVE_KINDS]
+
+
 def jax_type(aval) -> str:
     return aval.str_short(short_dtypes=True)
 
