@@ -234,6 +234,14 @@ def nested_ops(block):
         stack.extend(iter(b.operations) for b in reversed(blocks))
 
 
+def module_of(op):
+    """The outermost op holding `op` (its module)."""
+    op = op.operation
+    while op.parent is not None:
+        op = op.parent.operation
+    return op
+
+
 def top_level(op, container):
     """The op directly inside `container` (an op, e.g. a func) that is or contains `op`."""
     while op.parent is not None and op.parent != container:

@@ -26,7 +26,8 @@ from remat_passes.mlir import ir
 SHARDING = "Sharding"
 _TILED_RE = re.compile(r"^\{devices=\[([\d,]+)\]([^ }]*)((?: [a-z_]+)*)\}$")
 _IOTA_RE = re.compile(r"^<=\[([\d,]+)\](?:T\(([\d,]+)\))?$")
-_REDUCING = {"stablehlo.all_reduce", "stablehlo.all_gather"}
+REDUCING = {"stablehlo.all_reduce", "stablehlo.all_gather"}      # equal across the group
+SPREADING = {"stablehlo.reduce_scatter", "stablehlo.all_to_all"}  # different per position
 
 
 def num_devices(module_op) -> int:
@@ -125,7 +126,7 @@ def device_classes(analysis, manual: bytearray, n: int) -> dict:
             labels = _relabel(inputs) if inputs else same
             if op.name in graph.COLLECTIVE_OPS:
                 labels = _collective(op, labels, n)
-            elif _varies_on_its_own(op):
+            elif varies_per_device(op):
                 labels = distinct
         for vid in range(base[pos], base[pos + 1]):
             out[vid] = labels
@@ -141,7 +142,7 @@ def _collective(op, labels, n: int) -> np.ndarray:
     """The labels after a collective: equal on the devices of a group (all_gather,
     all_reduce), or per position in it (reduce_scatter, all_to_all); devices of two
     groups are equal where the groups' inputs are, in the same order."""
-    groups = _replica_groups(op)
+    groups = replica_groups(op)
     if groups is None:
         return np.arange(n)
     member = {}
@@ -153,14 +154,16 @@ def _collective(op, labels, n: int) -> np.ndarray:
         return np.arange(n)
     keys = {k: i for i, k in enumerate(sorted({k for k, _ in member.values()}))}
     columns = [[keys[member[d][0]] for d in range(n)]]
-    if op.name in ("stablehlo.reduce_scatter", "stablehlo.all_to_all"):
+    if op.name in SPREADING:
         columns.append([member[d][1] for d in range(n)])
-    elif op.name not in _REDUCING:
+    elif op.name not in REDUCING:
         return np.arange(n)
     return _relabel(columns)
 
 
-def _replica_groups(op) -> list | None:
+def replica_groups(op) -> list | None:
+    """A collective's replica groups as lists of global device ids (None: not given that
+    way, e.g. jax 0.12's mesh-axes form, or without `use_global_device_ids`)."""
     if "replica_groups" not in op.attributes or "use_global_device_ids" not in op.attributes:
         return None
     try:
@@ -172,7 +175,7 @@ def _replica_groups(op) -> list | None:
     return [[int(d) for d in g if d >= 0] for g in groups]
 
 
-def _varies_on_its_own(op) -> bool:
+def varies_per_device(op) -> bool:
     """Can `op` (not a collective: those are followed) or an op nested in it give different
     values on different devices from equal operands? (A nested collective counts.)"""
     found = []
@@ -194,18 +197,11 @@ def residual_layouts(analysis, vids) -> dict:
     inside = [v for v in vids if a.manual[v]]
     if not inside:
         return {}
-    n = num_devices(_module_of(a.func_op))
+    n = num_devices(graph.module_of(a.func_op))
     labels = device_classes(a, a.manual, n)
     with ir.Location.unknown():
         return {v: residual_layout(a.value(v), labels.get(v, np.arange(n)), n)
                 for v in inside}
-
-
-def _module_of(op):
-    op = op.operation
-    while op.parent is not None:
-        op = op.parent.operation
-    return op
 
 
 def residual_layout(value, labels, n: int):

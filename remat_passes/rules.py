@@ -107,11 +107,7 @@ class CasePairRule:
         offloaded one keeps the placement its branch value was given)."""
         def placement(vid):
             v = analysis.value(vid)
-            for region in v.owner.operation.regions:
-                y = graph.terminator(region.blocks[0]).operands[v.result_number]
-                if isinstance(y, ir.OpResult) and contract.offload_of(y.owner) is not None:
-                    return contract.offload_of(y.owner)
-            return None
+            return region_result_placements(v.owner.operation)[v.result_number]
         return {pos: placement for pos in self._paired(analysis)}
 
     def twins(self, analysis) -> dict:
@@ -195,10 +191,7 @@ class ManualComputationRule:
         was given)."""
         def placement(vid):
             v = analysis.value(vid)
-            y = graph.terminator(v.owner.regions[0].blocks[0]).operands[v.result_number]
-            if isinstance(y, ir.OpResult) and y.owner.name == "stablehlo.reshape":
-                y = y.owner.operands[0]     # (a scalar returned as one element)
-            return contract.offload_of(y.owner) if isinstance(y, ir.OpResult) else None
+            return region_result_placements(v.owner.operation)[v.result_number]
         found = (analysis.position.get(op_id(rw.fwd)) for rw in self._mine(analysis))
         return {pos: placement for pos in found if pos is not None}
 
@@ -215,6 +208,21 @@ class ManualComputationRule:
         return [f"@{analysis.name}: {self._atomic} forward sdy.manual_computation op(s) "
                 "(shard_map) have a side effect inside (or no mesh); each is treated as one "
                 "atomic op: saved or recomputed whole"]
+
+
+def region_result_placements(op) -> list:
+    """Per result of a case or manual computation a rule decided inside: the offload
+    placement of the value its regions return there (the first branch that has one; a
+    scalar shard_map residual is returned reshaped), else None."""
+    out = [None] * len(op.results)
+    for region in op.regions:
+        for i, y in enumerate(graph.terminator(region.blocks[0]).operands):
+            if isinstance(y, ir.OpResult) and y.owner.name == "stablehlo.reshape" and \
+                    op.name == graph.MANUAL_COMPUTATION:
+                y = y.owner.operands[0]
+            if out[i] is None and isinstance(y, ir.OpResult):
+                out[i] = contract.offload_of(y.owner)
+    return out
 
 
 # in the order they run (the shard_map rule reports what it inserts to the analysis, so

@@ -39,13 +39,11 @@ import re
 
 import numpy as np
 
-from remat_passes import contract, graph
+from remat_passes import contract, graph, gspmd
 from remat_passes.mlir import ir, op_id
 from remat_passes.policies import Offloadable, Recompute
 
 MC = graph.MANUAL_COMPUTATION
-_REDUCING = {"stablehlo.all_reduce", "stablehlo.all_gather"}     # equal across the group
-_SPREADING = {"stablehlo.reduce_scatter", "stablehlo.all_to_all"}  # different per device
 
 
 def _sdy():
@@ -120,7 +118,6 @@ class Mesh:
         sizes = [s for _, s in self.axes]
         out = set()
         for group in groups:
-            group = [int(d) for d in group if int(d) >= 0]
             if any(d not in where for d in group):
                 return None
             coords = [np.unravel_index(where[d], sizes) for d in group]
@@ -200,9 +197,7 @@ def mesh_of(op) -> tuple[str, Mesh] | None:
     text = str(ref)
     attr = ref
     if text.startswith("@"):
-        module = op
-        while module.parent is not None:
-            module = module.parent.operation
+        module = graph.module_of(op)
         attr = None
         for top in module.regions[0].blocks[0].operations:
             top = top.operation
@@ -228,15 +223,15 @@ def varying_axes(fwd, mesh: Mesh | None) -> dict:
     for op in body.operations:
         op = op.operation
         seen = frozenset().union(*(out.get(v, everything) for v in graph.read_values(op)))
-        if op.name in _REDUCING or op.name in _SPREADING:
+        if op.name in gspmd.REDUCING or op.name in gspmd.SPREADING:
             axes = _collective_axes(op, mesh)
             if axes is None:
                 seen = everything
-            elif op.name in _REDUCING:
+            elif op.name in gspmd.REDUCING:
                 seen = seen - axes
             else:
                 seen = (seen | axes) & everything
-        elif _varies_on_its_own(op):
+        elif gspmd.varies_per_device(op):
             seen = everything
         for r in op.results:
             out[r] = seen
@@ -251,28 +246,8 @@ def _collective_axes(op, mesh: Mesh | None) -> set | None:
     text = str(attr)
     if text.startswith("#stablehlo.replica_group_mesh_axes"):   # (newer jax names them)
         return set(re.findall(r'axis_ref<name = "((?:[^"\\]|\\.)*)"', text)) or None
-    if mesh is None or "use_global_device_ids" not in op.attributes:
-        return None
-    try:
-        groups = np.array(ir.DenseIntElementsAttr(attr))
-    except ValueError:
-        return None
-    return mesh.group_axes(groups.reshape(groups.shape[0], -1) if groups.ndim else [])
-
-
-def _varies_on_its_own(op) -> bool:
-    """Can `op` give different values on different devices from equal operands?"""
-    found = []
-
-    def visit(inner):
-        if inner.name in graph.SIDE_EFFECT_OPS or (
-                inner.name == "stablehlo.custom_call" and
-                contract.checkpoint_name(inner) is None):   # (a name marker passes through)
-            found.append(inner)
-            return ir.WalkResult.INTERRUPT
-        return ir.WalkResult.ADVANCE
-    op.walk(visit)
-    return bool(found)
+    groups = gspmd.replica_groups(op)
+    return None if mesh is None or groups is None else mesh.group_axes(groups)
 
 
 def residual_layout(v, axes, mesh: Mesh, mesh_ref: str):

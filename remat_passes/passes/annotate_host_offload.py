@@ -23,7 +23,7 @@ import dataclasses
 from remat_passes import contract, graph, scan_pairs
 from remat_passes.case_rewrite import CASE
 from remat_passes.mlir import ir, stablehlo
-from remat_passes.shard_map_rewrite import MC
+from remat_passes.rules import region_result_placements
 from remat_passes.passes import ModulePass, option
 
 
@@ -49,21 +49,12 @@ def _residual_values(op, placements) -> list:
 
 
 def _placements(op) -> list:
-    """Per result of a forward op, its offload placement (or None). A case or a shard_map's
-    manual computation that a rule decided inside has the placement of the value its
-    region returns there (a scalar shard_map residual is returned reshaped)."""
+    """Per result of a forward op, its offload placement (or None): a case's or a shard_map's
+    manual computation's from the values its regions return (`rules`)."""
     own = contract.offload_of(op)
-    if own is not None or not len(op.regions) or op.name not in (CASE, MC):
+    if own is not None or op.name not in (CASE, graph.MANUAL_COMPUTATION):
         return [own] * len(op.results)
-    out = [None] * len(op.results)
-    for region in op.regions:
-        for i, y in enumerate(graph.terminator(region.blocks[0]).operands):
-            if isinstance(y, ir.OpResult) and y.owner.name == "stablehlo.reshape" and \
-                    op.name == MC:
-                y = y.owner.operands[0]
-            if out[i] is None and isinstance(y, ir.OpResult):
-                out[i] = contract.offload_of(y.owner)
-    return out
+    return region_result_placements(op)
 
 
 def offload_joint(a) -> int:
