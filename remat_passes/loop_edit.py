@@ -11,7 +11,7 @@ lowering uses.
 """
 from __future__ import annotations
 
-from remat_passes import graph
+from remat_passes import graph, scan_pairs
 from remat_passes.mlir import ir
 from remat_passes.scan_pairs import WHILE, ForwardLoop, shape
 
@@ -70,9 +70,8 @@ class LoopEdit:
         new = ir.Operation.create(WHILE, results=[v.type for v in self.inits],
                                   operands=self.inits, regions=2, loc=old.location,
                                   ip=ir.InsertionPoint(old))
-        for name in ("mhlo.frontend_attributes",):
-            if name in old.attributes:
-                new.attributes[name] = old.attributes[name]
+        for name in list(old.attributes):    # frontend attributes, remat.* marks
+            new.attributes[name] = old.attributes[name]
         self.cond.append_to(new.regions[0])
         self.body.append_to(new.regions[1])
         for k, r in enumerate(old.results):
@@ -93,6 +92,43 @@ def dce_block(block) -> None:
         if graph.is_side_effecting(op):
             continue
         op.erase()
+
+
+def drop_unused_carries(w):
+    """Rebuild while `w` without the carries nothing needs: a stacked buffer (see
+    `scan_pairs.analyse_forward`) whose result is unused stops being written, and a
+    carry whose result is unused and that the loop only passes on is dropped.
+    Returns the while op (`w` itself if nothing changed)."""
+    w = w.operation
+    edit = LoopEdit(w)
+    args = list(edit.body.arguments)
+    loop = scan_pairs.analyse_forward(w)
+    unused = [k for k, r in enumerate(w.results) if next(iter(r.uses), None) is None]
+    for k in unused:
+        if loop is not None and k in loop.stacked:
+            edit.set_returned(k, args[k])
+    edit.flush_return()
+    dce_block(edit.body)
+    ret = graph.terminator(edit.body)
+    cargs = list(edit.cond.arguments)
+
+    def passed_on_only(k):
+        body_uses = [u for u in args[k].uses if u.owner.operation != ret]
+        return (not body_uses and not list(cargs[k].uses)
+                and ret.operands[k] == args[k])
+    drop = {k for k in unused if passed_on_only(k)}
+    if not drop:
+        return w
+    inits = [edit.inits[k] for k in drop]
+    keep = [k for k in range(len(w.results)) if k not in drop]
+    edit.drop(set(keep))
+    new = edit.rebuild({k: i for i, k in enumerate(keep)})
+    for v in inits:     # buffers' zero constants left without readers
+        op = scan_pairs.owner(v)
+        if op is not None and op.name == "stablehlo.constant" and \
+                next(iter(v.uses), None) is None:
+            op.erase()
+    return new
 
 
 def zero_attr(elem):
@@ -163,5 +199,5 @@ def stack_value(loop: ForwardLoop, edit: LoopEdit, v) -> ir.Value:
     return zero
 
 
-__all__ = ["LoopEdit", "dce_block", "read_slot", "slice_part", "stack_value", "int_const",
+__all__ = ["LoopEdit", "dce_block", "drop_unused_carries", "read_slot", "slice_part", "stack_value", "int_const",
            "zero_attr", "shape"]

@@ -48,14 +48,20 @@ class Groups:
 
 
 class ScanPairRule:
-    """Forward/backward `stablehlo.while` pairs of `lax.scan`: the policy per iteration.
+    """Forward/backward `stablehlo.while` pairs of `lax.scan`: the policy per iteration;
+    in a checkpoint scope, the forward loop re-run whole by the backward.
 
     Other whiles stay atomic (a remark says so)."""
+
+    def __init__(self):
+        self._scoped: set = set()   # forward loops in a checkpoint scope: re-run whole
 
     def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
         def mark(clone):
             contract.set_recompute_group(clone, groups.n)
-        return scan_rewrite.rewrite_pairs(block, policy, mark, groups.next)
+        stats = scan_rewrite.rewrite_pairs(block, policy, mark, groups.next)
+        self._scoped = stats["scoped_loops"]
+        return stats
 
     def kept_whole(self, analysis) -> dict:
         """Forward loops of scan pairs: their results are decided per iteration already."""
@@ -73,7 +79,8 @@ class ScanPairRule:
     def remarks(self, analysis, surviving) -> list[str]:
         loops = sum(1 for pos in surviving   # erased ops must not be touched
                     if analysis.ops[pos].name == WHILE and not analysis.backward[pos]
-                    and pos not in analysis.scan_loop_positions)
+                    and pos not in analysis.scan_loop_positions
+                    and op_id(analysis.ops[pos]) not in self._scoped)
         if not loops:
             return []
         return [f"@{analysis.name}: {loops} forward stablehlo.while loop(s) are not scan "

@@ -28,6 +28,11 @@ policy saves (`plan_prestack` / `prestack`), so the outer forward saves them
 `[outer, inner, ...]`; when the backward body recomputes the inner loop, the
 clone reads them back, and the rewrite then runs on the backward body, where
 the inner pair now sits in one block (`rewrite_pairs`).
+
+A pair whose forward loop itself sits in a checkpoint scope (`jax.checkpoint`
+around code with a scan) is not remat per iteration: `plan_whole` decides which
+stacks the forward keeps (those of saved values) and `materialize_whole` puts a
+recompute clone of the forward loop before the backward loop, reading them back.
 """
 from __future__ import annotations
 
@@ -476,6 +481,9 @@ def _reuse_saved_stacks(clone, outer: dict):
         for use in list(u.uses):
             if use.owner.operation != read.owner.operation:
                 use.owner.operands[use.operand_number] = read
+        for j, r in enumerate(edit.returned):   # a carry-out the policy saves
+            if r == u:
+                edit.set_returned(j, read)
         edit.set_returned(k, new_loop.body.arguments[k])   # no need to stack it again
     edit.flush_return()
     loop_edit.dce_block(new_loop.body)
@@ -580,19 +588,109 @@ def prestack(plan: list) -> None:
         edit.rebuild({k: k for k in range(len(loop.op.results))})
 
 
-def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
-    """Apply the per-iteration policy to every scan pair in `block` (and nested ones).
+# --------------------------------------- a scan inside a checkpoint scope --
+def _recomputed_stack(s, verdict) -> bool:
+    """Does the stacked value of `s` (a `Stacked`) come from recomputation, not a save?
+    Carry-ins are: a checkpoint saves what its policy names, and a carry-in is no op's
+    result (the previous iteration's carry-out, or the loop's initial value)."""
+    return isinstance(s.value, ir.BlockArgument) or verdict(s.value) is Recompute
 
-    Returns stats: pairs rewritten, slot reads replaced by recomputation, buffers added.
+
+@dataclasses.dataclass
+class WholePlan:
+    """A scan pair whose forward loop sits in a checkpoint scope, as `jax.checkpoint`
+    around a function with a scan treats it: the forward loop keeps (stacks) only what
+    the policy saves; the backward re-runs it, reading those stacks back."""
+    pair: Pair
+    prestack: list            # body values the forward loop must stack first
+    recompute: dict           # backward carry -> forward carry: the stacks the re-run makes
+    saved: list               # forward carries of saved stacks (the re-run reads them)
+    offloads: list            # (forward body value, Offloadable) of saved stacks
+
+
+def plan_whole(pair: Pair, verdict) -> WholePlan:
+    """Decide a scan pair in a checkpoint scope (no IR changes)."""
+    fwd = pair.fwd
+    stacked = {s.value for s in fwd.stacked.values()}
+    prestack = [v for v in _inner_saved(fwd, verdict) if v not in stacked]
+    recompute = {m: k for m, k in pair.links.items()
+                 if _recomputed_stack(fwd.stacked[k], verdict)}
+    saved = [k for k, s in fwd.stacked.items() if not _recomputed_stack(s, verdict)]
+    offloads = []
+    for k in saved:
+        placement = verdict(fwd.stacked[k].value)
+        if isinstance(placement, Offloadable):
+            offloads.append((fwd.stacked[k].value, placement))
+    return WholePlan(pair, prestack, recompute, saved, offloads)
+
+
+def _redirect(bwd, m, old_source, new_source) -> None:
+    """Backward loop `bwd` reads `new_source` as carry `m` where it read `old_source`,
+    through the same reshape chain (see `scan_pairs._through_reshapes`)."""
+    chain = []
+    v = bwd.operands[m]
+    while v != old_source:
+        chain.append(owner(v))
+        v = chain[-1].operands[0]
+    for op in reversed(chain):
+        new_source = ir.Operation.create(
+            "stablehlo.reshape", results=[op.results[0].type], operands=[new_source],
+            loc=op.location, ip=ir.InsertionPoint(bwd)).results[0]
+    bwd.operands[m] = new_source
+
+
+def materialize_whole(plan: WholePlan, mark_clone, next_group, stats) -> tuple:
+    """Apply a WholePlan whose values are all stacked (`prestack` done): a recompute
+    clone of the forward loop right before the backward loop reads the saved stacks
+    back and makes the other stacks the backward reads; stacks nothing reads any more
+    are dropped from both loops. Returns (forward loop, recompute loop or None)."""
+    pair = plan.pair
+    fwd = pair.fwd
+    for v, placement in plan.offloads:
+        contract.set_offload(v.owner, placement)
+    if not plan.recompute:
+        return fwd.op, None
+    next_group()
+    clone = fwd.op.clone(ip=ir.InsertionPoint(pair.bwd))
+    mark_clone(clone)
+    clone = _reuse_saved_stacks(clone, {k: fwd.op.results[k] for k in plan.saved})
+    for m, k in plan.recompute.items():
+        _redirect(pair.bwd, m, fwd.op.results[k], clone.results[k])
+    stats["whole"] += 1
+    next_group()
+    return loop_edit.drop_unused_carries(fwd.op), loop_edit.drop_unused_carries(clone)
+
+
+def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
+    """Apply the per-iteration policy to every scan pair in `block` (and nested ones); a
+    pair whose forward loop sits in a checkpoint scope is re-run whole (`plan_whole`).
+
+    Returns stats: pairs rewritten, slot reads replaced by recomputation, buffers added,
+    loops re-run whole, and the op ids of the forward loops in a scope (`scoped_loops`).
     """
-    stats = stats if stats is not None else {"pairs": 0, "recomputed": 0, "stacked": 0}
+    stats = stats if stats is not None else {"pairs": 0, "recomputed": 0, "stacked": 0,
+                                             "whole": 0, "scoped_loops": set()}
     done = set()
+    whole = set()       # loops of pairs in a checkpoint scope, done
+    in_scope = getattr(verdict, "in_scope", None)
     while True:
         pairs = [p for p in scan_pairs.find_pairs_in_block(block)
-                 if (op_id(p.fwd.op), op_id(p.bwd)) not in done]
+                 if (op_id(p.fwd.op), op_id(p.bwd)) not in done and op_id(p.fwd.op) not in whole]
         if not pairs:
             break
         p = pairs[0]
+        if in_scope is not None and in_scope(p.fwd.op) \
+                and not contract.is_recompute_clone(p.fwd.op):   # (not a re-run already)
+            with p.fwd.op.location:
+                plan = plan_whole(p, verdict)
+                if plan.prestack:
+                    prestack([(p.fwd, plan.prestack)])
+                    continue    # the forward loop was rebuilt: find the pairs again
+                stats["pairs"] += 1
+                loops = materialize_whole(plan, mark_clone, next_group, stats)
+            whole.update(op_id(w) for w in loops if w is not None)
+            stats["scoped_loops"].add(op_id(loops[0]))
+            continue
         nested = plan_prestack(p, verdict)
         if nested:
             with p.fwd.op.location:

@@ -244,6 +244,11 @@ class _IterationPolicy:
     def __call__(self, value):
         return scan_pairs.value_verdict(value, self.op_verdict)
 
+    def in_scope(self, op) -> bool:
+        """Is `op` inside a checkpoint scope? (A scan loop there is re-run whole by the
+        backward, as `jax.checkpoint` around a function with a scan does.)"""
+        return bool(graph.scope_chain(op, self.scope_re))
+
 
 def _explain(plan_report, a, vids, residuals, state) -> None:
     """auto: say what recomputing each saved value would have cost, and what is recomputed."""

@@ -399,7 +399,7 @@ def remat3_static_argnums(ckpt):
     return f
 
 
-@region_case("test_remat_of_while_loop", X4, checks=("grads",))
+@region_case("test_remat_of_while_loop", X4)
 def remat3_while(ckpt):
     def f(x):
         def body(c):
@@ -427,11 +427,44 @@ def offload_dots(W, x):
     return jnp.sum(jnp.sin(x))
 
 
-@policy_cases("test_remat_scan_jaxpr_offloadable", MATS, ("offload_a",),
-              checks=("residuals", "grads"),
-              xfail="a whole-function offload policy over a scan: JAX keeps x and the host "
-                    "stack of 'a' (f32[4], f32<host>[3,4]); ours stacks the carry-ins too "
-                    "and reports the stack of 'a' on the device (f32[3,4] twice)")
+def region_policy_cases(name, args, policies, checks=("residuals", "grads")):
+    """Register `fun` inside one checkpoint region, under each policy: `jax.checkpoint(fun,
+    policy=...)` on JAX's side, `rp.checkpoint(fun, policy=...)` on ours. (For a function
+    that contains a scan this differs from a module-level policy, which applies per
+    iteration: see test_module_policy_on_a_scan_is_per_iteration.)"""
+    def register(fun):
+        for pol in policies:
+            def build(ckpt, pol=pol):
+                theirs, ours = _POLICIES[pol]
+                return ckpt(fun, policy=(theirs if ckpt is jax.checkpoint else ours)())
+            CASES.append(Case(f"{name}[{pol}]", args, build=build, checks=checks))
+        return fun
+    return register
+
+
+Y_SAVED_ZW_OFFLOADED = dict(names_which_can_be_saved=["y"], names_which_can_be_offloaded=["z", "w"],
+                            offload_src="device", offload_dst="pinned_host")
+_POLICIES["save_y_offload_zw"] = _pair("save_and_offload_only_these_names",
+                                       **Y_SAVED_ZW_OFFLOADED)
+
+
+@region_policy_cases("test_remat_scan_jaxpr_offloadable", (rnd(6, (2, 8)),),
+                     ("save_y_offload_zw", "nothing", "everything"))
+def offload_scan_jax(x):
+    # JAX's function, without its mesh (the suite runs on one device)
+    def g(ys, _):
+        y, _ = ys
+        y = checkpoint_name(jnp.sin(y), "y")
+        z = checkpoint_name(jnp.sin(y), "z")
+        w = checkpoint_name(jnp.sin(z), "w")
+        return (w, jnp.sum(w)), None
+    _, scan_out = lax.scan(g, (x, np.array(1, dtype=np.float32)), [x])[0]
+    return scan_out
+
+
+@region_policy_cases("scan_in_one_region", MATS,
+                     ("nothing", "everything", "dots", "names_a", "names_but_a", "except_a",
+                      "offload_a"))
 def offload_in_scan(Ws, x):
     def body(c, W):
         return jnp.sin(checkpoint_name(jnp.dot(W, c), "a")), None
@@ -443,7 +476,8 @@ _MODULES: dict = {}
 
 
 def module_of(case: Case):
-    key = case.id.split("[")[0]
+    # policy cases share one module per function; a region case records its policy in it
+    key = case.id if case.build is not None else case.id.split("[")[0]
     if key not in _MODULES:
         _MODULES[key] = rp.export_vjp(case.ours(), *case.args)
     return _MODULES[key]
@@ -494,6 +528,24 @@ def test_ported(case: Case):
             ours = "optimization_barrier" in str(rp.remat(m, policy))
             theirs = "optimization_barrier" in _jax_program(case)
             assert ours == theirs, f"{case.id}: barrier ours {ours}, JAX {theirs}"
+
+
+@pytest.mark.parametrize("pol", ["nothing", "everything", "dots", "names_a", "offload_a"])
+def test_module_policy_on_a_scan_is_per_iteration(pol):
+    """The other meaning, on purpose (DESIGN.md): a module-level policy (no region) applies
+    per iteration of a scan, as `lax.scan(jax.checkpoint(body, policy))` does, not as
+    `jax.checkpoint` around the whole function (the `scan_in_one_region` cases)."""
+    Ws, x = MATS
+    theirs_policy, ours_policy = _POLICIES[pol]
+
+    def body(c, W):
+        return jnp.sin(checkpoint_name(jnp.dot(W, c), "a")), None
+
+    def per_iteration(Ws, x):
+        return jnp.sum(lax.scan(jax.checkpoint(body, policy=theirs_policy()), x, Ws)[0])
+    m = rp.export_vjp(lambda Ws, x: jnp.sum(lax.scan(body, x, Ws)[0]), Ws, x)
+    split = rp.remat(m, ours_policy(), mode="split")
+    assert_same_residual_types(split.residuals, per_iteration, Ws, x, context=pol)
 
 
 @pytest.mark.parametrize("policy", ["everything_saveable", "nothing_saveable"])
