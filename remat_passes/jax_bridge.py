@@ -144,7 +144,6 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
         [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
     joint.__name__ = getattr(fun, "__name__", "fun")
 
-    first_region = next(_region_ids)
     with names_as_markers():
         exported = jax_export.export(jax.jit(joint, keep_unused=True), platforms=platforms,
                                      disabled_checks=[_MARKER_CHECK])(*primals, cotangent)
@@ -158,7 +157,7 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
         contract.mark_cotangent_args(main, range(n_primal_leaves, nargs))
         for i in range(n_out_leaves, nres):
             contract.set_entry(main, "res_attrs", i, contract.GRADIENT, ir.UnitAttr.get())
-        _record_regions(module, first_region)
+        _record_regions(module)
     module.exported = exported
     return module
 
@@ -176,19 +175,23 @@ def export(fun, *args, platforms=None) -> Module:
     @functools.wraps(fun)
     def fresh(*a):      # a new function: JAX's caches never hand the marker lowering
         return fun(*a)  # to a later plain jit of `fun`, nor a plain one to us
-    first_region = next(_region_ids)
     with names_as_markers():
         exported = jax_export.export(jax.jit(fresh), platforms=platforms,
                                      disabled_checks=[_MARKER_CHECK])(*args)
     module = from_exported(exported)
     with module.op.context:
-        _record_regions(module, first_region)
+        _record_regions(module)
     return module
 
 
-def _record_regions(module: Module, first_region: int) -> None:
-    """The policies of the rp.checkpoint regions traced since `first_region`, on the module."""
-    regions = _scopes_in(module.op, first_region)
+def _record_regions(module: Module) -> None:
+    """The policies of the rp.checkpoint regions in the module, on the module.
+
+    Every region key seen in its name stacks is looked up, not only those made
+    during this export: JAX reuses the trace of a function it traced before (a
+    scan body traced by an earlier `eval_shape` or `jit`), region frames included.
+    Keys are unique in the process, so a key always names the policy it was made with."""
+    regions = _scopes_in(module.op)
     if regions:
         specs = {}
         for key in regions:
@@ -202,12 +205,13 @@ def _record_regions(module: Module, first_region: int) -> None:
             contract.set_regions_without_cse_barrier(module.op, no_cse)
 
 
-def _scopes_in(module_op, first_id: int) -> list[str]:
+def _scopes_in(module_op) -> list[str]:
+    """The keys of this process's rp.checkpoint regions named in the module's name stacks."""
     found = {}
 
     def visit(op):
         for frame in graph.SCOPE_FRAME_RE.findall(graph.name_stack(op)):
-            if int(frame[6:-1]) >= first_id:
+            if frame in _REGION_POLICIES:
                 found[frame] = None
         return ir.WalkResult.ADVANCE
     module_op.operation.walk(visit)

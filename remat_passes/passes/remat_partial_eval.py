@@ -134,6 +134,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                          for v in vids]
             for r in reports:
                 _explain(r, a, vids, residuals, state)
+            unrecorded = _unrecorded_regions(a, self.func, policies)   # (before ops go)
             erased = materialize(plan)
             keep = [i for i, v in enumerate(vids) if a.producer[v] not in erased]
             vids = [vids[i] for i in keep]
@@ -142,6 +143,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             for rule in RULES.values():
                 state.remarks.extend(rule.remarks(a, surviving))
             state.remarks.extend(_missing_names(f, self.func, policies))
+            state.remarks.extend(unrecorded)
             calls = sum(1 for pos in surviving if a.ops[pos].name == "func.call")
             if calls:
                 state.remarks.append(
@@ -220,6 +222,19 @@ def _missing_names(f, func: str, policies: ScopePolicies) -> list[str]:
                        "rp.export or rp.export_vjp, or inside `with rp.names_as_markers():`, to "
                        "keep them)")
     return out
+
+
+def _unrecorded_regions(a, func: str, policies: ScopePolicies) -> list[str]:
+    """A remark for `remat[N]` frames (rp.checkpoint regions) whose policy the module
+    does not record: `jax.checkpoint`'s default applies to them."""
+    keys = {graph.scope_key(path) for chain in set(a.scope_chains(None)) for path in chain}
+    missing = sorted((k for k in keys if k not in policies.recorded),
+                     key=lambda k: int(k[6:-1]))
+    if not missing:
+        return []
+    return [f"@{func}: checkpoint region(s) {', '.join(missing)} have no recorded policy "
+            f"(no {contract.REGIONS} entry: export with rp.export or rp.export_vjp to "
+            "record it); nothing_saveable, jax.checkpoint's default, applies"]
 
 
 class _IterationPolicy:

@@ -471,6 +471,23 @@ def offload_in_scan(Ws, x):
     return jnp.sum(lax.scan(body, x, Ws)[0])
 
 
+@region_case("scan_region_in_a_scan_body", (rnd(7, (2, 3, 4, 4)), rnd(8, (4,))))
+def scan_region_in_scan_body(ckpt):
+    # the region is made while lax.scan traces the outer body; JAX reuses that trace
+    # (export_vjp's eval_shape made it first), and the region's policy must survive it
+    pol = JP.dots_saveable if ckpt is jax.checkpoint else P.dots_saveable
+
+    def inner(Wi, c):
+        return lax.scan(lambda c, W: (jnp.sin(jnp.dot(W, c)), None), c, Wi)[0]
+
+    def outer_body(c, Wi):
+        return ckpt(inner, policy=pol)(Wi, c), None
+
+    def f(Ws, x):
+        return jnp.sum(lax.scan(outer_body, x, Ws)[0])
+    return f
+
+
 # ------------------------------------------------------------------ the tests --
 _MODULES: dict = {}
 

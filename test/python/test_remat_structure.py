@@ -12,6 +12,8 @@ backward iff it depends on a cotangent argument), not with the pass's helpers.
 """
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -228,6 +230,20 @@ def test_region_recomputation_is_just_in_time(region_module):
     assert assert_just_in_time(ops, flags) == len(recomputed)
     # the forward is untouched: two sines before the backward, one recomputed after
     assert [o.name for o in ops[:first_bwd]].count("stablehlo.sine") == 2
+
+
+def test_a_region_without_a_recorded_policy_gets_a_remark(region_module):
+    """A remat[N] frame whose policy the module does not record (a module exported by
+    plain jax.export, or edited) gets jax.checkpoint's default, and says so; a module
+    that records it gets no remark."""
+    assert not [r for r in rp.remat(region_module, None).remarks if "no recorded policy" in r]
+    text = re.sub(r'remat\.regions = \{[^}]*\}, ?|, ?remat\.regions = \{[^}]*\}', "",
+                  region_module.text(debug_info=True))
+    assert "remat.regions" not in text
+    remarks = rp.remat(rp.Module.parse(text), None).remarks
+    (remark,) = [r for r in remarks if "no recorded policy" in r]
+    assert re.search(r"checkpoint region\(s\) remat\[\d+\] have no recorded policy", remark)
+    assert "nothing_saveable" in remark and "rp.export" in remark
 
 
 def test_region_recomputation_reads_saved_or_recomputed_values_only(region_module):
