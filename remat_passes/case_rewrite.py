@@ -45,7 +45,7 @@ import dataclasses
 
 from remat_passes import contract, graph, loop_edit
 from remat_passes.mlir import ir, op_id
-from remat_passes.policies import Offloadable, Recompute
+from remat_passes.policies import Offloadable, Recompute, Saveable
 from remat_passes.scan_pairs import inside
 
 CASE = "stablehlo.case"
@@ -147,6 +147,7 @@ class Recomputed:
 class Clone:
     op: object                  # the forward branch op to clone
     sources: dict               # value it reads -> source (an outer value, Slot or Made)
+    saved: dict = None          # a nested case: saved result k -> its source (a Slot)
 
 
 @dataclasses.dataclass
@@ -202,12 +203,14 @@ class _BranchPlanner:
             self.pp.mark_offload(v)
             return None
         reads = graph.read_values(op)
-        pending = [u for u in reads if u not in self.memo]
+        saved = [op.results[k] for k in contract.case_saves(op)] if op.name == CASE else []
+        pending = [u for u in reads + saved if u not in self.memo]
         if pending:
             return pending
         key = op_id(op)
         if key not in self.cloned:      # one clone per op (it may have many results)
-            self.clones.append(Clone(op, {u: self.memo[u] for u in reads}))
+            self.clones.append(Clone(op, {u: self.memo[u] for u in reads},
+                                     {u.result_number: self.memo[u] for u in saved}))
             self.cloned[key] = len(self.clones) - 1
         self.memo[v] = Made(self.cloned[key], v.result_number)
         return None
@@ -463,6 +466,8 @@ def _build(clones: list, fwd_case, ip, mark_clone):
             v = value_of(src)
             if v != u:
                 graph.replace_reads(clone, u, v)
+        if item.saved:
+            reuse_nested_saves(clone, {k: value_of(src) for k, src in item.saved.items()})
         mark_clone(clone)
         built.append(clone)
     return value_of
@@ -572,11 +577,114 @@ def _move_recompute_cases(block) -> None:
             op.move_before(first)
 
 
+# ------------------------------------------- a case nested in a body or branch --
+def plan_nested_saves(case, verdict) -> list[list]:
+    """Per branch of `case` (nested in a scan body or in another case's branch, where a
+    recomputation clones it whole): the values inside the branch that the policy saves
+    and that computing the branch's results needs, in program order. JAX's cond rule
+    makes them residuals of the cond; empty lists: nothing to save."""
+    out = []
+    for region in case.regions:
+        block = region.blocks[0]
+        order = {op_id(op): n for n, op in enumerate(block.operations)}
+        todo = list(graph.terminator(block).operands)
+        seen, saved = set(), []
+        while todo:
+            v = todo.pop()
+            if v in seen or not isinstance(v, ir.OpResult) or op_id(v.owner) not in order:
+                continue
+            seen.add(v)
+            op = v.owner.operation
+            if op.name == "stablehlo.constant":
+                continue
+            if graph.is_side_effecting(op) or verdict(v) is not Recompute:
+                saved.append(v)
+                continue
+            todo.extend(graph.read_values(op))
+        out.append(sorted(saved, key=lambda v: (order[op_id(v.owner)], v.result_number)))
+    return out
+
+
+def add_nested_saves(case, saved: list, verdict):
+    """Rebuild `case` with results that hold the values of `plan_nested_saves` (a slot of
+    one type and placement shared across branches, zeros in the others), recorded in
+    `remat.case_saves`. Returns the new case."""
+    kinds, per_branch = [], []          # per slot: (type, verdict); per branch: {slot: v}
+    for values in saved:
+        used, mine = set(), {}
+        for v in values:
+            kind = (str(v.type), _placement(v, verdict))
+            s = next((n for n, kd in enumerate(kinds) if kd == kind and n not in used), None)
+            if s is None:
+                kinds.append(kind)
+                s = len(kinds) - 1
+            used.add(s)
+            mine[s] = v
+        per_branch.append(mine)
+    n_old = len(case.results)
+    types = [r.type for r in case.results]
+    extra = [next(mine[s] for mine in per_branch if s in mine).type for s in range(len(kinds))]
+
+    def yields(j, before, ip):
+        return before + [per_branch[j][s] if s in per_branch[j] else
+                         _zeros(t, ip, case.location) for s, t in enumerate(extra)]
+    new = _rebuilt(case, types + extra, yields, ir.InsertionPoint(case))
+    for k in range(n_old):
+        case.results[k].replace_all_uses_with(new.results[k])
+    case.erase()
+    contract.set_case_saves(new, {n_old + s: kd[1] for s, kd in enumerate(kinds)})
+    return new
+
+
+def _placement(v, verdict):
+    """Saveable, or the Offloadable a saved value keeps."""
+    if graph.is_side_effecting(v.owner.operation):
+        return Saveable
+    placement = verdict(v)
+    return placement if isinstance(placement, Offloadable) else Saveable
+
+
+def reuse_nested_saves(clone, values: dict) -> None:
+    """A recompute clone of a case with `remat.case_saves`: wherever branch j computed the
+    value it returns in saved result k, it uses `values[k]` (result k read back) instead;
+    what only computed those values goes."""
+    for region in clone.regions:
+        block = region.blocks[0]
+        mine = {op_id(op) for op in block.operations}
+        ret = graph.terminator(block)
+        for k, new in values.items():
+            v = ret.operands[k]
+            if isinstance(v, ir.OpResult) and op_id(v.owner) in mine and \
+                    v.owner.operation.name != "stablehlo.constant":
+                v.replace_all_uses_with(new)
+        loop_edit.dce_block(block)
+
+
+def presave_nested(block_ops, verdict) -> int:
+    """`add_nested_saves` for every case among `block_ops` that a recomputation would
+    clone whole (the policy recomputes it) and that has values to save. Returns how many
+    cases were rebuilt."""
+    n = 0
+    for op in block_ops:
+        op = op.operation
+        if op.name != CASE or contract.case_saves(op) or not op.results or \
+                all(verdict(r) is not Recompute for r in op.results):
+            continue
+        saved = plan_nested_saves(op, verdict)
+        if any(saved):
+            with op.location:
+                add_nested_saves(op, saved, verdict)
+            n += 1
+    return n
+
+
 def rewrite_cases(block, verdict, mark_clone, next_group, is_backward) -> dict:
     """Apply the per-branch policy to every forward case of `block` the backward reads.
     Returns stats."""
     stats = {"pairs": 0, "recomputed": 0}
     for key, pair in enumerate(find_case_pairs(block, is_backward)):
+        for region in pair.fwd.regions:     # cases in its branches: what they save
+            presave_nested(list(region.blocks[0].operations), verdict)
         with pair.fwd.location:
             plan = plan_case(pair, verdict)
             stats["pairs"] += 1

@@ -15,6 +15,9 @@ name                        where                      value
 `remat.residual`            `<f>_fwd` result           how JAX would describe it
 `remat.barrier`             op                         unit: a barrier we placed
 `remat.regions`             module                     {"remat[N]": policy spec}
+`remat.case_saves`          nested stablehlo.case      {"k": "save" or "src:dst"}:
+                                                       result k holds values its
+                                                       branches save for a recompute
 `@remat.name`               custom_call target         backend_config = the name
 ==========================  =========================  ==============================
 
@@ -28,7 +31,7 @@ user of it is backward.
 from __future__ import annotations
 
 from remat_passes.mlir import ir
-from remat_passes.policies import Offloadable
+from remat_passes.policies import Offloadable, Saveable
 
 COTANGENT = "remat.cotangent"
 GRADIENT = "remat.gradient"
@@ -41,9 +44,10 @@ REGIONS_NO_CSE = "remat.regions_no_cse"   # keys of regions made with prevent_cs
 NAME_TARGET = "remat.name"
 CASE = "remat.case"         # a forward stablehlo.case the case-pair rule rewrote: its key
 TWIN = "remat.twin"         # results equal to the keyed case's: [key, k, r, k, r, ...]
+CASE_SAVES = "remat.case_saves"   # results of a nested case that hold saved branch values
 
 # The op attributes a finished pipeline removes (strip-checkpoint-names).
-BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE, TWIN)
+BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE, TWIN, CASE_SAVES)
 
 # Host offload, as JAX emits it for offload policies on GPU/TPU.
 PLACEMENT_TARGET = "annotate_device_placement"
@@ -143,6 +147,28 @@ def set_twin(op, key: int, pairs) -> None:
         return
     op.operation.attributes[TWIN] = ir.DenseI64ArrayAttr.get(
         [key, *(x for pair in pairs for x in pair)])
+
+
+def case_saves(op) -> dict:
+    """{result k: Saveable or Offloadable}: results of a case nested in a loop body or a
+    branch that hold, per branch, a value the policy saves (zeros in other branches),
+    added so that a recomputation of the case can read them back."""
+    attrs = op.operation.attributes
+    if CASE_SAVES not in attrs:
+        return {}
+    d = ir.DictAttr(attrs[CASE_SAVES])
+    out = {}
+    for k in range(len(op.operation.results)):
+        if str(k) in d:
+            text = ir.StringAttr(d[str(k)]).value
+            out[k] = Saveable if text == "save" else parse_offload(d[str(k)])
+    return out
+
+
+def set_case_saves(op, saves: dict) -> None:
+    op.operation.attributes[CASE_SAVES] = ir.DictAttr.get({
+        str(k): ir.StringAttr.get("save") if not isinstance(v, Offloadable) else offload_attr(v)
+        for k, v in saves.items()})
 
 
 def strip_bookkeeping(op) -> None:

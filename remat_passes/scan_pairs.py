@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_passes import graph
+from remat_passes import contract, graph
 from remat_passes.mlir import ir, op_id
 from remat_passes.policies import Recompute, Saveable
 
@@ -258,7 +258,8 @@ def value_verdict(v, op_verdict):
     A result of a nested forward scan loop that stacks an op's value takes the
     verdict of that value (JAX applies the policy inside nested scans too); one
     that stacks an inner carry-in is the inner loop's own business (the policy's
-    verdict on the loop op: most policies recompute it whole).
+    verdict on the loop op: most policies recompute it whole). A result of a nested
+    case that holds values its branches save (`contract.case_saves`) is saved.
     """
     op = v.owner.operation
     if graph.is_side_effecting(op):
@@ -279,6 +280,10 @@ def value_verdict(v, op_verdict):
         u = stacked_value(op, v.result_number)
         if isinstance(u, ir.OpResult):
             return value_verdict(u, op_verdict)
+    if op.name == "stablehlo.case":   # a result holding values its branches save
+        saved = contract.case_saves(op).get(v.result_number)
+        if saved is not None:
+            return saved
     return op_verdict(op)
 
 

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_passes import contract, graph, loop_edit, scan_pairs
+from remat_passes import case_rewrite, contract, graph, loop_edit, scan_pairs
+from remat_passes.case_rewrite import CASE
 from remat_passes.mlir import ir, op_id
 from remat_passes.policies import Offloadable, Recompute
 from remat_passes.scan_pairs import WHILE, Pair, analyse_forward, owner, unrolled_parts
@@ -311,6 +312,8 @@ class _Planner:
             if loop is not None:
                 saved_keys = [k for k, st in loop.stacked.items()
                               if isinstance(st.value, ir.OpResult) and self.must_stack(st.value)]
+        elif op.name == CASE:
+            saved_keys = list(contract.case_saves(op))
         deps = reads + [op.results[k] for k in saved_keys]
 
         def make(srcs):
@@ -443,7 +446,10 @@ def materialize_pair(plan: PairPlan, mark_clone, next_group, stats) -> None:
                 if new != old:
                     graph.replace_reads(clone, old, new)
             mark_clone(clone)
-            if item.saved:
+            if item.saved and clone.name == CASE:
+                case_rewrite.reuse_nested_saves(clone, {k: value_of(s)
+                                                        for k, s in item.saved.items()})
+            elif item.saved:
                 clone = _reuse_saved_stacks(clone, {k: value_of(s) for k, s in item.saved.items()})
             built.append(clone)
         elif item.kind == "read":
@@ -565,9 +571,19 @@ def _inner_saved(loop, verdict) -> list:
 
 def plan_prestack(pair: Pair, verdict) -> list:
     """[(nested forward loop, values to stack)]: for each forward scan loop nested in
-    `pair`'s forward body, the inner values the policy saves that it does not stack yet."""
+    `pair`'s forward body, the inner values the policy saves that it does not stack yet;
+    [(nested case, values per branch)]: for each case there the policy recomputes, the
+    branch values it saves (`case_rewrite.plan_nested_saves`)."""
     out = []
     for op in pair.fwd.body.operations:
+        if op.operation.name == CASE:
+            case = op.operation
+            if not contract.case_saves(case) and case.results and \
+                    any(verdict(r) is Recompute for r in case.results):
+                saved = case_rewrite.plan_nested_saves(case, verdict)
+                if any(saved):
+                    out.append((case, saved))
+            continue
         loop = analyse_forward(op)
         if loop is None:
             continue
@@ -578,9 +594,14 @@ def plan_prestack(pair: Pair, verdict) -> list:
     return out
 
 
-def prestack(plan: list) -> None:
-    """Make each nested forward loop of `plan_prestack` stack its values too."""
+def prestack(plan: list, verdict) -> None:
+    """Make each nested forward loop of `plan_prestack` stack its values too, and each
+    nested case return its saved values (the outer loop then stacks them as needed)."""
     for loop, values in plan:
+        if not isinstance(loop, scan_pairs.ForwardLoop):
+            with loop.location:
+                case_rewrite.add_nested_saves(loop, values, verdict)
+            continue
         edit = loop_edit.LoopEdit(loop.op)
         with loop.op.location:
             for v in values:
@@ -684,7 +705,7 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
             with p.fwd.op.location:
                 plan = plan_whole(p, verdict)
                 if plan.prestack:
-                    prestack([(p.fwd, plan.prestack)])
+                    prestack([(p.fwd, plan.prestack)], verdict)
                     continue    # the forward loop was rebuilt: find the pairs again
                 stats["pairs"] += 1
                 loops = materialize_whole(plan, mark_clone, next_group, stats)
@@ -694,7 +715,7 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
         nested = plan_prestack(p, verdict)
         if nested:
             with p.fwd.op.location:
-                prestack(nested)
+                prestack(nested, verdict)
             continue    # the nested loops were rebuilt: find the pairs again
         stats["pairs"] += 1
         with p.fwd.op.location:   # the default location (and context) of new ops and types

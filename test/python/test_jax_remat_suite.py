@@ -312,6 +312,24 @@ def remat_dropvar(W, x):
     return jnp.sum(jnp.sin(jnp.dot(W, y)))
 
 
+@policy_cases("forward_only_scan_in_a_custom_jvp_rule", W44,
+              ("nothing", "dots", "everything", "names_a"))
+def forward_only_scan(W, x):
+    # a scan only the forward runs (its backward is the rule's tangent): JAX's scan rule
+    # recomputes such a loop whole, as the atomic loop is here
+    @jax.custom_jvp
+    def g(W, x):
+        return lax.scan(lambda c, _: (jnp.sin(checkpoint_name(W @ c, "a")), None),
+                        x, None, length=3)[0]
+
+    @g.defjvp
+    def g_jvp(primals, tangents):
+        (W, x), (dW, dx) = primals, tangents
+        y = g(W, x)
+        return y, jnp.cos(y) * (dW @ x + dx)
+    return jnp.sum(jnp.sin(g(W, x)))
+
+
 @policy_cases("test_constants_not_hoisted", X4, ("nothing", "everything"))
 def constants_not_hoisted(x):
     c = np.arange(4.0, dtype=np.float32) + 1.0   # a constant of the program: never a residual
@@ -427,17 +445,26 @@ def offload_dots(W, x):
     return jnp.sum(jnp.sin(x))
 
 
-def region_policy_cases(name, args, policies, checks=("residuals", "grads")):
-    """Register `fun` inside one checkpoint region, under each policy: `jax.checkpoint(fun,
-    policy=...)` on JAX's side, `rp.checkpoint(fun, policy=...)` on ours. (For a function
-    that contains a scan this differs from a module-level policy, which applies per
-    iteration: see test_module_policy_on_a_scan_is_per_iteration.)"""
-    def register(fun):
+def region_policy_builds(name, args, policies, checks=("residuals", "grads")):
+    """Register `make(wrap)` under each policy, where `wrap(f)` is `jax.checkpoint(f,
+    policy=...)` on JAX's side and `rp.checkpoint(f, policy=...)` on ours."""
+    def register(make):
         for pol in policies:
             def build(ckpt, pol=pol):
                 theirs, ours = _POLICIES[pol]
-                return ckpt(fun, policy=(theirs if ckpt is jax.checkpoint else ours)())
+                chosen = theirs if ckpt is jax.checkpoint else ours
+                return make(lambda f: ckpt(f, policy=chosen()))
             CASES.append(Case(f"{name}[{pol}]", args, build=build, checks=checks))
+        return make
+    return register
+
+
+def region_policy_cases(name, args, policies, checks=("residuals", "grads")):
+    """Register `fun` inside one checkpoint region, under each policy. (For a function
+    that contains a scan this differs from a module-level policy, which applies per
+    iteration: see test_module_policy_on_a_scan_is_per_iteration.)"""
+    def register(fun):
+        region_policy_builds(name, args, policies, checks)(lambda wrap: wrap(fun))
         return fun
     return register
 
@@ -469,6 +496,29 @@ def offload_in_scan(Ws, x):
     def body(c, W):
         return jnp.sin(checkpoint_name(jnp.dot(W, c), "a")), None
     return jnp.sum(lax.scan(body, x, Ws)[0])
+
+
+@region_policy_builds("cond_in_a_scan_body", MATS, ("nothing", "dots", "everything", "names_a"))
+def cond_in_scan_body(wrap):
+    # JAX's cond rule inside a checkpointed layer: the values a branch saves are outputs
+    # of the cond, stacked per iteration (zeros where the other branch ran)
+    def body(c, W):
+        def heavy(c):
+            return jnp.sin(jnp.sin(checkpoint_name(W @ c, "a")))
+        return lax.cond(jnp.sum(c) > 0, heavy, lambda c: jnp.cos(W @ c), c), None
+
+    def f(Ws, x):
+        return jnp.sum(lax.scan(wrap(body), x, Ws)[0])
+    return f
+
+
+@policy_cases("cond_in_a_cond_branch", W44, ("nothing", "dots", "everything", "names_a"))
+def cond_in_cond(W, x):
+    def outer(x):
+        inner = lax.cond(jnp.sum(x) > 1, lambda x: jnp.sin(jnp.sin(checkpoint_name(W @ x, "a"))),
+                         lambda x: jnp.cos(W @ x), x)
+        return jnp.sin(inner)
+    return jnp.sum(lax.cond(jnp.sum(x) > 0, outer, jnp.sin, x))
 
 
 @region_case("scan_region_in_a_scan_body", (rnd(7, (2, 3, 4, 4)), rnd(8, (4,))))
