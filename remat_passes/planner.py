@@ -782,13 +782,16 @@ class _Builder:
         self.reads.append([])
         return node
 
-    def value(self, v, producer: int, scale: int) -> int:
+    def value(self, v, producer: int, scale: int, forward_use: bool = False) -> int:
+        """A value node; `forward_use`: the forward reads it too, so that keeping it makes
+        insert-reduce-precision round it (when the plan recomputes anything)."""
         node = len(self.values)
         self.value_index[v] = node
         self.values.append(v)
         self.value_bytes.append(graph.type_bytes(v.type) * scale)
         elem = str(getattr(v.type, "element_type", ""))
-        rounded = producer >= 0 and elem.startswith(("f", "bf"))
+        rounded = (producer >= 0 and forward_use and elem.startswith(("f", "bf"))
+                   and v.owner.operation.name != ROUNDING)
         self.keep_cost.append(self.profile.rounding_seconds(
             graph.type_elements(v.type) * scale) if rounded else 0.0)
         self.value_producer.append(producer)
@@ -846,7 +849,8 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         node = b.op(op, rec, 1, "top")
         for vid in a.results(pos):
             if vid not in stacked:
-                vid_node[vid] = b.value(a.value(vid), node, 1)
+                forward_use = any(u < len(a.ops) and not a.backward[u] for u in a.users(vid))
+                vid_node[vid] = b.value(a.value(vid), node, 1, forward_use)
         for vid in a.reads(pos):
             if vid in vid_node:
                 b.reads[node].append(vid_node[vid])
@@ -915,7 +919,7 @@ def _add_pair(b: _Builder, pair, vid_node, a) -> None:
         rec = not graph.is_side_effecting(op) and scan_pairs.analyse_forward(op) is None
         node = b.op(op, rec, n, label)
         for r in results:
-            node_of[r] = b.value(r, node, n)
+            node_of[r] = b.value(r, node, n, _used_beyond_stacking(r))
         for u in graph.read_values(op):
             if u in node_of:
                 b.reads[node].append(node_of[u])
@@ -928,6 +932,19 @@ def _add_pair(b: _Builder, pair, vid_node, a) -> None:
         elif facts.free_kind(v) is not None:   # re-derived from the invariants instead
             for node in graph.post_order(v, invariants_of, step):
                 b.needed[node] = True
+
+
+def _used_beyond_stacking(v) -> bool:
+    """Does a loop body read `v` other than to stack it (what makes insert-reduce-precision
+    round a stacked value: `round_stacked`)?"""
+    for use in v.uses:
+        op = use.owner.operation
+        if op.name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim") and all(
+                u.owner.operation.name == "stablehlo.dynamic_update_slice"
+                for u in op.results[0].uses):
+            continue
+        return True
+    return False
 
 
 # ---------------------------------------------------------------- reporting --
@@ -1146,32 +1163,52 @@ def for_peak(policy: AutoPolicy, module, func: str, remat_options: dict) -> Auto
 
 
 def recompute_seconds(module, policy, func: str = "main", device: str | None = None) -> float:
-    """What the recomputation of `policy`'s plan for `module` costs in the planner's model
-    (the ops remat-partial-eval clones, loop bodies times their trip count), to compare
-    any policy with auto on the same scale."""
+    """What the recomputation of `policy`'s plan for `module` costs in the planner's model,
+    to compare any policy with auto on the same scale: the ops remat-partial-eval clones
+    and the reduce_precision ops insert-reduce-precision then adds on what is kept (what
+    `auto` minimises counts both), loop bodies times their trip count."""
     from remat_passes import contract, pipeline
     from remat_passes.passes.inline import Inline
+    from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
     from remat_passes.passes.remat_partial_eval import RematPartialEval
     profile = PROFILES[device or default_device()]
     out = module.clone()
     pipeline.run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func)])
+    existing = set()
+
+    def walk(op, visit, scale=1):
+        for inner in op.regions:
+            for block in inner.blocks:
+                n = scale * ((flops.trip_count(op) or 1) if op.name == "stablehlo.while"
+                             else 1)
+                for o in block.operations:
+                    visit(o.operation, n)
+    main = graph.find_func(out.op, func).operation
+
+    def note(o, n):
+        if o.name == ROUNDING:
+            existing.add(op_id(o))
+        elif len(o.regions):
+            walk(o, note, n)
+    walk(main, note)
+    pipeline.run_pipeline(out.op, [InsertReducePrecision(func=func, when_recomputed=True)])
     cost_model = flops.CostModel(out.op)
     total = 0.0
+
+    def add(o, n):
+        nonlocal total
+        if contract.is_recompute_clone(o):
+            total += profile.op_seconds(o, cost_model) * n
+        elif o.name == ROUNDING and op_id(o) not in existing:
+            total += profile.rounding_seconds(graph.type_elements(o.results[0].type)) * n
+        elif len(o.regions):
+            walk(o, add, n)
     with out.op.context:
-        def visit(op, scale):
-            nonlocal total
-            for inner in op.regions:
-                for block in inner.blocks:
-                    n = scale * ((flops.trip_count(op) or 1) if op.name == "stablehlo.while"
-                                 else 1)
-                    for o in block.operations:
-                        o = o.operation
-                        if contract.is_recompute_clone(o):
-                            total += profile.op_seconds(o, cost_model) * n
-                        elif len(o.regions):
-                            visit(o, n)
-        visit(graph.find_func(out.op, func).operation, 1)
+        walk(main, add)
     return total
+
+
+ROUNDING = "stablehlo.reduce_precision"
 
 
 def bounds(module, func: str = "main", policy: AutoPolicy | None = None) -> tuple[int, int]:

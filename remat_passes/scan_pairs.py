@@ -231,6 +231,22 @@ def reshapes_argument_for_loops(op) -> bool:
             and all(u.owner.operation.name == WHILE for u in op.results[0].uses))
 
 
+_MOVEMENT = {"stablehlo.dynamic_slice", "stablehlo.slice", "stablehlo.reshape",
+             "stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.convert"}
+_INDEX_ARITHMETIC = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
+                     "stablehlo.compare", "stablehlo.select", "stablehlo.convert",
+                     "stablehlo.clamp", "stablehlo.negate"}
+
+
+def moves_data(op) -> bool:
+    """Cheap to redo per iteration: data movement, or arithmetic on scalar indices (how a
+    scan slices its scanned-over arrays)."""
+    if op.name in _MOVEMENT:
+        return True
+    return op.name in _INDEX_ARITHMETIC and all(
+        not list(ir.RankedTensorType(r.type).shape) for r in op.results)
+
+
 # ------------------------------------------------------- per-value answers --
 def stacked_value(while_op, result_number: int):
     """The per-iteration value behind result `result_number` of a forward scan loop."""

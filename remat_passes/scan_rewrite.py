@@ -42,21 +42,8 @@ from remat_passes import case_rewrite, contract, graph, loop_edit, scan_pairs
 from remat_passes.case_rewrite import CASE
 from remat_passes.mlir import ir, op_id
 from remat_passes.policies import Offloadable, Recompute
-from remat_passes.scan_pairs import WHILE, Pair, analyse_forward, owner, unrolled_parts
-
-_MOVEMENT = {"stablehlo.dynamic_slice", "stablehlo.slice", "stablehlo.reshape",
-             "stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.convert"}
-_INDEX_ARITHMETIC = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
-                     "stablehlo.compare", "stablehlo.select", "stablehlo.convert",
-                     "stablehlo.clamp", "stablehlo.negate"}
-
-
-def _moves_data(op) -> bool:
-    """Cheap to redo per iteration: data movement, or arithmetic on scalar indices."""
-    if op.name in _MOVEMENT:
-        return True
-    return op.name in _INDEX_ARITHMETIC and all(
-        not list(ir.RankedTensorType(r.type).shape) for r in op.results)
+from remat_passes.scan_pairs import (WHILE, Pair, analyse_forward, moves_data, owner,
+                                     unrolled_parts)
 
 
 # --------------------------------------------------------------- the plan --
@@ -215,7 +202,7 @@ class _Planner:
             if graph.is_side_effecting(op) or None in kinds:
                 kind = None
             elif "indexed" in kinds:
-                kind = "indexed" if _moves_data(op) else None
+                kind = "indexed" if moves_data(op) else None
             else:
                 kind = "invariant"
         self._free[v] = kind

@@ -60,10 +60,13 @@ def round_value(v, bits, block):
 
 
 def _has_recompute(op) -> bool:
+    """Does `op` (a backward loop) recompute anything? Re-slicing a scanned-over array (data
+    movement, as JAX forwards `xs`) and checkpoint-name markers are no recomputation."""
     found = []
 
     def visit(inner):
-        if contract.is_recompute_clone(inner):
+        if contract.is_recompute_clone(inner) and not scan_pairs.moves_data(inner) \
+                and contract.checkpoint_name(inner) is None:
             found.append(inner)
             return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE
@@ -93,14 +96,17 @@ def round_loops(pairs) -> None:
 
 def recomputes(func_op) -> bool:
     """Did remat-partial-eval recompute anything in `func_op` from saved values? Clones
-    of constants (and of ops on cloned constants only) and of checkpoint-name markers
-    (identities) don't count."""
+    of constants (and of ops on cloned constants only), of checkpoint-name markers
+    (identities) and, in loop bodies, re-slicing of scanned-over arrays (data movement,
+    as JAX forwards `xs`) don't count."""
     found = []
+    top = op_id(func_op)
 
     def visit(op):   # loop bodies included: per-iteration recomputation counts
         if contract.is_recompute_clone(op) and contract.checkpoint_name(op) is None and any(
                 isinstance(v, ir.BlockArgument) or not contract.is_recompute_clone(v.owner)
-                for v in op.operands):
+                for v in op.operands) and not (
+                scan_pairs.moves_data(op) and op_id(op.parent) != top):
             found.append(op)
             return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE
