@@ -164,9 +164,10 @@ class ManualComputationRule:
         self._func = None              # op id of the function decided for
         self._rewritten: list = []     # its shard_map_rewrite.Rewritten pairs
         self._atomic = 0               # forward ones the backward reads, left atomic
+        self._inner = 0                # while/case ops in the bodies of rewritten ones
 
     def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
-        self._func, self._rewritten, self._atomic = op_id(block.owner), [], 0
+        self._func, self._rewritten, self._atomic, self._inner = op_id(block.owner), [], 0, 0
         ops = [op.operation for op in block.operations
                if op.operation.name == graph.MANUAL_COMPUTATION]
         if not ops:
@@ -187,6 +188,9 @@ class ManualComputationRule:
         self._rewritten, stats = shard_map_rewrite.rewrite_pairs(
             block, verdict, mark, groups.next, a)
         self._atomic = readable - stats["pairs"]
+        self._inner = sum(1 for rw in self._rewritten
+                          for op in rw.fwd.regions[0].blocks[0].operations
+                          if op.operation.name in (WHILE, CASE))
         return stats
 
     def _mine(self, analysis) -> list:
@@ -210,11 +214,18 @@ class ManualComputationRule:
         return shard_map_rewrite.tidy(analysis, twins_read, self._mine(analysis))
 
     def remarks(self, analysis, surviving) -> list[str]:
-        if self._func != op_id(analysis.func_op) or not self._atomic:
+        if self._func != op_id(analysis.func_op):
             return []
-        return [f"@{analysis.name}: {self._atomic} forward sdy.manual_computation op(s) "
-                "(shard_map) have a side effect inside (or no mesh); each is treated as one "
-                "atomic op: saved or recomputed whole"]
+        out = []
+        if self._atomic:
+            out.append(f"@{analysis.name}: {self._atomic} forward sdy.manual_computation "
+                       "op(s) (shard_map) have a side effect inside (or no mesh); each is "
+                       "treated as one atomic op: saved or recomputed whole")
+        if self._inner:
+            out.append(f"@{analysis.name}: {self._inner} stablehlo.while/stablehlo.case op(s) in "
+                       "shard_map bodies are atomic there (the policy does not see inside "
+                       "them): saved or recomputed whole")
+        return out
 
 
 def region_result_placements(op) -> list:

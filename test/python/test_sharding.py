@@ -403,6 +403,29 @@ def test_sharded_transformer_step(partitioner):
         assert r["ours_compiled"] == r["jax_compiled"], (pol, r)
 
 
+def test_a_cond_in_a_shard_map_body_gets_a_remark():
+    """The policy applies per op of a shard_map body; an op with regions there (a cond's
+    case, a loop) is atomic, and a remark says so. The rewritten module verifies."""
+    import remat_passes as rp
+    lit = os.path.join(HERE, "..", "lit", "remat-partial-eval-shard-map.mlir")
+    text = "".join(line for line in open(lit) if not line.startswith("//"))
+    marker = "      %5 = stablehlo.sine %4 : tensor<2x8xf32>\n"
+    case = ('      %ci = stablehlo.constant dense<0> : tensor<i32>\n'
+            '      %cs = "stablehlo.case"(%ci) ({\n'
+            '        stablehlo.return %5 : tensor<2x8xf32>\n'
+            '      }) : (tensor<i32>) -> tensor<2x8xf32>\n')
+    reader = "%8 = stablehlo.dot_general %5, %7"
+    assert text.count(marker) == 1 and text.count(reader) == 1
+    text = text.replace(marker, marker + case).replace(reader, reader.replace("%5", "%cs"))
+    out = rp.remat(rp.Module.parse(text), "nothing_saveable")
+    assert any("stablehlo.case" in r and "shard_map bodies are atomic" in r
+               for r in out.remarks), out.remarks
+    rp.Module.parse(out.text())                  # verifies
+    plain = rp.remat(rp.Module.parse("".join(line for line in open(lit)
+                                             if not line.startswith("//"))), "nothing_saveable")
+    assert not any("shard_map bodies" in r for r in plain.remarks), plain.remarks
+
+
 def test_shard_map_with_a_side_effect_inside_is_atomic_with_a_remark():
     """A forward manual computation with a side effect in its body (a custom call marked
     has_side_effect) is never duplicated: it is saved whole, and a remark says so. Its
