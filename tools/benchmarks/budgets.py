@@ -53,8 +53,10 @@ def point(model: Model, module, policy, ref, joint=False) -> dict:
     split = rp.remat(module, policy, mode="split")
     pass_s = time.perf_counter() - t
     dev, host = device_bytes(split)
-    cost, err = run_split_form(model, split, ref)
-    row = {"dev": dev, "host": host, "cost": cost, "err": err, "pass_s": pass_s,
+    planned: dict = {}
+    cost, err = run_split_form(model, split, ref, planned)
+    row = {"dev": dev, "host": host, "cost": cost, "cost_lowered": planned["cost"],
+           "err": err, "pass_s": pass_s,
            "model_s": planner.recompute_seconds(module, policy, device=DEVICE)}
     # with the transfers of what it offloads: what auto(offload=...) minimises
     row["total_s"] = row["model_s"] + planner.PROFILES[DEVICE].offload_seconds(host)
@@ -77,7 +79,8 @@ def measure_model(model: Model, progress) -> dict:
     lo, hi = planner.bounds(module, policy=planner.AutoPolicy(0, device=DEVICE))
     base = point(model, module, None, ref, joint=True)
     out = {"title": model.title, "n_ops": common.count_ops(module), "min": lo, "no_remat": hi,
-           "base_cost": base["cost"], "base_peak": base["peak"], "fixed": [], "at_fixed": [],
+           "base_cost": base["cost"], "base_cost_lowered": base["cost_lowered"],
+           "base_peak": base["peak"], "fixed": [], "at_fixed": [],
            "sweep": [], "peak": []}
     # ------------------------------------------------------------ fixed policies --
     for case in cases_for(model):
@@ -107,7 +110,7 @@ def measure_model(model: Model, progress) -> dict:
                                           ref)
             except rp.RematError as e:
                 row["auto_flops"] = {"error": str(e)}
-            row["cheapest_flops"] = min(fits, key=lambda g: (g["cost"], g["dev"]))["short"]
+            row["cheapest_flops"] = min(fits, key=lambda g: (g["cost_lowered"], g["dev"]))["short"]
         out["at_fixed"].append(row)
     # --------------------------------------------------------------------- sweep --
     problem = planner.problem_for(module, policy=planner.AutoPolicy(0, device=DEVICE))
@@ -204,16 +207,19 @@ def checks(data) -> list[str]:
                 bad.append(f"{key}: auto at {r['short']} costs {a[what]:.4g} ({what}) > "
                            f"{r['cheapest']} {cheapest[what]:.4g}")
             af = r.get("auto_flops")
-            if af is not None:   # device=flops, in XLA's FLOP count of the compiled split
-                c = next(f for f in m["fixed"] if f["short"] == r["cheapest_flops"])
+            if af is not None:   # device=flops, in XLA's FLOP count of the split as handed
+                # to XLA (its optimizer then folds constants and duplicates cheap producers
+                # into fusions, which no plan decides: the page shows that count beside it)
+                fewest = next(f for f in m["fixed"] if f["short"] == r["cheapest_flops"])
                 if "error" in af:
                     bad.append(f"{key}: auto(device=flops) at {r['short']}: {af['error']}")
                 elif af["dev"] > r["budget"]:
                     bad.append(f"{key}: auto(device=flops) at {r['short']} keeps {af['dev']} B "
                                f"> {r['budget']} B")
-                elif af["cost"] > c["cost"] * (1 + 1e-6):
+                elif af["cost_lowered"] > fewest["cost_lowered"] * (1 + 1e-6):
                     bad.append(f"{key}: auto(device=flops) at {r['short']}: XLA counts "
-                               f"{af['cost']:.6g} FLOPs > {r['cheapest_flops']} {c['cost']:.6g}")
+                               f"{af['cost_lowered']:.6g} FLOPs > {fewest['short']} "
+                               f"{fewest['cost_lowered']:.6g}")
         costs = [r["auto"]["model_s"] for r in m["sweep"]]
         for r in m["sweep"]:
             if r["auto"]["dev"] > r["budget"]:
@@ -270,8 +276,10 @@ def render(data, png_rel: str) -> str:
          "bytes)` keeps at most that many bytes and costs no more modelled recompute time "
          "(what it minimises) than the cheapest fixed policy within the same budget (with "
          "offloading: transfers included), and `auto(budget, device=flops)` costs no more "
-         "extra FLOPs in XLA's count than the fixed policy with the fewest within that "
-         "budget; along a sweep of 20 budgets from the minimum to no "
+         "extra FLOPs in XLA's count (of the programs handed to XLA, see below) than the "
+         "fixed policy with the fewest within that budget; the modelled cost a plan is "
+         "measured at is that of the rewritten module (`planner.recompute_seconds`: what it "
+         "recomputes and the roundings insert-reduce-precision adds); along a sweep of 20 budgets from the minimum to no "
          "remat the bytes never exceed the budget, the cost never rises as the budget grows "
          "and the gradients of the split and of the joint form equal `jax.grad`; the "
          "scalable solver is within 2% of the exact optimum wherever the exact solve "
@@ -288,7 +296,7 @@ def render(data, png_rel: str) -> str:
          "budget |", "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for key, d in models.items():
         fixed = {f["short"]: f for f in d["fixed"]}
-        base = d["base_cost"]
+        base, lbase = d["base_cost"], d["base_cost_lowered"]
         for r in d["at_fixed"]:
             f, a, c = fixed[r["short"]], r["auto"], fixed[r["cheapest"]]
             if "error" in a:
@@ -299,8 +307,9 @@ def render(data, png_rel: str) -> str:
             af, cf = r.get("auto_flops"), fixed.get(r.get("cheapest_flops"))
             flops_cols = "| |" if af is None else (
                 f"| error: {af['error']} | |" if "error" in af else
-                f"| {_pct(af['cost'], base)} ({fmt_bytes(af['dev'])}) | {cf['short']} "
-                f"{_pct(cf['cost'], base)} |")
+                f"| {_pct(af['cost_lowered'], lbase)} [{_pct(af['cost'], base)}] "
+                f"({fmt_bytes(af['dev'])}) | {cf['short']} {_pct(cf['cost_lowered'], lbase)} "
+                f"[{_pct(cf['cost'], base)}] |")
             L.append(f"| {key} | `{f['label']}` | {fmt_res(f['dev'], f['host'])} | "
                      f"{_pct(f['cost'], base)} | {fmt_res(a['dev'], a['host'])}{off} | "
                      f"{_pct(a['cost'], base)} | {c['short']} | {_pct(c['cost'], base)} | "
@@ -309,8 +318,15 @@ def render(data, png_rel: str) -> str:
           "`auto(budget, offload=pinned_host)`, which may offload too; the cheapest fixed policy "
           "there is the one with the least modelled time, recomputation plus transfers at the "
           "profile's host bandwidth. The last two columns plan with `device=flops` (the cost "
-          "is the FLOP count itself) and compare in XLA's count: there auto must cost no more "
-          "than the fixed policy with the fewest extra FLOPs within the same budget.", "",
+          "is the FLOP count itself) and compare in XLA's count of the split programs as they "
+          "are handed to XLA (`cost_analysis()` of the lowered forward and backward, which "
+          "`remat_passes.flops` equals): there auto must cost no more than the fixed policy "
+          "with the fewest extra FLOPs within the same budget. In brackets, the same in XLA's "
+          "count of the compiled executables, for reference: XLA's optimizer then folds "
+          "constants and duplicates cheap producers into several fusions, which changes the "
+          "count by up to a few percent in ways no plan decides (on the GPT, the no-remat "
+          "split counts 2% more compiled than lowered, the dots_saveable one 0.5%), so there "
+          "a fixed policy can come out a fraction of a percent below auto.", "",
           f"![auto sweeps against the fixed policies and the knapsack baseline]({png_rel})", "",
           "### Budget sweeps, and the independent knapsack", "",
           "`knapsack` is the baseline in `tools/benchmarks/knapsack.py`: a 0/1 knapsack over "

@@ -47,7 +47,8 @@ def best_time(fn, repeat):
 
 
 def xla_cost(compiled) -> float:
-    """flops + transcendentals from XLA's cost analysis of a compiled executable."""
+    """flops + transcendentals from XLA's cost analysis of a compiled executable (or of a
+    lowered program, before XLA's optimizer)."""
     ca = compiled.cost_analysis()
     if isinstance(ca, (list, tuple)):
         ca = ca[0] if ca else {}
@@ -127,21 +128,25 @@ def rounding_stats(split) -> list[int]:
     return [n, b, n_arg, b_arg]
 
 
-def run_split_form(model: Model, split, ref_grads) -> tuple[float, float]:
+def run_split_form(model: Model, split, ref_grads, planned=None) -> tuple[float, float]:
     """(cost, max abs gradient error) of a split module: its forward and backward compiled
     with XLA and run on the model's inputs. Cost: XLA's cost analysis of the two
     executables, or `remat_passes.flops` for the scanned models (XLA counts a loop body
-    once)."""
+    once). `planned` (a dict), if given, gets "cost": XLA's cost analysis of the two
+    programs as handed to XLA, before its optimizer (which folds constants and duplicates
+    cheap producers into fusions); `remat_passes.flops` equals it on loop-free programs."""
     args = model.args
-    fwd_c = rp.compile(split, "main_fwd").lower(*args).compile()
+    fwd_l = rp.compile(split, "main_fwd").lower(*args)
+    fwd_c = fwd_l.compile()
     res = fwd_c(*args)
     ct = jnp.ones_like(res[0])
-    bwd_c = rp.compile(split, "main_bwd").lower(*res[1:], ct).compile()
+    bwd_l = rp.compile(split, "main_bwd").lower(*res[1:], ct)
+    bwd_c = bwd_l.compile()
     grads = bwd_c(*res[1:], ct)
-    if model.scanned:
-        cost = flops.function_flops(split, "main_fwd") + flops.function_flops(split, "main_bwd")
-    else:
-        cost = xla_cost(fwd_c) + xla_cost(bwd_c)
+    ours = flops.function_flops(split, "main_fwd") + flops.function_flops(split, "main_bwd")
+    cost = ours if model.scanned else xla_cost(fwd_c) + xla_cost(bwd_c)
+    if planned is not None:
+        planned["cost"] = ours if model.scanned else xla_cost(fwd_l) + xla_cost(bwd_l)
     return cost, max_err(grads, ref_grads)
 
 
