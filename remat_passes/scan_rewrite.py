@@ -584,11 +584,12 @@ def plan_prestack(pair: Pair, verdict) -> list:
 def prestack(plan: list, verdict) -> None:
     """Make each nested forward loop of `plan_prestack` stack its values too, and each
     nested case return its saved values (the outer loop then stacks them as needed)."""
-    for loop, values in plan:
-        if not isinstance(loop, scan_pairs.ForwardLoop):
-            with loop.location:
-                case_rewrite.add_nested_saves(loop, values, verdict)
+    for nested, values in plan:
+        if not isinstance(nested, scan_pairs.ForwardLoop):     # a case op
+            with nested.location:
+                case_rewrite.add_nested_saves(nested, values, verdict)
             continue
+        loop = nested
         edit = loop_edit.LoopEdit(loop.op)
         with loop.op.location:
             for v in values:
