@@ -277,6 +277,8 @@ class Problem:
                                           # point result gets (insert-reduce-precision)
     rounds: np.ndarray | None = None      # bool per op node: recomputing it makes
                                           # insert-reduce-precision round (not a name marker)
+    always_rounds: bool = False           # the split form: every kept value the forward
+                                          # reads is rounded, recomputation or not
 
     @property
     def n_ops(self) -> int:
@@ -338,8 +340,8 @@ def evaluate(p: Problem, recompute: np.ndarray, offload_ok=None) -> tuple:
         else np.zeros(p.n_values, bool)
     device = int(p.value_bytes[kept & ~offloaded].sum())
     cost = float(p.op_cost[recompute].sum())
-    if (recompute & p.rounds).any():   # else insert-reduce-precision inserts nothing
-        cost += float(p.keep_cost[kept].sum())
+    if p.always_rounds or (recompute & p.rounds).any():   # (else the joint form rounds
+        cost += float(p.keep_cost[kept].sum())                # nothing)
     if p.offload_cost is not None:
         cost += float(p.offload_cost[offloaded].sum())
     return available, offloaded, device, cost
@@ -808,7 +810,7 @@ class _Builder:
         return np.where(movable, np.array([self.profile.offload_seconds(b) for b in vb]),
                         np.inf)
 
-    def problem(self) -> Problem:
+    def problem(self, always_rounds: bool = False) -> Problem:
         vb = np.array(self.value_bytes, dtype=np.float64)
         return Problem(
             op_cost=np.array(self.op_cost, dtype=np.float64), value_bytes=vb,
@@ -819,14 +821,14 @@ class _Builder:
             offload_cost=self._offload_cost(vb) if self.offload else None,
             ops=self.ops, values=self.values, labels=self.labels,
             keep_cost=np.array(self.keep_cost, dtype=np.float64),
-            rounds=np.array(self.rounds, dtype=bool))
+            rounds=np.array(self.rounds, dtype=bool), always_rounds=always_rounds)
 
 
 def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool,
-                  governed) -> tuple[Problem, _Builder]:
+                  governed, always_rounds: bool = False) -> tuple[Problem, _Builder]:
     """The planning problem of function analysis `a` for the ops `governed(pos)` selects
     (those under the auto policy); every other forward op keeps its own verdict and is
-    modelled as saved where the backward needs it."""
+    modelled as saved where the backward needs it. `always_rounds`: see `Problem`."""
     b = _Builder(profile, offload)
     chains = a.scope_chains(scope_re)
     arg_node = {}
@@ -865,7 +867,7 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
                     b.needed[vid_node[vid]] = True
     for pair in pairs:
         _add_pair(b, pair, vid_node, a)
-    return b.problem(), b
+    return b.problem(always_rounds), b
 
 
 def _modelled(pair) -> bool:
@@ -1026,6 +1028,8 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
     exact = None
     nothing = np.zeros(p.n_ops, bool)
     avail, off, device, cost = evaluate(p, nothing)
+    # (a budget that holds everything recomputes nothing, by design, even in split form,
+    # where recomputing a value can cost less than the rounding keeping it gets)
     if device <= budget:     # everything fits: recompute nothing
         return Solution(nothing, avail, off, device, cost, "no-remat", 0.0, budget), None
     markers = _drop_unneeded(p, p.recomputable & ~p.rounds)
@@ -1066,11 +1070,12 @@ def minimum_bytes(p: Problem) -> int:
 
 
 def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
-              compare_exact=False) -> tuple[dict, PlanReport]:
-    """Solve `policy` for analysis `a`: ({op_id: verdict}, report)."""
+              compare_exact=False, split=False) -> tuple[dict, PlanReport]:
+    """Solve `policy` for analysis `a`: ({op_id: verdict}, report). `split`: for the split
+    form (whose kept values are rounded whether or not anything is recomputed)."""
     profile = policy.profile
     p, b = build_problem(a, scope_re, kept_whole, profile, policy.offload is not None,
-                         governed)
+                         governed, always_rounds=split)
     no_remat = int(p.value_bytes[p.needed].sum())
     budget = policy.budget.resolve(no_remat)
     minimum = minimum_bytes(p)
@@ -1097,7 +1102,7 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     return verdicts, report
 
 
-def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
+def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False, split=False):
     """Replace the auto policies of a ScopePolicies by their solutions (PlannedPolicy).
     Returns the reports."""
     reports = []
@@ -1105,7 +1110,8 @@ def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
         auto_policy = policies.module_policy
         chains = a.scope_chains(scope_re)
         verdicts, report = plan_auto(auto_policy, a, scope_re, kept_whole,
-                                     lambda pos: not chains[pos], compare_exact=compare_exact)
+                                     lambda pos: not chains[pos], compare_exact=compare_exact,
+                                     split=split)
         policies.module_policy = PlannedPolicy(auto_policy.spec, verdicts, _SAVE, report)
         reports.append(report)
     for key, pol in list(policies.recorded.items()):
@@ -1115,7 +1121,7 @@ def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
             def governed(pos, key=key, chains=chains):
                 return bool(chains[pos]) and graph.scope_key(chains[pos][0]) == key
             verdicts, report = plan_auto(pol, a, scope_re, kept_whole, governed,
-                                         compare_exact=compare_exact)
+                                         compare_exact=compare_exact, split=split)
             policies.recorded[key] = PlannedPolicy(pol.spec, verdicts, _SAVE, report)
             reports.append(report)
     if isinstance(policies.scope_policy, AutoPolicy):
@@ -1162,18 +1168,23 @@ def for_peak(policy: AutoPolicy, module, func: str, remat_options: dict) -> Auto
     return min(fits, key=lambda t: t[1])[2]
 
 
-def recompute_seconds(module, policy, func: str = "main", device: str | None = None) -> float:
+def recompute_seconds(module, policy, func: str = "main", device: str | None = None,
+                      mode: str = "joint") -> float:
     """What the recomputation of `policy`'s plan for `module` costs in the planner's model,
     to compare any policy with auto on the same scale: the ops remat-partial-eval clones
     and the reduce_precision ops insert-reduce-precision then adds on what is kept (what
-    `auto` minimises counts both), loop bodies times their trip count."""
+    `auto` minimises counts both), loop bodies times their trip count. `mode="split"`:
+    of the split form (which rounds what it keeps whether or not anything is recomputed)."""
     from remat_passes import contract, pipeline
     from remat_passes.passes.inline import Inline
     from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
     from remat_passes.passes.remat_partial_eval import RematPartialEval
     profile = PROFILES[device or default_device()]
     out = module.clone()
-    pipeline.run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func)])
+    pipeline.run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func,
+                                                              mode=mode)])
+    funcs = [graph.find_func(out.op, name).operation
+             for name in ([func] if mode == "joint" else [f"{func}_fwd", f"{func}_bwd"])]
     existing = set()
 
     def walk(op, visit, scale=1):
@@ -1183,14 +1194,14 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
                              else 1)
                 for o in block.operations:
                     visit(o.operation, n)
-    main = graph.find_func(out.op, func).operation
 
     def note(o, n):
         if o.name == ROUNDING:
             existing.add(op_id(o))
         elif len(o.regions):
             walk(o, note, n)
-    walk(main, note)
+    for f in funcs:
+        walk(f, note)
     pipeline.run_pipeline(out.op, [InsertReducePrecision(func=func, when_recomputed=True)])
     cost_model = flops.CostModel(out.op)
     total = 0.0
@@ -1204,7 +1215,8 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
         elif len(o.regions):
             walk(o, add, n)
     with out.op.context:
-        walk(main, add)
+        for f in funcs:
+            walk(f, add)
     return total
 
 

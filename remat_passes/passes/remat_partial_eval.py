@@ -105,7 +105,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 kept0 = {}
                 for rule in RULES.values():
                     kept0.update(rule.kept_whole(a0))
-                reports = planner.resolve(policies, a0, self.region_regex, set(kept0))
+                reports = planner.resolve(policies, a0, self.region_regex, set(kept0),
+                                          split=self.mode == "split")
                 state.drop(self.func)
             groups = Groups()
             iteration_policy = _IterationPolicy(policies, self.region_regex)

@@ -140,7 +140,7 @@ def test_sweep_fits_is_monotone_and_exact(name):
         policy = P.auto(budget=budget)
         split = rp.remat(m, policy, mode="split")
         assert device_bytes(split) <= budget, (budget, device_bytes(split))
-        costs.append(planner.recompute_seconds(m, policy))
+        costs.append(planner.recompute_seconds(m, policy, mode="split"))
         planned = split.plan_reports[0].solution.cost
         assert costs[-1] == pytest.approx(planned, rel=1e-6, abs=1e-11), (budget, planned)
         got, _ = run_split(split, args, ct, len(leaves(out_ref)))

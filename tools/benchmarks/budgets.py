@@ -57,7 +57,7 @@ def point(model: Model, module, policy, ref, joint=False) -> dict:
     cost, err = run_split_form(model, split, ref, planned)
     row = {"dev": dev, "host": host, "cost": cost, "cost_lowered": planned["cost"],
            "err": err, "pass_s": pass_s,
-           "model_s": planner.recompute_seconds(module, policy, device=DEVICE)}
+           "model_s": planner.recompute_seconds(module, policy, device=DEVICE, mode="split")}
     # with the transfers of what it offloads: what auto(offload=...) minimises
     row["total_s"] = row["model_s"] + planner.PROFILES[DEVICE].offload_seconds(host)
     if split.plan_reports:
