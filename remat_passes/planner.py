@@ -1028,13 +1028,13 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
     exact = None
     nothing = np.zeros(p.n_ops, bool)
     avail, off, device, cost = evaluate(p, nothing)
-    # (a budget that holds everything recomputes nothing, by design, even in split form,
-    # where recomputing a value can cost less than the rounding keeping it gets)
-    if device <= budget:     # everything fits: recompute nothing
+    # (in split form a kept value costs its rounding whatever the plan: recomputing a
+    # value can cost less than keeping it, data movement say, so the solver decides)
+    if device <= budget and not p.always_rounds:   # everything fits: recompute nothing
         return Solution(nothing, avail, off, device, cost, "no-remat", 0.0, budget), None
     markers = _drop_unneeded(p, p.recomputable & ~p.rounds)
     avail, off, device, cost = evaluate(p, markers)
-    if device <= budget:     # recomputing checkpoint-name markers (identities) is enough
+    if device <= budget and not p.always_rounds:   # recomputing checkpoint-name markers
         return Solution(markers, avail, off, device, cost, "no-remat", 0.0, budget), None
     if callable(solver):
         start = time.perf_counter()

@@ -340,7 +340,9 @@ def test_scan_model_ends_match_the_fixed_policies():
     assert lo <= nothing
     assert device_bytes(rp.remat(m, P.auto(budget=lo), mode="split")) == lo
     assert device_bytes(rp.remat(m, None, mode="split")) == hi
-    assert device_bytes(rp.remat(m, P.auto(budget=hi), mode="split")) == hi
+    # (in split form auto may recompute what costs less than its rounding: data movement)
+    assert device_bytes(rp.remat(m, P.auto(budget=hi), mode="split")) <= hi
+    assert device_bytes(rp.remat(m, P.auto(budget=hi))) == hi   # joint: nothing recomputed
     out_ref, ct, grads = reference_vjp(normed_scan, (params, x))
     for budget in (lo, hi):
         got, _ = run_split(rp.remat(m, P.auto(budget=budget), mode="split"), (params, x), ct,

@@ -326,10 +326,7 @@ def render(data, png_rel: str) -> str:
           "constants and duplicates cheap producers into several fusions, which changes the "
           "count by up to a few percent in ways no plan decides (on the GPT, the no-remat "
           "split counts 2% more compiled than lowered, the dots_saveable one 0.5%), so there "
-          "a fixed policy can come out a fraction of a percent below auto. At a budget that "
-          "holds everything, auto recomputes nothing, by design; the split form still rounds "
-          "every kept value the forward reads (one FLOP an element), so a fixed policy that "
-          "recomputes a few cheap values instead can count slightly fewer FLOPs there.", "",
+          "a fixed policy can come out a fraction of a percent below auto.", "",
           f"![auto sweeps against the fixed policies and the knapsack baseline]({png_rel})", "",
           "### Budget sweeps, and the independent knapsack", "",
           "`knapsack` is the baseline in `tools/benchmarks/knapsack.py`: a 0/1 knapsack over "
