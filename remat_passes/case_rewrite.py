@@ -660,20 +660,26 @@ def reuse_nested_saves(clone, values: dict) -> None:
         loop_edit.dce_block(block)
 
 
+def nested_saves_needed(op, verdict) -> list | None:
+    """For a case a recomputation would clone whole (the policy recomputes it) that does
+    not return its saved values yet: `plan_nested_saves`; else (or nothing to save) None."""
+    op = op.operation
+    if op.name != CASE or contract.case_saves(op) or not op.results or \
+            all(verdict(r) is not Recompute for r in op.results):
+        return None
+    saved = plan_nested_saves(op, verdict)
+    return saved if any(saved) else None
+
+
 def presave_nested(block_ops, verdict) -> int:
-    """`add_nested_saves` for every case among `block_ops` that a recomputation would
-    clone whole (the policy recomputes it) and that has values to save. Returns how many
-    cases were rebuilt."""
+    """`add_nested_saves` for every case among `block_ops` that `nested_saves_needed`
+    names. Returns how many cases were rebuilt."""
     n = 0
     for op in block_ops:
-        op = op.operation
-        if op.name != CASE or contract.case_saves(op) or not op.results or \
-                all(verdict(r) is not Recompute for r in op.results):
-            continue
-        saved = plan_nested_saves(op, verdict)
-        if any(saved):
+        saved = nested_saves_needed(op, verdict)
+        if saved is not None:
             with op.location:
-                add_nested_saves(op, saved, verdict)
+                add_nested_saves(op.operation, saved, verdict)
             n += 1
     return n
 

@@ -199,5 +199,5 @@ def stack_value(loop: ForwardLoop, edit: LoopEdit, v) -> ir.Value:
     return zero
 
 
-__all__ = ["LoopEdit", "dce_block", "drop_unused_carries", "read_slot", "slice_part", "stack_value", "int_const",
-           "zero_attr", "shape"]
+__all__ = ["LoopEdit", "dce_block", "drop_unused_carries", "read_slot", "slice_part",
+           "stack_value", "int_const", "zero_attr", "shape"]

@@ -52,6 +52,7 @@ from remat_passes.mlir import RematError, ir, op_id
 from remat_passes.policies import Offloadable, Policy, Recompute, Saveable, everything_saveable
 
 _SAVE = everything_saveable   # for the ops a plan leaves undecided (free ones, say)
+ROUNDING = "stablehlo.reduce_precision"   # what insert-reduce-precision inserts
 
 # ------------------------------------------------------------ device costs --
 _DOT_OPS = ("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution")
@@ -1218,9 +1219,6 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
         for f in funcs:
             walk(f, add)
     return total
-
-
-ROUNDING = "stablehlo.reduce_precision"
 
 
 def bounds(module, func: str = "main", policy: AutoPolicy | None = None) -> tuple[int, int]:

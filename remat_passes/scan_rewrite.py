@@ -564,12 +564,9 @@ def plan_prestack(pair: Pair, verdict) -> list:
     out = []
     for op in pair.fwd.body.operations:
         if op.operation.name == CASE:
-            case = op.operation
-            if not contract.case_saves(case) and case.results and \
-                    any(verdict(r) is Recompute for r in case.results):
-                saved = case_rewrite.plan_nested_saves(case, verdict)
-                if any(saved):
-                    out.append((case, saved))
+            saved = case_rewrite.nested_saves_needed(op, verdict)
+            if saved is not None:
+                out.append((op.operation, saved))
             continue
         loop = analyse_forward(op)
         if loop is None:
