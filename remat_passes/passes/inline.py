@@ -16,10 +16,8 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes import graph
-from remat_passes.mlir import RematError, ir
+from remat_passes.mlir import RematError, format_location, ir
 from remat_passes.passes import ModulePass
-
-MAX_DEPTH = 64
 
 
 def _callee_name(call) -> str:
@@ -46,58 +44,98 @@ def _calls_in(op) -> list:
     return found
 
 
-def inline_calls(module) -> int:
-    """Inline every func.call in `module`; returns how many calls were inlined."""
+def _at(call, filename) -> str:
+    return f"{format_location(call.location, filename)}: error:"
+
+
+def _bottom_up(calls: dict, filename=None) -> list[str]:
+    """The functions with calls, each after every function it calls (an iterative
+    depth-first search; a call cycle is an error: recursion cannot be inlined)."""
+    order, state = [], {}          # state: 1 = on the current path, 2 = done
+    for root in calls:
+        if state.get(root):
+            continue
+        path = [root]
+        stack = [iter(dict.fromkeys(_callee_name(c) for c in calls[root]))]
+        state[root] = 1
+        while stack:
+            name = next(stack[-1], None)
+            if name is None:
+                stack.pop()
+                done = path.pop()
+                state[done] = 2
+                order.append(done)
+                continue
+            if state.get(name) == 1:
+                cycle = path[path.index(name):] + [name]
+                closing = next(c for c in calls[path[-1]] if _callee_name(c) == name)
+                raise RematError(f"{_at(closing, filename)} cannot inline recursive calls: "
+                                 + " -> ".join(f"@{n}" for n in cycle))
+            if state.get(name) or name not in calls:
+                continue
+            state[name] = 1
+            path.append(name)
+            stack.append(iter(dict.fromkeys(_callee_name(c) for c in calls[name])))
+    return order
+
+
+def inline_calls(module, filename: str | None = None) -> int:
+    """Inline every func.call in `module`; returns how many calls were inlined.
+
+    Callees are inlined before their callers, so each function is cloned with no calls
+    left in it, and the locations of one callee's ops under one call name stack are made
+    once."""
     funcs = {graph.func_name(op): op for op in module.body.operations
              if op.operation.name == "func.func"}
     inlined = 0
     with module.context:
-        for depth in range(MAX_DEPTH + 1):
-            calls = [c for f in funcs.values() if len(f.regions[0].blocks)
-                     for c in _calls_in(f)]
-            if not calls:
-                break
-            if depth == MAX_DEPTH:
-                raise RematError(f"error: calls nest deeper than {MAX_DEPTH} levels "
-                                 f"(recursion through @{_callee_name(calls[0])}?)")
-            for call in calls:
-                _inline_one(call, funcs)
+        calls = {name: found for name, f in funcs.items() if len(f.regions[0].blocks)
+                 for found in [_calls_in(f)] if found}
+        locations: dict = {}
+        for name in _bottom_up(calls, filename):
+            for call in calls[name]:
+                _inline_one(call, funcs, locations, filename)
                 inlined += 1
         if inlined:
-            called = {_callee_name(c) for f in funcs.values() if len(f.regions[0].blocks)
-                      for c in _calls_in(f)}
             for name, f in funcs.items():
                 attrs = f.operation.attributes
-                private = "sym_visibility" in attrs and \
-                    ir.StringAttr(attrs["sym_visibility"]).value == "private"
-                if private and name not in called:
-                    f.operation.erase()
+                if "sym_visibility" in attrs and \
+                        ir.StringAttr(attrs["sym_visibility"]).value == "private":
+                    f.operation.erase()      # no calls are left
     return inlined
 
 
-def _inline_one(call, funcs):
+def _inline_one(call, funcs, locations: dict, filename=None):
+    """Move a detached clone of the callee's body before the call. `locations` caches the
+    inlined ops' locations per (callee, call name stack); None stands for the call's own."""
     name = _callee_name(call)
     callee = funcs.get(name)
     if callee is None or len(callee.regions[0].blocks) == 0:
-        raise RematError(f"error: cannot inline the call of @{name}: "
+        raise RematError(f"{_at(call, filename)} cannot inline the call of @{name}: "
                          + ("no such function" if callee is None else "it has no body"))
     if len(callee.regions[0].blocks) != 1:
-        raise RematError(f"error: cannot inline @{name}: its body has several blocks")
-    body = callee.regions[0].blocks[0]
+        raise RematError(f"{_at(call, filename)} cannot inline @{name}: its body has "
+                         "several blocks")
     call_stack = graph.name_stack(call)
-    mapping = dict(zip(body.arguments, call.operands))
-    ip = ir.InsertionPoint(call)
+    copy = callee.operation.clone(ip=False)
+    body = copy.regions[0].blocks[0]
+    for arg, value in zip(body.arguments, call.operands):
+        arg.replace_all_uses_with(value)
     ops = [op.operation for op in body.operations]
-    for op in ops[:-1]:
-        clone = op.clone(ip=ip)
-        graph.replace_reads_all([clone], mapping)
-        clone.location = _inlined_location(op.location, call_stack, call.location)
-        for old, new in zip(op.results, clone.results):
-            mapping[old] = new
-    returned = [mapping.get(v, v) for v in ops[-1].operands]
-    for result, value in zip(call.results, returned):
+    locs = None
+    if call_stack:
+        locs = locations.get((name, call_stack))
+        if locs is None:
+            locs = locations[(name, call_stack)] = [
+                _inlined_location(op.location, call_stack, None) for op in ops[:-1]]
+    for i, op in enumerate(ops[:-1]):
+        op.move_before(call)
+        if locs is not None:
+            op.location = locs[i] if locs[i] is not None else call.location
+    for result, value in zip(call.results, ops[-1].operands):
         result.replace_all_uses_with(value)
     call.erase()
+    copy.erase()
 
 
 @dataclasses.dataclass
@@ -107,4 +145,4 @@ class Inline(ModulePass):
                "interface that core MLIR's inline needs)")
 
     def apply(self, module_op, state) -> None:
-        inline_calls(module_op)
+        inline_calls(module_op, state.filename)

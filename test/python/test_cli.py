@@ -53,8 +53,26 @@ def files(tmp_path_factory, vjp_module):
     escaped = d / "escaped.mlir"     # valid UTF-8 text whose string escapes spell 0xFF
     escaped.write_text('func.func @main(%a: tensor<f32> {"x.\\FF" = 1 : i32}) -> tensor<f32> '
                        '{\n  return %a : tensor<f32>\n}\n')
+    recursive = d / "recursive.mlir"
+    recursive.write_text(RECURSIVE_TEXT)
     return {"vjp": str(vjp), "vjp_bc": str(vjp_bc), "bad": str(bad), "two": str(two),
-            "escaped": str(escaped), "dir": d}
+            "escaped": str(escaped), "recursive": str(recursive), "dir": d}
+
+
+RECURSIVE_TEXT = """\
+func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> tensor<4xf32> {
+  %0 = func.call @a(%x) : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+func.func private @a(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = func.call @b(%x) : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+func.func private @b(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = func.call @a(%x) : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+"""
 
 
 def remat_opt(*args, stdin=None):
@@ -176,13 +194,17 @@ def _error_cases(files):
         # (reading such an attribute name aborted the process)
         "escaped-non-utf8": ([files["escaped"], "--print-memory"],
                              [f"{files['escaped']}:1:34", "not UTF-8"]),
+        # (the call that closes the cycle is named)
+        "recursive-calls": ([files["recursive"], "--remat=policy=nothing_saveable"],
+                            [f"{files['recursive']}:10:8", "recursive calls",
+                             "@a -> @b -> @a"]),
     }
 
 
 ERROR_CASES = ["malformed-mlir", "unknown-pass-in-pipeline", "unknown-pass-flag", "unknown-option",
                "bad-option-value", "bad-core-pass-option", "missing-file", "missing-function",
                "missing-function-pipeline", "garbage-input", "two-modules",
-               "escaped-non-utf8"]
+               "escaped-non-utf8", "recursive-calls"]
 
 
 @pytest.mark.parametrize("case", ERROR_CASES)

@@ -349,6 +349,43 @@ def test_called_function_numerics_still_match():
     assert_trees_close(got, leaves(out) + leaves(grads))
 
 
+@jax.jit
+def _inner(x, w):
+    return rp.checkpoint_name(jnp.sin(x @ w), "inner")
+
+
+@jax.jit
+def _middle(x, w):
+    return jnp.tanh(_inner(x, w)) + _inner(x * 2.0, w)
+
+
+def _nested_calls_model(x, w):
+    def body(h, _):
+        return _middle(h, w), None
+    h, _ = jax.lax.scan(body, _inner(x, w), None, length=3)
+    return jnp.sum(_middle(h, w))
+
+
+def test_nested_calls_are_inlined_with_composed_name_stacks():
+    """Calls nested three deep (a jitted function calling another, in a scan body and at
+    the top level): no call is left, each inlined op's location has every enclosing
+    call's frames, the names inside still apply, and gradients match jax.vjp."""
+    args = (jnp.linspace(-1, 1, 6).reshape(2, 3), jnp.eye(3) * 0.5 + 0.1)
+    module = rp.export_vjp(_nested_calls_model, *args)
+    assert "call @" in str(module)   # guard: the input has calls
+    policy = P.save_only_these_names("inner")
+    out = rp.remat(module, policy)
+    assert "call @" not in str(out)
+    text = out.text(debug_info=True)
+    assert re.search(r"jit\(_middle\)/[^\"]*jit\(_inner\)/[^\"]*sin", text), \
+        "an op of @_inner inlined through @_middle lost a frame"
+    assert_same_residual_types(out.residuals, jax.checkpoint(_nested_calls_model,
+                                                             policy=JP.save_only_these_names(
+                                                                 "inner")), *args)
+    ref, ct, grads = reference_vjp(_nested_calls_model, args)
+    assert_trees_close(run_joint(out, args, ct), leaves(ref) + leaves(grads))
+
+
 # --------------------------------------------------- never more than JAX --
 @pytest.mark.parametrize("fun", [_norm_model, _mean_model], ids=["norm", "mean"])
 def test_no_policy_saves_what_jax_saves(fun):
