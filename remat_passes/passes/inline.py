@@ -52,11 +52,11 @@ def _bottom_up(calls: dict, filename=None) -> list[str]:
     """The functions with calls, each after every function it calls (an iterative
     depth-first search; a call cycle is an error: recursion cannot be inlined)."""
     order, state = [], {}          # state: 1 = on the current path, 2 = done
-    for root in calls:
+    for root, root_calls in calls.items():
         if state.get(root):
             continue
         path = [root]
-        stack = [iter(dict.fromkeys(_callee_name(c) for c in calls[root]))]
+        stack = [iter(dict.fromkeys(_callee_name(c) for c in root_calls))]
         state[root] = 1
         while stack:
             name = next(stack[-1], None)
