@@ -83,6 +83,13 @@ class OpIndex:
     def __contains__(self, oid) -> bool:
         return self.get(oid) is not None
 
+    def by_position(self) -> array:
+        """The ids in position order."""
+        out = array("q", bytes(8 * len(self._ids)))
+        for oid, pos in zip(self._ids, self._pos):
+            out[pos] = oid
+        return out
+
 
 class FunctionAnalysis:
     def __init__(self, func_op, cotangent_indices=None):
@@ -108,6 +115,38 @@ class FunctionAnalysis:
         self._chains: dict = {}
         self._loops: dict = {}
         self._set_cotangents(cotangent_indices)
+
+    @classmethod
+    def after_edit(cls, before: "FunctionAnalysis", ops: list, ids, counts, reads,
+                   backward: bytearray | None) -> "FunctionAnalysis":
+        """The analysis of `before`'s function after an edit that knows what it made
+        (materialize): the top-level ops in program order with their op ids and result
+        counts, the CSR rows of the values each reads (`_reads`), and the backward flags
+        (None: found again by the rule). Everything else is derived lazily, as for a
+        fresh analysis."""
+        self = cls.__new__(cls)
+        self.func_op, self.name, self.block = before.func_op, before.name, before.block
+        self.terminator = before.terminator
+        self.ops = ops
+        self.nargs = before.nargs
+        self.position = OpIndex(list(ids) + [op_id(self.terminator)])
+        base = array("q", bytes(8 * (len(ops) + 1)))
+        count = self.nargs
+        for i, k in enumerate(counts):
+            base[i] = count
+            count += k
+        base[len(ops)] = count
+        self.result_base = base
+        self.nvalues = count
+        self._inserted_backward, self._inserted_key = {}, {}
+        self._chains, self._loops = {}, {}
+        self.how = before.how
+        self.cotangent_indices = list(before.cotangent_indices)
+        self.cotangent_vids = before.cotangent_vids
+        self.__dict__["_reads"] = reads
+        if backward is not None:
+            self.__dict__["backward"] = backward
+        return self
 
     # ------------------------------------------------------------- values --
     @property

@@ -6,16 +6,24 @@ explicitly), marked with the serve's recompute group, and wired to their
 sources; then the consumer reads what the plan says. Forward ops left without
 users (a cosine only the backward needed) are erased in one reverse sweep.
 Offloadable residuals get their placement recorded on the producer.
+
+`analysis_after` then describes the function as it is now from what was made
+(no walk over the IR), so that the passes after remat-partial-eval need not
+analyse it again.
 """
 from __future__ import annotations
 
+from array import array
+
 from remat_passes import contract, graph
-from remat_passes.mlir import ir
-from remat_passes.plan import RematPlan, clone_of_source
+from remat_passes.analysis import FunctionAnalysis
+from remat_passes.mlir import ir, op_id
+from remat_passes.plan import RESULT_STRIDE, RematPlan, clone_of_source
 
 
-def materialize(plan: RematPlan) -> set[int]:
-    """Build the plan; returns the positions of the analysed ops the sweep erased."""
+def materialize(plan: RematPlan) -> tuple[set[int], list]:
+    """Build the plan; returns the positions of the analysed ops the sweep erased, and
+    the clones made (in the plan's clone order)."""
     a = plan.analysis
     made: list = [None] * plan.num_clones
 
@@ -45,7 +53,7 @@ def materialize(plan: RematPlan) -> set[int]:
         pos = a.producer[vid]
         if placement is not None and pos >= 0 and pos not in plan.kept_whole:
             contract.set_offload(a.ops[pos], placement)
-    return dead_code_sweep(a)
+    return dead_code_sweep(a), made
 
 
 def dead_code_sweep(a) -> set[int]:
@@ -62,3 +70,69 @@ def dead_code_sweep(a) -> set[int]:
         erased.add(pos)
         op.erase()
     return erased
+
+
+def analysis_after(plan: RematPlan, made: list, erased: set[int]) -> FunctionAnalysis | None:
+    """The analysis of the function `materialize(plan)` left (clones before their serves'
+    consumers, the consumers' reads replaced, erased ops gone), built from the plan's
+    integer arrays. None where the result is not known without looking again: a serve
+    of the return (split form), or backward found by name stacks or by the rule for
+    transposed ops whose forward user was erased (it may turn backward now)."""
+    a = plan.analysis
+    n = len(a.ops)
+    before, replaced = {}, {}
+    for serve in plan.serves():
+        if serve.consumer == n:
+            return None
+        if len(serve.clones):
+            before[serve.consumer] = serve.clones
+        if serve.reads:
+            replaced[serve.consumer] = dict(zip(serve.reads[0::2], serve.reads[1::2]))
+    keep_backward = bool(a.cotangent_vids)
+    if keep_backward and erased:
+        transposed, backward, producer = a._transposed, a.backward, a.producer
+        keep_backward = not any(
+            p >= 0 and transposed[p] and not backward[p]
+            for pos in erased for p in (producer[vid] for vid in a.reads(pos)))
+    new_vid = array("q", range(a.nargs)) + array("q", [-1]) * (a.nvalues - a.nargs)
+    clone_first = array("q", [0]) * len(made)
+    ops, ids, counts = [], array("q"), array("q")
+    backward = bytearray()
+    starts, flat = array("q", [0]), array("q")
+    old_ids, base, old_backward = a.position.by_position(), a.result_base, a.backward
+    count = a.nargs
+
+    def new(src) -> int:
+        if src >= 0:
+            return new_vid[src]
+        clone, result = divmod(-1 - src, RESULT_STRIDE)
+        return clone_first[clone] + result
+
+    for pos in range(n):
+        for c in before.get(pos, ()):
+            clone = plan.clone(c)
+            k = base[clone.op + 1] - base[clone.op]
+            ops.append(made[c])
+            ids.append(op_id(made[c]))
+            counts.append(k)
+            backward.append(1)
+            flat.extend(dict.fromkeys(new(s) for s in clone.sources))
+            starts.append(len(flat))
+            clone_first[c] = count
+            count += k
+        if pos in erased:
+            continue
+        k = base[pos + 1] - base[pos]
+        ops.append(a.ops[pos])
+        ids.append(old_ids[pos])
+        counts.append(k)
+        backward.append(old_backward[pos])
+        swap = replaced.get(pos)
+        reads = a.reads(pos) if swap is None else [swap.get(v, v) for v in a.reads(pos)]
+        flat.extend(dict.fromkeys(new(s) for s in reads))
+        starts.append(len(flat))
+        for j in range(k):
+            new_vid[base[pos] + j] = count + j
+        count += k
+    return FunctionAnalysis.after_edit(a, ops, ids, counts, (starts, flat),
+                                       backward if keep_backward else None)

@@ -52,7 +52,8 @@ class PassState:
 
     * `analysis(func_op)`: the `FunctionAnalysis` of a function, built on first
       use and kept until a pass drops it (the runner drops every analysis after
-      a pass that does not declare `preserves_analyses`);
+      a pass that does not declare `preserves_analyses`); a pass that rewrote a
+      function and knows what it made can `keep` the analysis of the result;
     * region policies of checkpoint regions made with Python callables;
     * `dim_symbols`: names of the symbolic argument dimensions (`symbolic.argument_dims`,
       read by the runner before the first pass, as `inline` erases them);
@@ -80,6 +81,12 @@ class PassState:
         a = FunctionAnalysis(func_op, cotangent_indices)
         self._analyses[name] = (op_id(func_op), a)
         return a
+
+    def keep(self, func_op, analysis) -> None:
+        """Hand on an analysis a pass built of what it made (see materialize.analysis_after)."""
+        from remat_passes import graph
+        from remat_passes.mlir import op_id
+        self._analyses[graph.func_name(func_op)] = (op_id(func_op), analysis)
 
     def drop(self, name: str | None = None) -> None:
         """Forget the analysis of function `name` (all of them by default)."""

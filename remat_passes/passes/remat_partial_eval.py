@@ -28,7 +28,7 @@ import dataclasses
 import re
 
 from remat_passes import contract, graph, gspmd, planner, report, scan_pairs
-from remat_passes.materialize import materialize
+from remat_passes.materialize import analysis_after, materialize
 
 from remat_passes.passes import ModulePass, PassState, option, parse_int_list
 from remat_passes.mlir import RematError, ir, op_id
@@ -87,6 +87,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
     name = "remat-partial-eval"
     summary = ("Save or recompute forward values of a joint VJP function per a checkpoint "
                "policy; recomputation placed just in time")
+    # (it drops every analysis itself, then hands on the one of the function it rewrote)
+    preserves_analyses = True
 
     def apply(self, module_op, state: PassState) -> None:
         f = graph.find_func(module_op, self.func)   # a clear error before any rewrite
@@ -136,7 +138,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             for r in reports:
                 _explain(r, a, vids, residuals, state)
             unrecorded = _unrecorded_regions(a, self.func, policies)   # (before ops go)
-            erased = materialize(plan)
+            erased, made = materialize(plan)
             keep = [i for i, v in enumerate(vids) if a.producer[v] not in erased]
             vids = [vids[i] for i in keep]
             residuals = [residuals[i] for i in keep]
@@ -156,6 +158,10 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                     state.dim_symbols.update(dims.split_arguments(a, [a.value(v) for v in vids]))
                 split_function(plan, vids, [str(r) for r in residuals], layouts)
             state.drop()
+            if self.mode != "split":    # the next passes read the function as it is now
+                after = analysis_after(plan, made, erased)
+                if after is not None:
+                    state.keep(f, after)
         state.residuals[self.func] = residuals
         state.plan_reports[self.func] = reports
 
