@@ -117,8 +117,8 @@ class FunctionAnalysis:
         self._set_cotangents(cotangent_indices)
 
     @classmethod
-    def after_edit(cls, before: "FunctionAnalysis", ops: list, ids, counts, reads,
-                   backward: bytearray | None) -> "FunctionAnalysis":
+    def after_edit(cls, before: FunctionAnalysis, ops: list, ids, counts, reads,
+                   backward: bytearray | None) -> FunctionAnalysis:
         """The analysis of `before`'s function after an edit that knows what it made
         (materialize): the top-level ops in program order with their op ids and result
         counts, the CSR rows of the values each reads (`_reads`), and the backward flags
@@ -405,6 +405,22 @@ class FunctionAnalysis:
                 free[pos] = 1
         return free
 
+    @functools.cached_property
+    def shape_only(self) -> bytearray:
+        """Per op: are its results computed from constants, iotas and dimension sizes
+        alone (no regions, no side effects)? A shape computation of a symbolic-shape
+        module, or a constant."""
+        out = bytearray(len(self.ops))
+        producer, (starts, flat) = self.producer, self._reads
+        for pos, op in enumerate(self.ops):
+            lo, hi = starts[pos], starts[pos + 1]
+            if op.name in graph.SHAPE_SOURCES:
+                out[pos] = 1
+            elif lo < hi and all(producer[flat[k]] >= 0 and out[producer[flat[k]]]
+                                 for k in range(lo, hi)):
+                out[pos] = not len(op.regions) and not graph.is_side_effecting(op)
+        return out
+
     # ---------------------------------------------------------- scan pairs --
     @functools.cached_property
     def scan_pairs(self) -> list:
@@ -450,7 +466,7 @@ class FunctionAnalysis:
                 if read[vid] and not self.is_backward_vid(vid)]
 
     @functools.cached_property
-    def recompute_groups(self) -> list["RecomputeGroup"]:
+    def recompute_groups(self) -> list[RecomputeGroup]:
         """The clones remat-partial-eval placed before each backward consumer, in program
         order, with the backward value available right before them (the incoming
         cotangent; see place-optimization-barriers)."""
@@ -459,7 +475,7 @@ class FunctionAnalysis:
                                 lambda i, op: i < len(backward) and backward[i])
 
 
-def recompute_groups(ops, is_backward) -> list["RecomputeGroup"]:
+def recompute_groups(ops, is_backward) -> list[RecomputeGroup]:
     """Runs of consecutive clones with one recompute group among `ops` (a block's ops, its
     terminator last), each with the op after it (its consumer) and the result of the latest
     backward op before it that is neither a clone nor an accumulation (`is_backward(index,

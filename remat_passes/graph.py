@@ -42,6 +42,8 @@ COLLECTIVE_OPS = {
 # manual (per-device shapes) and turn back into global ones.
 SPMD_FULL_TO_SHARD = "SPMDFullToShardShape"
 SPMD_SHARD_TO_FULL = "SPMDShardToFullShape"
+# Where shape computations start: ops that read no value, or only a value's shape.
+SHAPE_SOURCES = ("stablehlo.constant", "stablehlo.get_dimension_size", "stablehlo.iota")
 
 
 # ------------------------------------------------------------- op questions --

@@ -58,19 +58,22 @@ def _already_placed(inputs) -> bool:
                                     for v in inputs)
 
 
-_SHAPE_SOURCES = ("stablehlo.constant", "stablehlo.get_dimension_size", "stablehlo.iota")
-
-
-def _is_shape_value(v, memo: dict) -> bool:
+def _is_shape_value(v, memo: dict, known=None) -> bool:
     """Computed from constants and dimension sizes alone (a shape computation of a
     symbolic-shape module, or a constant): nothing to hide from CSE, and routing it through
-    a barrier would keep XLA from refining the shapes it feeds."""
+    a barrier would keep XLA from refining the shapes it feeds. A walk over the operands;
+    `known(value)` answers for the values an analysis describes (None for the others)."""
     def step(u):
         if not isinstance(u, ir.OpResult):
             memo[u] = False
             return None
+        if known is not None:
+            answer = known(u)
+            if answer is not None:
+                memo[u] = answer
+                return None
         op = u.owner.operation
-        if op.name in _SHAPE_SOURCES:
+        if op.name in graph.SHAPE_SOURCES:
             memo[u] = True
             return None
         if len(op.regions) or graph.is_side_effecting(op):
@@ -83,20 +86,42 @@ def _is_shape_value(v, memo: dict) -> bool:
     return graph.post_order(v, memo, step)
 
 
-def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None) -> int:
+def _shape_test(a):
+    """is_shape(value) for place(): the analysis's `shape_only` (one sweep) for the ops it
+    saw; ops inserted after it (a reduce_precision, say) are walked down to those."""
+    memo: dict = {}
+    n = len(a.ops)
+
+    def known(v) -> bool | None:
+        pos = a.position.get(op_id(v.owner))
+        return bool(a.shape_only[pos]) if pos is not None and pos < n else None
+
+    def is_shape(v) -> bool:
+        return _is_shape_value(v, memo, known)
+    return is_shape
+
+
+def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None,
+          is_shape=None) -> int:
     """One barrier per group (but those `skip(group)` names); returns how many were placed.
+    `is_shape(value)`: computed from constants and dimension sizes alone (by default, a
+    walk over its operands).
 
     `is_manual(value)`: is it a per-device value of a GSPMD shard_map? XLA's partitioner
     cannot take a barrier mixing those with global values, so a group reading both gets
     one barrier of each kind (the incoming cotangent joins the one of its kind)."""
     placed = 0
-    shape_values: dict = {}
+    if is_shape is None:
+        shape_values: dict = {}
+
+        def is_shape(v):
+            return _is_shape_value(v, shape_values)
     for group in groups:
         if skip is not None and skip(group):
             continue
-        if all(_is_shape_value(r, shape_values) for op in group.ops for r in op.results):
+        if all(is_shape(r) for op in group.ops for r in op.results):
             continue        # a shape computation (dimension sizes): nothing to hide
-        inputs = [v for v in group.inputs() if not _is_shape_value(v, shape_values)]
+        inputs = [v for v in group.inputs() if not is_shape(v)]
         if not inputs or _already_placed(inputs):
             continue  # constants only: nothing to hide from CSE (or placed before)
         ct = _incoming(group, is_backward, cotangents)
@@ -192,6 +217,6 @@ class PlaceOptimizationBarriers(ModulePass):
             a = state.analysis(f)
             place(a.recompute_groups, a.is_backward, [a.args[i] for i in a.cotangent_indices],
                   lambda barrier, first: a.note_inserted(barrier, backward=True, before=first),
-                  _in_regions_without_barrier(module_op), _manual_test(a))
+                  _in_regions_without_barrier(module_op), _manual_test(a), _shape_test(a))
             if self.in_loops:
                 place_in_loops(f)
