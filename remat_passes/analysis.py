@@ -324,6 +324,17 @@ class FunctionAnalysis:
             return pos < len(self.ops) and bool(self.backward[pos])
         return self._inserted_backward.get(oid, False)
 
+    def backward_survives(self, erased) -> bool:
+        """Does the backward set stay as it is when the ops at positions `erased` (dead
+        forward ops) are removed and clones are added? Not when it comes from name
+        stacks, nor when an erased op was a forward user of a forward op under transpose
+        frames: that op may now have backward users only, which makes it backward."""
+        if not self.cotangent_vids:
+            return False
+        transposed, backward, producer = self._transposed, self.backward, self.producer
+        return not any(p >= 0 and transposed[p] and not backward[p]
+                       for pos in erased for p in (producer[vid] for vid in self.reads(pos)))
+
     def is_backward_vid(self, vid: int) -> bool:
         if vid < self.nargs:
             return vid in self.cotangent_vids
@@ -408,17 +419,15 @@ class FunctionAnalysis:
     @functools.cached_property
     def shape_only(self) -> bytearray:
         """Per op: are its results computed from constants, iotas and dimension sizes
-        alone (no regions, no side effects)? A shape computation of a symbolic-shape
-        module, or a constant."""
+        alone (`graph.shape_rule`)? A shape computation of a symbolic-shape module, or a
+        constant."""
         out = bytearray(len(self.ops))
         producer, (starts, flat) = self.producer, self._reads
         for pos, op in enumerate(self.ops):
             lo, hi = starts[pos], starts[pos + 1]
-            if op.name in graph.SHAPE_SOURCES:
-                out[pos] = 1
-            elif lo < hi and all(producer[flat[k]] >= 0 and out[producer[flat[k]]]
-                                 for k in range(lo, hi)):
-                out[pos] = not len(op.regions) and not graph.is_side_effecting(op)
+            if op.name in graph.SHAPE_SOURCES or (lo < hi and all(
+                    producer[flat[k]] >= 0 and out[producer[flat[k]]] for k in range(lo, hi))):
+                out[pos] = graph.shape_rule(op) is not False
         return out
 
     # ---------------------------------------------------------- scan pairs --

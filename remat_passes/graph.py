@@ -91,6 +91,17 @@ def is_side_effecting(op) -> bool:
     return bool(found)
 
 
+def shape_rule(op) -> bool | None:
+    """Is `op` part of a shape computation (values from constants, iotas and dimension
+    sizes alone)? True for a source, False for an op that never is (regions, side effects,
+    no operands), None when it is exactly if all its operands are."""
+    if op.name in SHAPE_SOURCES:
+        return True
+    if len(op.regions) or not len(op.operands) or is_side_effecting(op):
+        return False
+    return None
+
+
 # ----------------------------------------------------------- location facts --
 _NAME_LOC_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"\(')
 _CALLEE_RE = re.compile(r'"((?:[^"\\]|\\.)*)"\("((?:[^"\\]|\\.)*)":(\d+):(\d+)')

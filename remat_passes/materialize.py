@@ -18,7 +18,7 @@ from array import array
 from remat_passes import contract, graph
 from remat_passes.analysis import FunctionAnalysis
 from remat_passes.mlir import ir, op_id
-from remat_passes.plan import RESULT_STRIDE, RematPlan, clone_of_source
+from remat_passes.plan import RematPlan, clone_of_source
 
 
 def materialize(plan: RematPlan) -> tuple[set[int], list]:
@@ -88,12 +88,7 @@ def analysis_after(plan: RematPlan, made: list, erased: set[int]) -> FunctionAna
             before[serve.consumer] = serve.clones
         if serve.reads:
             replaced[serve.consumer] = dict(zip(serve.reads[0::2], serve.reads[1::2]))
-    keep_backward = bool(a.cotangent_vids)
-    if keep_backward and erased:
-        transposed, backward, producer = a._transposed, a.backward, a.producer
-        keep_backward = not any(
-            p >= 0 and transposed[p] and not backward[p]
-            for pos in erased for p in (producer[vid] for vid in a.reads(pos)))
+    keep_backward = a.backward_survives(erased)
     new_vid = array("q", range(a.nargs)) + array("q", [-1]) * (a.nvalues - a.nargs)
     clone_first = array("q", [0]) * len(made)
     ops, ids, counts = [], array("q"), array("q")
@@ -105,7 +100,7 @@ def analysis_after(plan: RematPlan, made: list, erased: set[int]) -> FunctionAna
     def new(src) -> int:
         if src >= 0:
             return new_vid[src]
-        clone, result = divmod(-1 - src, RESULT_STRIDE)
+        clone, result = clone_of_source(src)
         return clone_first[clone] + result
 
     for pos in range(n):

@@ -51,12 +51,13 @@ def _at(call, filename) -> str:
 def _bottom_up(calls: dict, filename=None) -> list[str]:
     """The functions with calls, each after every function it calls (an iterative
     depth-first search; a call cycle is an error: recursion cannot be inlined)."""
+    callees = {name: list(dict.fromkeys(_callee_name(c) for c in found))
+               for name, found in calls.items()}
     order, state = [], {}          # state: 1 = on the current path, 2 = done
-    for root, root_calls in calls.items():
+    for root, first in callees.items():
         if state.get(root):
             continue
-        path = [root]
-        stack = [iter(dict.fromkeys(_callee_name(c) for c in root_calls))]
+        path, stack = [root], [iter(first)]
         state[root] = 1
         while stack:
             name = next(stack[-1], None)
@@ -71,11 +72,11 @@ def _bottom_up(calls: dict, filename=None) -> list[str]:
                 closing = next(c for c in calls[path[-1]] if _callee_name(c) == name)
                 raise RematError(f"{_at(closing, filename)} cannot inline recursive calls: "
                                  + " -> ".join(f"@{n}" for n in cycle))
-            if state.get(name) or name not in calls:
+            if state.get(name) or name not in callees:
                 continue
             state[name] = 1
             path.append(name)
-            stack.append(iter(dict.fromkeys(_callee_name(c) for c in calls[name])))
+            stack.append(iter(callees[name]))
     return order
 
 

@@ -73,15 +73,13 @@ def _is_shape_value(v, memo: dict, known=None) -> bool:
                 memo[u] = answer
                 return None
         op = u.owner.operation
-        if op.name in graph.SHAPE_SOURCES:
-            memo[u] = True
-            return None
-        if len(op.regions) or graph.is_side_effecting(op):
-            memo[u] = False
+        rule = graph.shape_rule(op)
+        if rule is not None:
+            memo[u] = rule
             return None
         pending = [w for w in op.operands if w not in memo]
         if not pending:
-            memo[u] = bool(len(op.operands)) and all(memo[w] for w in op.operands)
+            memo[u] = all(memo[w] for w in op.operands)
         return pending
     return graph.post_order(v, memo, step)
 
