@@ -117,18 +117,22 @@ class FunctionAnalysis:
         self._set_cotangents(cotangent_indices)
 
     @classmethod
-    def after_edit(cls, before: FunctionAnalysis, ops: list, ids, counts, reads,
-                   backward: bytearray | None) -> FunctionAnalysis:
-        """The analysis of `before`'s function after an edit that knows what it made
-        (materialize): the top-level ops in program order with their op ids and result
-        counts, the CSR rows of the values each reads (`_reads`), and the backward flags
-        (None: found again by the rule). Everything else is derived lazily, as for a
-        fresh analysis."""
+    def from_parts(cls, func_op, ops: list, terminator, ids, counts, reads,
+                   backward: bytearray | None = None,
+                   cotangent_indices=None) -> FunctionAnalysis:
+        """The analysis of `func_op` from what an edit knows it made (materialize, split),
+        without reading the IR again: the top-level ops in program order, the terminator,
+        the ops' ids and result counts, the CSR rows of the values each reads (`_reads`,
+        in this function's vids) and the backward flags (None: found by the rule, as for
+        a fresh analysis). The cotangents are found as a fresh analysis finds them
+        (`cotangent_indices`, else the marks). Everything else is derived lazily."""
         self = cls.__new__(cls)
-        self.func_op, self.name, self.block = before.func_op, before.name, before.block
-        self.terminator = before.terminator
+        self.func_op = func_op
+        self.name = graph.func_name(func_op)
+        self.block = graph.body_block(func_op)
+        self.terminator = terminator
         self.ops = ops
-        self.nargs = before.nargs
+        self.nargs = len(self.block.arguments)
         self.position = OpIndex(list(ids) + [op_id(self.terminator)])
         base = array("q", bytes(8 * (len(ops) + 1)))
         count = self.nargs
@@ -140,9 +144,7 @@ class FunctionAnalysis:
         self.nvalues = count
         self._inserted_backward, self._inserted_key = {}, {}
         self._chains, self._loops = {}, {}
-        self.how = before.how
-        self.cotangent_indices = list(before.cotangent_indices)
-        self.cotangent_vids = before.cotangent_vids
+        self._set_cotangents(cotangent_indices)
         self.__dict__["_reads"] = reads
         if backward is not None:
             self.__dict__["backward"] = backward

@@ -7,13 +7,15 @@ sources; then the consumer reads what the plan says. Forward ops left without
 users (a cosine only the backward needed) are erased in one reverse sweep.
 Offloadable residuals get their placement recorded on the producer.
 
-`analysis_after` then describes the function as it is now from what was made
-(no walk over the IR), so that the passes after remat-partial-eval need not
-analyse it again.
+It returns an `Edit`: the function as it is now, described from what was made
+(no walk over the IR). `analysis_after` (joint form) or `split.half_analyses`
+(split form) turns that into the analyses the passes after remat-partial-eval
+read instead of analysing again.
 """
 from __future__ import annotations
 
 from array import array
+from typing import NamedTuple
 
 from remat_passes import contract, graph
 from remat_passes.analysis import FunctionAnalysis
@@ -21,11 +23,30 @@ from remat_passes.mlir import ir, op_id
 from remat_passes.plan import RematPlan, clone_of_source
 
 
-def materialize(plan: RematPlan) -> tuple[set[int], list]:
-    """Build the plan; returns the positions of the analysed ops the sweep erased, and
-    the clones made (in the plan's clone order)."""
+class Edit(NamedTuple):
+    """The function `materialize(plan)` left: its top-level ops in program order, their
+    op ids and result counts, the values each reads (CSR rows, in the new vids), `side`
+    (per op: a clone or a backward op of the plan's analysis: the half `split` puts it
+    in), `new_vid` (vid before -> vid now, -1 for the results of erased ops),
+    `keep_backward` (the old backward flags still hold: see
+    FunctionAnalysis.backward_survives) and `erased` (the positions of the analysed ops
+    the sweep erased, which must not be touched again)."""
+    ops: list
+    ids: array
+    counts: array
+    reads: tuple
+    side: bytearray
+    new_vid: array
+    keep_backward: bool
+    erased: set
+
+
+def materialize(plan: RematPlan) -> Edit:
+    """Build the plan in the IR; describe what it left."""
     a = plan.analysis
+    n = len(a.ops)
     made: list = [None] * plan.num_clones
+    placed, replaced = {}, {}    # consumer position -> [(clone number, Clone)], {vid: source}
 
     def value(src):
         if src < 0:
@@ -34,17 +55,23 @@ def materialize(plan: RematPlan) -> tuple[set[int], list]:
         return a.value(src)
 
     for serve in plan.serves():
-        consumer = a.terminator if serve.consumer == len(a.ops) else a.ops[serve.consumer]
+        consumer = a.terminator if serve.consumer == n else a.ops[serve.consumer]
         ip = ir.InsertionPoint(consumer)
-        for n in serve.clones:
-            c = plan.clone(n)
+        clones = []
+        for k in serve.clones:
+            c = plan.clone(k)
             clone = a.ops[c.op].clone(ip=ip)
             for old, src in zip(a.reads(c.op), c.sources):
                 if src != old:
                     graph.replace_reads(clone, a.value(old), value(src))
             contract.set_recompute_group(clone, c.group)
-            made[n] = clone
+            made[k] = clone
+            clones.append((k, c))
+        if clones:
+            placed[serve.consumer] = clones
         reads, slots = serve.reads, serve.result_slots
+        if reads and serve.consumer < n:
+            replaced[serve.consumer] = dict(zip(reads[0::2], reads[1::2]))
         for k in range(0, len(reads), 2):
             graph.replace_reads(consumer, a.value(reads[k]), value(reads[k + 1]))
         for k in range(0, len(slots), 2):
@@ -53,7 +80,7 @@ def materialize(plan: RematPlan) -> tuple[set[int], list]:
         pos = a.producer[vid]
         if placement is not None and pos >= 0 and pos not in plan.kept_whole:
             contract.set_offload(a.ops[pos], placement)
-    return dead_code_sweep(a), made
+    return _describe(a, made, dead_code_sweep(a), placed, replaced)
 
 
 def dead_code_sweep(a) -> set[int]:
@@ -72,29 +99,18 @@ def dead_code_sweep(a) -> set[int]:
     return erased
 
 
-def analysis_after(plan: RematPlan, made: list, erased: set[int]) -> FunctionAnalysis | None:
-    """The analysis of the function `materialize(plan)` left (clones before their serves'
-    consumers, the consumers' reads replaced, erased ops gone), built from the plan's
-    integer arrays. None where the result is not known without looking again: a serve
-    of the return (split form), or backward found by name stacks or by the rule for
-    transposed ops whose forward user was erased (it may turn backward now)."""
-    a = plan.analysis
+def _describe(a, made: list, erased: set[int], placed: dict, replaced: dict) -> Edit:
+    """The `Edit` of what materialize did to the function `a` describes: clones (`made`)
+    before their consumers (`placed`), the consumers' reads replaced (`replaced`),
+    `erased` ops gone."""
     n = len(a.ops)
-    before, replaced = {}, {}
-    for serve in plan.serves():
-        if serve.consumer == n:
-            return None
-        if len(serve.clones):
-            before[serve.consumer] = serve.clones
-        if serve.reads:
-            replaced[serve.consumer] = dict(zip(serve.reads[0::2], serve.reads[1::2]))
-    keep_backward = a.backward_survives(erased)
     new_vid = array("q", range(a.nargs)) + array("q", [-1]) * (a.nvalues - a.nargs)
     clone_first = array("q", [0]) * len(made)
     ops, ids, counts = [], array("q"), array("q")
-    backward = bytearray()
+    side = bytearray()
     starts, flat = array("q", [0]), array("q")
     old_ids, base, old_backward = a.position.by_position(), a.result_base, a.backward
+    old_starts, old_flat = a._reads
     count = a.nargs
 
     def new(src) -> int:
@@ -103,31 +119,43 @@ def analysis_after(plan: RematPlan, made: list, erased: set[int]) -> FunctionAna
         clone, result = clone_of_source(src)
         return clone_first[clone] + result
 
-    for pos in range(n):
-        for c in before.get(pos, ()):
-            clone = plan.clone(c)
-            k = base[clone.op + 1] - base[clone.op]
-            ops.append(made[c])
-            ids.append(op_id(made[c]))
-            counts.append(k)
-            backward.append(1)
+    for pos in range(n + 1):     # (n: the clones before the return, in split form)
+        for k, clone in placed.get(pos, ()):
+            size = base[clone.op + 1] - base[clone.op]
+            ops.append(made[k])
+            ids.append(op_id(made[k]))
+            counts.append(size)
+            side.append(1)
             flat.extend(dict.fromkeys(new(s) for s in clone.sources))
             starts.append(len(flat))
-            clone_first[c] = count
-            count += k
-        if pos in erased:
+            clone_first[k] = count
+            count += size
+        if pos == n or pos in erased:
             continue
-        k = base[pos + 1] - base[pos]
+        lo, hi = base[pos], base[pos + 1]
         ops.append(a.ops[pos])
         ids.append(old_ids[pos])
-        counts.append(k)
-        backward.append(old_backward[pos])
+        counts.append(hi - lo)
+        side.append(old_backward[pos])
         swap = replaced.get(pos)
-        reads = a.reads(pos) if swap is None else [swap.get(v, v) for v in a.reads(pos)]
-        flat.extend(dict.fromkeys(new(s) for s in reads))
+        if swap is None:    # (the same values, renumbered: still distinct)
+            flat.extend(map(new_vid.__getitem__, old_flat[old_starts[pos]:old_starts[pos + 1]]))
+        else:
+            flat.extend(dict.fromkeys(new(swap.get(v, v)) for v in a.reads(pos)))
         starts.append(len(flat))
-        for j in range(k):
-            new_vid[base[pos] + j] = count + j
-        count += k
-    return FunctionAnalysis.after_edit(a, ops, ids, counts, (starts, flat),
-                                       backward if keep_backward else None)
+        new_vid[lo:hi] = array("q", range(count, count + hi - lo))
+        count += hi - lo
+    return Edit(ops, ids, counts, (starts, flat), side, new_vid, a.backward_survives(erased),
+                erased)
+
+
+def analysis_after(plan: RematPlan, edit: Edit) -> FunctionAnalysis:
+    """The analysis of the (joint) function `materialize(plan)` left, from its `Edit`. The
+    backward flags are the plan's (clones are backward) where they still hold, else found
+    again by the rule: when they come from name stacks, or when a transposed op lost its
+    forward user (it may turn backward now)."""
+    a = plan.analysis
+    return FunctionAnalysis.from_parts(a.func_op, edit.ops, a.terminator, edit.ids,
+                                       edit.counts, edit.reads,
+                                       edit.side if edit.keep_backward else None,
+                                       a.cotangent_indices)

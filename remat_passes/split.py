@@ -10,22 +10,25 @@ flagged as backward (gradients, and values computed from cotangents) are
 """
 from __future__ import annotations
 
+from array import array
+
 from remat_passes import contract, graph, gspmd, shard_map_rewrite
+from remat_passes.analysis import FunctionAnalysis
 from remat_passes.mlir import func, ir
 from remat_passes.scan_pairs import inside
 
 
-def split_function(plan, residual_vids: list[int], descriptions: list[str],
-                   layouts: dict | None = None) -> None:
-    """`layouts`: {vid: gspmd.residual_layout} of residuals inside GSPMD manual regions
-    (they cross as global values)."""
+def split_function(plan, edit, residual_vids: list[int], descriptions: list[str],
+                   layouts: dict | None = None) -> tuple:
+    """Split the function `materialize(plan)` left (its `edit`); returns the new functions
+    (`<f>_fwd`, `<f>_bwd`). `layouts`: {vid: gspmd.residual_layout} of residuals inside
+    GSPMD manual regions (they cross as global values)."""
     layouts = layouts or {}
     a = plan.analysis
     residuals = [a.value(vid) for vid in residual_vids]
     f = a.func_op
     name = a.name
     term = a.terminator
-    ops = [op.operation for op in a.block.operations][:-1]
     args = a.args
     primal_args = [v for i, v in enumerate(args) if i not in a.cotangent_vids]
     cot_args = [v for i, v in enumerate(args) if i in a.cotangent_vids]
@@ -52,8 +55,7 @@ def split_function(plan, residual_vids: list[int], descriptions: list[str],
         fwd_block, bwd_block = graph.body_block(fwd), graph.body_block(bwd)
         fwd_ret = func.ReturnOp(fwd_results + residuals, ip=ir.InsertionPoint(fwd_block))
         bwd_ret = func.ReturnOp(bwd_results, ip=ir.InsertionPoint(bwd_block))
-        for op in ops:
-            backward = contract.is_recompute_clone(op) or a.is_backward(op)
+        for op, backward in zip(edit.ops, edit.side):
             op.move_before(bwd_ret if backward else fwd_ret)
         # Residuals: their uses in <f>_bwd read the new arguments (a per-device value of
         # a GSPMD shard_map leaves <f>_fwd as a global one and comes back per device).
@@ -89,6 +91,50 @@ def split_function(plan, residual_vids: list[int], descriptions: list[str],
         contract.set_all_entries(bwd, "res_attrs", [
             res_entries[i] for i, b in enumerate(flags) if b])
     f.operation.erase()
+    return fwd, bwd
+
+
+def half_analyses(a, edit, residual_vids: list[int], fwd, bwd) -> tuple:
+    """The analyses of `<f>_fwd` and `<f>_bwd` from the `materialize.Edit` of the joint
+    function `a` described (ops keep their ids when they move): each half's ops in the
+    joint order, their reads renumbered (`<f>_fwd`'s arguments are the primal ones;
+    `<f>_bwd`'s the residuals, then the cotangents). The backward flags are found by
+    the rule, as for a fresh analysis. (None, None) where a read has no place in its half
+    (not expected: the split would not verify)."""
+    nres = len(residual_vids)
+    nvalues = a.nargs + sum(edit.counts)    # (the joint function's, clones included)
+    maps = (array("q", [-1]) * nvalues, array("q", [-1]) * nvalues)
+    primal = [i for i in range(a.nargs) if i not in a.cotangent_vids]
+    cotangent = [i for i in range(a.nargs) if i in a.cotangent_vids]
+    for k, i in enumerate(primal):
+        maps[0][i] = k
+    for k, vid in enumerate(residual_vids):
+        maps[1][edit.new_vid[vid]] = k
+    for k, i in enumerate(cotangent):
+        maps[1][i] = nres + k
+    parts = [([], array("q"), array("q"), array("q", [0]), array("q")) for _ in range(2)]
+    counts = [len(primal), nres + len(cotangent)]
+    starts, flat = edit.reads
+    vid = a.nargs
+    for pos, op in enumerate(edit.ops):
+        half = edit.side[pos]
+        new = maps[half]
+        ops, ids, sizes, half_starts, half_flat = parts[half]
+        half_flat.extend(map(new.__getitem__, flat[starts[pos]:starts[pos + 1]]))
+        half_starts.append(len(half_flat))
+        ops.append(op)
+        ids.append(edit.ids[pos])
+        k = edit.counts[pos]
+        sizes.append(k)
+        new[vid:vid + k] = array("q", range(counts[half], counts[half] + k))
+        counts[half] += k
+        vid += k
+    if any(len(p[4]) and min(p[4]) < 0 for p in parts):
+        return None, None
+    return tuple(
+        FunctionAnalysis.from_parts(g, ops, graph.terminator(graph.body_block(g)),
+                                    ids, sizes, (half_starts, half_flat))
+        for g, (ops, ids, sizes, half_starts, half_flat) in zip((fwd, bwd), parts))
 
 
 def _declared_sharding(v, arg_entries) -> dict:

@@ -36,7 +36,7 @@ from remat_passes.plan import ScopePolicies, plan_with_policies, policy_verdict
 from remat_passes.policies import Policy, as_policy, nothing_saveable, parse_policy
 from remat_passes.symbolic import DimNames
 from remat_passes.rules import RULES, Groups
-from remat_passes.split import split_function
+from remat_passes.split import half_analyses, split_function
 
 Residual = report.Residual
 
@@ -138,7 +138,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             for r in reports:
                 _explain(r, a, vids, residuals, state)
             unrecorded = _unrecorded_regions(a, self.func, policies)   # (before ops go)
-            erased, made = materialize(plan)
+            edit = materialize(plan)
+            erased = edit.erased
             keep = [i for i, v in enumerate(vids) if a.producer[v] not in erased]
             vids = [vids[i] for i in keep]
             residuals = [residuals[i] for i in keep]
@@ -153,15 +154,17 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                     f"@{self.func}: {calls} func.call op(s) are kept as atomic calls (saved, "
                     "the policy cannot see inside); run the inline pass first (the remat "
                     "pipeline does)")
+            state.drop()
             if self.mode == "split":
                 if state.dim_symbols is not None:   # the halves' arguments keep their names
                     state.dim_symbols.update(dims.split_arguments(a, [a.value(v) for v in vids]))
-                split_function(plan, vids, [str(r) for r in residuals], layouts)
-            state.drop()
-            if self.mode != "split":    # the next passes read the function as it is now
-                after = analysis_after(plan, made, erased)
-                if after is not None:
-                    state.keep(f, after)
+                halves = split_function(plan, edit, vids, [str(r) for r in residuals], layouts)
+                if not layouts:   # (a GSPMD residual crosses through ops split inserts)
+                    for g, analysis in zip(halves, half_analyses(a, edit, vids, *halves)):
+                        if analysis is not None:
+                            state.keep(g, analysis)
+            else:                 # the next passes read the function as it is now
+                state.keep(f, analysis_after(plan, edit))
         state.residuals[self.func] = residuals
         state.plan_reports[self.func] = reports
 
