@@ -96,7 +96,7 @@ def run_case(module, policy, mode, repeat) -> dict:
     return best
 
 
-def measure_one(family, size, policies=POLICIES, modes=MODES, repeat=2) -> list[dict]:
+def measure_one(family, size, policies=POLICIES, modes=MODES, repeat=3) -> list[dict]:
     """Every policy and mode of one family at one size (run in a fresh process by `measure`,
     so that one size's heap does not slow the next down)."""
     per, fixed = calibrate(family)
@@ -125,7 +125,7 @@ def measure_one(family, size, policies=POLICIES, modes=MODES, repeat=2) -> list[
 
 
 def measure(sizes=SIZES, families=tuple(FAMILIES), policies=POLICIES, modes=MODES,
-            repeat=2, log=print) -> dict:
+            repeat=3, log=print) -> dict:
     import json
     import subprocess
     rows = []
@@ -251,7 +251,7 @@ def main(argv) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3, help="timings: best of N (default 3)")
     args = ap.parse_args(argv)
     if args.one:
         rows = measure_one(args.one[0], int(args.one[1]), args.policies.split(","),
