@@ -214,28 +214,25 @@ def offload_dot_with_no_batch_dims(offload_src, offload_dst):
     return Policy(policy, f"offload_dot_with_no_batch_dims({offload_src!r}, {offload_dst!r})")
 
 
-def save_anything_except_these_names(*names_not_to_save):
-    """Save any values (not just named ones) excluding the names given."""
+def _names_except(names_not_to_save, label: str, unnamed: bool) -> Policy:
+    """Save named values but those given; unnamed values by `unnamed`."""
     excluded = frozenset(names_not_to_save)
 
     def policy(op):
         if op.checkpoint_name is not None:
             return op.checkpoint_name not in excluded
-        return True
-    return Policy(policy, f"save_anything_except_these_names({_q(names_not_to_save)})",
-                  names=excluded)
+        return unnamed
+    return Policy(policy, f"{label}({_q(names_not_to_save)})", names=excluded)
+
+
+def save_anything_except_these_names(*names_not_to_save):
+    """Save any values (not just named ones) excluding the names given."""
+    return _names_except(names_not_to_save, "save_anything_except_these_names", True)
 
 
 def save_any_names_but_these(*names_not_to_save):
     """Save only named values, excluding the names given."""
-    excluded = frozenset(names_not_to_save)
-
-    def policy(op):
-        if op.checkpoint_name is not None:
-            return op.checkpoint_name not in excluded
-        return False
-    return Policy(policy, f"save_any_names_but_these({_q(names_not_to_save)})",
-                  names=excluded)
+    return _names_except(names_not_to_save, "save_any_names_but_these", False)
 
 
 def save_only_these_names(*names_which_can_be_saved):
