@@ -57,7 +57,10 @@ class PassState:
     * region policies of checkpoint regions made with Python callables;
     * `dim_symbols`: names of the symbolic argument dimensions (`symbolic.argument_dims`,
       read by the runner before the first pass, as `inline` erases them);
-    * results: residuals per function (remat-partial-eval), remarks, timings.
+    * results: residuals per function (remat-partial-eval), remarks, timings;
+    * `checkpointed`: per function remat-partial-eval rewrote, was a checkpoint policy in
+      force (a policy, or checkpoint regions)? Without one the program is JAX's plain
+      `jax.vjp`, which rounds nothing (insert-reduce-precision reads it).
     """
 
     def __init__(self, region_policies=None, filename=None):
@@ -67,6 +70,7 @@ class PassState:
         self.remarks: list = []
         self.timings: list = []      # (pass name, seconds) per step run
         self.plan_reports: dict = {} # function -> [planner.PlanReport] of auto policies
+        self.checkpointed: dict = {} # function -> bool (see above)
         self.dim_symbols: dict | None = None
         self._analyses: dict = {}
 

@@ -21,9 +21,12 @@ identity (JAX's lowering of a checkpoint emits none for them either).
 `when-recomputed=true` (how the `remat` pipeline runs it) skips the pass in
 joint form when remat-partial-eval recomputed nothing from saved values:
 without recomputation forward and backward read the same value, and JAX
-without `jax.checkpoint` rounds nothing either. The split form is always
-rounded: its residuals reach `@<f>_bwd` through memory, rounded to their type,
-so the forward's own consumers must read the rounded value as well.
+without `jax.checkpoint` rounds nothing either. The split form is rounded
+whenever a checkpoint policy was in force (a policy, or checkpoint regions),
+recomputed or not: its residuals reach `@<f>_bwd` through memory, rounded to
+their type, so the forward's own consumers must read the rounded value as
+well. With no policy and no regions (JAX's plain `jax.vjp`, which rounds
+nothing) it skips the split form too.
 """
 from __future__ import annotations
 
@@ -124,18 +127,20 @@ class InsertReducePrecision(ModulePass):
     func: str = option("main",
                        "the function remat-partial-eval rewrote (its _fwd half in split form)")
     when_recomputed: bool = option(
-        False, "only if remat-partial-eval recomputed something from saved values (JAX "
-        "rounds only inside jax.checkpoint)")
+        False, "joint form: only if remat-partial-eval recomputed something from saved "
+        "values; split form: only if it ran under a checkpoint policy (JAX rounds only "
+        "inside jax.checkpoint)")
 
     def apply(self, module_op, state) -> None:
         name = self.func
         with module_op.context:
             if graph.is_split(module_op, name):
-                # (always: the residual reaches @<f>_bwd through memory, rounded to its
-                # type, whether or not anything is recomputed from it, so the forward's
-                # own consumers must read the rounded value too; JAX's
-                # test_excess_precision_hell)
-                self._round_split(state, graph.find_func(module_op, f"{name}_fwd"))
+                # (whether or not anything is recomputed: the residual reaches @<f>_bwd
+                # through memory, rounded to its type, so the forward's own consumers
+                # must read the rounded value too; JAX's test_excess_precision_hell. Not
+                # without a checkpoint policy: JAX's plain jax.vjp rounds nothing.)
+                if not (self.when_recomputed and state.checkpointed.get(name) is False):
+                    self._round_split(state, graph.find_func(module_op, f"{name}_fwd"))
                 return
             f = graph.find_func(module_op, name)
             if self.when_recomputed and not recomputes(f):

@@ -138,6 +138,9 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             for r in reports:
                 _explain(r, a, vids, residuals, state)
             unrecorded = _unrecorded_regions(a, self.func, policies)   # (before ops go)
+            state.checkpointed[self.func] = (policies.module_policy is not None
+                                             or bool(policies.recorded)
+                                             or any(a.scope_chains(self.region_regex)))
             edit = materialize(plan)
             erased = edit.erased
             keep = [i for i, v in enumerate(vids) if a.producer[v] not in erased]

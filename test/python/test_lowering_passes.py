@@ -244,6 +244,26 @@ def test_reduce_precision_bits_are_jax_finfo_for_every_float_dtype(dtype):
     assert found == [(f"e{finfo.nexp}m{finfo.nmant}", elem)], text
 
 
+@pytest.mark.parametrize("policy", [None, "everything_saveable", "dots_saveable"])
+def test_split_form_rounds_residuals_where_jax_does(policy):
+    """Split form: under a checkpoint policy the residuals are rounded whether or not
+    anything is recomputed (JAX's jax.checkpoint rounds its residuals); with no policy
+    nothing is, as in JAX's plain jax.vjp. Checked against JAX's own lowering."""
+    def f(W, x):
+        return jnp.sum(jnp.sin(jnp.tanh(x @ W) @ W))
+    W = jnp.linspace(-1.0, 1.0, 64, dtype=jnp.float32).reshape(8, 8)
+    x = jnp.ones((4, 8), jnp.float32)
+    g = f if policy is None else jax.checkpoint(f, policy=getattr(JP, policy))
+    theirs = jax.jit(jax.grad(g, argnums=(0, 1))).lower(W, x).as_text()
+    out = rp.remat(rp.export_vjp(f, W, x), policy, mode="split")
+    _, ops, _ = func_ops(out.op, "main_fwd")
+    ours = [op for op in ops if op.name == "stablehlo.reduce_precision"]
+    assert bool(ours) == ("stablehlo.reduce_precision" in theirs), (len(ours), policy)
+    assert bool(ours) == (policy is not None)
+    got, _ = run_split(out, (W, x), jnp.float32(1.0), 1)
+    assert_trees_close(got[1:], leaves(jax.grad(f, argnums=(0, 1))(W, x)))
+
+
 @pytest.mark.parametrize("policy", list(BF16_POLICIES), ids=list(BF16_POLICIES))
 def test_bf16_remat_gradients_equal_no_remat_bit_for_bit(bf16_model, policy):
     """With every residual rounded, the backward reads the same values whether
