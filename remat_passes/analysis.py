@@ -93,28 +93,9 @@ class OpIndex:
 
 class FunctionAnalysis:
     def __init__(self, func_op, cotangent_indices=None):
-        self.func_op = func_op
-        self.name = graph.func_name(func_op)
-        self.block = graph.body_block(func_op)
-        ops = [o.operation for o in self.block.operations]
-        self.terminator = ops[-1]
-        self.ops = ops[:-1]
-        n = len(self.ops)
-        self.nargs = len(self.block.arguments)
-        self.position = OpIndex([op_id(op) for op in ops])   # the return: len(ops)
-        base = array("q", bytes(8 * (n + 1)))
-        count = self.nargs
-        for i, op in enumerate(self.ops):
-            base[i] = count
-            count += len(op.results)
-        base[n] = count
-        self.result_base = base          # vid of the first result of the op at each position
-        self.nvalues = count
-        self._inserted_backward: dict[int, bool] = {}
-        self._inserted_key: dict[int, float] = {}
-        self._chains: dict = {}
-        self._loops: dict = {}
-        self._set_cotangents(cotangent_indices)
+        ops = [o.operation for o in graph.body_block(func_op).operations]
+        self._setup(func_op, ops[:-1], ops[-1], [op_id(op) for op in ops[:-1]],
+                    [len(op.results) for op in ops[:-1]], cotangent_indices)
 
     @classmethod
     def from_parts(cls, func_op, ops: list, terminator, ids, counts, reads,
@@ -127,28 +108,34 @@ class FunctionAnalysis:
         a fresh analysis). The cotangents are found as a fresh analysis finds them
         (`cotangent_indices`, else the marks). Everything else is derived lazily."""
         self = cls.__new__(cls)
+        self._setup(func_op, ops, terminator, ids, counts, cotangent_indices)
+        self.__dict__["_reads"] = reads
+        if backward is not None:
+            self.__dict__["backward"] = backward
+        return self
+
+    def _setup(self, func_op, ops, terminator, ids, counts, cotangent_indices) -> None:
+        """Program order and value ids from the ops, their ids and result counts."""
         self.func_op = func_op
         self.name = graph.func_name(func_op)
         self.block = graph.body_block(func_op)
         self.terminator = terminator
         self.ops = ops
         self.nargs = len(self.block.arguments)
-        self.position = OpIndex(list(ids) + [op_id(self.terminator)])
+        self.position = OpIndex(list(ids) + [op_id(terminator)])   # the return: len(ops)
         base = array("q", bytes(8 * (len(ops) + 1)))
         count = self.nargs
         for i, k in enumerate(counts):
             base[i] = count
             count += k
         base[len(ops)] = count
-        self.result_base = base
+        self.result_base = base          # vid of the first result of the op at each position
         self.nvalues = count
-        self._inserted_backward, self._inserted_key = {}, {}
-        self._chains, self._loops = {}, {}
+        self._inserted_backward: dict[int, bool] = {}
+        self._inserted_key: dict[int, float] = {}
+        self._chains: dict = {}
+        self._loops: dict = {}
         self._set_cotangents(cotangent_indices)
-        self.__dict__["_reads"] = reads
-        if backward is not None:
-            self.__dict__["backward"] = backward
-        return self
 
     # ------------------------------------------------------------- values --
     @property
