@@ -212,7 +212,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     """
     from remat_passes.module import Module
     from remat_passes.passes.remat import Remat
-    from remat_passes.passes.remat_partial_eval import parse_regex
+    from remat_passes.passes import parse_regex
     from remat_passes.policies import as_policy
     if not isinstance(module, Module):
         raise TypeError("rp.remat takes a remat_passes.Module (from rp.export_vjp, rp.export, "

@@ -273,13 +273,14 @@ class Problem:
     values: list                  # per value node, the ir.Value
     labels: list                  # per op node: "top" or the scan loop it is in
     keep_cost: np.ndarray | None = None   # seconds per value node when it is kept (saved or
-                                          # offloaded) by a plan that recomputes a rounding
-                                          # op: the reduce_precision every kept floating-
-                                          # point result gets (insert-reduce-precision)
-    rounds: np.ndarray | None = None      # bool per op node: recomputing it makes
-                                          # insert-reduce-precision round (not a name marker)
-    always_rounds: bool = False           # the split form: every kept value the forward
-                                          # reads is rounded, recomputation or not
+                                          # offloaded) and a recomputation reads it: the
+                                          # reduce_precision insert-reduce-precision puts
+                                          # on such a floating-point value the forward
+                                          # reads too
+    markers: np.ndarray | None = None     # bool per op node: a checkpoint-name marker
+    through: np.ndarray | None = None     # bool per op node: a recomputed copy computes
+                                          # nothing (a marker, data movement), so
+                                          # insert-reduce-precision looks through it
 
     @property
     def n_ops(self) -> int:
@@ -292,8 +293,10 @@ class Problem:
     def __post_init__(self):
         if self.keep_cost is None:
             self.keep_cost = np.zeros(self.n_values)
-        if self.rounds is None:
-            self.rounds = np.ones(self.n_ops, bool)
+        if self.markers is None:
+            self.markers = np.zeros(self.n_ops, bool)
+        if self.through is None:
+            self.through = self.markers.copy()
         lengths = np.array([len(r) for r in self.reads], dtype=np.int64)
         self.read_rows = np.repeat(np.arange(self.n_ops), lengths)   # op node per read
         self.read_flat = np.concatenate(self.reads) if self.reads else np.zeros(0, np.int64)
@@ -303,6 +306,37 @@ class Problem:
         """Per value: how many reasons it has to be available (needed, recomputed readers)."""
         return self.needed.astype(np.int64) + np.bincount(
             self.read_flat[recompute[self.read_rows]], minlength=self.n_values)
+
+    def rounded(self, recompute: np.ndarray, kept: np.ndarray) -> np.ndarray:
+        """Per value: kept, and read by a recomputation (directly, or through recomputed
+        ops that compute nothing): what insert-reduce-precision rounds."""
+        def read_by(ops):
+            return np.bincount(self.read_flat[ops[self.read_rows]],
+                               minlength=self.n_values) > 0
+        reached = read_by(recompute & ~self.through)
+        through = recompute & self.through
+        while True:
+            via = np.zeros(self.n_ops, bool)
+            via[self.value_producer[reached & self.has_producer]] = True
+            more = reached | read_by(via & through)
+            if (more == reached).all():
+                return kept & reached
+            reached = more
+
+    def round_reads(self) -> tuple:
+        """The reads that can make a value rounded: (op node, value node) of the reads of
+        recomputable ops that compute something, and (op node, value node, result value
+        node) of those of recomputable ops looked through, whose result passes it on."""
+        ops, values = self.read_rows, self.read_flat
+        on = self.recomputable[ops]
+        direct = on & ~self.through[ops]
+        via = on & self.through[ops]
+        results = [[] for _ in range(self.n_ops)]
+        for v in np.nonzero(self.has_producer)[0]:
+            results[self.value_producer[v]].append(int(v))
+        passed = [(int(o), int(v), w) for o, v in zip(ops[via], values[via])
+                  for w in results[o]]
+        return (ops[direct], values[direct]), passed
 
     def recomputed_values(self, recompute: np.ndarray) -> np.ndarray:
         out = np.zeros(self.n_values, bool)
@@ -341,8 +375,7 @@ def evaluate(p: Problem, recompute: np.ndarray, offload_ok=None) -> tuple:
         else np.zeros(p.n_values, bool)
     device = int(p.value_bytes[kept & ~offloaded].sum())
     cost = float(p.op_cost[recompute].sum())
-    if p.always_rounds or (recompute & p.rounds).any():   # (else the joint form rounds
-        cost += float(p.keep_cost[kept].sum())                # nothing)
+    cost += float(p.keep_cost[p.rounded(recompute, kept)].sum())
     if p.offload_cost is not None:
         cost += float(p.offload_cost[offloaded].sum())
     return available, offloaded, device, cost
@@ -359,14 +392,18 @@ def _mins(p: Problem, lam: float) -> np.ndarray:
     keep = lam * p.value_bytes
     if p.offload_cost is not None:
         keep = np.minimum(keep, p.offload_cost)
-    return keep + p.keep_cost
+    return keep
 
 
 class _CutGraph:
     """The closure graph of a Problem, built once; one minimum cut per multiplier.
 
-    Node ids: ops 0..n_ops-1, values n_ops.., then source and sink. Selected = source
-    side of the cut: an op recomputed, a value available."""
+    Node ids: ops 0..n_ops-1, values n_ops.., then source and sink, then one node per
+    value a recomputation can read. Selected = source side of the cut: an op recomputed,
+    a value available, a value read by a recomputation (it pays its rounding unless its
+    producer is recomputed too). A read through an op that computes nothing passes on
+    from the op's results whether or not the op is recomputed (a cut cannot say "and"):
+    the cut may pay a rounding the plan does not make; `evaluate` counts exactly.)"""
 
     def __init__(self, p: Problem):
         import igraph
@@ -381,15 +418,26 @@ class _CutGraph:
         for v in np.nonzero(prod >= 0)[0]:
             if p.recomputable[prod[v]]:
                 imp.append((prod[v], n_ops + v))   # a recomputed op's results are available
-        self.n_imp = len(imp)
         src, snk = self.source, self.sink
+        (readers, read), passed = p.round_reads()
+        values = np.unique(np.concatenate(
+            [read, np.array([x for _, v, w in passed for x in (v, w)], np.int64)]))
+        node = dict(zip(values.tolist(), range(snk + 1, snk + 1 + len(values))))
+        imp.extend((int(o), node[int(v)]) for o, v in zip(readers, read))
+        imp.extend((node[w], node[v]) for _, v, w in passed)
+        self.n_imp = len(imp)
+        costly = values[p.keep_cost[values] > 0]
+        self.rounding = ([(node[int(v)], int(prod[v]) if prod[v] >= 0 and p.recomputable[prod[v]]
+                           else snk) for v in costly], p.keep_cost[costly])
         ends = imp + [(src, o) for o in rec] + [(o, snk) for o in rec] + \
-            [(src, n_ops + v) for v in range(n_values)] + [(n_ops + v, snk) for v in range(n_values)]
+            [(src, n_ops + v) for v in range(n_values)] + \
+            [(n_ops + v, snk) for v in range(n_values)] + self.rounding[0]
         self.rec = rec
-        self.graph = igraph.Graph(n=n_ops + n_values + 2, edges=ends, directed=True)
+        self.n_nodes = snk + 1 + len(values)
+        self.graph = igraph.Graph(n=self.n_nodes, edges=ends, directed=True)
         movable = 0.0 if p.offload_cost is None else \
             float(p.offload_cost[np.isfinite(p.offload_cost)].sum())
-        self.big = (float(p.op_cost.sum()) + movable) * 4 + 1.0
+        self.big = (float(p.op_cost.sum()) + movable + float(p.keep_cost.sum())) * 4 + 1.0
 
     def solve(self, lam: float) -> np.ndarray:
         """Recompute set minimising cost + lam * bytes (offload where cheaper)."""
@@ -406,9 +454,10 @@ class _CutGraph:
         cap = np.concatenate([
             np.full(self.n_imp, big),
             np.maximum(-w_op, 0.0), np.maximum(w_op, 0.0),
-            np.where(forced, big, np.maximum(-w_val, 0.0)), np.maximum(w_val, 0.0)])
+            np.where(forced, big, np.maximum(-w_val, 0.0)), np.maximum(w_val, 0.0),
+            self.rounding[1]])
         cut = self.graph.mincut(self.source, self.sink, capacity=cap.tolist())
-        side = np.zeros(p.n_ops + p.n_values + 2, bool)
+        side = np.zeros(self.n_nodes, bool)
         side[cut.partition[0]] = True
         if not side[self.source]:       # igraph puts the source in the first set
             side = ~side
@@ -634,7 +683,8 @@ def _spend_slack(p: Problem, recompute: np.ndarray, budget: int, offload_ok) -> 
 
 class _Milp:
     """The integer program of a Problem (variables: recompute per op, saved and, with
-    offload, offloaded per value), built once; solved whole or with most ops fixed."""
+    offload, offloaded per value, then rounded per value whose rounding a recomputation
+    can cost), built once; solved whole or with most ops fixed."""
 
     def __init__(self, p: Problem, budget: int):
         import scipy.sparse as sp
@@ -642,8 +692,14 @@ class _Milp:
         self.p = p
         n_ops, n_values = p.n_ops, p.n_values
         off = p.offload_cost is not None
-        self.n = n_ops + n_values * (2 if off else 1)
+        (readers, read), passed = p.round_reads()
+        read_values = np.unique(np.concatenate(
+            [read, np.array([x for _, v, w in passed for x in (v, w)], np.int64)]))
+        round_values = read_values[p.keep_cost[read_values] > 0]
         self.s0, self.o0 = n_ops, n_ops + n_values
+        self.t0 = n_ops + n_values * (2 if off else 1)
+        self.r0 = self.t0 + len(read_values)
+        self.n = self.r0 + len(round_values)
         # Costs in units of the cheapest positive one (HiGHS's gap tolerances are absolute
         # too: seconds of tiny ops would all look equal); saving a byte costs a tie-breaker
         # far below any op, so nothing is saved that does not need to be.
@@ -651,10 +707,11 @@ class _Milp:
         self.unit = float(positive.min()) if len(positive) else 1.0
         eps = 1e-3 / max(float(p.value_bytes.sum()), 1.0)
         movable = np.isfinite(p.offload_cost) if off else None
-        self.c = np.concatenate([p.op_cost / self.unit,
-                                 eps * p.value_bytes + p.keep_cost / self.unit] +
-                                ([(np.where(movable, p.offload_cost, 0.0) + p.keep_cost) /
-                                  self.unit] if off else []))
+        self.c = np.concatenate([p.op_cost / self.unit, eps * p.value_bytes] +
+                                ([np.where(movable, p.offload_cost, 0.0) / self.unit]
+                                 if off else []) +
+                                [np.zeros(len(read_values)),
+                                 p.keep_cost[round_values] / self.unit])
         rows, cols, data, lo = [], [], [], []
 
         def avail(row, v):
@@ -676,6 +733,23 @@ class _Milp:
                 rows.append(r), cols.append(int(o)), data.append(-1.0)
                 lo.append(0.0)
                 r += 1
+        # read_v >= a recomputed reader; read_v >= read_w + recomputed op looked through
+        # (w one of its results) - 1; rounded_v >= read_v + kept_v - 1 (saved or offloaded)
+        t = dict(zip(read_values.tolist(), range(self.t0, self.r0)))
+
+        def row(terms, bound):
+            nonlocal r
+            for col, coef in terms:
+                rows.append(r), cols.append(col), data.append(coef)
+            lo.append(bound)
+            r += 1
+        for o, v in zip(readers.tolist(), read.tolist()):
+            row([(t[v], 1.0), (o, -1.0)], 0.0)
+        for o, v, w in passed:
+            row([(t[v], 1.0), (t[w], -1.0), (o, -1.0)], -1.0)
+        for v, col in zip(round_values.tolist(), range(self.r0, self.n)):
+            row([(col, 1.0), (t[v], -1.0), (self.s0 + v, -1.0)] +
+                ([(self.o0 + v, -1.0)] if off else []), -1.0)
         A = sp.csr_matrix((data, (rows, cols)), shape=(r, self.n))
         bytes_row = sp.csr_matrix((p.value_bytes.astype(float),
                                    (np.zeros(n_values, int), self.s0 + np.arange(n_values))),
@@ -685,7 +759,9 @@ class _Milp:
         self.upper = np.ones(self.n)
         self.upper[:n_ops][~p.recomputable] = 0.0
         if off:
-            self.upper[self.o0:][~movable] = 0.0
+            self.upper[self.o0:self.t0][~movable] = 0.0
+        self.integrality = np.ones(self.n)
+        self.integrality[self.t0:] = 0.0     # (0 or 1 at the optimum: bounded below only)
 
     def solve(self, time_limit: float, fixed: np.ndarray | None = None,
               values: np.ndarray | None = None):
@@ -697,7 +773,7 @@ class _Milp:
             n_ops = self.p.n_ops
             lower[:n_ops][fixed] = values[fixed]
             upper[:n_ops][fixed] = values[fixed]
-        res = milp(self.c, integrality=np.ones(self.n), bounds=Bounds(lower, upper),
+        res = milp(self.c, integrality=self.integrality, bounds=Bounds(lower, upper),
                    constraints=self.constraints,
                    options={"time_limit": time_limit, "mip_rel_gap": 1e-6})
         if res.x is None or res.status != 0:
@@ -765,7 +841,7 @@ class _Builder:
         self.ops, self.values, self.labels = [], [], []
         self.op_cost, self.recomputable, self.reads = [], [], []
         self.value_bytes, self.value_producer, self.needed = [], [], []
-        self.keep_cost, self.rounds = [], []
+        self.keep_cost, self.markers, self.through = [], [], []
         self.flops: list = []
         # loop-body ops the model leaves out as free (computed from invariants and re-sliced
         # inputs alone: never stacked); the plan recomputes them, as the model assumes
@@ -781,13 +857,15 @@ class _Builder:
         self.op_cost.append(self.profile.op_seconds(op, self.cost_model) * scale
                             if recomputable else 0.0)
         self.recomputable.append(recomputable)
-        self.rounds.append(contract.checkpoint_name(op) is None)
+        marker = contract.checkpoint_name(op) is not None
+        self.markers.append(marker)
+        self.through.append(marker or scan_pairs.moves_data(op))
         self.reads.append([])
         return node
 
     def value(self, v, producer: int, scale: int, forward_use: bool = False) -> int:
         """A value node; `forward_use`: the forward reads it too, so that keeping it makes
-        insert-reduce-precision round it (when the plan recomputes anything)."""
+        insert-reduce-precision round it when a recomputed op reads it."""
         node = len(self.values)
         self.value_index[v] = node
         self.values.append(v)
@@ -811,7 +889,7 @@ class _Builder:
         return np.where(movable, np.array([self.profile.offload_seconds(b) for b in vb]),
                         np.inf)
 
-    def problem(self, always_rounds: bool = False) -> Problem:
+    def problem(self) -> Problem:
         vb = np.array(self.value_bytes, dtype=np.float64)
         return Problem(
             op_cost=np.array(self.op_cost, dtype=np.float64), value_bytes=vb,
@@ -822,14 +900,15 @@ class _Builder:
             offload_cost=self._offload_cost(vb) if self.offload else None,
             ops=self.ops, values=self.values, labels=self.labels,
             keep_cost=np.array(self.keep_cost, dtype=np.float64),
-            rounds=np.array(self.rounds, dtype=bool), always_rounds=always_rounds)
+            markers=np.array(self.markers, dtype=bool),
+            through=np.array(self.through, dtype=bool))
 
 
 def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool,
-                  governed, always_rounds: bool = False) -> tuple[Problem, _Builder]:
+                  governed) -> tuple[Problem, _Builder]:
     """The planning problem of function analysis `a` for the ops `governed(pos)` selects
     (those under the auto policy); every other forward op keeps its own verdict and is
-    modelled as saved where the backward needs it. `always_rounds`: see `Problem`."""
+    modelled as saved where the backward needs it."""
     b = _Builder(profile, offload)
     chains = a.scope_chains(scope_re)
     arg_node = {}
@@ -868,7 +947,7 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
                     b.needed[vid_node[vid]] = True
     for pair in pairs:
         _add_pair(b, pair, vid_node, a)
-    return b.problem(always_rounds), b
+    return b.problem(), b
 
 
 def _modelled(pair) -> bool:
@@ -1029,13 +1108,11 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
     exact = None
     nothing = np.zeros(p.n_ops, bool)
     avail, off, device, cost = evaluate(p, nothing)
-    # (in split form a kept value costs its rounding whatever the plan: recomputing a
-    # value can cost less than keeping it, data movement say, so the solver decides)
-    if device <= budget and not p.always_rounds:   # everything fits: recompute nothing
+    if device <= budget:   # everything fits: recompute nothing
         return Solution(nothing, avail, off, device, cost, "no-remat", 0.0, budget), None
-    markers = _drop_unneeded(p, p.recomputable & ~p.rounds)
+    markers = _drop_unneeded(p, p.recomputable & p.markers)
     avail, off, device, cost = evaluate(p, markers)
-    if device <= budget and not p.always_rounds:   # recomputing checkpoint-name markers
+    if device <= budget:   # recomputing checkpoint-name markers
         return Solution(markers, avail, off, device, cost, "no-remat", 0.0, budget), None
     if callable(solver):
         start = time.perf_counter()
@@ -1071,12 +1148,11 @@ def minimum_bytes(p: Problem) -> int:
 
 
 def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
-              compare_exact=False, split=False) -> tuple[dict, PlanReport]:
-    """Solve `policy` for analysis `a`: ({op_id: verdict}, report). `split`: for the split
-    form (whose kept values are rounded whether or not anything is recomputed)."""
+              compare_exact=False) -> tuple[dict, PlanReport]:
+    """Solve `policy` for analysis `a`: ({op_id: verdict}, report)."""
     profile = policy.profile
     p, b = build_problem(a, scope_re, kept_whole, profile, policy.offload is not None,
-                         governed, always_rounds=split)
+                         governed)
     no_remat = int(p.value_bytes[p.needed].sum())
     budget = policy.budget.resolve(no_remat)
     minimum = minimum_bytes(p)
@@ -1103,7 +1179,7 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     return verdicts, report
 
 
-def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False, split=False):
+def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
     """Replace the auto policies of a ScopePolicies by their solutions (PlannedPolicy).
     Returns the reports."""
     reports = []
@@ -1111,8 +1187,7 @@ def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False, split=Fal
         auto_policy = policies.module_policy
         chains = a.scope_chains(scope_re)
         verdicts, report = plan_auto(auto_policy, a, scope_re, kept_whole,
-                                     lambda pos: not chains[pos], compare_exact=compare_exact,
-                                     split=split)
+                                     lambda pos: not chains[pos], compare_exact=compare_exact)
         policies.module_policy = PlannedPolicy(auto_policy.spec, verdicts, _SAVE, report)
         reports.append(report)
     for key, pol in list(policies.recorded.items()):
@@ -1122,7 +1197,7 @@ def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False, split=Fal
             def governed(pos, key=key, chains=chains):
                 return bool(chains[pos]) and graph.scope_key(chains[pos][0]) == key
             verdicts, report = plan_auto(pol, a, scope_re, kept_whole, governed,
-                                         compare_exact=compare_exact, split=split)
+                                         compare_exact=compare_exact)
             policies.recorded[key] = PlannedPolicy(pol.spec, verdicts, _SAVE, report)
             reports.append(report)
     if isinstance(policies.scope_policy, AutoPolicy):
@@ -1175,7 +1250,7 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
     to compare any policy with auto on the same scale: the ops remat-partial-eval clones
     and the reduce_precision ops insert-reduce-precision then adds on what is kept (what
     `auto` minimises counts both), loop bodies times their trip count. `mode="split"`:
-    of the split form (which rounds what it keeps whether or not anything is recomputed)."""
+    of the split form."""
     from remat_passes import contract, pipeline
     from remat_passes.passes.inline import Inline
     from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
@@ -1203,7 +1278,7 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
             walk(o, note, n)
     for f in funcs:
         walk(f, note)
-    pipeline.run_pipeline(out.op, [InsertReducePrecision(func=func, when_recomputed=True)])
+    pipeline.run_pipeline(out.op, [InsertReducePrecision(func=func)])
     cost_model = flops.CostModel(out.op)
     total = 0.0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from typing import Any, Callable, ClassVar
 
 from remat_passes.mlir import RematError
@@ -26,6 +27,13 @@ def parse_bool(text: str) -> bool:
     if t in ("false", "0", "no", "off"):
         return False
     raise ValueError(f"expected true or false, got '{text}'")
+
+
+def parse_regex(text: str) -> re.Pattern:
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise ValueError(f"invalid regex '{text}': {e}") from None
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -57,10 +65,7 @@ class PassState:
     * region policies of checkpoint regions made with Python callables;
     * `dim_symbols`: names of the symbolic argument dimensions (`symbolic.argument_dims`,
       read by the runner before the first pass, as `inline` erases them);
-    * results: residuals per function (remat-partial-eval), remarks, timings;
-    * `checkpointed`: per function remat-partial-eval rewrote, was a checkpoint policy in
-      force (a policy, or checkpoint regions)? Without one the program is JAX's plain
-      `jax.vjp`, which rounds nothing (insert-reduce-precision reads it).
+    * results: residuals per function (remat-partial-eval), remarks, timings.
     """
 
     def __init__(self, region_policies=None, filename=None):
@@ -70,7 +75,6 @@ class PassState:
         self.remarks: list = []
         self.timings: list = []      # (pass name, seconds) per step run
         self.plan_reports: dict = {} # function -> [planner.PlanReport] of auto policies
-        self.checkpointed: dict = {} # function -> bool (see above)
         self.dim_symbols: dict | None = None
         self._analyses: dict = {}
 

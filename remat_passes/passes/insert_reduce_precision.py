@@ -1,40 +1,49 @@
-"""insert-reduce-precision: round every saved floating-point residual to its own type.
+"""insert-reduce-precision: round the saved floating-point residuals a recomputation reads.
 
 Under XLA's excess precision (a bf16 value kept in f32 inside a fusion), the
 forward pass can use a value that was never rounded to its type while the
 backward reads the rounded copy that was written to memory, so a recomputation
 from it no longer matches the forward. JAX inserts `reduce_precision` with the
-type's own exponent/mantissa bits on the producer of every residual of a
-`jax.checkpoint` (PR 22244); this pass does the same after remat-partial-eval:
+type's own exponent/mantissa bits on the producer of the residuals of a
+`jax.checkpoint` (PR 22244); this pass does the same after remat-partial-eval,
+on each saved floating-point residual that the forward also reads and that
 
-* joint form: every forward value the backward reads that the forward also
-  uses gets `%r = stablehlo.reduce_precision %v` right after its producer, and
-  every use reads %r; inside scan loop pairs whose backward body recomputes,
-  the same for each stacked value the forward body also uses;
-* split form: the same for each residual `@<f>_fwd` returns.
+* a recomputation in the backward reads (a recompute clone; checkpoint-name
+  markers, re-slicing and other data movement, and optimization barriers are
+  looked through, and a backward loop or case that recomputes inside counts), or
+* is computed inside a checkpoint region (`remat[N]` frames of
+  `remat_passes.checkpoint`, or scopes matched by `region-regex`) and read by the
+  forward inside that region: JAX's `jax.checkpoint` rounds these whether or not
+  anything is recomputed (its `test_excess_precision_hell`).
 
-Nothing is inserted where the producer already is an identical
-`reduce_precision`, nor for complex or integer values, nor for function
-arguments: they arrive from memory in their own type, so rounding them is the
-identity (JAX's lowering of a checkpoint emits none for them either).
+`%r = stablehlo.reduce_precision %v` goes right after the producer and every use
+reads %r. In joint form the residuals are the forward values the backward reads;
+in split form the results `@<f>_fwd` returns as residuals (a recomputation reads
+the matching argument of `@<f>_bwd`). Inside scan loop pairs, the stacked
+per-iteration values the forward body also uses are rounded where the backward
+loop recomputes (split form: where a backward loop of `@<f>_bwd` does).
 
-`when-recomputed=true` (how the `remat` pipeline runs it) skips the pass in
-joint form when remat-partial-eval recomputed nothing from saved values:
-without recomputation forward and backward read the same value, and JAX
-without `jax.checkpoint` rounds nothing either. The split form is rounded
-whenever a checkpoint policy was in force (a policy, or checkpoint regions),
-recomputed or not: its residuals reach `@<f>_bwd` through memory, rounded to
-their type, so the forward's own consumers must read the rounded value as
-well. With no policy and no regions (JAX's plain `jax.vjp`, which rounds
-nothing) it skips the split form too.
+A residual the backward only reads back is not rounded: the backward then reads
+what the program without remat reads (the value written to memory), so a policy
+that recomputes nothing (`everything_saveable`, or a plan that keeps everything)
+gives the outputs and gradients of the program without remat bit for bit. Nothing
+is inserted where the producer already is an identical `reduce_precision`, nor for
+complex or integer values, nor for function arguments: they arrive from memory in
+their own type, so rounding them is the identity (JAX's lowering emits none).
+
+What the pass reads is all in the module (recompute attributes, name stacks,
+residual attributes), so running it alone on a file agrees with the pipeline.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from remat_passes import contract, graph, scan_pairs
 from remat_passes.mlir import ir, op_id, stablehlo
-from remat_passes.passes import ModulePass, option
+from remat_passes.passes import ModulePass, option, parse_regex
+
+BARRIER = "stablehlo.optimization_barrier"
 
 
 def _is_same_rounding(v, bits) -> bool:
@@ -62,19 +71,58 @@ def round_value(v, bits, block):
     return rounded.owner.operation
 
 
+def _passes_through(op) -> bool:
+    """A recompute clone that computes nothing: a checkpoint-name marker (an identity) or
+    data movement (a reshape reads back what memory holds, re-slicing in loops)."""
+    return contract.checkpoint_name(op) is not None or scan_pairs.moves_data(op)
+
+
 def _has_recompute(op) -> bool:
-    """Does `op` (a backward loop) recompute anything? Re-slicing a scanned-over array (data
-    movement, as JAX forwards `xs`) and checkpoint-name markers are no recomputation."""
+    """Does `op` (a backward loop or case) recompute anything inside?"""
     found = []
 
     def visit(inner):
-        if contract.is_recompute_clone(inner) and not scan_pairs.moves_data(inner) \
-                and contract.checkpoint_name(inner) is None:
+        if contract.is_recompute_clone(inner) and not _passes_through(inner):
             found.append(inner)
             return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE
     op.walk(visit)
     return bool(found)
+
+
+def read_by_recomputation(v, recomputes_inside: dict) -> bool:
+    """Does a recomputation read `v` (through markers, data movement and barriers)?
+    `recomputes_inside`: {op_id: _has_recompute} of the region ops seen so far (each
+    loop body is walked once per pass run, however many residuals it reads)."""
+    todo, seen = [v], set()
+    while todo:
+        x = todo.pop()
+        for use in x.uses:
+            op = use.owner.operation
+            if op.name == BARRIER:
+                follow = [op.results[use.operand_number]]
+            elif contract.is_recompute_clone(op):
+                if not _passes_through(op):
+                    return True
+                follow = list(op.results)
+            elif len(op.regions):
+                key = op_id(op)
+                if key not in recomputes_inside:
+                    recomputes_inside[key] = _has_recompute(op)
+                if recomputes_inside[key]:
+                    return True
+                continue
+            else:
+                continue
+            for r in follow:
+                if r not in seen:
+                    seen.add(r)
+                    todo.append(r)
+    return False
+
+
+def _scopes(op, scope_re) -> tuple:
+    return graph.scope_chain_of_stack(graph.name_stack(op), scope_re)
 
 
 def round_stacked(loop) -> None:
@@ -97,86 +145,71 @@ def round_loops(pairs) -> None:
         round_loops(scan_pairs.find_pairs_in_block(pair.bwd_body))
 
 
-def recomputes(func_op) -> bool:
-    """Did remat-partial-eval recompute anything in `func_op` from saved values? Clones
-    of constants (and of ops on cloned constants only), of checkpoint-name markers
-    (identities) and, in loop bodies, re-slicing of scanned-over arrays (data movement,
-    as JAX forwards `xs`) don't count."""
-    found = []
-    top = op_id(func_op)
-
-    def visit(op):   # loop bodies included: per-iteration recomputation counts
-        if contract.is_recompute_clone(op) and contract.checkpoint_name(op) is None and any(
-                isinstance(v, ir.BlockArgument) or not contract.is_recompute_clone(v.owner)
-                for v in op.operands) and not (
-                scan_pairs.moves_data(op) and op_id(op.parent) != top):
-            found.append(op)
-            return ir.WalkResult.INTERRUPT
-        return ir.WalkResult.ADVANCE
-    func_op.operation.walk(visit)
-    return bool(found)
-
-
 @dataclasses.dataclass
 class InsertReducePrecision(ModulePass):
     name = "insert-reduce-precision"
-    summary = ("Round each saved floating-point residual to its own type (reduce_precision) "
-               "so forward and recomputed values agree under excess precision")
+    summary = ("Round each saved floating-point residual a recomputation reads (or a "
+               "checkpoint region's forward reads) to its own type (reduce_precision)")
     preserves_analyses = True
 
     func: str = option("main",
                        "the function remat-partial-eval rewrote (its _fwd half in split form)")
-    when_recomputed: bool = option(
-        False, "joint form: only if remat-partial-eval recomputed something from saved "
-        "values; split form: only if it ran under a checkpoint policy (JAX rounds only "
-        "inside jax.checkpoint)")
+    region_regex: re.Pattern | None = option(
+        None, "name-stack scopes that are checkpoint regions (as remat-partial-eval's "
+        "region-regex)", parse_regex)
+
+    def _wanted(self, v, forward_uses, read_by, recomputes_inside: dict) -> bool:
+        """Round residual `v` (producer an op), read by `forward_uses` in the forward and,
+        in the backward, by `read_by` (a value: v itself, or the argument of <f>_bwd)?"""
+        if not forward_uses or not contract.float_format(v.type):
+            return False
+        inner = _scopes(v.owner, self.region_regex)
+        if inner and any(inner[-1] in _scopes(u.owner, self.region_regex) for u in forward_uses):
+            return True
+        return read_by_recomputation(read_by, recomputes_inside)
 
     def apply(self, module_op, state) -> None:
         name = self.func
         with module_op.context:
             if graph.is_split(module_op, name):
-                # (whether or not anything is recomputed: the residual reaches @<f>_bwd
-                # through memory, rounded to its type, so the forward's own consumers
-                # must read the rounded value too; JAX's test_excess_precision_hell. Not
-                # without a checkpoint policy: JAX's plain jax.vjp rounds nothing.)
-                if not (self.when_recomputed and state.checkpointed.get(name) is False):
-                    self._round_split(state, graph.find_func(module_op, f"{name}_fwd"))
+                self._round_split(state, graph.find_func(module_op, f"{name}_fwd"),
+                                  graph.find_func(module_op, f"{name}_bwd"))
                 return
             f = graph.find_func(module_op, name)
-            if self.when_recomputed and not recomputes(f):
-                return
             a = state.analysis(f)
+            recomputes_inside: dict = {}
             for v in a.residuals:
                 if isinstance(v, ir.BlockArgument):
-                    continue
-                bits = contract.float_format(v.type)
-                if not bits:
                     continue
                 # Being returned is no forward *use* (as in split form, and in JAX).
                 forward_uses = [u for u in v.uses
                                 if u.owner.operation.name != "func.return"
                                 and not a.is_backward(a.top_level(u.owner.operation))]
-                if forward_uses:
-                    op = round_value(v, bits, a.block)
+                if self._wanted(v, forward_uses, v, recomputes_inside):
+                    op = round_value(v, contract.float_format(v.type), a.block)
                     if op is not None:
                         a.note_inserted(op, backward=False, after=v.owner)
             round_loops(a.scan_pairs)
             a.loops_changed()
 
-    @staticmethod
-    def _round_split(state, fwd) -> None:
+    def _round_split(self, state, fwd, bwd) -> None:
         a = state.analysis(fwd)
         ret = a.terminator
-        for i in contract.residual_results(fwd):
+        bwd_args = graph.body_block(bwd).arguments
+        recomputes_inside: dict = {}
+        for k, i in enumerate(contract.residual_results(fwd)):
             v = ret.operands[i]
             if isinstance(v, ir.BlockArgument):
                 continue
-            bits = contract.float_format(v.type)
             uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
-            if bits and uses:
-                op = round_value(v, bits, a.block)
+            if self._wanted(v, uses, bwd_args[k], recomputes_inside):
+                op = round_value(v, contract.float_format(v.type), a.block)
                 if op is not None:
                     a.note_inserted(op, backward=False, after=v.owner)
+        if not any(recomputes_inside.get(op_id(op.operation)) or _has_recompute(op.operation)
+                   for op in graph.body_block(bwd).operations
+                   if op.operation.name == scan_pairs.WHILE):
+            return
         for pair_fwd in (scan_pairs.analyse_forward(op) for op in a.ops
                          if op.name == scan_pairs.WHILE):
             if pair_fwd is not None:   # the forward halves of scan loop pairs

@@ -4,7 +4,7 @@
 
     inline
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
-    insert-reduce-precision{func when-recomputed=true}
+    insert-reduce-precision{func region-regex}
     place-optimization-barriers{func in-loops}       (only with prevent-cse=true)
     annotate-host-offload{func}
     strip-checkpoint-names
@@ -41,7 +41,7 @@ class Remat(PartialEvalOptions, PipelinePass):
 
     def expand(self) -> list:
         steps = [Inline(), RematPartialEval(**self.partial_eval_options()),
-                 InsertReducePrecision(func=self.func, when_recomputed=True)]
+                 InsertReducePrecision(func=self.func, region_regex=self.region_regex)]
         if self.prevent_cse:
             steps.append(PlaceOptimizationBarriers(func=self.func,
                                                    in_loops=self.prevent_cse_in_loops))

@@ -30,7 +30,7 @@ import re
 from remat_passes import contract, graph, gspmd, planner, report, scan_pairs
 from remat_passes.materialize import analysis_after, materialize
 
-from remat_passes.passes import ModulePass, PassState, option, parse_int_list
+from remat_passes.passes import ModulePass, PassState, option, parse_int_list, parse_regex
 from remat_passes.mlir import RematError, ir, op_id
 from remat_passes.plan import ScopePolicies, plan_with_policies, policy_verdict
 from remat_passes.policies import Policy, as_policy, nothing_saveable, parse_policy
@@ -45,13 +45,6 @@ def parse_mode(text: str) -> str:
     if text not in ("joint", "split"):
         raise ValueError(f"expected joint or split, got '{text}'")
     return text
-
-
-def parse_regex(text: str) -> re.Pattern:
-    try:
-        return re.compile(text)
-    except re.error as e:
-        raise ValueError(f"invalid regex '{text}': {e}") from None
 
 
 def parse_optional_policy(text: str) -> Policy | None:
@@ -107,8 +100,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 kept0 = {}
                 for rule in RULES.values():
                     kept0.update(rule.kept_whole(a0))
-                reports = planner.resolve(policies, a0, self.region_regex, set(kept0),
-                                          split=self.mode == "split")
+                reports = planner.resolve(policies, a0, self.region_regex, set(kept0))
                 state.drop(self.func)
             groups = Groups()
             iteration_policy = _IterationPolicy(policies, self.region_regex)
@@ -138,9 +130,6 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             for r in reports:
                 _explain(r, a, vids, residuals, state)
             unrecorded = _unrecorded_regions(a, self.func, policies)   # (before ops go)
-            state.checkpointed[self.func] = (policies.module_policy is not None
-                                             or bool(policies.recorded)
-                                             or any(a.scope_chains(self.region_regex)))
             edit = materialize(plan)
             erased = edit.erased
             keep = [i for i, v in enumerate(vids) if a.producer[v] not in erased]

@@ -38,13 +38,15 @@ module @bf16 {
 // CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf16>
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e5m10 : tensor<4xf16>
 // CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
-// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[R]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
 // CHECK-NEXT: return %[[F]], %[[G]]
 module @f16 {
   func.func @main(%x: tensor<4xf16>, %ct: tensor<4xf16> {remat.cotangent}) -> (tensor<4xf16>, tensor<4xf16>) {
     %p = stablehlo.multiply %x, %x : tensor<4xf16>
     %f = stablehlo.negate %p : tensor<4xf16>
-    %g = stablehlo.multiply %ct, %p : tensor<4xf16>
+    %c = stablehlo.cosine %p {remat.recompute = 1 : i64} : tensor<4xf16>
+    %g = stablehlo.multiply %ct, %c : tensor<4xf16>
     return %f, %g : tensor<4xf16>, tensor<4xf16>
   }
 }
@@ -57,13 +59,15 @@ module @f16 {
 // CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf32>
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m23 : tensor<4xf32>
 // CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
-// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[R]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
 // CHECK-NEXT: return %[[F]], %[[G]]
 module @f32 {
   func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
     %p = stablehlo.multiply %x, %x : tensor<4xf32>
     %f = stablehlo.negate %p : tensor<4xf32>
-    %g = stablehlo.multiply %ct, %p : tensor<4xf32>
+    %c = stablehlo.cosine %p {remat.recompute = 1 : i64} : tensor<4xf32>
+    %g = stablehlo.multiply %ct, %c : tensor<4xf32>
     return %f, %g : tensor<4xf32>, tensor<4xf32>
   }
 }
@@ -75,13 +79,15 @@ module @f32 {
 // CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf64>
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e11m52 : tensor<4xf64>
 // CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
-// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[R]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
 // CHECK-NEXT: return %[[F]], %[[G]]
 module @f64 {
   func.func @main(%x: tensor<4xf64>, %ct: tensor<4xf64> {remat.cotangent}) -> (tensor<4xf64>, tensor<4xf64>) {
     %p = stablehlo.multiply %x, %x : tensor<4xf64>
     %f = stablehlo.negate %p : tensor<4xf64>
-    %g = stablehlo.multiply %ct, %p : tensor<4xf64>
+    %c = stablehlo.cosine %p {remat.recompute = 1 : i64} : tensor<4xf64>
+    %g = stablehlo.multiply %ct, %c : tensor<4xf64>
     return %f, %g : tensor<4xf64>, tensor<4xf64>
   }
 }
@@ -93,13 +99,15 @@ module @f64 {
 // CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf8E4M3FN>
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e4m3 : tensor<4xf8E4M3FN>
 // CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
-// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[R]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
 // CHECK-NEXT: return %[[F]], %[[G]]
 module @f8E4M3FN {
   func.func @main(%x: tensor<4xf8E4M3FN>, %ct: tensor<4xf8E4M3FN> {remat.cotangent}) -> (tensor<4xf8E4M3FN>, tensor<4xf8E4M3FN>) {
     %p = stablehlo.multiply %x, %x : tensor<4xf8E4M3FN>
     %f = stablehlo.negate %p : tensor<4xf8E4M3FN>
-    %g = stablehlo.multiply %ct, %p : tensor<4xf8E4M3FN>
+    %c = stablehlo.cosine %p {remat.recompute = 1 : i64} : tensor<4xf8E4M3FN>
+    %g = stablehlo.multiply %ct, %c : tensor<4xf8E4M3FN>
     return %f, %g : tensor<4xf8E4M3FN>, tensor<4xf8E4M3FN>
   }
 }
@@ -111,13 +119,15 @@ module @f8E4M3FN {
 // CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf8E5M2>
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e5m2 : tensor<4xf8E5M2>
 // CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
-// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[R]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
 // CHECK-NEXT: return %[[F]], %[[G]]
 module @f8E5M2 {
   func.func @main(%x: tensor<4xf8E5M2>, %ct: tensor<4xf8E5M2> {remat.cotangent}) -> (tensor<4xf8E5M2>, tensor<4xf8E5M2>) {
     %p = stablehlo.multiply %x, %x : tensor<4xf8E5M2>
     %f = stablehlo.negate %p : tensor<4xf8E5M2>
-    %g = stablehlo.multiply %ct, %p : tensor<4xf8E5M2>
+    %c = stablehlo.cosine %p {remat.recompute = 1 : i64} : tensor<4xf8E5M2>
+    %g = stablehlo.multiply %ct, %c : tensor<4xf8E5M2>
     return %f, %g : tensor<4xf8E5M2>, tensor<4xf8E5M2>
   }
 }
@@ -130,14 +140,16 @@ module @f8E5M2 {
 // CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7 : tensor<4xbf16>
 // CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
-// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[R]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
 // CHECK-NEXT: return %[[F]], %[[G]]
 module @already_rounded {
   func.func @main(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
     %p = stablehlo.multiply %x, %x : tensor<4xbf16>
     %r = stablehlo.reduce_precision %p, format = e8m7 : tensor<4xbf16>
     %f = stablehlo.negate %r : tensor<4xbf16>
-    %g = stablehlo.multiply %ct, %r : tensor<4xbf16>
+    %c = stablehlo.cosine %r {remat.recompute = 1 : i64} : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %c : tensor<4xbf16>
     return %f, %g : tensor<4xbf16>, tensor<4xbf16>
   }
 }
@@ -150,13 +162,15 @@ module @already_rounded {
 // CHECK: %[[H:.*]] = stablehlo.reduce_precision %arg0, format = e5m10 : tensor<4xf32>
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[H]], format = e8m23 : tensor<4xf32>
 // CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
-// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[R]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[R]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
 // CHECK-NEXT: return %[[F]], %[[G]]
 module @rounded_to_other_bits {
   func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
     %h = stablehlo.reduce_precision %x, format = e5m10 : tensor<4xf32>
     %f = stablehlo.negate %h : tensor<4xf32>
-    %g = stablehlo.multiply %ct, %h : tensor<4xf32>
+    %c = stablehlo.cosine %h {remat.recompute = 1 : i64} : tensor<4xf32>
+    %g = stablehlo.multiply %ct, %c : tensor<4xf32>
     return %f, %g : tensor<4xf32>, tensor<4xf32>
   }
 }
@@ -164,8 +178,8 @@ module @rounded_to_other_bits {
 // -----
 
 // Integer and complex residuals are never rounded (JAX rounds only inexact
-// real dtypes); the f32 result of the complex one's abs is a residual of its
-// own and is.
+// real dtypes), though recomputations read them; the f32 result of the complex
+// one's abs is a residual of its own and is.
 // CHECK-LABEL: module @integer_and_complex
 // CHECK: %[[I:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xi32>
 // CHECK-NEXT: %[[IF:.*]] = stablehlo.negate %[[I]] : tensor<4xi32>
@@ -174,10 +188,12 @@ module @rounded_to_other_bits {
 // CHECK-NEXT: %[[ZA:.*]] = stablehlo.abs %[[Z]]
 // CHECK-NEXT: %[[ZR:.*]] = stablehlo.reduce_precision %[[ZA]], format = e8m23 : tensor<4xf32>
 // CHECK-NEXT: %[[ZAF:.*]] = stablehlo.negate %[[ZR]]
-// CHECK-NEXT: %[[IC:.*]] = stablehlo.convert %[[I]]
+// CHECK-NEXT: %[[IC:.*]] = stablehlo.convert %[[I]] {remat.recompute = 1 : i64}
 // CHECK-NEXT: stablehlo.multiply %arg2, %[[IC]]
-// CHECK-NEXT: %[[ZM:.*]] = stablehlo.multiply %arg3, %[[Z]]
-// CHECK-NEXT: stablehlo.multiply %arg2, %[[ZR]]
+// CHECK-NEXT: %[[ZN:.*]] = stablehlo.negate %[[Z]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[ZM:.*]] = stablehlo.multiply %arg3, %[[ZN]]
+// CHECK-NEXT: %[[ZAN:.*]] = stablehlo.negate %[[ZR]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: stablehlo.multiply %arg2, %[[ZAN]]
 // CHECK-NOT: reduce_precision
 // CHECK: return
 module @integer_and_complex {
@@ -190,10 +206,12 @@ module @integer_and_complex {
     %zf = stablehlo.negate %zp : tensor<4xcomplex<f32>>
     %za = stablehlo.abs %zp : (tensor<4xcomplex<f32>>) -> tensor<4xf32>
     %zaf = stablehlo.negate %za : tensor<4xf32>
-    %ic = stablehlo.convert %ip : (tensor<4xi32>) -> tensor<4xf32>
+    %ic = stablehlo.convert %ip {remat.recompute = 1 : i64} : (tensor<4xi32>) -> tensor<4xf32>
     %g = stablehlo.multiply %ct, %ic : tensor<4xf32>
-    %zg = stablehlo.multiply %zct, %zp : tensor<4xcomplex<f32>>
-    %ag = stablehlo.multiply %ct, %za : tensor<4xf32>
+    %zn = stablehlo.negate %zp {remat.recompute = 1 : i64} : tensor<4xcomplex<f32>>
+    %zg = stablehlo.multiply %zct, %zn : tensor<4xcomplex<f32>>
+    %zan = stablehlo.negate %za {remat.recompute = 1 : i64} : tensor<4xf32>
+    %ag = stablehlo.multiply %ct, %zan : tensor<4xf32>
     return %if, %zf, %zaf, %g, %zg, %ag : tensor<4xi32>, tensor<4xcomplex<f32>>, tensor<4xf32>, tensor<4xf32>, tensor<4xcomplex<f32>>, tensor<4xf32>
   }
 }
@@ -245,8 +263,9 @@ module @arguments {
 // -----
 
 // Several arguments and values: each floating residual with a forward use
-// gets exactly one rounding, with its own type's bits (arguments none); a
-// residual read by two backward ops is still rounded once.
+// that a recomputation reads gets exactly one rounding, with its own type's
+// bits (arguments none); a residual read by two recomputed ops is still
+// rounded once.
 // CHECK-LABEL: module @several
 // CHECK: %[[FA:.*]] = stablehlo.sine %arg0
 // CHECK-NEXT: %[[FB:.*]] = stablehlo.sine %arg1
@@ -255,8 +274,10 @@ module @arguments {
 // CHECK-NEXT: %[[U:.*]] = stablehlo.exponential %[[TR]]
 // CHECK-NEXT: stablehlo.multiply %arg2, %arg0
 // CHECK-NEXT: stablehlo.multiply %arg3, %arg1
-// CHECK-NEXT: stablehlo.multiply %arg3, %[[TR]]
-// CHECK-NEXT: stablehlo.add {{.*}}, %[[TR]]
+// CHECK-NEXT: stablehlo.cosine %[[TR]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: stablehlo.multiply %arg3,
+// CHECK-NEXT: stablehlo.sine %[[TR]] {remat.recompute = 1 : i64}
+// CHECK-NEXT: stablehlo.add
 // CHECK-NOT: reduce_precision
 // CHECK: return
 module @several {
@@ -268,44 +289,127 @@ module @several {
     %u = stablehlo.exponential %t : tensor<4xbf16>
     %ga = stablehlo.multiply %cta, %a : tensor<4xf16>
     %gb = stablehlo.multiply %ctb, %b : tensor<4xbf16>
-    %gt = stablehlo.multiply %ctb, %t : tensor<4xbf16>
-    %gs = stablehlo.add %gt, %t : tensor<4xbf16>
+    %ct1 = stablehlo.cosine %t {remat.recompute = 1 : i64} : tensor<4xbf16>
+    %gt = stablehlo.multiply %ctb, %ct1 : tensor<4xbf16>
+    %st = stablehlo.sine %t {remat.recompute = 1 : i64} : tensor<4xbf16>
+    %gs = stablehlo.add %gt, %st : tensor<4xbf16>
     return %fa, %u, %ga, %gs : tensor<4xf16>, tensor<4xbf16>, tensor<4xf16>, tensor<4xbf16>
   }
 }
 
 // -----
 
+// A residual the backward only reads back (nothing recomputes from it, as
+// with everything_saveable) is not rounded: the backward reads what the
+// program without remat reads, so its outputs and gradients stay bit for bit.
+// CHECK-LABEL: module @not_recomputed
+// CHECK-NOT: reduce_precision
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[P]]
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[P]]
+// CHECK-NEXT: return %[[F]], %[[G]]
+module @not_recomputed {
+  func.func @main(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xbf16>
+    %f = stablehlo.negate %p : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %p : tensor<4xbf16>
+    return %f, %g : tensor<4xbf16>, tensor<4xbf16>
+  }
+}
+
+// -----
+
+// The recomputation is found through what computes nothing: an optimization
+// barrier (place-optimization-barriers run first), a recomputed checkpoint-name
+// marker and a recomputed reshape. %q reaches the backward through a recomputed
+// reshape alone (data movement: what memory holds) and is not rounded.
+// CHECK-LABEL: module @looked_through
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7 : tensor<4xbf16>
+// CHECK-NEXT: %[[Q:.*]] = stablehlo.sine %arg0
+// CHECK-NEXT: stablehlo.add %[[R]], %[[Q]]
+// CHECK-NEXT: stablehlo.optimization_barrier %[[R]], %arg1
+// CHECK-NOT: reduce_precision
+// CHECK: return
+module @looked_through {
+  func.func @main(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xbf16>
+    %q = stablehlo.sine %x : tensor<4xbf16>
+    %f = stablehlo.add %p, %q : tensor<4xbf16>
+    %b:2 = stablehlo.optimization_barrier %p, %ct : tensor<4xbf16>, tensor<4xbf16>
+    %n = stablehlo.custom_call @remat.name(%b#0) {backend_config = "p", remat.recompute = 1 : i64} : (tensor<4xbf16>) -> tensor<4xbf16>
+    %c = stablehlo.cosine %n {remat.recompute = 1 : i64} : tensor<4xbf16>
+    %r = stablehlo.reshape %q {remat.recompute = 1 : i64} : (tensor<4xbf16>) -> tensor<4xbf16>
+    %g = stablehlo.multiply %b#1, %c : tensor<4xbf16>
+    %g2 = stablehlo.multiply %g, %r : tensor<4xbf16>
+    return %f, %g2 : tensor<4xbf16>, tensor<4xbf16>
+  }
+}
+
+// -----
+
+// Inside a checkpoint region (a remat[N] frame) a residual the region's forward
+// reads is rounded, recomputed or not, as jax.checkpoint rounds its residuals
+// (JAX's test_excess_precision_hell); %q, read by the forward outside the
+// region only, is not.
+// CHECK-LABEL: module @region
+// CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7 : tensor<4xbf16>
+// CHECK-NEXT: %[[Q:.*]] = stablehlo.sine %[[R]]
+// CHECK-NEXT: stablehlo.negate %[[Q]]
+// CHECK-NOT: reduce_precision
+// CHECK: return
+module @region {
+  func.func @main(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
+    %p = stablehlo.multiply %x, %x : tensor<4xbf16> loc("jit(f)/jvp(remat[1])/mul")
+    %q = stablehlo.sine %p : tensor<4xbf16> loc("jit(f)/jvp(remat[1])/sin")
+    %f = stablehlo.negate %q : tensor<4xbf16> loc("jit(f)/neg")
+    %g = stablehlo.multiply %ct, %p : tensor<4xbf16>
+    %g2 = stablehlo.multiply %g, %q : tensor<4xbf16>
+    return %f, %g2 : tensor<4xbf16>, tensor<4xbf16>
+  }
+}
+
+// -----
+
 // Split form: the pass works on @main_fwd. The residual %p (a result with
-// remat.residual) that the forward also uses is rounded after its producer
-// and @main_fwd returns the rounded value; the residual %c, which only leaves
-// through the return, the primal output %t and the argument residual %x are
-// not rounded. @main_bwd is untouched.
+// remat.residual) that the forward also uses and that @main_bwd recomputes
+// from (its argument %p) is rounded after its producer and @main_fwd returns
+// the rounded value; the residual %c, which only leaves through the return,
+// the primal output %t and the argument residual %x are not rounded, and
+// neither is %t2, which the forward uses but @main_bwd only reads back.
+// @main_bwd is untouched.
 // CHECK-LABEL: module @split
 // CHECK: func.func @main_fwd
 // CHECK-NEXT: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7 : tensor<4xbf16>
 // CHECK-NEXT: %[[T:.*]] = stablehlo.tanh %[[R]]
 // CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[T]]
-// CHECK-NEXT: return %[[T]], %[[R]], %[[C]], %arg0
+// CHECK-NEXT: %[[T2:.*]] = stablehlo.sine %arg0
+// CHECK-NEXT: %[[O:.*]] = stablehlo.add %[[T]], %[[T2]]
+// CHECK-NEXT: return %[[O]], %[[R]], %[[C]], %arg0, %[[T2]]
 // CHECK: func.func @main_bwd
 // CHECK-NOT: reduce_precision
 // CHECK: return
 module @split {
   func.func @main_fwd(%x: tensor<4xbf16>) -> (tensor<4xbf16>, tensor<4xbf16> {remat.residual = "bf16[4] output of mul"},
                                               tensor<4xbf16> {remat.residual = "bf16[4] output of cos"},
-                                              tensor<4xbf16> {remat.residual = "bf16[4] from the argument x"}) {
+                                              tensor<4xbf16> {remat.residual = "bf16[4] from the argument x"},
+                                              tensor<4xbf16> {remat.residual = "bf16[4] output of sin"}) {
     %p = stablehlo.multiply %x, %x : tensor<4xbf16>
     %t = stablehlo.tanh %p : tensor<4xbf16>
     %c = stablehlo.cosine %t : tensor<4xbf16>
-    return %t, %p, %c, %x : tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>
+    %t2 = stablehlo.sine %x : tensor<4xbf16>
+    %o = stablehlo.add %t, %t2 : tensor<4xbf16>
+    return %o, %p, %c, %x, %t2 : tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>, tensor<4xbf16>
   }
-  func.func @main_bwd(%p: tensor<4xbf16>, %c: tensor<4xbf16>, %x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> tensor<4xbf16> {
+  func.func @main_bwd(%p: tensor<4xbf16>, %c: tensor<4xbf16>, %x: tensor<4xbf16>, %t2: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> tensor<4xbf16> {
     %s = stablehlo.sine %p {remat.recompute = 1 : i64} : tensor<4xbf16>
     %g = stablehlo.multiply %ct, %s : tensor<4xbf16>
     %g2 = stablehlo.multiply %g, %c : tensor<4xbf16>
     %g3 = stablehlo.multiply %g2, %x : tensor<4xbf16>
-    return %g3 : tensor<4xbf16>
+    %g4 = stablehlo.multiply %g3, %t2 : tensor<4xbf16>
+    return %g4 : tensor<4xbf16>
   }
 }
 
@@ -319,7 +423,7 @@ module @split {
 // STEP-NEXT: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
 // STEP-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m7
 // STEP-NEXT: stablehlo.negate %[[R]]
-// STEP-NEXT: stablehlo.multiply %arg1, %[[R]]
+// STEP-NEXT: stablehlo.cosine %[[R]]
 // CHECK-LABEL: module @func_option
 // CHECK: func.func @main
 // CHECK-NEXT: %[[P:.*]] = stablehlo.multiply %arg0, %arg0
@@ -331,13 +435,15 @@ module @func_option {
   func.func @main(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
     %p = stablehlo.multiply %x, %x : tensor<4xbf16>
     %f = stablehlo.negate %p : tensor<4xbf16>
-    %g = stablehlo.multiply %ct, %p : tensor<4xbf16>
+    %c = stablehlo.cosine %p {remat.recompute = 1 : i64} : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %c : tensor<4xbf16>
     return %f, %g : tensor<4xbf16>, tensor<4xbf16>
   }
   func.func @step(%x: tensor<4xbf16>, %ct: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xbf16>, tensor<4xbf16>) {
     %p = stablehlo.multiply %x, %x : tensor<4xbf16>
     %f = stablehlo.negate %p : tensor<4xbf16>
-    %g = stablehlo.multiply %ct, %p : tensor<4xbf16>
+    %c = stablehlo.cosine %p {remat.recompute = 1 : i64} : tensor<4xbf16>
+    %g = stablehlo.multiply %ct, %c : tensor<4xbf16>
     return %f, %g : tensor<4xbf16>, tensor<4xbf16>
   }
 }

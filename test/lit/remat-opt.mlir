@@ -156,7 +156,7 @@
 // LIST-NEXT: inline {{.*}}func.call
 // LIST-NEXT: insert-reduce-precision {{.*}}reduce_precision
 // LIST-NEXT: func
-// LIST-NEXT: when-recomputed {{.*}}(default: False)
+// LIST-NEXT: region-regex {{.*}}checkpoint regions
 // LIST-NEXT: place-optimization-barriers {{.*}}optimization_barrier
 // LIST-NEXT: func
 // LIST-NEXT: in-loops {{.*}}(default: False)

@@ -615,12 +615,9 @@ def test_module_policy_on_a_scan_is_per_iteration(pol):
     assert_same_residual_types(split.residuals, per_iteration, Ws, x, context=pol)
 
 
-@pytest.mark.parametrize("policy", ["everything_saveable", "nothing_saveable"])
-def test_excess_precision_hell(policy):
+def _excess_precision_hell():
     """JAX's test_excess_precision_hell: a bf16 dot whose result is saved (custom_vjp) and
-    read back by a backward that returns it. The forward's output and the backward's value
-    must agree bit for bit: the forward may not read the residual at excess precision while
-    the backward reads it rounded. Joint and split."""
+    read back by a backward that returns it; (f, x, cotangent)."""
     eps = jnp.finfo("bfloat16").eps
 
     @jax.custom_vjp
@@ -636,12 +633,47 @@ def test_excess_precision_hell(policy):
     def f(x):
         return foo(dot(x))
     x = (jnp.bfloat16(1) + eps) * jnp.eye(2, dtype="bfloat16")
-    ct = jnp.ones((2, 2), jnp.float32)
-    m = rp.export_vjp(f, x)
+    return f, x, jnp.ones((2, 2), jnp.float32)
+
+
+def _hell_joint_and_split(m, policy, x, ct):
+    """[(forward output, backward value)] of the joint and the split form."""
     y, (g,) = rp.remat(m, policy).call(x, ct)
-    np.testing.assert_array_equal(np.asarray(y), np.asarray(g, np.float32))
     split = rp.remat(m, policy, mode="split")
     fwd = split.call(x, function="main_fwd")
     bwd = split.call(*fwd[1:], ct, function="main_bwd")
     bwd = bwd[0] if isinstance(bwd, (list, tuple)) else bwd
-    np.testing.assert_array_equal(np.asarray(fwd[0]), np.asarray(bwd, np.float32))
+    return [(np.asarray(y), np.asarray(g, np.float32)),
+            (np.asarray(fwd[0]), np.asarray(bwd, np.float32))]
+
+
+@pytest.mark.parametrize("policy", ["everything_saveable", "nothing_saveable"])
+def test_excess_precision_hell(policy):
+    """As JAX writes it: f inside a checkpoint region (jax.remat there, rp.checkpoint
+    here). The forward may not read the residual at excess precision while the backward
+    reads it rounded: the forward's output, the backward's value and JAX's own agree bit
+    for bit, joint and split."""
+    f, x, ct = _excess_precision_hell()
+    theirs_y, vjp_fn = jax.vjp(jax.jit(jax.remat(f, policy=getattr(JP, policy))), x)
+    theirs_g, = vjp_fn(ct)
+    m = rp.export_vjp(rp.checkpoint(f, policy=getattr(JP, policy)), x)
+    for form, (y, g) in zip(["joint", "split"], _hell_joint_and_split(m, None, x, ct)):
+        np.testing.assert_array_equal(y, g, err_msg=form)
+        np.testing.assert_array_equal(y, np.asarray(theirs_y), err_msg=form)
+        np.testing.assert_array_equal(g, np.asarray(theirs_g), err_msg=form)
+
+
+def test_excess_precision_module_policy_that_recomputes_nothing_is_no_remat():
+    """The other meaning, on purpose: a module-level policy that recomputes nothing
+    (everything_saveable) rounds nothing, so the program is the one without remat, bit for
+    bit, as JAX's plain jax.vjp is (which shows the excess precision: the forward reads the
+    dot at f32 where the backward reads it from memory)."""
+    f, x, ct = _excess_precision_hell()
+    m = rp.export_vjp(f, x)
+    base = _hell_joint_and_split(m, None, x, ct)
+    got = _hell_joint_and_split(m, "everything_saveable", x, ct)
+    theirs_y = jax.jit(f)(x)
+    for form, (y, g), (by, bg) in zip(["joint", "split"], got, base):
+        np.testing.assert_array_equal(y, by, err_msg=form)
+        np.testing.assert_array_equal(g, bg, err_msg=form)
+        np.testing.assert_array_equal(y, np.asarray(theirs_y), err_msg=form)
