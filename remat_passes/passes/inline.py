@@ -9,7 +9,9 @@ JAX lowers nested `jax.jit`s to private functions whose op locations are
 relative to the callee ("max" instead of "jit(f)/jvp(remat[7])/jit(relu)/max").
 Inlined ops get the call's name stack in front of their own, so that the
 region and transpose frames partial-eval reads from name stacks stay right.
-Private functions left without callers are erased.
+Private functions left without callers are erased, except those another op still
+names: the `decomposition` of a `stablehlo.composite` (MaxText's `chlo.erf`), the
+`called_computations` of a `custom_call`, and what those functions name in turn.
 """
 from __future__ import annotations
 
@@ -31,6 +33,50 @@ def _inlined_location(inner_loc, call_stack: str, call_loc):
     if isinstance(inner_loc, ir.NameLoc):
         return ir.Location.name(f"{call_stack}/{inner_loc.name_str}", childLoc=inner_loc.child_loc)
     return call_loc
+
+
+# Ops other than func.call that name functions in their attributes.
+_SYMBOL_USERS = ("stablehlo.composite", "stablehlo.custom_call")
+
+
+def _symbol_names(attr) -> list[str]:
+    if isinstance(attr, ir.FlatSymbolRefAttr):
+        return [attr.value]
+    if isinstance(attr, ir.ArrayAttr):
+        return [n for a in attr for n in _symbol_names(a)]
+    return []
+
+
+def _functions_named_in(op) -> set[str]:
+    """The functions the composites and custom calls inside `op` name."""
+    found: set = set()
+
+    def visit(inner):
+        if inner.name in _SYMBOL_USERS:
+            attrs = inner.attributes
+            for key in attrs:
+                found.update(_symbol_names(attrs[key]))
+        return ir.WalkResult.ADVANCE
+    op.operation.walk(visit)
+    return found
+
+
+def _still_named(funcs: dict) -> set[str]:
+    """Functions kept: the public ones and, transitively, the functions they name."""
+    todo = [name for name, f in funcs.items() if not _is_private(f)]
+    kept = set(todo)
+    while todo:
+        for name in _functions_named_in(funcs[todo.pop()]):
+            if name in funcs and name not in kept:
+                kept.add(name)
+                todo.append(name)
+    return kept
+
+
+def _is_private(f) -> bool:
+    attrs = f.operation.attributes
+    return "sym_visibility" in attrs and \
+        ir.StringAttr(attrs["sym_visibility"]).value == "private"
 
 
 def _calls_in(op) -> list:
@@ -98,11 +144,10 @@ def inline_calls(module, filename: str | None = None) -> int:
                 _inline_one(call, funcs, locations, filename)
                 inlined += 1
         if inlined:
+            kept = _still_named(funcs)       # (no calls are left)
             for name, f in funcs.items():
-                attrs = f.operation.attributes
-                if "sym_visibility" in attrs and \
-                        ir.StringAttr(attrs["sym_visibility"]).value == "private":
-                    f.operation.erase()      # no calls are left
+                if name not in kept:
+                    f.operation.erase()
     return inlined
 
 
