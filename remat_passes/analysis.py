@@ -266,10 +266,16 @@ class FunctionAnalysis:
         transposed = self._transposed
         by_name = not self.cotangent_vids
         if by_name and not any(transposed):
+            calls = sum(1 for op in self.ops if op.name == "func.call")
+            hint = (f" @{self.name} calls {calls} function(s) (jax.export wraps the program "
+                    "in a call when it has symbolic dimensions): run the inline pass first "
+                    "(--inline, or the remat pipeline, which does), then look again; or "
+                    if calls else " ")
             raise RematError(
                 f"error: cannot tell forward from backward in @{self.name}: no argument "
                 f"carries the '{contract.COTANGENT}' attribute and no op location has a JAX "
-                "'transpose(' name-stack frame. Mark the cotangent arguments with "
+                f"'transpose(' name-stack frame.{hint}"
+                f"{'m' if calls else 'M'}ark the cotangent arguments with "
                 f"{{{contract.COTANGENT}}} (remat_passes.export_vjp does this), or pass "
                 "cotangent-args=<i,j,...> to remat-partial-eval.")
         n = len(self.ops)

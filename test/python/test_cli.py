@@ -246,6 +246,29 @@ def test_no_cotangents_is_a_user_error(tmp_path):
     assert_user_error(proc, "remat.cotangent")
 
 
+def test_no_cotangents_behind_a_call_says_run_inline(tmp_path):
+    """What jax.export makes of a jitted value_and_grad with a symbolic dimension: @main
+    only calls the function that holds the forward and the backward (issue 28). Alone,
+    remat-partial-eval says to inline first; after inline it finds the transposes."""
+    wrapped = tmp_path / "wrapped.mlir"
+    wrapped.write_text(
+        "func.func @main(%a: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {\n"
+        "  %0:2 = func.call @step(%a) : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)\n"
+        "  return %0#0, %0#1 : tensor<4xf32>, tensor<4xf32>\n}\n"
+        "func.func private @step(%a: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {\n"
+        "  %0 = stablehlo.sine %a : tensor<4xf32> loc(\"jit(step)/sin\")\n"
+        "  %1 = stablehlo.cosine %a : tensor<4xf32> loc(\"jit(step)/jvp(sin)\")\n"
+        "  %2 = stablehlo.multiply %1, %1 : tensor<4xf32> loc(\"jit(step)/transpose(jvp(sin))/mul\")\n"
+        "  return %0, %2 : tensor<4xf32>, tensor<4xf32>\n}\n")
+    proc = remat_opt(wrapped, "--remat-partial-eval=policy=nothing_saveable")
+    assert_user_error(proc, "cannot tell forward from backward", "calls 1 function(s)",
+                      "run the inline pass first")
+    proc = remat_opt(wrapped, "--inline", "--remat-partial-eval=policy=nothing_saveable",
+                     "--print-saved-residuals")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "saved residuals of @main" in proc.stdout.decode()
+
+
 # ------------------------------------------------- verification after a pass --
 
 
