@@ -2,7 +2,7 @@
 
 The public names below are loaded on first use (PEP 562), so `import remat_passes`
 and the CLI's `--version`/`--help` do not pay for importing JAX; the installed
-jaxlib's version is checked at import, jax's when it is first imported (jax_bridge).
+jaxlib's version is checked at import, jax's when it is first imported (jax.bridge).
 """
 from remat_passes import jax_compat as _jax_compat
 
@@ -10,19 +10,21 @@ _jax_compat.check_installed_version(("jaxlib",))   # a clear ImportError on an u
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it
+# public name -> the module that defines it (or is it, for the names in _MODULES)
+_MODULES = {"policies"}
 _EXPORTS = {
-    "policies": None,
-    **{name: "jax_bridge" for name in (
-        "checkpoint", "checkpoint_name", "compile", "export", "export_vjp",
-        "from_exported", "names_as_markers", "to_exported")},
-    **{name: "memory" for name in (
+    "policies": "policy.policies",
+    **{name: "jax.bridge" for name in (
+        "checkpoint", "checkpoint_name", "export", "export_vjp", "from_exported",
+        "names_as_markers")},
+    "compile": "jax.run", "to_exported": "jax.run",
+    **{name: "cost.memory" for name in (
         "FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory")},
-    "RematError": "mlir",
-    "Module": "module", "load": "module",
-    "remat": "pipeline", "run_pipeline": "pipeline", "parse_pipeline": "pipeline",
-    "ParetoPoint": "planner", "pareto": "planner",
-    **{name: "report" for name in (
+    "RematError": "ir.mlir",
+    "Module": "jax.module", "load": "jax.module",
+    "remat": "api.remat", "run_pipeline": "passes.manager", "parse_pipeline": "passes.manager",
+    **{name: "api.sweeps" for name in ("ParetoPoint", "pareto", "bounds", "recompute_seconds")},
+    **{name: "api.residuals" for name in (
         "Residual", "print_fwd_bwd", "print_saved_residuals", "saved_residuals")},
 }
 
@@ -32,7 +34,7 @@ __all__ = [
     "checkpoint", "checkpoint_name", "policies", "remat", "run_pipeline", "parse_pipeline",
     "saved_residuals", "print_saved_residuals", "print_fwd_bwd", "Residual", "RematError",
     "estimate_memory", "format_memory", "MemoryEstimate", "FunctionMemory",
-    "pareto", "ParetoPoint",
+    "pareto", "ParetoPoint", "bounds", "recompute_seconds",
     "__version__",
 ]
 
@@ -41,10 +43,8 @@ def __getattr__(name: str):
     import importlib
     if name not in _EXPORTS:
         raise AttributeError(f"module 'remat_passes' has no attribute {name!r}")
-    if _EXPORTS[name] is None:
-        value = importlib.import_module(f"remat_passes.{name}")
-    else:
-        value = getattr(importlib.import_module(f"remat_passes.{_EXPORTS[name]}"), name)
+    module = importlib.import_module(f"remat_passes.{_EXPORTS[name]}")
+    value = module if name in _MODULES else getattr(module, name)
     globals()[name] = value
     return value
 

@@ -16,13 +16,14 @@ import os
 import sys
 
 from remat_passes import __version__
-from remat_passes.memory import estimate_memory, format_memory
-from remat_passes import mlir
-from remat_passes.mlir import RematError
-from remat_passes.module import Module, write_atomically
-from remat_passes.passes import CORE_PASSES, PassState, registry
-from remat_passes.pipeline import make_pass, parse_options, parse_pipeline, run_pipeline
-from remat_passes.report import residual_bytes_text
+from remat_passes.core.residuals import residual_bytes_text
+from remat_passes.cost.memory import estimate_memory, format_memory
+from remat_passes.ir import mlir
+from remat_passes.ir.mlir import RematError
+from remat_passes.jax.module import Module, write_atomically
+from remat_passes.passes.base import PassState
+from remat_passes.passes.manager import make_pass, parse_options, parse_pipeline, run_pipeline
+from remat_passes.passes.registry import CORE_PASSES, registry
 
 SPLIT_MARKER = "// -----"
 
@@ -157,15 +158,16 @@ def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]
         estimate = estimate_memory(module.op, dim_symbols=state.dim_symbols)
         report += format_memory(estimate) + "\n"
     if args.print_pareto:
-        from remat_passes import planner
-        if args.pareto_device is not None and args.pareto_device not in planner.PROFILES:
+        from remat_passes.api.sweeps import format_pareto, pareto
+        from remat_passes.cost.devices import PROFILES
+        if args.pareto_device is not None and args.pareto_device not in PROFILES:
             raise RematError(f"error: unknown --pareto-device '{args.pareto_device}'; known: "
-                             f"{', '.join(planner.PROFILES)}")
+                             f"{', '.join(PROFILES)}")
         if args.pareto_points < 1:
             raise RematError("error: --pareto-points must be at least 1")
-        points = planner.pareto(module, points=args.pareto_points, offload=args.pareto_offload,
-                                device=args.pareto_device)
-        report += planner.format_pareto(points) + "\n"
+        points = pareto(module, points=args.pareto_points, offload=args.pareto_offload,
+                        device=args.pareto_device)
+        report += format_pareto(points) + "\n"
     if args.print_saved_residuals:
         for fname, residuals in state.residuals.items():
             count = f"{len(residuals)} value" + ("" if len(residuals) == 1 else "s")

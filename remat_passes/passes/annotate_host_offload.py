@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_passes import contract, graph, scan_pairs
-from remat_passes.case_rewrite import CASE
-from remat_passes.mlir import ir, stablehlo
-from remat_passes.rules import region_result_placements
-from remat_passes.passes import ModulePass, option
+from remat_passes.analysis import scan_pairs
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import ir, stablehlo
+from remat_passes.passes.base import ModulePass, option
+from remat_passes.ir.graph import CASE
+from remat_passes.regions.rules import region_result_placements
 
 
 def annotate(value, kind: str, ip, loc):

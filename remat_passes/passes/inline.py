@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_passes import graph
-from remat_passes.mlir import RematError, format_location, ir
-from remat_passes.passes import ModulePass
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import RematError, format_location, ir
+from remat_passes.passes.base import ModulePass
 
 
 def _callee_name(call) -> str:

@@ -39,9 +39,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from remat_passes import contract, graph, scan_pairs
-from remat_passes.mlir import ir, op_id, stablehlo
-from remat_passes.passes import ModulePass, option, parse_regex
+from remat_passes.analysis import scan_pairs
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import ir, op_id, stablehlo
+from remat_passes.passes.base import ModulePass, option, parse_regex
 
 BARRIER = "stablehlo.optimization_barrier"
 

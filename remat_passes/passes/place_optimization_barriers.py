@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_passes import contract, graph
-from remat_passes.analysis import RecomputeGroup, recompute_groups
-from remat_passes.mlir import ir, op_id, stablehlo
-from remat_passes.passes import ModulePass, option
+from remat_passes.analysis.function import RecomputeGroup, recompute_groups
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import ir, op_id, stablehlo
+from remat_passes.passes.base import ModulePass, option
 
 
 def _incoming(group: RecomputeGroup, is_backward, cotangents) -> ir.Value | None:

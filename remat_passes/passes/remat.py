@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_passes.passes import PipelinePass, option, parse_bool
 from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
+from remat_passes.passes.base import PipelinePass, option, parse_bool
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers

@@ -12,7 +12,7 @@ like `jax.checkpoint` calls (see `plan.PolicyDecider`).
 
 In two phases, each deciding before it rewrites:
 
-1. rules for ops with regions (`rules.RULES`): scan loop pairs get the policy per
+1. rules for ops with regions (`rules.RULE_TYPES`): scan loop pairs get the policy per
    iteration (`scan_rewrite`);
 2. the function: `plan.build_plan` decides every residual, then
    `materialize` clones the recomputation just in time and `split` (in
@@ -27,16 +27,25 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from remat_passes import contract, graph, gspmd, planner, report, scan_pairs
-from remat_passes.materialize import analysis_after, materialize
-
-from remat_passes.passes import ModulePass, PassState, option, parse_int_list, parse_regex
-from remat_passes.mlir import RematError, ir, op_id
-from remat_passes.plan import ScopePolicies, plan_with_policies, policy_verdict
-from remat_passes.policies import Policy, as_policy, nothing_saveable, parse_policy
-from remat_passes.symbolic import DimNames
-from remat_passes.rules import RULES, Groups
-from remat_passes.split import half_analyses, split_function
+from remat_passes.analysis import scan_pairs
+from remat_passes.core import residuals as report
+from remat_passes.core.materialize import analysis_after, materialize
+from remat_passes.core.plan import plan_with_policies
+from remat_passes.core.split import half_analyses, split_function
+from remat_passes.ir import contract, graph, mlir
+from remat_passes.ir.mlir import RematError, ir, op_id
+from remat_passes.ir.symbolic import DimNames
+from remat_passes.passes.base import ModulePass, PassState, option, parse_int_list, parse_regex
+from remat_passes.passes.inline import Inline
+from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
+from remat_passes.planner.model import build_problem
+from remat_passes.planner.resolve import for_peak, has_auto, resolve
+from remat_passes.planner.solvers import minimum_bytes
+from remat_passes.policy.auto import AutoPolicy
+from remat_passes.policy.scopes import ScopePolicies, VerdictCache
+from remat_passes.policy.policies import Policy, as_policy, nothing_saveable, parse_policy
+from remat_passes.regions.rules import Groups, new_rules
+from remat_passes.sharding import gspmd
 
 Residual = report.Residual
 
@@ -71,6 +80,12 @@ class PartialEvalOptions:
     region_policy: Policy = option(
         nothing_saveable, "policy of the regions made by region-regex", parse_policy)
 
+    def __post_init__(self):
+        """Policies given as specs, JAX policies or callables: normalised here, once."""
+        if self.policy is not None:
+            self.policy = as_policy(self.policy)
+        self.region_policy = as_policy(self.region_policy)
+
     def partial_eval_options(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(PartialEvalOptions)}
 
@@ -87,24 +102,25 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         f = graph.find_func(module_op, self.func)   # a clear error before any rewrite
         with module_op.context:
             self._mark_cotangents(f, state)
-            policy = as_policy(self.policy) if self.policy is not None else None
-            if isinstance(policy, planner.AutoPolicy) and policy.objective == "peak":
+            policy = self.policy
+            if isinstance(policy, AutoPolicy) and policy.objective == "peak":
                 policy = self._residual_budget_for_peak(policy, module_op, state)
+            rules = new_rules()   # (each run its own: rules keep what they learn)
             policies = ScopePolicies(
                 policy,
-                _recorded_scope_policies(module_op, state), as_policy(self.region_policy))
+                _recorded_scope_policies(module_op, state), self.region_policy)
             block = graph.body_block(f)
             reports = []
-            if planner.has_auto(policies):   # auto(budget=...): solved for the whole function
+            if has_auto(policies):   # auto(budget=...): solved for the whole function
                 a0 = state.analysis(f)
                 kept0 = {}
-                for rule in RULES.values():
+                for rule in rules.values():
                     kept0.update(rule.kept_whole(a0))
-                reports = planner.resolve(policies, a0, self.region_regex, set(kept0))
+                reports = resolve(policies, a0, self.region_regex, set(kept0))
                 state.drop(self.func)
             groups = Groups()
             iteration_policy = _IterationPolicy(policies, self.region_regex)
-            for rule in RULES.values():     # phase 1: ops with regions, decided inside
+            for rule in rules.values():     # phase 1: ops with regions, decided inside
                 # (the analysis of the function as it was: for telling backward from
                 # forward ops before any rule rewrites)
                 rule.rewrite(block, iteration_policy, groups, lambda: state.analysis(f))
@@ -112,14 +128,14 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 state.drop(self.func)      # a rule tidies what the plan did not read)
                 a = state.analysis(f)
                 kept, twins = {}, {}
-                for rule in RULES.values():
+                for rule in rules.values():
                     kept.update(rule.kept_whole(a))
                     twins.update(rule.twins(a))
                 plan = plan_with_policies(a, policies, self.region_regex,
                                           split=self.mode == "split", kept_whole=kept,
                                           first_group=groups.n, twins=twins)
                 if attempt == 3 or not any(
-                        [rule.tidy(a, plan.twins_read) for rule in RULES.values()]):
+                        [rule.tidy(a, plan.twins_read) for rule in rules.values()]):
                     break
             vids = plan.residuals()
             dims = DimNames(f, (state.dim_symbols or {}).get(self.func))
@@ -136,7 +152,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             vids = [vids[i] for i in keep]
             residuals = [residuals[i] for i in keep]
             surviving = set(range(len(a.ops))) - erased
-            for rule in RULES.values():
+            for rule in rules.values():
                 state.remarks.extend(rule.remarks(a, surviving))
             state.remarks.extend(_missing_names(f, self.func, policies))
             state.remarks.extend(unrecorded)
@@ -161,13 +177,27 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         state.plan_reports[self.func] = reports
 
     def _residual_budget_for_peak(self, policy, module_op, state):
-        """auto(objective=peak): trial plans on copies of the module (see planner.for_peak)."""
-        from remat_passes.module import Module
-        copy = Module(module_op, region_policies=state.region_policies,
-                      filename=state.filename).clone()
-        options = {"region_regex": self.region_regex, "region_policy": self.region_policy,
-                   "cotangent_args": self.cotangent_args, "prevent_cse": False}
-        return planner.for_peak(policy, copy, self.func, options)
+        """auto(objective=peak): plan trial residual budgets on copies of the module and
+        measure each plan's joint peak estimate (`for_peak` chooses among them)."""
+        from remat_passes.cost.memory import estimate_memory
+        from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
+        from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
+        problem = planning_problem(module_op, self.func, policy)
+
+        def trial(candidate):   # the default pipeline, joint form, no barriers
+            copy = mlir.clone(module_op)
+            options = {**self.partial_eval_options(), "policy": candidate, "mode": "joint"}
+            steps = [Inline(), RematPartialEval(**options),
+                     InsertReducePrecision(func=self.func, region_regex=self.region_regex),
+                     AnnotateHostOffload(func=self.func), StripCheckpointNames()]
+            st = PassState(region_policies=state.region_policies, filename=state.filename)
+            st.dim_symbols = dict(state.dim_symbols or {})
+            for step in steps:
+                step.apply(copy, st)
+                st.drop()
+            return (estimate_memory(copy, dim_symbols=st.dim_symbols)[self.func].peak_bytes,
+                    st.plan_reports[self.func][0].solution.cost)
+        return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
 
     def _mark_cotangents(self, f, state: PassState) -> None:
         """`cotangent-args` is authoritative: it replaces the marks (remarked if they differ);
@@ -247,16 +277,11 @@ class _IterationPolicy:
     def __init__(self, policies: ScopePolicies, scope_re):
         self.policies = policies
         self.scope_re = scope_re
-        self.cache: dict = {}
+        self._verdicts = VerdictCache()
 
     def op_verdict(self, op):
         policy = self.policies.of_chain(graph.scope_chain(op, self.scope_re))
-        if policy.constant is not None:
-            return policy.constant
-        key = (id(policy), op_id(op))
-        if key not in self.cache:
-            self.cache[key] = policy_verdict(policy, op)
-        return self.cache[key]
+        return self._verdicts.get(policy, op, op_id(op))
 
     def __call__(self, value):
         return scan_pairs.value_verdict(value, self.op_verdict)
@@ -297,3 +322,23 @@ def _recorded_scope_policies(module_op, state: PassState) -> dict:
         out[key] = spec if spec.startswith("<") else parse_policy(spec)
     out.update({k: as_policy(p) for k, p in state.region_policies.items()})
     return out
+
+
+def planning_problem(module, func: str = "main", policy=None):
+    """The planning problem `auto` solves for `func` of a copy of `module` (an ir.Module or
+    a Module; inlined; no checkpoint regions of their own: every forward op is governed),
+    for the solvers, `bounds` and benchmarks to work on directly."""
+    policy = policy or AutoPolicy(0)
+    copy = mlir.clone(getattr(module, "op", module))
+    state = PassState()
+    with copy.context:
+        Inline().apply(copy, state)
+        state.drop()
+        a = state.analysis(graph.find_func(copy, func))
+        kept = {}
+        for rule in new_rules().values():
+            kept.update(rule.kept_whole(a))
+        p, _ = build_problem(a, None, set(kept), policy.profile, policy.offload is not None,
+                             lambda pos: True)
+    p.module = copy      # the ops and values it names live in this copy (an ir.Module)
+    return p

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_passes import contract
-from remat_passes.mlir import ir
-from remat_passes.passes import ModulePass
+from remat_passes.ir import contract
+from remat_passes.ir.mlir import ir
+from remat_passes.passes.base import ModulePass
 
 
 def strip(module_op) -> int:

@@ -179,14 +179,14 @@ def run_split_cached(module, args, ct, n_out):
 
 def parse_text(text: str):
     """An ir.Module from MLIR text, in the context remat_passes uses."""
-    from remat_passes import mlir
+    from remat_passes.ir import mlir
     with mlir.context():
         return mlir.ir.Module.parse(text)
 
 
 def func_ops(ir_module, name="main"):
     """The top-level ops of @name, in program order (without the terminator)."""
-    from remat_passes import mlir
+    from remat_passes.ir import mlir
     for op in ir_module.body.operations:
         if op.operation.name == "func.func" and \
                 mlir.ir.StringAttr(op.operation.attributes["sym_name"]).value == name:

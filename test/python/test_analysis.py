@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import remat_passes as rp
-from remat_passes import graph
-from remat_passes.analysis import FunctionAnalysis
-from remat_passes.mlir import RematError, op_id
-from remat_passes.passes import PassState
+from remat_passes.analysis.function import FunctionAnalysis
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import RematError, op_id
+from remat_passes.passes.base import PassState
 from tools.benchmarks.families import FAMILIES
 
 LIT = Path(__file__).resolve().parents[1] / "lit"

@@ -13,8 +13,11 @@ import jax.numpy as jnp
 import pytest
 
 import remat_passes as rp
-from remat_passes import cli, mlir, pipeline
-from remat_passes.passes import ModulePass, registry
+from remat_passes import cli
+from remat_passes.ir import mlir
+from remat_passes.passes import manager as pipeline
+from remat_passes.passes.base import ModulePass
+from remat_passes.passes.registry import registry
 
 PIPELINE = "builtin.module(remat-partial-eval{policy=dots_saveable},strip-checkpoint-names)"
 

@@ -15,7 +15,8 @@ import pytest
 from jax import export as jax_export
 
 import remat_passes as rp
-from remat_passes import cli, mlir
+from remat_passes import cli
+from remat_passes.ir import mlir
 
 OLD = b"previous output, must survive a failed run\n"
 

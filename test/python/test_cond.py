@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
+from remat_testlib import (assert_same_residual_types, assert_trees_close, leaves, reference_vjp,
+                           run_joint_cached, run_split_cached)
 
 import remat_passes as rp
-from remat_testlib import (assert_same_residual_types, assert_trees_close, leaves,
-                           reference_vjp, run_joint_cached, run_split_cached)
 
 JP = jax.checkpoint_policies
 
@@ -150,7 +150,7 @@ def test_gradients_every_branch(name, policy):
 
 
 def _cases(module_):
-    from remat_passes import graph
+    from remat_passes.ir import graph
     with module_.op.context:
         f = graph.find_func(module_.op, "main")
         return [op.operation for op in graph.body_block(f).operations
@@ -163,7 +163,7 @@ def _text(region) -> str:
 
 def _reads_a_barrier(op) -> bool:
     """Does an op nested in `op` read a result of a stablehlo.optimization_barrier?"""
-    from remat_passes.mlir import ir
+    from remat_passes.ir.mlir import ir
     found = []
 
     def visit(inner):

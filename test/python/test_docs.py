@@ -31,7 +31,7 @@ Run with REMAT_DOCS_UPDATE=1 to rewrite expected outputs that do not match
 Reference checks: every pass of `remat_passes.passes.registry()` is documented
 in docs/passes.md with exactly its options and has a lit test; every flag
 named in docs/cli.md is in `remat-opt --help` and every flag of `--help` is
-documented; every policy of `remat_passes.policies.POLICIES` is documented in
+documented; every policy of `remat_passes.policy.policies.POLICIES` is documented in
 docs/policies.md, and every policy spec written there parses.
 """
 from __future__ import annotations
@@ -49,8 +49,8 @@ from pathlib import Path
 import pytest
 
 import remat_passes as rp
-from remat_passes.passes import CORE_PASSES, registry
-from remat_passes.policies import POLICIES, Policy, parse_policy
+from remat_passes.passes.registry import CORE_PASSES, registry
+from remat_passes.policy.policies import POLICIES, Policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from remat_passes.jax_compat import current_lowering, name_primitive
 from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
 
 import remat_passes as rp
-from remat_passes import jax_bridge
-from remat_passes.mlir import ir
+from remat_passes.ir.mlir import ir
+from remat_passes.jax import bridge as jax_bridge
+from remat_passes.jax_compat import current_lowering, name_primitive
 
 RTOL = 1e-5
 ATOL = 1e-6

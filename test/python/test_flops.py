@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import pytest
 
 import remat_passes as rp
-from remat_passes import flops, graph
+from remat_passes.cost import flops
+from remat_passes.ir import graph
 
 
 def xla_flops(module) -> float:

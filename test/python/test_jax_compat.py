@@ -15,7 +15,7 @@ import pytest
 
 import remat_passes as rp
 from remat_passes import jax_compat
-from remat_passes.policies import OpInfo, as_policy, _from_jax_policy
+from remat_passes.policy.policies import OpInfo, _from_jax_policy, as_policy
 
 JP = jax.checkpoint_policies
 

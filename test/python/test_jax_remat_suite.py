@@ -30,10 +30,10 @@ import numpy as np
 import pytest
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
+from remat_testlib import (assert_same_residual_types, assert_trees_close, leaves, reference_vjp,
+                           run_joint_cached, run_split_cached)
 
 import remat_passes as rp
-from remat_testlib import (assert_same_residual_types, assert_trees_close, leaves,
-                           reference_vjp, run_joint_cached, run_split_cached)
 
 JP = jax.checkpoint_policies
 

@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
+from remat_testlib import (assert_trees_close, func_ops, leaves, parse_text, reference_vjp,
+                           run_joint, run_split)
 
 import remat_passes as rp
 from remat_passes import cli
-from remat_testlib import (assert_trees_close, func_ops, leaves, parse_text, reference_vjp,
-                           run_joint, run_split)
 
 P = rp.policies
 JP = jax.checkpoint_policies
@@ -42,7 +42,7 @@ RECOMPUTE = "remat.recompute"
 
 # ----------------------------------------------------------------- helpers --
 def _ir():
-    from remat_passes import mlir
+    from remat_passes.ir import mlir
     return mlir.ir
 
 
@@ -57,7 +57,7 @@ def _find_func(ir_module, name):
 
 def _append_results(module: rp.Module, fname: str, values) -> None:
     """Make @fname also return `values` (appended to its return and its type)."""
-    from remat_passes import mlir
+    from remat_passes.ir import mlir
     ir = mlir.ir
     f = _find_func(module.op, fname)
     block = f.regions[0].blocks[0]
@@ -231,7 +231,8 @@ func.func @main(%x: tensor<4xT>, %ct: tensor<4xT> {remat.cotangent}) -> (tensor<
 @pytest.mark.parametrize("dtype", JAX_FLOAT_DTYPES)
 def test_reduce_precision_bits_are_jax_finfo_for_every_float_dtype(dtype):
     from jax.interpreters import mlir as jax_mlir
-    from remat_passes import mlir
+
+    from remat_passes.ir import mlir
     d = getattr(jnp, dtype, None)
     if d is None:
         pytest.skip(f"jax has no {dtype}")

@@ -19,8 +19,8 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 import remat_passes as rp
-from remat_passes.memory import MemoryEstimate, estimate_memory, format_bytes, format_memory
-from remat_passes.mlir import RematError
+from remat_passes.cost.memory import MemoryEstimate, estimate_memory, format_bytes, format_memory
+from remat_passes.ir.mlir import RematError
 
 P = rp.policies
 K = 1024

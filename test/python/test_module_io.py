@@ -17,8 +17,8 @@ import pytest
 from jax import export
 
 import remat_passes as rp
-from remat_passes import mlir
-from remat_passes.mlir import ir
+from remat_passes.ir import mlir
+from remat_passes.ir.mlir import ir
 
 # ---------------------------------------------------------------- helpers --
 

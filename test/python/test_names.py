@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 from jax.ad_checkpoint import checkpoint_name
+from remat_testlib import assert_same_residual_types, assert_trees_close
 
 import remat_passes as rp
-from remat_testlib import assert_same_residual_types, assert_trees_close
 
 JP = jax.checkpoint_policies
 

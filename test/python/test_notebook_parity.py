@@ -12,17 +12,17 @@ notebook's cell 22 prints no named residual; a fresh trace saves
 """
 from __future__ import annotations
 
-import io
 import contextlib
+import io
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import checkpoint_name
+from remat_testlib import (assert_same_residual_types, jax_residual_types, jax_saved_residuals,
+                           jax_type, our_residual_types)
 
 import remat_passes as rp
-from remat_testlib import (assert_same_residual_types, jax_saved_residuals, jax_type,
-                           our_residual_types, jax_residual_types)
 
 JP = jax.checkpoint_policies
 P = rp.policies

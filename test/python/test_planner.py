@@ -13,10 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
 
 import remat_passes as rp
-from remat_passes import flops, planner
-from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
+from remat_passes.api.sweeps import bounds, format_pareto, pareto, recompute_seconds
+from remat_passes.cost import flops
+from remat_passes.policy.auto import AutoPolicy, parse_budget
 
 P = rp.policies
 
@@ -89,11 +91,11 @@ def recompute_flops(out, func="main") -> float:
     ("512", 512), ("512MiB", 512 * 2**20), ("2GiB", 2 * 2**30), ("1.5GB", 1_500_000_000),
     ("64 KiB", 65536), (1000, 1000)])
 def test_budget_in_bytes(text, expected):
-    assert planner.parse_budget(text).resolve(10**12) == expected
+    assert parse_budget(text).resolve(10**12) == expected
 
 
 def test_budget_as_percentage():
-    assert planner.parse_budget("50%").resolve(1000) == 500
+    assert parse_budget("50%").resolve(1000) == 500
 
 
 @pytest.mark.parametrize("bad", ["lots", "12 parsecs", "-5", "5 %%"])
@@ -104,7 +106,7 @@ def test_bad_budget_is_a_clear_error(bad):
 
 def test_specs_round_trip():
     pol = P.parse_policy("auto(budget=2GiB, offload=pinned_host, device=h100)")
-    assert isinstance(pol, planner.AutoPolicy)
+    assert isinstance(pol, AutoPolicy)
     assert pol.budget.nbytes == 2 * 2**30 and pol.offload == "pinned_host"
     assert P.parse_policy(pol.spec).spec == pol.spec
     assert P.parse_policy("auto(budget=50%)").budget.fraction == 0.5
@@ -114,7 +116,7 @@ def test_specs_round_trip():
 
 def test_budget_below_the_minimum_names_it():
     _, _, m = case("mlp")
-    lo, hi = planner.bounds(m)
+    lo, hi = bounds(m)
     assert 0 < lo < hi
     with pytest.raises(rp.RematError, match=f"minimum this function can keep, {lo} B"):
         rp.remat(m, P.auto(budget=lo - 1))
@@ -129,18 +131,18 @@ def test_sweep_fits_is_monotone_and_exact(name):
     never rising with the budget, and the gradients of jax.vjp at every budget, joint
     and split. The cost is what auto minimises (the roofline time of what the pipeline
     recomputes, and of the roundings insert-reduce-precision adds), measured on the
-    rewritten module (`planner.recompute_seconds`): it must be what the solver said."""
+    rewritten module (`recompute_seconds`): it must be what the solver said."""
     fun, args, m = case(name)
     out_ref, ct, grads = reference_vjp(fun, args)
     expected = leaves(out_ref) + leaves(grads)
-    lo, hi = planner.bounds(m)
+    lo, hi = bounds(m)
     costs = []
     for k in range(10):
         budget = int(lo + (hi - lo) * k / 9)
         policy = P.auto(budget=budget)
         split = rp.remat(m, policy, mode="split")
         assert device_bytes(split) <= budget, (budget, device_bytes(split))
-        costs.append(planner.recompute_seconds(m, policy, mode="split"))
+        costs.append(recompute_seconds(m, policy, mode="split"))
         planned = split.plan_reports[0].solution.cost
         assert costs[-1] == pytest.approx(planned, rel=1e-6, abs=1e-11), (budget, planned)
         got, _ = run_split(split, args, ct, len(leaves(out_ref)))
@@ -169,12 +171,12 @@ def test_beats_every_fixed_policy_at_its_own_budget(name):
     fixed = {}
     for spec in FIXED:
         out = rp.remat(m, spec, mode="split")
-        fixed[spec] = (device_bytes(out), planner.recompute_seconds(m, spec, device="cpu"))
+        fixed[spec] = (device_bytes(out), recompute_seconds(m, spec, device="cpu"))
     for spec, (nbytes, _) in fixed.items():
         policy = P.auto(budget=nbytes, device="cpu")
         out = rp.remat(m, policy, mode="split")
         cheapest = min(c for b, c in fixed.values() if b <= nbytes)
-        ours = planner.recompute_seconds(m, policy, device="cpu")
+        ours = recompute_seconds(m, policy, device="cpu")
         assert device_bytes(out) <= nbytes
         assert ours <= cheapest * (1 + 1e-9) + 1e-18, (spec, ours, cheapest)
 
@@ -205,7 +207,7 @@ def test_flops_profile_beats_every_fixed_policy_in_flops(name):
 @pytest.mark.parametrize("name", ["mlp", "block", "scan"])
 def test_scalable_solver_is_close_to_the_exact_one(name):
     _, _, m = case(name)
-    lo, hi = planner.bounds(m)
+    lo, hi = bounds(m)
     for k in (1, 3, 5, 7):
         budget = int(lo + (hi - lo) * k / 8)
         out = rp.remat(m, P.auto(budget=budget, solver="lagrangian"))
@@ -217,7 +219,7 @@ def test_scalable_solver_is_close_to_the_exact_one(name):
 
 def test_reports_explain_saved_and_recomputed_values():
     _, _, m = case("mlp")
-    lo, hi = planner.bounds(m)
+    lo, hi = bounds(m)
     out = rp.remat(m, P.auto(budget=(lo + hi) // 2))
     noted = [r for r in out.residuals if r.note]
     assert noted and all("recomputing it:" in str(r) for r in noted)
@@ -229,7 +231,7 @@ def test_scan_decides_per_iteration():
     """In a scan, the decision is per iteration: a tight budget stops stacking values the
     body can recompute (the stacked buffers shrink), and the gradients stay exact."""
     fun, args, m = case("scan")
-    lo, hi = planner.bounds(m)
+    lo, hi = bounds(m)
     tight = rp.remat(m, P.auto(budget=lo), mode="split")
     loose = rp.remat(m, P.auto(budget=hi), mode="split")
     stacked = [r for r in tight.residuals if "of each iteration" in r.description]
@@ -243,7 +245,7 @@ def test_offload_moves_what_does_not_fit():
     met by moving values to host; the module still runs on CPU with exact gradients."""
     fun, args, m = case("mlp")
     out_ref, ct, grads = reference_vjp(fun, args)
-    lo, hi = planner.bounds(m)
+    lo, hi = bounds(m)
     out = rp.remat(m, P.auto(budget=lo, offload="pinned_host", device="h100"), mode="split")
     assert device_bytes(out) <= lo
     got, _ = run_split(out, args, ct, 1)
@@ -260,12 +262,12 @@ def test_objective_peak_bounds_the_joint_peak():
 
 def test_pareto_is_monotone():
     _, _, m = case("block")
-    points = planner.pareto(m, points=6)
+    points = pareto(m, points=6)
     assert len(points) == 6
     for a, b in zip(points, points[1:]):
         assert b.extra_flops <= a.extra_flops + 1e-6
         assert a.residual_bytes <= a.budget
-    assert "budget | residuals" in planner.format_pareto(points)
+    assert "budget | residuals" in format_pareto(points)
 
 
 def test_auto_as_a_region_policy():
@@ -278,7 +280,7 @@ def test_auto_as_a_region_policy():
     m = rp.export_vjp(f, *args)
     with pytest.raises(rp.RematError, match="below the minimum"):
         rp.remat(m)     # 0 B cannot hold the region's inputs
-    lo, _ = planner.bounds(m)
+    lo, _ = bounds(m)
     m2 = rp.export_vjp(lambda W, x: rp.checkpoint(
         lambda W, x: jnp.sum(jnp.sin(jnp.tanh(x @ W) @ W)),
         policy=P.auto(budget=lo))(W, x) * 2.0, *args)
@@ -307,7 +309,7 @@ def test_solutions_agree_with_numpy_model():
     """The model's own accounting: device bytes of a solution equal the residual bytes the
     engine then keeps (for a module without checkpoint regions)."""
     _, _, m = case("block")
-    lo, hi = planner.bounds(m)
+    lo, hi = bounds(m)
     for k in (2, 6):
         budget = int(lo + (hi - lo) * k / 8)
         out = rp.remat(m, P.auto(budget=budget), mode="split")
@@ -335,7 +337,7 @@ def test_scan_model_ends_match_the_fixed_policies():
               "w": jax.random.normal(k[1], (5, 16, 16)) * 0.2}
     x = jax.random.normal(k[2], (4, 16))
     m = rp.export_vjp(normed_scan, params, x)
-    lo, hi = planner.bounds(m)
+    lo, hi = bounds(m)
     nothing = device_bytes(rp.remat(m, "nothing_saveable", mode="split"))
     assert lo <= nothing
     assert device_bytes(rp.remat(m, P.auto(budget=lo), mode="split")) == lo

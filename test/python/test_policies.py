@@ -9,7 +9,7 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 import remat_passes as rp
-from remat_passes.policies import OpInfo, Offloadable, Recompute, Saveable
+from remat_passes.policy.policies import Offloadable, OpInfo, Recompute, Saveable
 
 P = rp.policies
 JP = jax.checkpoint_policies

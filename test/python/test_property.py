@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.ad_checkpoint import checkpoint_name
+from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
 
 import remat_passes as rp
-from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
 
 P = rp.policies
 

@@ -20,12 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
+from remat_testlib import (assert_same_residual_types, assert_trees_close, leaves, reference_vjp,
+                           run_joint, run_joint_cached, run_split, run_split_cached)
 
 import remat_passes as rp
-from remat_passes.policies import Offloadable, Recompute, Saveable
-from remat_testlib import (run_joint_cached, run_split_cached,
-                           assert_same_residual_types, assert_trees_close, leaves,
-                           reference_vjp, run_joint, run_split)
+from remat_passes.policy.policies import Offloadable, Recompute, Saveable
 
 P = rp.policies
 JP = jax.checkpoint_policies

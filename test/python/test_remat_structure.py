@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from remat_testlib import (assert_same_residual_types, assert_trees_close, func_ops,
+                           jax_saved_residuals, leaves, parse_text, reference_vjp, run_joint,
+                           run_split)
 
 import remat_passes as rp
-from remat_testlib import (assert_same_residual_types, func_ops, jax_saved_residuals,
-                           parse_text, leaves, reference_vjp, run_joint, run_split,
-                           assert_trees_close)
+from remat_passes.ir.mlir import ir as rp_ir
 
 P = rp.policies
 JP = jax.checkpoint_policies
@@ -36,7 +37,7 @@ POLICY_IDS = ["none", "everything", "nothing", "dots", "only_a", "offload", "cal
 # ----------------------------------------------------------------- helpers --
 def _reads(op):
     """Operands plus values captured by nested regions (top-level values only)."""
-    from remat_passes import mlir
+    from remat_passes.ir import mlir
     vals = list(op.operands)
     inner_defs = set()
 
@@ -65,7 +66,7 @@ def classify(text, func="main", cotangent_args=None):
     block = f.regions[0].blocks[0]
     if cotangent_args is None:
         attrs = f.operation.attributes
-        arg_attrs = list(rp.mlir.ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
+        arg_attrs = list(rp_ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
         cotangent_args = [i for i, d in enumerate(arg_attrs) if "remat.cotangent" in str(d)]
     bvals = {block.arguments[i] for i in cotangent_args}
     flags = []
@@ -284,7 +285,7 @@ def _residual_roots(split_text):
     for op in ops:
         if any(v in arg_dep for v in _reads(op)):
             arg_dep.update(op.results)
-    n_out = len(f.type.results) - sum(1 for d in rp.mlir.ir.ArrayAttr(
+    n_out = len(f.type.results) - sum(1 for d in rp_ir.ArrayAttr(
         f.operation.attributes["res_attrs"]) if "remat.residual" in str(d))
     return [(str(v.type), v in arg_dep) for v in list(term.operands)[n_out:]]
 
@@ -421,7 +422,7 @@ def test_split_interface():
     # fwd: primals -> (outputs, residuals); bwd: (residuals, cotangents) -> grads
     assert len(fwd.type.inputs) == 2 and len(fwd.type.results) == 1 + n_res
     assert len(bwd.type.inputs) == n_res + 1 and len(bwd.type.results) == 2
-    descs = [str(d) for d in rp.mlir.ir.ArrayAttr(fwd.operation.attributes["res_attrs"])][1:]
+    descs = [str(d) for d in rp_ir.ArrayAttr(fwd.operation.attributes["res_attrs"])][1:]
     for d, r in zip(descs, out.residuals):
         assert r.type in d
     assert "remat.cotangent" in str(bwd.operation.attributes["arg_attrs"])
@@ -444,7 +445,7 @@ def test_unused_primal_argument_keeps_the_cotangent_marked():
     assert not any("cotangent" in r.description for r in res), [str(r) for r in res]
     assert_same_residual_types(res, lambda x, unused: _with_unused(x, unused), *args)
     main = func_ops(parse_text(str(module)))[0]
-    arg_attrs = [str(d) for d in rp.mlir.ir.ArrayAttr(main.operation.attributes["arg_attrs"])]
+    arg_attrs = [str(d) for d in rp_ir.ArrayAttr(main.operation.attributes["arg_attrs"])]
     assert "remat.cotangent" in arg_attrs[-1], arg_attrs
 
 
@@ -584,7 +585,7 @@ def test_split_halves_keep_result_labels_and_argument_attributes():
     x = jnp.ones((2, 4))
     m = rp.export_vjp(f, W, x)
     split = rp.remat(m, "nothing_saveable", mode="split")
-    from remat_passes import contract, graph
+    from remat_passes.ir import contract, graph
     with m.op.context:
         main = graph.find_func(m.op, "main")
         labels = [e.get("jax.result_info") for e in contract.all_entries(main, "res_attrs")]

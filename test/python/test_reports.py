@@ -6,9 +6,9 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from remat_testlib import assert_same_residual_types
 
 import remat_passes as rp
-from remat_testlib import assert_same_residual_types
 
 
 def _block(W, x):

@@ -41,14 +41,13 @@ import numpy as np
 import pytest
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
+from remat_testlib import (assert_same_residual_types, assert_trees_close, jax_saved_residuals,
+                           leaves, parse_text, reference_vjp, run_joint_cached, run_split_cached)
 
 import remat_passes as rp
-from remat_passes import mlir
-from remat_passes.policies import Offloadable, Recompute, Saveable
-from remat_passes.mlir import ir
-from remat_testlib import (run_joint_cached, run_split_cached,
-                           assert_same_residual_types, assert_trees_close, jax_saved_residuals,
-                           leaves, parse_text, reference_vjp)
+from remat_passes.ir import mlir
+from remat_passes.ir.mlir import ir
+from remat_passes.policy.policies import Offloadable, Recompute, Saveable
 
 P = rp.policies
 JP = jax.checkpoint_policies

@@ -66,11 +66,11 @@ x = jax.device_put(jnp.asarray(rng.normal(size=(8, 8)), jnp.float32),
 m = rp.export_vjp(loss, W1, W2, x)
 out = {"text_has_sharding": "sharding" in m.text()}
 split = rp.remat(m, "nothing_saveable", mode="split")
-from remat_passes import graph
+from remat_passes.ir import graph
 def _shardings(fname, which, residuals):
     f = graph.find_func(split.op, fname)
     with split.op.context:
-        from remat_passes import contract
+        from remat_passes.ir import contract
         entries = contract.all_entries(f, which)
         if fname == "main_fwd" and which == "res_attrs":
             is_res = ["remat.residual" in e for e in entries]
@@ -85,12 +85,12 @@ out["split_shardings"] = {f"{fn}/{w}": _shardings(fn, w, False)
 out["residual_shardings"] = [_shardings("main_fwd", "res_attrs", True),
                              _shardings("main_bwd", "arg_attrs", True), len(split.residuals)]
 with m.op.context:
-    from remat_passes import contract
+    from remat_passes.ir import contract
     main = graph.find_func(m.op, "main")
     out["main_shardings"] = {w: sum(1 for e in contract.all_entries(main, w)
                                     if "mhlo.sharding" in e or "sdy.sharding" in e)
                              for w in ("arg_attrs", "res_attrs")}
-from remat_passes import jax_bridge
+from remat_passes.jax.run import to_exported
 from remat_testlib import compiled_collectives
 for pol, jp in POLICIES.items():
     theirs = jax_saved_residuals(jax.checkpoint(loss, policy=jp), W1, W2, x)
@@ -98,7 +98,7 @@ for pol, jp in POLICIES.items():
     ct = jnp.float32(1.0)
     checkpointed = lambda W1, W2, x, ct, jp=jp: (lambda v, f: (v, f(ct)))(
         *jax.vjp(jax.checkpoint(loss, policy=jp), W1, W2, x))
-    collectives = [compiled_collectives(jax_bridge.to_exported(joint).call, W1, W2, x, ct),
+    collectives = [compiled_collectives(to_exported(joint).call, W1, W2, x, ct),
                    compiled_collectives(checkpointed, W1, W2, x, ct)]
     # (jax's own Exported.call of a sharded export needs Shardy on at call time: a jax
     # limit, so the GSPMD leg exports and rewrites under GSPMD and calls under Shardy)
@@ -311,7 +311,7 @@ jax.config.update("jax_use_shardy_partitioner", SHARDY)
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 sys.path.insert(0, sys.argv[1])
 import remat_passes as rp
-from remat_passes import jax_bridge
+from remat_passes.jax.run import to_exported
 from remat_testlib import compiled_collectives, jax_saved_residuals, with_shardy as calling
 
 mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
@@ -377,7 +377,7 @@ for pol, jp in POLICIES.items():
         "split_err": error((fwd[0], grads)),
         "on_mesh": all(len(a.sharding.device_set) == 8
                        for a in jax.tree_util.tree_leaves((fwd, grads))),
-        "ours_compiled": compiled_collectives(jax_bridge.to_exported(joint).call,
+        "ours_compiled": compiled_collectives(to_exported(joint).call,
                                               params, x, ct),
         "jax_compiled": compiled_collectives(checkpointed, params, x, ct),
         "remarks": joint.remarks}

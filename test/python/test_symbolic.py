@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export as jax_export
+from remat_testlib import assert_trees_close
 
 import remat_passes as rp
-from remat_testlib import assert_trees_close
 
 
 def loss(W, x):

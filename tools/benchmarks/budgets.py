@@ -27,8 +27,11 @@ from __future__ import annotations
 import time
 
 import remat_passes as rp
-from remat_passes import planner
-from remat_passes.memory import estimate_memory
+from remat_passes.api.sweeps import bounds, problem_for, recompute_seconds
+from remat_passes.cost.devices import PROFILES
+from remat_passes.cost.memory import estimate_memory
+from remat_passes.planner.solvers import minimum_bytes, solve, solve_exact, solve_lagrangian
+from remat_passes.policy.auto import AutoPolicy, auto
 from tools.benchmarks import common
 from tools.benchmarks.cases import cases_for
 from tools.benchmarks.knapsack import knapsack_solver
@@ -57,9 +60,9 @@ def point(model: Model, module, policy, ref, joint=False) -> dict:
     cost, err = run_split_form(model, split, ref, planned)
     row = {"dev": dev, "host": host, "cost": cost, "cost_lowered": planned["cost"],
            "err": err, "pass_s": pass_s,
-           "model_s": planner.recompute_seconds(module, policy, device=DEVICE, mode="split")}
+           "model_s": recompute_seconds(module, policy, device=DEVICE, mode="split")}
     # with the transfers of what it offloads: what auto(offload=...) minimises
-    row["total_s"] = row["model_s"] + planner.PROFILES[DEVICE].offload_seconds(host)
+    row["total_s"] = row["model_s"] + PROFILES[DEVICE].offload_seconds(host)
     if split.plan_reports:
         sol = split.plan_reports[0].solution
         row.update(solve_s=sol.seconds, method=sol.method, planned_s=sol.cost)
@@ -76,7 +79,7 @@ def measure_model(model: Model, progress) -> dict:
     progress(f"{model.key}: export + reference")
     ref = jax.jit(jax.grad(model.build(_identity), argnums=(0, 1), allow_int=True))(*args)
     module = rp.export_vjp(model.build(_identity), *args)
-    lo, hi = planner.bounds(module, policy=planner.AutoPolicy(0, device=DEVICE))
+    lo, hi = bounds(module, policy=AutoPolicy(0, device=DEVICE))
     base = point(model, module, None, ref, joint=True)
     out = {"title": model.title, "n_ops": common.count_ops(module), "min": lo, "no_remat": hi,
            "base_cost": base["cost"], "base_cost_lowered": base["cost_lowered"],
@@ -94,7 +97,7 @@ def measure_model(model: Model, progress) -> dict:
         progress(f"{model.key}: auto at {f['short']}")
         offload = "pinned_host" if f["host"] else None
         try:
-            a = point(model, module, planner.auto(f["dev"], offload=offload, device=DEVICE),
+            a = point(model, module, auto(f["dev"], offload=offload, device=DEVICE),
                       ref)
         except rp.RematError as e:
             a = {"error": str(e)}
@@ -106,26 +109,26 @@ def measure_model(model: Model, progress) -> dict:
                "cheapest": cheapest["short"]}
         if not offload:   # the FLOP-count profile, against the fixed policies in XLA's count
             try:
-                row["auto_flops"] = point(model, module, planner.auto(f["dev"], device="flops"),
+                row["auto_flops"] = point(model, module, auto(f["dev"], device="flops"),
                                           ref)
             except rp.RematError as e:
                 row["auto_flops"] = {"error": str(e)}
             row["cheapest_flops"] = min(fits, key=lambda g: (g["cost_lowered"], g["dev"]))["short"]
         out["at_fixed"].append(row)
     # --------------------------------------------------------------------- sweep --
-    problem = planner.problem_for(module, policy=planner.AutoPolicy(0, device=DEVICE))
+    problem = problem_for(module, policy=AutoPolicy(0, device=DEVICE))
     budgets = sorted({int(lo + (hi - lo) * k / (SWEEP - 1)) for k in range(SWEEP)})
     for b in budgets:
         progress(f"{model.key}: sweep {b} B")
         row = {"budget": b,
-               "auto": point(model, module, planner.auto(b, device=DEVICE), ref, joint=True),
+               "auto": point(model, module, auto(b, device=DEVICE), ref, joint=True),
                "knapsack": point(model, module,
-                                 planner.auto(b, device=DEVICE, solver=knapsack_solver), ref)}
+                                 auto(b, device=DEVICE, solver=knapsack_solver), ref)}
         t = time.perf_counter()
-        lag = planner.solve_lagrangian(problem, b)
+        lag = solve_lagrangian(problem, b)
         row["lagrangian"] = {"cost": lag.cost, "dev": lag.device_bytes,
                              "s": time.perf_counter() - t}
-        ex = planner.solve_exact(problem, b, time_limit=60.0)
+        ex = solve_exact(problem, b, time_limit=60.0)
         row["exact"] = None if ex is None else {"cost": ex.cost, "dev": ex.device_bytes,
                                                 "s": ex.seconds}
         out["sweep"].append(row)
@@ -136,7 +139,7 @@ def measure_model(model: Model, progress) -> dict:
         progress(f"{model.key}: peak budget {b} B")
         t = time.perf_counter()
         try:
-            joint = rp.remat(module, planner.auto(b, device=DEVICE, objective="peak"))
+            joint = rp.remat(module, auto(b, device=DEVICE, objective="peak"))
             rep = joint.plan_reports[0]
             out["peak"].append({"budget": b, "peak": int(estimate_memory(joint).peak_bytes),
                                 "model_s": rep.solution.cost,
@@ -155,20 +158,20 @@ def scale(sizes=(40, 400), progress=print) -> list:
         fun, args = families.transformer(n)
         module = rp.export_vjp(fun, *args)
         t = time.perf_counter()
-        p = planner.problem_for(module, policy=planner.AutoPolicy(0, device=DEVICE))
+        p = problem_for(module, policy=AutoPolicy(0, device=DEVICE))
         build_s = time.perf_counter() - t
-        lo, hi = planner.minimum_bytes(p), int(p.value_bytes[p.needed].sum())
+        lo, hi = minimum_bytes(p), int(p.value_bytes[p.needed].sum())
         row = {"n": n, "n_ops": common.count_ops(module), "nodes": p.n_ops + p.n_values,
                "build_s": build_s, "points": []}
         for frac in (0.25, 0.5, 0.75):
             b = int(lo + (hi - lo) * frac)
             t = time.perf_counter()
-            sol, _ = planner.solve(p, b, "auto")
+            sol, _ = solve(p, b, "auto")
             auto_s = time.perf_counter() - t
             t = time.perf_counter()
-            lag = planner.solve_lagrangian(p, b)
+            lag = solve_lagrangian(p, b)
             lag_s = time.perf_counter() - t
-            ex = planner.solve_exact(p, b, time_limit=60.0)
+            ex = solve_exact(p, b, time_limit=60.0)
             row["points"].append({
                 "frac": frac, "budget": b, "auto_method": sol.method, "auto_s": auto_s,
                 "auto_cost": sol.cost, "lag_s": lag_s, "lag_cost": lag.cost,
@@ -176,7 +179,7 @@ def scale(sizes=(40, 400), progress=print) -> list:
                 "exact_s": None if ex is None else ex.seconds,
                 "exact_cost": None if ex is None else ex.cost})
         t = time.perf_counter()
-        rp.remat(module, planner.auto(int(lo + (hi - lo) * 0.5), device=DEVICE))
+        rp.remat(module, auto(int(lo + (hi - lo) * 0.5), device=DEVICE))
         row["remat_s"] = time.perf_counter() - t
         rows.append(row)
     return rows
@@ -278,7 +281,7 @@ def render(data, png_rel: str) -> str:
          "offloading: transfers included), and `auto(budget, device=flops)` costs no more "
          "extra FLOPs in XLA's count (of the programs handed to XLA, see below) than the "
          "fixed policy with the fewest within that budget; the modelled cost a plan is "
-         "measured at is that of the rewritten module (`planner.recompute_seconds`: what it "
+         "measured at is that of the rewritten module (`recompute_seconds`: what it "
          "recomputes and the roundings insert-reduce-precision adds); along a sweep of 20 budgets from the minimum to no "
          "remat the bytes never exceed the budget, the cost never rises as the budget grows "
          "and the gradients of the split and of the joint form equal `jax.grad`; the "

@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 
 import remat_passes as rp
-from remat_passes.mlir import ir
+from remat_passes.ir.mlir import ir
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from remat_passes.planner import Problem
+from remat_passes.planner.model import Problem
 
 
 def knapsack_solver(p: Problem, budget: int) -> np.ndarray:

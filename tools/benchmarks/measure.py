@@ -28,10 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import remat_passes as rp
-from remat_passes import flops, graph
+from remat_passes.cost import flops
+from remat_passes.cost.memory import estimate_memory
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import ir
 from remat_passes.jax_compat import jax_saved_residuals
-from remat_passes.memory import estimate_memory
-from remat_passes.mlir import ir
 from tools.benchmarks import common
 from tools.benchmarks.cases import Case, cases_for, jax_function
 from tools.benchmarks.models import MODELS, Model, _identity

@@ -17,10 +17,10 @@ Results: `results/memory.json`.
 from __future__ import annotations
 
 import remat_passes as rp
-from remat_passes import contract, graph
-from remat_passes.analysis import FunctionAnalysis
-from remat_passes.memory import estimate_memory
-from remat_passes.policies import as_policy
+from remat_passes.analysis.function import FunctionAnalysis
+from remat_passes.cost.memory import estimate_memory
+from remat_passes.ir import contract, graph
+from remat_passes.policy.policies import as_policy
 from tools.benchmarks import common
 from tools.benchmarks.models import mlp_model, transformer_model
 

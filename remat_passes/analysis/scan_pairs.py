@@ -1,0 +1,313 @@
+"""Scan loop pairs, read only: which `stablehlo.while` ops are the two halves of a scan.
+
+JAX exports `lax.scan` under a VJP as two loops in the same block:
+
+* a *forward* while whose body computes one iteration and writes per-iteration
+  residuals into loop-carried stacked buffers (`dynamic_update_slice` of the
+  value, broadcast or reshaped to `[1, ...]`, at the iteration's slot index);
+* a *backward* while, later in the block, that takes those buffers as carries,
+  passes them through unchanged and reads one slot per iteration
+  (`dynamic_slice` of size `[1, ...]` at the slot index, then `reshape`).
+
+This module recognises them (`analyse_forward`, `find_pairs`) and answers
+questions about them; it never changes the IR. `scan_rewrite` applies a policy
+per iteration; `loop_edit` adds and drops carries.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import ir, op_id
+from remat_passes.ir.verdicts import Recompute, Saveable
+
+WHILE = "stablehlo.while"
+
+
+# ----------------------------------------------------------- small helpers --
+def owner(v):
+    """The op defining `v`, or None for a block argument."""
+    return v.owner.operation if isinstance(v, ir.OpResult) else None
+
+
+def const_int(v):
+    """The integer value of a scalar integer constant, else None."""
+    op = owner(v)
+    if op is None or op.name != "stablehlo.constant":
+        return None
+    try:
+        attr = ir.DenseIntElementsAttr(op.attributes["value"])
+    except (ValueError, TypeError):
+        return None
+    if not attr.is_splat:
+        return None
+    return int(ir.IntegerAttr(attr.get_splat_value()).value)
+
+
+def shape(v) -> list[int]:
+    return list(ir.RankedTensorType(v.type).shape)
+
+
+def elements(v) -> int:
+    n = 1
+    for d in shape(v):
+        n *= d
+    return n
+
+
+def unwrap_update(u, slot_shape):
+    """The per-iteration value behind a `[1, ...]` update (broadcast_in_dim/reshape)."""
+    op = owner(u)
+    if op is not None and op.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape"):
+        src = op.operands[0]
+        if shape(src) == slot_shape:
+            if op.name == "stablehlo.reshape":
+                return src
+            dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+            if dims == list(range(1, len(slot_shape) + 1)):
+                return src
+    return None
+
+
+def _zero_tail(indices) -> bool:
+    return all(const_int(i) == 0 for i in indices)
+
+
+# ------------------------------------------------------------ forward loop --
+@dataclasses.dataclass
+class Stacked:
+    """A forward carry that stacks one value per iteration."""
+    carry: int
+    value: ir.Value     # the per-iteration value in the forward body
+    index: ir.Value     # the slot index it is written at
+    dus: object         # the dynamic_update_slice op
+
+
+@dataclasses.dataclass
+class ForwardLoop:
+    op: object
+    body: object
+    counter: int | None
+    invariant: set
+    stacked: dict       # carry -> Stacked
+
+    def value_to_carry(self) -> dict:
+        return {s.value: k for k, s in self.stacked.items()}
+
+    @property
+    def trip_count(self) -> int:
+        """Iterations: the leading dimension of the stacked buffers."""
+        return shape(self.op.results[next(iter(self.stacked))])[0]
+
+
+def analyse_forward(w) -> ForwardLoop | None:
+    """The scan structure of a while: counter, invariant carries, stacked buffers."""
+    w = w.operation
+    if w.name != WHILE or len(w.regions) != 2:
+        return None
+    body = w.regions[1].blocks[0]
+    ret = graph.terminator(body)
+    args = list(body.arguments)
+    counter, invariant, stacked = None, set(), {}
+    for k, (a, r) in enumerate(zip(args, ret.operands)):
+        if r == a:
+            invariant.add(k)
+            continue
+        op = owner(r)
+        if op is None:
+            continue
+        if (op.name == "stablehlo.add" and op.operands[0] == a and const_int(op.operands[1]) == 1
+                and const_int(w.operands[k]) is not None):
+            counter = k
+            continue
+        if op.name != "stablehlo.dynamic_update_slice" or op.operands[0] != a:
+            continue
+        if len(list(a.uses)) != 1:
+            continue
+        buf_shape = shape(a)
+        update = op.operands[1]
+        if not buf_shape or shape(update) != [1] + buf_shape[1:]:
+            continue
+        if not _zero_tail(list(op.operands)[3:]):
+            continue
+        value = unwrap_update(update, buf_shape[1:])
+        if value is None:
+            continue
+        stacked[k] = Stacked(k, value, op.operands[2], op)
+    if counter is None or not stacked:
+        return None
+    return ForwardLoop(w, body, counter, invariant, stacked)
+
+
+# ----------------------------------------------------------- backward loop --
+@dataclasses.dataclass
+class Read:
+    """One slot read of a stacked buffer in the backward body."""
+    slice_op: object
+    reshape_op: object
+    index: ir.Value
+
+    @property
+    def value(self):
+        return self.reshape_op.results[0]
+
+
+def _reads(arg, ret) -> list[Read] | None:
+    """The slot reads of backward carry `arg`, or None if it is used otherwise."""
+    reads = []
+    for use in arg.uses:
+        op = use.owner.operation
+        if op == ret:
+            continue
+        if op.name != "stablehlo.dynamic_slice" or use.operand_number != 0:
+            return None
+        sizes = list(ir.DenseI64ArrayAttr(op.attributes["slice_sizes"]))
+        if sizes != [1] + shape(arg)[1:] or not _zero_tail(list(op.operands)[2:]):
+            return None
+        users = [u.owner.operation for u in op.results[0].uses]
+        if len(users) != 1 or users[0].name != "stablehlo.reshape":
+            return None
+        reads.append(Read(op, users[0], op.operands[1]))
+    return reads
+
+
+@dataclasses.dataclass
+class Pair:
+    fwd: ForwardLoop
+    bwd: object
+    links: dict          # backward carry -> forward carry (stacked buffers)
+    reads: dict          # backward carry -> [Read]
+
+    @property
+    def bwd_body(self):
+        return self.bwd.regions[1].blocks[0]
+
+
+def _through_reshapes(v):
+    """The source of a reshape chain that ends in v's own type (unrolled scans reshape
+    their stacks [N/k, k, ...] -> [N, ...] -> [N/k, k, ...] between the loops)."""
+    src = v
+    while owner(src) is not None and owner(src).name == "stablehlo.reshape":
+        src = owner(src).operands[0]
+    return src if src.type == v.type else v
+
+
+def find_pairs(whiles) -> list[Pair]:
+    """Forward/backward scan pairs among `whiles` (the while ops of one block, in order)."""
+    whiles = [w.operation for w in whiles]
+    pairs = []
+    for fw in whiles:
+        loop = analyse_forward(fw)
+        if loop is None:
+            continue
+        results = {r: k for k, r in enumerate(fw.results) if k in loop.stacked}
+        for bw in whiles:
+            if bw == fw:
+                continue
+            links, reads = {}, {}
+            body = bw.regions[1].blocks[0]
+            ret = graph.terminator(body)
+            for m, init in enumerate(bw.operands):
+                k = results.get(_through_reshapes(init))
+                if k is None or ret.operands[m] != body.arguments[m]:
+                    continue
+                r = _reads(body.arguments[m], ret)
+                if r is None:
+                    continue
+                links[m], reads[m] = k, r
+            if links:
+                pairs.append(Pair(loop, bw, links, reads))
+    return pairs
+
+
+def find_pairs_in_block(block) -> list[Pair]:
+    return find_pairs([op for op in block.operations if op.operation.name == WHILE])
+
+
+def reshapes_argument_for_loops(op) -> bool:
+    """A reshape of a function argument that only while loops read (how an unrolled
+    scan views its scanned-over arrays as [N/k, k, ...] blocks)."""
+    return (op.name == "stablehlo.reshape" and isinstance(op.operands[0], ir.BlockArgument)
+            and all(u.owner.operation.name == WHILE for u in op.results[0].uses))
+
+
+_MOVEMENT = {"stablehlo.dynamic_slice", "stablehlo.slice", "stablehlo.reshape",
+             "stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.convert"}
+_INDEX_ARITHMETIC = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
+                     "stablehlo.compare", "stablehlo.select", "stablehlo.convert",
+                     "stablehlo.clamp", "stablehlo.negate"}
+
+
+def moves_data(op) -> bool:
+    """Cheap to redo per iteration: data movement, or arithmetic on scalar indices (how a
+    scan slices its scanned-over arrays)."""
+    if op.name in _MOVEMENT:
+        return True
+    return op.name in _INDEX_ARITHMETIC and all(
+        not list(ir.RankedTensorType(r.type).shape) for r in op.results)
+
+
+# ------------------------------------------------------- per-value answers --
+def stacked_value(while_op, result_number: int):
+    """The per-iteration value behind result `result_number` of a forward scan loop."""
+    loop = analyse_forward(while_op)
+    if loop is None or result_number not in loop.stacked:
+        return None
+    return loop.stacked[result_number].value
+
+
+def unrolled_parts(v):
+    """For `concatenate` (dim 0) of `[1, ...]`-wrapped values (how JAX stacks the sub-steps of
+    an unrolled scan step), the wrapped values; else None."""
+    op = owner(v)
+    if op is None or op.name != "stablehlo.concatenate" or \
+            ir.IntegerAttr(op.attributes["dimension"]).value != 0:
+        return None
+    slot = shape(v)[1:]
+    parts = [unwrap_update(u, slot) for u in op.operands]
+    return None if any(p is None for p in parts) else parts
+
+
+def value_verdict(v, op_verdict):
+    """The per-iteration verdict for forward value `v` (op_verdict: op -> verdict).
+
+    A result of a nested forward scan loop that stacks an op's value takes the
+    verdict of that value (JAX applies the policy inside nested scans too); one
+    that stacks an inner carry-in is the inner loop's own business (the policy's
+    verdict on the loop op: most policies recompute it whole). A result of a nested
+    case that holds values its branches save (`contract.case_saves`) is saved.
+    """
+    op = v.owner.operation
+    if graph.is_side_effecting(op):
+        return Saveable
+    parts = unrolled_parts(v)
+    if parts is not None:   # the block of an unrolled scan step: one value per sub-step
+        verdicts = [Saveable if isinstance(u, ir.BlockArgument) else value_verdict(u, op_verdict)
+                    for u in parts]
+        kept = [x for x in verdicts if x is not Recompute]
+        return kept[0] if kept else Recompute
+    if op.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape") and \
+            elements(op.operands[0]) == elements(v) and v.uses and \
+            all(u.owner.operation.name == "stablehlo.concatenate" for u in v.uses):
+        # wraps one sub-step of an unrolled scan step: scan machinery, not a computation
+        src = op.operands[0]
+        return Saveable if isinstance(src, ir.BlockArgument) else value_verdict(src, op_verdict)
+    if op.name == WHILE:
+        u = stacked_value(op, v.result_number)
+        if isinstance(u, ir.OpResult):
+            return value_verdict(u, op_verdict)
+    if op.name == "stablehlo.case":   # a result holding values its branches save
+        saved = contract.case_saves(op).get(v.result_number)
+        if saved is not None:
+            return saved
+    return op_verdict(op)
+
+
+def inside(op, container) -> bool:
+    """Is `op` (or the owner of a block argument) nested in `container`?"""
+    target = op_id(container)
+    while op is not None:
+        if op_id(op) == target:
+            return True
+        op = op.parent
+    return False

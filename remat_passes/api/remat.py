@@ -1,0 +1,53 @@
+"""`rp.remat`: the default pipeline on a copy of a Module, with the results read back."""
+from __future__ import annotations
+
+from remat_passes.ir import mlir
+from remat_passes.ir.mlir import RematError
+from remat_passes.jax.module import Module
+from remat_passes.passes.base import PassState, parse_regex
+from remat_passes.passes.manager import run_pipeline
+from remat_passes.passes.remat import Remat
+
+
+def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
+          prevent_cse_in_loops: bool = False,
+          func: str = "main", cotangent_args=None, region_regex=None, region_policy=None,
+          verify: bool = True):
+    """Run the default remat pipeline on a copy of `module`; return the new Module.
+
+    inline -> remat-partial-eval (policy, mode) -> insert-reduce-precision ->
+    place-optimization-barriers (if prevent_cse) -> annotate-host-offload ->
+    strip-checkpoint-names. The residuals partial-eval chose are on the result
+    as `.residuals`, and what it wants the user to know (e.g. a while loop it
+    treated as one atomic op) as `.remarks`; `.timings` has each step's seconds.
+    `verify` runs the MLIR verifier on the result (`remat-opt --verify-each`
+    verifies after every step instead).
+    """
+    if not isinstance(module, Module):
+        raise TypeError("rp.remat takes a remat_passes.Module (from rp.export_vjp, rp.export, "
+                        f"rp.load or rp.Module.parse), got {type(module).__name__}")
+    if mode not in ("joint", "split"):
+        raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
+    options = dict(policy=policy, mode=mode,
+                   func=func, prevent_cse=prevent_cse,
+                   prevent_cse_in_loops=prevent_cse_in_loops, cotangent_args=cotangent_args)
+    if region_regex is not None:
+        try:
+            options["region_regex"] = parse_regex(region_regex) \
+                if isinstance(region_regex, str) else region_regex
+        except ValueError as e:
+            raise RematError(f"error: bad region_regex: {e}") from None
+    if region_policy is not None:
+        options["region_policy"] = region_policy
+    out = module.clone()
+    state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
+    state.dim_symbols = dict(module.dim_symbols)
+    run_pipeline(out.op, [Remat(**options)], state, verify_each=False)
+    if verify:   # the result, once (the CLI's --verify-each checks after every step)
+        mlir.verify(out.op.operation, module.filename, after="remat")
+    out.residuals = state.residuals.get(func, [])
+    out.remarks = list(state.remarks)
+    out.timings = list(state.timings)
+    out.plan_reports = state.plan_reports.get(func, [])
+    out.dim_symbols = state.dim_symbols
+    return out

@@ -1,0 +1,141 @@
+"""Planner sweeps over a module: `bounds` (the least and the most a plan keeps),
+`recompute_seconds` (what a policy's plan costs in the planner's model) and `pareto`
+(budget against recompute cost). Each runs the passes on copies of the module.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from remat_passes.api.remat import remat
+from remat_passes.cost import flops
+from remat_passes.cost.devices import PROFILES, default_device
+from remat_passes.cost.memory import estimate_memory, format_bytes
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import op_id
+from remat_passes.passes.inline import Inline
+from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
+from remat_passes.passes.manager import run_pipeline
+from remat_passes.passes.remat_partial_eval import RematPartialEval, planning_problem
+from remat_passes.planner.model import ROUNDING, Problem
+from remat_passes.planner.report import format_flop
+from remat_passes.planner.solvers import minimum_bytes
+from remat_passes.policy.auto import AutoPolicy, auto
+
+
+def recompute_seconds(module, policy, func: str = "main", device: str | None = None,
+                      mode: str = "joint") -> float:
+    """What the recomputation of `policy`'s plan for `module` costs in the planner's model,
+    to compare any policy with auto on the same scale: the ops remat-partial-eval clones
+    and the reduce_precision ops insert-reduce-precision then adds on what is kept (what
+    `auto` minimises counts both), loop bodies times their trip count. `mode="split"`:
+    of the split form."""
+    profile = PROFILES[device or default_device()]
+    out = module.clone()
+    run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func,
+                                                              mode=mode)])
+    funcs = [graph.find_func(out.op, name).operation
+             for name in ([func] if mode == "joint" else [f"{func}_fwd", f"{func}_bwd"])]
+    existing = set()
+
+    def walk(op, visit, scale=1):
+        for inner in op.regions:
+            for block in inner.blocks:
+                n = scale * ((flops.trip_count(op) or 1) if op.name == "stablehlo.while"
+                             else 1)
+                for o in block.operations:
+                    visit(o.operation, n)
+
+    def note(o, n):
+        if o.name == ROUNDING:
+            existing.add(op_id(o))
+        elif len(o.regions):
+            walk(o, note, n)
+    for f in funcs:
+        walk(f, note)
+    run_pipeline(out.op, [InsertReducePrecision(func=func)])
+    cost_model = flops.CostModel(out.op)
+    total = 0.0
+
+    def add(o, n):
+        nonlocal total
+        if contract.is_recompute_clone(o):
+            total += profile.op_seconds(o, cost_model) * n
+        elif o.name == ROUNDING and op_id(o) not in existing:
+            total += profile.rounding_seconds(graph.type_elements(o.results[0].type)) * n
+        elif len(o.regions):
+            walk(o, add, n)
+    with out.op.context:
+        for f in funcs:
+            walk(f, add)
+    return total
+
+
+def bounds(module, func: str = "main", policy: AutoPolicy | None = None) -> tuple[int, int]:
+    """(minimum, no-remat) residual bytes a plan can have for `func` of `module`."""
+    p = problem_for(module, func, policy)
+    return minimum_bytes(p), p.no_remat_bytes()
+
+
+def problem_for(module, func: str = "main", policy: AutoPolicy | None = None) -> Problem:
+    """The planning problem `auto` solves for `func` of a copy of `module` (inlined; no
+    checkpoint regions of their own: every forward op is governed), for the solvers and
+    benchmarks to work on directly."""
+    return planning_problem(module, func, policy)
+
+
+@dataclasses.dataclass
+class ParetoPoint:
+    budget: int                 # the budget asked for (residual bytes)
+    residual_bytes: int         # what the split form's <f>_fwd keeps on the device
+    host_bytes: int             # what it moves to host memory
+    extra_flops: float          # FLOPs recomputed (fwd + bwd of the split form, over no remat)
+    extra_pct: float            # ... as % of the no-remat split's FLOPs
+    joint_peak: int             # static program-order peak estimate of the joint form
+    solve_seconds: float
+    method: str
+
+
+def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
+           func: str = "main", solver: str = "auto") -> list[ParetoPoint]:
+    """Budget -> residual bytes, extra FLOPs, joint peak and solve time, for a sweep of
+    budgets (by default `points` from the minimum to no remat). A larger budget never
+    costs more: a point whose plan costs more than the plan of a smaller budget takes
+    that plan instead."""
+    base = remat(module, None, mode="split", func=func)
+    base_flops = flops.function_flops(base, f"{func}_fwd") + \
+        flops.function_flops(base, f"{func}_bwd")
+    lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device))
+    if budgets is None:
+        budgets = sorted({int(lo + (hi - lo) * k / max(points - 1, 1)) for k in range(points)})
+    out = []
+    best = None      # (budget, point) of the cheapest plan so far
+    for b in sorted(budgets):
+        policy = auto(b, offload=offload, device=device, solver=solver)
+        split = remat(module, policy, mode="split", func=func)
+        joint = remat(module, policy, mode="joint", func=func)
+        rep = split.plan_reports[0]
+        total = flops.function_flops(split, f"{func}_fwd") + \
+            flops.function_flops(split, f"{func}_bwd")
+        dev = sum(r.bytes for r in split.residuals
+                  if r.offload is None or r.offload.dst not in ("pinned_host", "unpinned_host"))
+        host = sum(r.bytes for r in split.residuals) - dev
+        point = ParetoPoint(b, dev, host, total - base_flops,
+                            (total - base_flops) / base_flops * 100 if base_flops else 0.0,
+                            estimate_memory(joint)[func].peak_bytes, rep.solution.seconds,
+                            rep.solution.method)
+        if best is not None and best.extra_flops < point.extra_flops:
+            point = dataclasses.replace(best, budget=b, solve_seconds=point.solve_seconds)
+        best = point
+        out.append(point)
+    return out
+
+
+def format_pareto(points: list[ParetoPoint]) -> str:
+    lines = ["budget | residuals (device) | host | extra FLOPs | joint peak | solve",
+             "---|---|---|---|---|---"]
+    for q in points:
+        lines.append(f"{format_bytes(q.budget)} | {format_bytes(q.residual_bytes)} | "
+                     f"{format_bytes(q.host_bytes)} | {format_flop(q.extra_flops)} "
+                     f"({q.extra_pct:+.1f}%) | {format_bytes(q.joint_peak)} | "
+                     f"{q.solve_seconds:.3f} s {q.method}")
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""Static cost of StableHLO: FLOPs and bytes of ops and functions, loop trip counts included.
+
+What XLA's cost analysis reports as `flops + transcendentals`, counted on the
+StableHLO before any optimization:
+
+* `dot_general`: 2 x (result elements) x (contracted size); `convolution`:
+  2 x (result elements) x (kernel elements / output features);
+* elementwise arithmetic (add, multiply, tanh, exp, compare, select, ...):
+  one per result element; `reduce`: one per input element;
+* data movement (reshape, transpose, slice, broadcast, concatenate, ...) and
+  constants: free;
+* `while`: its body times the trip count when the loop counts from a constant
+  to a constant (JAX's scans and fori_loops), else once; `reduce`: its body once
+  per element folded in (input minus result elements); `case`/`if`: the most
+  expensive branch; `func.call`: the callee.
+
+XLA's own cost analysis counts a `while` body once whatever its trip count, so
+for programs with scans this is the count to compare. `op_bytes` is the
+memory traffic of an op (its operands and results), for a roofline cost.
+"""
+from __future__ import annotations
+
+import re
+
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import ir
+
+ELEMENTWISE = frozenset({
+    "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "negate",
+    "abs", "sign", "exponential", "exponential_minus_one", "log", "log_plus_one", "logistic",
+    "tanh", "sine", "cosine", "tan", "sqrt", "rsqrt", "cbrt", "power", "atan2", "floor",
+    "ceil", "round_nearest_afz", "round_nearest_even", "compare", "select", "clamp", "and",
+    "or", "xor", "not", "is_finite", "reduce_precision", "erf", "erf_inv", "expm1", "log1p"})
+_DOT_CONTRACTING = re.compile(r"lhs_contracting_dimensions = \[([0-9, ]*)\]")
+
+
+def elements(t) -> int:
+    try:
+        n = 1
+        for d in ir.RankedTensorType(t).shape:
+            n *= max(d, 0)
+        return n
+    except (ValueError, TypeError):
+        return 0
+
+
+def _int_constant(v):
+    if not isinstance(v, ir.OpResult) or v.owner.operation.name != "stablehlo.constant":
+        return None
+    try:
+        attr = ir.DenseIntElementsAttr(v.owner.attributes["value"])
+    except (ValueError, TypeError):
+        return None
+    return int(ir.IntegerAttr(attr.get_splat_value()).value) if attr.is_splat else None
+
+
+def trip_count(while_op) -> int | None:
+    """Iterations of a `stablehlo.while` counting from a constant to a constant (`i < N`
+    with a constant start), else None."""
+    cond = while_op.regions[0].blocks[0]
+    for op in cond.operations:
+        op = op.operation
+        if op.name != "stablehlo.compare" or \
+                "LT" not in str(op.attributes["comparison_direction"]):
+            continue
+        lhs, bound = op.operands
+        n = _int_constant(bound)
+        if n is not None and isinstance(lhs, ir.BlockArgument):
+            start = _int_constant(while_op.operands[lhs.arg_number])
+            if start is not None:
+                return max(n - start, 0)
+    return None
+
+
+def _dot_flops(op) -> float:
+    m = _DOT_CONTRACTING.search(str(op.attributes["dot_dimension_numbers"]))
+    lhs = ir.RankedTensorType(op.operands[0].type).shape
+    k = 1
+    if m:
+        for d in m.group(1).split(","):
+            if d.strip():
+                k *= lhs[int(d)]
+    return 2.0 * elements(op.results[0].type) * k
+
+
+def _dims(spec: str) -> list[str]:
+    return [d.strip() for d in spec.split(",")]
+
+
+def _i64s(op, name, default):
+    if name not in op.attributes:
+        return default
+    attr = op.attributes[name]
+    try:
+        return list(ir.DenseI64ArrayAttr(attr))
+    except (ValueError, TypeError):
+        return [int(x) for x in ir.DenseIntElementsAttr(attr)]
+
+
+def _conv_flops(op) -> float:
+    """2 x multiply-adds that touch real input (not padding), as XLA counts them."""
+    m = re.search(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]",
+                  str(op.attributes["dimension_numbers"]))
+    lhs_t = ir.RankedTensorType(op.operands[0].type).shape
+    rhs_t = ir.RankedTensorType(op.operands[1].type).shape
+    out_t = ir.RankedTensorType(op.results[0].type).shape
+    if not m:   # unknown layout: no padding correction
+        per = 1
+        for d in rhs_t:
+            per *= d
+        return 2.0 * elements(op.results[0].type) * per / max(rhs_t[-1], 1)
+    lhs, rhs, out = _dims(m.group(1)), _dims(m.group(2)), _dims(m.group(3))
+    spatial = [d for d in lhs if d.isdigit()]
+    n = len(spatial)
+    strides = _i64s(op, "window_strides", [1] * n)
+    lhs_dil = _i64s(op, "lhs_dilation", [1] * n)
+    rhs_dil = _i64s(op, "rhs_dilation", [1] * n)
+    pad = _i64s(op, "padding", [0] * (2 * n))
+    macs = out_t[out.index("b")] * rhs_t[rhs.index("o")] * rhs_t[rhs.index("i")]
+    for j, d in enumerate(spatial):
+        size = (lhs_t[lhs.index(d)] - 1) * lhs_dil[j] + 1
+        k, o = rhs_t[rhs.index(d)], out_t[out.index(d)]
+        valid = 0
+        for y in range(o):
+            for t in range(k):
+                x = y * strides[j] + t * rhs_dil[j] - pad[2 * j]
+                if 0 <= x < size and x % lhs_dil[j] == 0:
+                    valid += 1
+        macs *= valid
+    return 2.0 * macs
+
+
+class CostModel:
+    """FLOPs of ops, with callees' costs remembered (one per module)."""
+
+    def __init__(self, module_op=None):
+        self._funcs = {}
+        if module_op is not None:
+            for op in module_op.body.operations:
+                if op.operation.name == "func.func":
+                    self._funcs[graph.func_name(op)] = op
+        self._callee: dict = {}
+
+    def op_flops(self, op) -> float:
+        op = op.operation
+        name = op.name
+        if name == "stablehlo.dot_general":
+            return _dot_flops(op)
+        if name == "stablehlo.dot":
+            lhs = ir.RankedTensorType(op.operands[0].type).shape
+            return 2.0 * elements(op.results[0].type) * (lhs[-1] if lhs else 1)
+        if name == "stablehlo.convolution":
+            return _conv_flops(op)
+        if name == "stablehlo.reduce":   # the body once per element folded in
+            applications = elements(op.operands[0].type) - elements(op.results[0].type)
+            return max(applications, 0) * max(self.block_flops(op.regions[0].blocks[0]), 1.0)
+        if name == "stablehlo.while":
+            body = self.block_flops(op.regions[1].blocks[0])
+            return (trip_count(op) or 1) * body
+        if name in ("stablehlo.case", "stablehlo.if"):
+            return max((sum(self.block_flops(b) for b in r.blocks) for r in op.regions),
+                       default=0.0)
+        if name == "func.call":
+            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            if callee not in self._callee:
+                f = self._funcs.get(callee)
+                self._callee[callee] = 0.0 if f is None or not len(f.regions[0].blocks) \
+                    else self.block_flops(graph.body_block(f))
+            return self._callee[callee]
+        dialect, _, short = name.partition(".")
+        if dialect in ("stablehlo", "chlo") and short in ELEMENTWISE:
+            return float(elements(op.results[0].type))
+        return 0.0
+
+    def block_flops(self, block) -> float:
+        return sum(self.op_flops(op) for op in block.operations)
+
+    def function_flops(self, func_op) -> float:
+        return self.block_flops(graph.body_block(func_op))
+
+
+def op_bytes(op) -> int:
+    """Memory traffic of an op: the bytes of its operands and results."""
+    op = op.operation
+    return sum(graph.type_bytes(v.type) for v in op.operands) + \
+        sum(graph.type_bytes(r.type) for r in op.results)
+
+
+def function_flops(module, function: str = "main") -> float:
+    """FLOPs of `function` of a Module (or an ir.Module), loops times their trip counts."""
+    module_op = getattr(module, "op", module)
+    with module_op.context:
+        return CostModel(module_op).function_flops(graph.find_func(module_op, function))

@@ -1,0 +1,364 @@
+"""A static memory estimate: peak live bytes of a function run in program order.
+
+XLA:CPU undoes rematerialization (it expands `optimization_barrier` early and
+then CSEs the recomputation back into the forward pass) and ignores host
+offload, so on CPU the memory effect of a remat policy cannot be measured by
+compiling the joint function (DESIGN.md section 5). This module judges it
+statically instead, on the StableHLO itself, the way a simple buffer
+assigner without reordering would see it:
+
+* ops run in program order (top-level ops of the function body);
+* a value is live from the op that produces it until the last op that reads
+  it; a value read inside the nested regions of an op (a capture) counts as
+  read by that op;
+* arguments are live from entry until their last use (one never read is
+  live at entry only);
+* values the function returns are live until the end; a value returned in
+  several result slots is counted once per slot at the `return`;
+* while an op runs, its operands and its results are both live (no in-place
+  reuse), so the bytes at an op are the bytes live before it plus its results;
+* identity ops do not allocate: the results of the `@remat.name`
+  checkpoint-name marker, of `stablehlo.optimization_barrier` and of a
+  `stablehlo.reduce_precision` to the type's own exponent/mantissa bits (what
+  insert-reduce-precision adds) alias their operands, which stay live as long
+  as an alias is read;
+* only device memory counts: a value moved to host memory (the result of
+  `@annotate_device_placement` to `pinned_host`/`unpinned_host`, an argument
+  with `mhlo.memory_kind` = a host kind) has 0 bytes; the copy back to
+  `device` is a new buffer;
+* ops with regions (`reduce`, `while`, `sort`, `if`, ...): their results are
+  counted when produced; the temporaries of their bodies are approximated by
+  the largest internal peak among their regions (values defined inside the
+  region, its block arguments excluded, which alias the op's operands and
+  results), added while the op runs. A `func.call` is approximated the same
+  way by the callee's body (remat-partial-eval inlines calls anyway).
+
+Bytes come from the static tensor types (`graph.type_bytes`; tokens are 0). A
+value with symbolic dimensions (`jax.export.symbolic_shape`) counts 0 bytes; each
+function's estimate says how many such values it has and the names of their
+dimensions (`symbolic.DimNames`), and `format_memory` prints them.
+Everything is O(number of ops): one pass computes last uses, one sweep
+accumulates live bytes.
+
+For a split module (`<f>_fwd` / `<f>_bwd` from `remat(..., mode="split")`)
+both functions are estimated on their own; `residual_bytes` of `<f>_fwd` is
+the total of its results marked `remat.residual`, which is what the caller
+keeps alive between the two calls (and what `<f>_bwd` takes as arguments).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import RematError, ir
+
+__all__ = ["FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory",
+           "format_bytes"]
+
+_TERMINATORS = ("func.return", "stablehlo.return")
+
+
+@dataclasses.dataclass
+class FunctionMemory:
+    """The static memory estimate of one function."""
+    name: str
+    peak_bytes: int            # max over program points of the bytes live there
+    argument_bytes: int        # total of the argument types (host-placed ones included)
+    result_bytes: int          # total of the result types, one per slot (host-placed included)
+    peak_op: str               # the op at the peak, e.g. 'stablehlo.tanh at f.py:9:12 (mlp)'
+    peak_index: int            # its index among the top-level ops (-1: at entry)
+    live_bytes_timeline: list[int]  # bytes live after each top-level op (return excluded)
+    residual_bytes: int | None = None  # <f>_fwd of a split module: results marked remat.residual
+    num_ops: int = 0           # top-level ops, return excluded
+    # values (arguments included) with symbolic dimensions: counted as 0 bytes above
+    symbolic_values: int = 0
+    symbols: tuple[str, ...] = ()   # the names of those dimensions ('?' where unknown)
+
+
+@dataclasses.dataclass
+class MemoryEstimate:
+    """Per-function estimates, in module order."""
+    functions: dict[str, FunctionMemory]
+
+    def __getitem__(self, name: str) -> FunctionMemory:
+        return self.functions[name]
+
+    def __iter__(self):
+        return iter(self.functions.values())
+
+    def __len__(self) -> int:
+        return len(self.functions)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest peak of the functions (they run one after the other)."""
+        return max((f.peak_bytes for f in self.functions.values()), default=0)
+
+    @property
+    def residual_bytes(self) -> int | None:
+        """Total residual bytes of the split forward functions; None if there are none."""
+        values = [f.residual_bytes for f in self.functions.values() if f.residual_bytes is not None]
+        return sum(values) if values else None
+
+
+# ---------------------------------------------------------------- helpers --
+def _is_alias_op(op) -> bool:
+    """Identity ops whose results share their operands' buffers."""
+    name = op.name
+    if name == "stablehlo.optimization_barrier":
+        return True
+    if name == "stablehlo.reduce_precision":
+        try:
+            bits = (ir.IntegerAttr(op.attributes["exponent_bits"]).value,
+                    ir.IntegerAttr(op.attributes["mantissa_bits"]).value)
+        except (ValueError, TypeError, KeyError):
+            return False
+        return contract.float_format(op.operands[0].type) == bits
+    return (name == "stablehlo.custom_call" and len(op.operands) == 1
+            and len(op.results) == 1 and contract.checkpoint_name(op) is not None)
+
+
+def describe_op(op) -> str:
+    """'stablehlo.tanh at f.py:9:12 (mlp)' or 'stablehlo.add at line 5'."""
+    op = op.operation
+    pos, fn = graph.source_position(op)
+    text = op.name
+    name = contract.checkpoint_name(op)
+    if name is not None:
+        text += f" @remat.name '{name}'"
+    if pos:
+        text += f" at {pos}"
+    if fn:
+        text += f" ({fn})"
+    return text
+
+
+@dataclasses.dataclass
+class _Sweep:
+    peak: int
+    peak_index: int
+    peak_op: object          # the op, or None at entry
+    timeline: list[int]
+    num_ops: int
+
+
+class _Estimator:
+    def __init__(self, module_op, dim_symbols=None):
+        self.module_op = module_op
+        self.dim_symbols = dim_symbols or {}
+        self._funcs = None
+        self._callee_peaks: dict[str, int] = {}
+        self._in_progress: set[str] = set()
+
+    def functions(self) -> dict:
+        if self._funcs is None:
+            self._funcs = {graph.func_name(op): op for op in self.module_op.body.operations
+                           if op.operation.name == "func.func"}
+        return self._funcs
+
+    # -------------------------------------------------------- extra bytes --
+    def _callee_peak(self, op) -> int:
+        """Internal peak of a func.call's callee body (its arguments excluded)."""
+        if "callee" not in op.attributes:
+            return 0
+        name = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+        if name in self._callee_peaks:
+            return self._callee_peaks[name]
+        callee = self.functions().get(name)
+        if callee is None or name in self._in_progress or len(callee.regions[0].blocks) == 0:
+            return 0
+        self._in_progress.add(name)
+        try:
+            peak = self.sweep(graph.body_block(callee), count_args=False).peak
+        finally:
+            self._in_progress.discard(name)
+        self._callee_peaks[name] = peak
+        return peak
+
+    def _internal_bytes(self, op) -> int:
+        """Temporaries an op needs while it runs besides its results."""
+        if op.name == "func.call":
+            return self._callee_peak(op)
+        best = 0
+        for region in op.regions:
+            for block in region.blocks:
+                best = max(best, self.sweep(block, count_args=False).peak)
+        return best
+
+    # ---------------------------------------------------------- the sweep --
+    def sweep(self, block, count_args: bool, host_args=frozenset()) -> _Sweep:
+        ops = [op.operation for op in block.operations]
+        n = len(ops)
+        has_term = n > 0 and ops[-1].name in _TERMINATORS
+        # Pass 1: last use of every buffer (aliases resolved to their root).
+        root: dict = {}
+        last: dict = {}
+        for i, op in enumerate(ops):
+            for v in graph.read_values(op):
+                last[root.get(v, v)] = i
+            if _is_alias_op(op):
+                for r, o in zip(op.results, op.operands):
+                    root[r] = root.get(o, o)
+        # Pass 2: the sweep.
+        free_at: dict = defaultdict(int)
+        size: dict = {}   # buffer (root value) -> the bytes counted for it
+        live = 0
+        if count_args:
+            for a in block.arguments:
+                b = size[a] = 0 if a.arg_number in host_args else graph.type_bytes(a.type)
+                live += b
+                free_at[last.get(a, -1)] += b
+        peak, peak_index, peak_op = live, -1, None
+        live -= free_at.pop(-1, 0)
+        timeline = []
+        for i, op in enumerate(ops):
+            if has_term and i == n - 1:
+                # At the return every result is live; a value returned in k
+                # slots counts k times (the caller gets k buffers).
+                seen, dup = set(), 0
+                for v in op.operands:
+                    r = root.get(v, v)
+                    if r in seen:
+                        dup += size.get(r, 0)
+                    seen.add(r)
+                if live + dup > peak:
+                    peak, peak_index, peak_op = live + dup, i, op
+                break
+            produced = 0
+            if not _is_alias_op(op) and contract.placement(op) not in contract.HOST_KINDS:
+                for r in op.results:
+                    b = size[r] = graph.type_bytes(r.type)
+                    produced += b
+                    free_at[last.get(r, i)] += b
+            during = live + produced
+            if len(op.regions) or op.name == "func.call":
+                during += self._internal_bytes(op)
+            if during > peak:
+                peak, peak_index, peak_op = during, i, op
+            live += produced - free_at.pop(i, 0)
+            timeline.append(live)
+        return _Sweep(peak, peak_index, peak_op, timeline, len(timeline))
+
+    # ------------------------------------------------------- one function --
+    def function(self, func_op) -> FunctionMemory:
+        name = graph.func_name(func_op)
+        block = graph.body_block(func_op)
+        ftype = func_op.type
+        host_args = frozenset(i for i in range(len(ftype.inputs))
+                              if contract.memory_kind(func_op, "arg_attrs", i)
+                              in contract.HOST_KINDS)
+        s = self.sweep(block, count_args=True, host_args=host_args)
+        arg_bytes = sum(graph.type_bytes(t) for t in ftype.inputs)
+        res_bytes = sum(graph.type_bytes(t) for t in ftype.results)
+        residual = None
+        residual_slots = contract.residual_results(func_op)
+        is_split_fwd = name.endswith("_fwd") and name[:-4] + "_bwd" in self.functions()
+        if residual_slots or is_split_fwd:
+            residual = sum(graph.type_bytes(ftype.results[i]) for i in residual_slots)
+        peak_op = "entry (arguments)" if s.peak_op is None else describe_op(s.peak_op)
+        n_symbolic, symbols = self._symbolic(func_op)
+        return FunctionMemory(name=name, peak_bytes=s.peak, argument_bytes=arg_bytes,
+                              result_bytes=res_bytes, peak_op=peak_op, peak_index=s.peak_index,
+                              live_bytes_timeline=s.timeline, residual_bytes=residual,
+                              num_ops=s.num_ops, symbolic_values=n_symbolic, symbols=symbols)
+
+    def _symbolic(self, func_op) -> tuple[int, tuple[str, ...]]:
+        """How many values have symbolic (`?`) dimensions, and their names."""
+        from remat_passes.ir.symbolic import UNKNOWN, DimNames
+        names = DimNames(func_op, self.dim_symbols.get(graph.func_name(func_op)))
+        count, symbols = 0, set()
+
+        def visit(values):
+            nonlocal count
+            for v in values:
+                if graph.dynamic_unit_bytes(v.type) is None:
+                    continue
+                count += 1
+                rt = ir.RankedTensorType(v.type)
+                labels = names.labels(v)
+                symbols.update(labels[i] for i in range(rt.rank) if rt.is_dynamic_dim(i))
+        visit(graph.body_block(func_op).arguments)
+        for op in graph.nested_ops(graph.body_block(func_op)):
+            visit(op.results)
+            for region in op.regions:
+                for b in region.blocks:
+                    visit(b.arguments)
+        return count, tuple(sorted(symbols - {UNKNOWN}) + ([UNKNOWN] if UNKNOWN in symbols
+                                                           else []))
+
+
+def _has_body(func_op) -> bool:
+    return len(func_op.regions[0].blocks) > 0
+
+
+def _select(est: _Estimator, function) -> list[str]:
+    funcs = est.functions()
+    if function is None:
+        names = [n for n, f in funcs.items() if graph.is_public(f) and _has_body(f)]
+        if not names and "main" in funcs:
+            names = ["main"]
+        if not names:
+            raise RematError("error: no public function with a body to estimate (functions: "
+                             + (", ".join(f"@{n}" for n in funcs) or "none") + ")")
+        return names
+    wanted = [function] if isinstance(function, str) else list(function)
+    names = []
+    for name in wanted:
+        if name not in funcs and f"{name}_fwd" in funcs and f"{name}_bwd" in funcs:
+            names += [f"{name}_fwd", f"{name}_bwd"]   # a split module
+        else:
+            graph.find_func(est.module_op, name)      # a clear error if absent
+            names.append(name)
+    return names
+
+
+def estimate_memory(module, function=None, dim_symbols=None) -> MemoryEstimate:
+    """Static peak-memory estimate of the functions of `module`.
+
+    `module` is a `remat_passes.Module` (or an `ir.Module`). `function` is a
+    name or a list of names; by default every public function with a body
+    (else `main`). Naming `f` in a split module gives `f_fwd` and `f_bwd`.
+    See the module docstring for the model (program order, no reuse, regions
+    approximated by their largest internal peak). `dim_symbols` names symbolic
+    argument dimensions (`symbolic.argument_dims`; by default the Module's, or read
+    from the module).
+    """
+    from remat_passes.ir.symbolic import argument_dims
+    module_op = getattr(module, "op", module)
+    with module_op.context:
+        dim_symbols = getattr(module, "dim_symbols", None) if dim_symbols is None \
+            else dim_symbols
+        est = _Estimator(module_op, argument_dims(module_op) if dim_symbols is None
+                         else dim_symbols)
+        names = _select(est, function)
+        funcs = est.functions()
+        return MemoryEstimate({n: est.function(funcs[n]) for n in names})
+
+
+# ------------------------------------------------------------------ report --
+def format_bytes(n: int) -> str:
+    """'512 B', '64.0 KiB', '3.27 MiB'."""
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{n:.2f} {unit}" if n < 10 else f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def format_memory(estimate: MemoryEstimate) -> str:
+    """One line per function: peak (and where), arguments, results, residuals."""
+    lines = []
+    for f in estimate:
+        line = (f"@{f.name}: peak {format_bytes(f.peak_bytes)} ({f.peak_bytes} B) "
+                f"at {f.peak_op}; arguments {format_bytes(f.argument_bytes)}; "
+                f"results {format_bytes(f.result_bytes)}")
+        if f.residual_bytes is not None:
+            line += f"; residuals {format_bytes(f.residual_bytes)}"
+        if f.symbolic_values:
+            line += (f"; not counted: {f.symbolic_values} values with symbolic dimensions "
+                     f"({', '.join(f.symbols)})")
+        lines.append(line)
+    return "\n".join(lines)

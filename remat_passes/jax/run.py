@@ -1,0 +1,125 @@
+"""Run a Module with XLA: `to_exported` turns any function of it back into a
+`jax.export.Exported`, `compile` into a jitted callable, on the default backend.
+
+Takes a Module and never imports its class (`Module.call` and `Module.to_exported`
+come here).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import export as jax_export
+
+from remat_passes import jax_compat
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import RematError, func, ir
+from remat_passes.sharding import gspmd
+
+jax_compat.check_installed_version(("jax",))   # jaxlib was checked by `import remat_passes`
+
+# the checkpoint-name markers a module may still hold are custom calls JAX must accept
+_MARKER_CHECK = jax_export.DisabledSafetyCheck.custom_call(contract.NAME_TARGET)
+
+# ------------------------------------------------------ compile & call --
+_DTYPES = {
+    "f16": jnp.float16, "bf16": jnp.bfloat16, "f32": jnp.float32, "f64": jnp.float64,
+    "i1": jnp.bool_, "i8": jnp.int8, "i16": jnp.int16, "i32": jnp.int32, "i64": jnp.int64,
+    "ui8": jnp.uint8, "ui16": jnp.uint16, "ui32": jnp.uint32, "ui64": jnp.uint64,
+    "complex<f32>": jnp.complex64, "complex<f64>": jnp.complex128,
+    "f8E4M3FN": jnp.float8_e4m3fn, "f8E5M2": jnp.float8_e5m2,
+}
+
+
+def _aval(t):
+    rt = ir.RankedTensorType(t)
+    elem = str(rt.element_type)
+    if elem not in _DTYPES:
+        raise RematError(f"error: cannot call a function with element type {elem}")
+    return jax.core.ShapedArray(tuple(rt.shape), np.dtype(_DTYPES[elem]))
+
+
+def _single_function_module(module, function: str):
+    """A copy whose public @main runs `function`, markers stripped.
+
+    For another function, a public @main wrapper calls it, so calls between
+    private functions keep their symbols.
+    """
+    from remat_passes.passes.strip_checkpoint_names import strip
+    copy = module.clone()
+    target = graph.find_func(copy.op, function)  # raises a clear error if absent
+    with copy.op.context, ir.Location.unknown():
+        strip(copy.op)
+        if function == "main":
+            return copy
+        for op in list(copy.op.body.operations):
+            if op.operation.name == "func.func" and graph.func_name(op) == "main":
+                op.operation.attributes["sym_name"] = ir.StringAttr.get("main_original")
+                op.operation.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        target.operation.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        ftype = target.type
+        wrapper = func.FuncOp("main", ftype, ip=ir.InsertionPoint(copy.op.body))
+        block = wrapper.add_entry_block()
+        with ir.InsertionPoint(block):
+            call = func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get(function),
+                               list(block.arguments))
+            func.ReturnOp(list(call.results))
+    return copy
+
+
+def to_exported(module, function: str = "main"):
+    """A jax.export.Exported that runs `function` of `module`.
+
+    @main keeps the Exported's calling convention (pytrees, platform index,
+    symbolic shapes) as long as its signature is what was imported.
+    """
+    copy = _single_function_module(module, function)
+    serialized = copy.bytecode()
+    exp = module.exported
+    if exp is not None and function == "main" and \
+            graph.main_signature(copy.op) == module.exported_signature:
+        return dataclasses.replace(exp, mlir_module_serialized=serialized)
+    main = graph.find_func(copy.op, "main")
+    in_avals = tuple(_aval(t) for t in main.type.inputs)
+    out_avals = tuple(_aval(t) for t in main.type.results)
+    n_in, n_out = len(in_avals), len(out_avals)
+    platforms = exp.platforms if exp is not None else (jax.default_backend(),)
+    out_tree = jax.tree_util.tree_structure(0 if n_out == 1 else (0,) * n_out)
+    return jax_compat.make_exported(
+        fun_name=function,
+        in_tree=jax.tree_util.tree_structure(((0,) * n_in, {})),
+        in_avals=in_avals,
+        out_tree=out_tree,
+        out_avals=out_avals,
+        _in_named_shardings=(None,) * n_in,
+        _out_named_shardings=(None,) * n_out,
+        in_shardings_hlo=(None,) * n_in,
+        out_shardings_hlo=(None,) * n_out,
+        nr_devices=exp.nr_devices if exp is not None else gspmd.num_devices(copy.op),
+        platforms=tuple(platforms),
+        ordered_effects=(),
+        unordered_effects=(),
+        disabled_safety_checks=(_MARKER_CHECK,),
+        mlir_module_serialized=serialized,
+        calling_convention_version=exp.calling_convention_version if exp is not None else 10,
+        module_kept_var_idx=tuple(range(n_in)),
+        uses_global_constants=False,
+        _get_vjp=None,
+    )
+
+
+def compile(module, function: str = "main"):
+    """Compile `function` of `module` with XLA (default backend); returns a callable.
+
+    A function that kept an Exported's calling convention takes the original
+    pytrees; any other (the split <f>_fwd/<f>_bwd, hand-written modules) takes
+    flat arrays, and pytrees of arrays are flattened for it.
+    """
+    exported = to_exported(module, function)
+    if module.exported is not None and exported.in_tree == module.exported.in_tree:
+        return jax.jit(exported.call)
+    return jax.jit(lambda *args: exported.call(*jax.tree_util.tree_leaves(args)))
+
+

@@ -1,0 +1,179 @@
+"""What every pass shares: `ModulePass` (a dataclass with typed options), `PipelinePass`,
+option parsers, and `PassState` (the analyses and results one pipeline run shares).
+
+A pass of ours is a dataclass subclass of `ModulePass` (as in xDSL): a
+kebab-case `name`, a one-line `summary`, its options as typed fields made with
+`option(...)`, and `apply(module_op, state)` that rewrites an `ir.Module` in
+place. Options are written in pipeline syntax with the field name in
+kebab-case (`region_regex` is `region-regex=...`); one generic parser
+(`ModulePass.from_options`) reads them all. A `PipelinePass` is a named list of
+passes (`expand`); the pipeline runner (`passes.manager`) expands it, so
+verification and IR dumps happen after each of its steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from typing import Any, Callable, ClassVar
+
+from remat_passes.ir.mlir import RematError
+
+
+def parse_bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("true", "1", "yes", "on"):
+        return True
+    if t in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got '{text}'")
+
+
+def parse_regex(text: str) -> re.Pattern:
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise ValueError(f"invalid regex '{text}': {e}") from None
+
+
+def parse_int_list(text: str) -> list[int]:
+    text = text.strip().strip("[]{}")
+    if not text:
+        return []
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise ValueError(f"expected a comma-separated list of integers, got '{text}'") from None
+
+
+_PARSERS = {bool: parse_bool, int: int, str: str, "bool": parse_bool, "int": int, "str": str}
+
+
+def option(default, help: str, parse: Callable[[str], Any] | None = None):
+    """A pass option: a dataclass field with its help text and text parser (by default
+    from the field's type: str, int, bool)."""
+    return dataclasses.field(default=default, metadata={"help": help, "parse": parse})
+
+
+class PassState:
+    """What the passes of one pipeline run share.
+
+    * `analysis(func_op)`: the `FunctionAnalysis` of a function, built on first
+      use and kept until a pass drops it (the runner drops every analysis after
+      a pass that does not declare `preserves_analyses`); a pass that rewrote a
+      function and knows what it made can `keep` the analysis of the result;
+    * region policies of checkpoint regions made with Python callables;
+    * `dim_symbols`: names of the symbolic argument dimensions (`symbolic.argument_dims`,
+      read by the runner before the first pass, as `inline` erases them);
+    * results: residuals per function (remat-partial-eval), remarks, timings.
+    """
+
+    def __init__(self, region_policies=None, filename=None):
+        self.region_policies = dict(region_policies or {})
+        self.filename = filename
+        self.residuals: dict = {}
+        self.remarks: list = []
+        self.timings: list = []      # (pass name, seconds) per step run
+        self.plan_reports: dict = {} # function -> [planner.PlanReport] of auto policies
+        self.dim_symbols: dict | None = None
+        self._analyses: dict = {}
+
+    def analysis(self, func_op, cotangent_indices=None):
+        from remat_passes.analysis.function import FunctionAnalysis
+        from remat_passes.ir import graph
+        from remat_passes.ir.mlir import op_id
+        name = graph.func_name(func_op)
+        cached = self._analyses.get(name)
+        if cached is not None and cached[0] == op_id(func_op) and cotangent_indices is None:
+            return cached[1]
+        a = FunctionAnalysis(func_op, cotangent_indices)
+        self._analyses[name] = (op_id(func_op), a)
+        return a
+
+    def keep(self, func_op, analysis) -> None:
+        """Hand on an analysis a pass built of what it made (see materialize.analysis_after)."""
+        from remat_passes.ir import graph
+        from remat_passes.ir.mlir import op_id
+        self._analyses[graph.func_name(func_op)] = (op_id(func_op), analysis)
+
+    def drop(self, name: str | None = None) -> None:
+        """Forget the analysis of function `name` (all of them by default)."""
+        if name is None:
+            self._analyses.clear()
+        else:
+            self._analyses.pop(name, None)
+
+
+@dataclasses.dataclass
+class ModulePass:
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    # Does the pass keep every analysis it was given valid (by reporting its edits)?
+    preserves_analyses: ClassVar[bool] = False
+
+    @classmethod
+    def option_fields(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+    @classmethod
+    def option_name(cls, f: dataclasses.Field) -> str:
+        return f.name.replace("_", "-")
+
+    @classmethod
+    def from_options(cls, given: dict[str, str]) -> "ModulePass":
+        """The pass with options read from pipeline text ({'policy': 'dots_saveable'})."""
+        fields = {cls.option_name(f): f for f in cls.option_fields()}
+        values = {}
+        for key, text in given.items():
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else \
+                    (f"; options: {', '.join(fields)}" if fields else "; it takes no options")
+                raise RematError(f"error: unknown option '{key}' for pass '{cls.name}'{hint}")
+            f = fields[key]
+            parse = f.metadata["parse"] or _PARSERS.get(f.type, str)
+            try:
+                values[f.name] = parse(text)
+            except (ValueError, RematError) as e:
+                msg = str(e).removeprefix("error: ")
+                raise RematError(f"error: bad value for option '{key}' of pass "
+                                 f"'{cls.name}': {msg}") from None
+        return cls(**values)
+
+    def spec(self) -> str:
+        """The pass in pipeline syntax, with the options that differ from the defaults."""
+        opts = []
+        for f in self.option_fields():
+            value = getattr(self, f.name)
+            if value != f.default:
+                opts.append(f"{self.option_name(f)}={_show(value)}")
+        return self.name + ("{" + " ".join(opts) + "}" if opts else "")
+
+    def apply(self, module_op, state: PassState) -> None:
+        raise NotImplementedError
+
+
+def _show(value) -> str:
+    if hasattr(value, "spec"):
+        return value.spec
+    if hasattr(value, "pattern"):
+        return value.pattern
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+class PipelinePass(ModulePass):
+    """A named pipeline: running it runs `expand()`'s passes one by one."""
+
+    def expand(self) -> list[ModulePass]:
+        raise NotImplementedError
+
+    def apply(self, module_op, state: PassState) -> None:
+        for p in self.expand():
+            p.apply(module_op, state)
+
+
+# Core MLIR passes registered in jaxlib's bindings: name -> (MLIR class name, summary).

@@ -1,0 +1,355 @@
+"""The planning problem of `auto`: ops that may be recomputed, values that may be kept.
+
+See the package docstring for the model. `build_problem` makes a `Problem` from a
+function's analysis (scan loop pairs modelled per iteration, times the trip count);
+`evaluate` gives what a choice of recomputed ops keeps and costs.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from remat_passes.analysis import scan_pairs
+from remat_passes.cost import flops
+from remat_passes.cost.devices import DeviceProfile
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import ir, op_id
+from remat_passes.ir.verdicts import Saveable
+from remat_passes.regions.scan_rewrite import ScanPairPlanner
+
+ROUNDING = "stablehlo.reduce_precision"   # what insert-reduce-precision inserts
+
+
+@dataclasses.dataclass
+class Problem:
+    """The planning problem over integer node ids.
+
+    Op nodes (recompute variables) and value nodes (availability variables) share one
+    id space: ops first. `edges`: implication (x, y): x selected => y selected."""
+    op_cost: np.ndarray           # seconds per op node (times trip count in loop bodies)
+    value_bytes: np.ndarray       # bytes per value node (times trip count in loop bodies)
+    value_producer: np.ndarray    # op node of the value, or -1 (an argument: never recomputed)
+    recomputable: np.ndarray      # bool per op node
+    needed: np.ndarray            # bool per value node: a backward op reads it
+    reads: list                   # per op node, the value nodes it reads
+    offload_cost: np.ndarray | None   # seconds per value node (inf: cannot move), or None
+                                      # (no offload)
+    ops: list                     # per op node, the ir.Operation
+    values: list                  # per value node, the ir.Value
+    labels: list                  # per op node: "top" or the scan loop it is in
+    keep_cost: np.ndarray | None = None   # seconds per value node when it is kept (saved or
+                                          # offloaded) and a recomputation reads it: the
+                                          # reduce_precision insert-reduce-precision puts
+                                          # on such a floating-point value the forward
+                                          # reads too
+    markers: np.ndarray | None = None     # bool per op node: a checkpoint-name marker
+    through: np.ndarray | None = None     # bool per op node: a recomputed copy computes
+                                          # nothing (a marker, data movement), so
+                                          # insert-reduce-precision looks through it
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.op_cost)
+
+    def no_remat_bytes(self) -> int:
+        """What a plan that recomputes nothing keeps."""
+        return int(self.value_bytes[self.needed].sum())
+
+    @property
+    def n_values(self) -> int:
+        return len(self.value_bytes)
+
+    def __post_init__(self):
+        if self.keep_cost is None:
+            self.keep_cost = np.zeros(self.n_values)
+        if self.markers is None:
+            self.markers = np.zeros(self.n_ops, bool)
+        if self.through is None:
+            self.through = self.markers.copy()
+        lengths = np.array([len(r) for r in self.reads], dtype=np.int64)
+        self.read_rows = np.repeat(np.arange(self.n_ops), lengths)   # op node per read
+        self.read_flat = np.concatenate(self.reads) if self.reads else np.zeros(0, np.int64)
+        self.has_producer = self.value_producer >= 0
+
+    def demand(self, recompute: np.ndarray) -> np.ndarray:
+        """Per value: how many reasons it has to be available (needed, recomputed readers)."""
+        return self.needed.astype(np.int64) + np.bincount(
+            self.read_flat[recompute[self.read_rows]], minlength=self.n_values)
+
+    def rounded(self, recompute: np.ndarray, kept: np.ndarray) -> np.ndarray:
+        """Per value: kept, and read by a recomputation (directly, or through recomputed
+        ops that compute nothing): what insert-reduce-precision rounds."""
+        def read_by(ops):
+            return np.bincount(self.read_flat[ops[self.read_rows]],
+                               minlength=self.n_values) > 0
+        reached = read_by(recompute & ~self.through)
+        through = recompute & self.through
+        while True:
+            via = np.zeros(self.n_ops, bool)
+            via[self.value_producer[reached & self.has_producer]] = True
+            more = reached | read_by(via & through)
+            if (more == reached).all():
+                return kept & reached
+            reached = more
+
+    def round_reads(self) -> tuple:
+        """The reads that can make a value rounded: (op node, value node) of the reads of
+        recomputable ops that compute something, and (op node, value node, result value
+        node) of those of recomputable ops looked through, whose result passes it on."""
+        ops, values = self.read_rows, self.read_flat
+        on = self.recomputable[ops]
+        direct = on & ~self.through[ops]
+        via = on & self.through[ops]
+        results = [[] for _ in range(self.n_ops)]
+        for v in np.nonzero(self.has_producer)[0]:
+            results[self.value_producer[v]].append(int(v))
+        passed = [(int(o), int(v), w) for o, v in zip(ops[via], values[via])
+                  for w in results[o]]
+        return (ops[direct], values[direct]), passed
+
+    def recomputed_values(self, recompute: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.n_values, bool)
+        out[self.has_producer] = recompute[self.value_producer[self.has_producer]]
+        return out
+
+
+@dataclasses.dataclass
+class Solution:
+    recompute: np.ndarray         # bool per op node
+    available: np.ndarray         # bool per value node
+    offloaded: np.ndarray         # bool per value node
+    device_bytes: int
+    cost: float
+    method: str
+    seconds: float
+    budget: int
+    lower_bound: float | None = None
+
+    def saved(self, p: Problem) -> np.ndarray:
+        prod = p.value_producer
+        rec = np.zeros(p.n_values, bool)
+        has = prod >= 0
+        rec[has] = self.recompute[prod[has]]
+        return self.available & ~rec & ~self.offloaded
+
+
+def evaluate(p: Problem, recompute: np.ndarray, offload_ok=None) -> tuple:
+    """(available, offloaded, device bytes, cost) of recomputing exactly `recompute`: what
+    must be available follows from it; values available but not recomputed are saved, or
+    offloaded where `offload_ok` says moving them is cheaper."""
+    available = p.demand(recompute) > 0
+    rec_v = p.recomputed_values(recompute)
+    kept = available & ~rec_v
+    offloaded = kept & offload_ok & np.isfinite(p.offload_cost) if offload_ok is not None \
+        else np.zeros(p.n_values, bool)
+    device = int(p.value_bytes[kept & ~offloaded].sum())
+    cost = float(p.op_cost[recompute].sum())
+    cost += float(p.keep_cost[p.rounded(recompute, kept)].sum())
+    if p.offload_cost is not None:
+        cost += float(p.offload_cost[offloaded].sum())
+    return available, offloaded, device, cost
+
+
+def feasible(p: Problem, recompute: np.ndarray) -> bool:
+    """Every read of a recomputed op is available: an argument, saved, or recomputed."""
+    return bool(recompute[~p.recomputable].sum() == 0)
+
+
+class ProblemBuilder:
+    """Collects op and value nodes; one per (op or value) object, keyed by identity."""
+
+    def __init__(self, profile: DeviceProfile, offload: bool):
+        self.profile = profile
+        self.offload = offload
+        self.cost_model = flops.CostModel()
+        self.op_index: dict = {}       # op_id -> node
+        self.value_index: dict = {}    # ir.Value -> node
+        self.ops, self.values, self.labels = [], [], []
+        self.op_cost, self.recomputable, self.reads = [], [], []
+        self.value_bytes, self.value_producer, self.needed = [], [], []
+        self.keep_cost, self.markers, self.through = [], [], []
+        self.flops: list = []
+        # loop-body ops the model leaves out as free (computed from invariants and re-sliced
+        # inputs alone: never stacked); the plan recomputes them, as the model assumes
+        self.free_ops: list = []
+
+    def op(self, op, recomputable: bool, scale: int, label: str) -> int:
+        node = len(self.ops)
+        self.op_index[op_id(op)] = node
+        self.ops.append(op)
+        self.labels.append(label)
+        f = self.cost_model.op_flops(op) if recomputable else 0.0
+        self.flops.append(f * scale)
+        self.op_cost.append(self.profile.op_seconds(op, self.cost_model) * scale
+                            if recomputable else 0.0)
+        self.recomputable.append(recomputable)
+        marker = contract.checkpoint_name(op) is not None
+        self.markers.append(marker)
+        self.through.append(marker or scan_pairs.moves_data(op))
+        self.reads.append([])
+        return node
+
+    def value(self, v, producer: int, scale: int, forward_use: bool = False) -> int:
+        """A value node; `forward_use`: the forward reads it too, so that keeping it makes
+        insert-reduce-precision round it when a recomputed op reads it."""
+        node = len(self.values)
+        self.value_index[v] = node
+        self.values.append(v)
+        self.value_bytes.append(graph.type_bytes(v.type) * scale)
+        elem = str(getattr(v.type, "element_type", ""))
+        rounded = (producer >= 0 and forward_use and elem.startswith(("f", "bf"))
+                   and v.owner.operation.name != ROUNDING)
+        self.keep_cost.append(self.profile.rounding_seconds(
+            graph.type_elements(v.type) * scale) if rounded else 0.0)
+        self.value_producer.append(producer)
+        self.needed.append(False)
+        return node
+
+    def _offload_cost(self, vb: np.ndarray) -> np.ndarray:
+        """Moving a value to host and back; only what a recomputable op produces can move
+        (an argument stays where the caller put it; an op under another policy, or one
+        nothing may recompute, keeps its own verdict)."""
+        prod = np.array(self.value_producer, dtype=np.int64)
+        movable = prod >= 0
+        movable[movable] = np.array(self.recomputable, bool)[prod[movable]]
+        return np.where(movable, np.array([self.profile.offload_seconds(b) for b in vb]),
+                        np.inf)
+
+    def problem(self) -> Problem:
+        vb = np.array(self.value_bytes, dtype=np.float64)
+        return Problem(
+            op_cost=np.array(self.op_cost, dtype=np.float64), value_bytes=vb,
+            value_producer=np.array(self.value_producer, dtype=np.int64),
+            recomputable=np.array(self.recomputable, dtype=bool),
+            needed=np.array(self.needed, dtype=bool),
+            reads=[np.array(sorted(set(r)), dtype=np.int64) for r in self.reads],
+            offload_cost=self._offload_cost(vb) if self.offload else None,
+            ops=self.ops, values=self.values, labels=self.labels,
+            keep_cost=np.array(self.keep_cost, dtype=np.float64),
+            markers=np.array(self.markers, dtype=bool),
+            through=np.array(self.through, dtype=bool))
+
+
+def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool,
+                  governed) -> tuple[Problem, ProblemBuilder]:
+    """The planning problem of function analysis `a` for the ops `governed(pos)` selects
+    (those under the auto policy); every other forward op keeps its own verdict and is
+    modelled as saved where the backward needs it."""
+    b = ProblemBuilder(profile, offload)
+    chains = a.scope_chains(scope_re)
+    arg_node = {}
+    for i, v in enumerate(a.args):
+        if i not in a.cotangent_vids:
+            arg_node[i] = b.value(v, -1, 1)
+    vid_node = dict((vid, node) for vid, node in arg_node.items())
+    stacked = set()      # results of forward scan loops that stack per-iteration values:
+    pairs = [q for q in a.scan_pairs if _modelled(q)]   # their bytes are the loop body's
+    for pair in pairs:
+        base = a.result_base[a.position[op_id(pair.fwd.op)]]
+        stacked.update(base + k for k in pair.fwd.stacked)
+    for pos, op in enumerate(a.ops):
+        if a.backward[pos] or a.free[pos]:
+            continue
+        rec = (not a.side_effect[pos] and pos not in kept_whole and governed(pos)
+               and op.name not in ("func.call", graph.MANUAL_COMPUTATION))
+        # (a shard_map body is not planned: its ops get the fallback verdict, save, and
+        # the manual-computation rule then saves it whole, as the model does)
+        node = b.op(op, rec, 1, "top")
+        for vid in a.results(pos):
+            if vid not in stacked:
+                forward_use = any(u < len(a.ops) and not a.backward[u] for u in a.users(vid))
+                vid_node[vid] = b.value(a.value(vid), node, 1, forward_use)
+        for vid in a.reads(pos):
+            if vid in vid_node:
+                b.reads[node].append(vid_node[vid])
+        if chains[pos]:   # checkpoint scope inputs are saved (jax.checkpoint saves arguments)
+            for vid in a.reads(pos):
+                if vid in vid_node and (a.producer[vid] < 0 or chains[a.producer[vid]] != chains[pos]):
+                    b.needed[vid_node[vid]] = True
+    for pos in range(len(a.ops)):
+        if a.backward[pos]:
+            for vid in a.reads(pos):
+                if vid in vid_node:
+                    b.needed[vid_node[vid]] = True
+    for pair in pairs:
+        _add_pair(b, pair, vid_node, a)
+    return b.problem(), b
+
+
+def _modelled(pair) -> bool:
+    """Unrolled steps (blocks of sub-steps) are left to the fallback: saved as exported."""
+    return not any(scan_pairs.unrolled_parts(pair.fwd.stacked[k].value) is not None
+                   for k in pair.links.values())
+
+
+def _add_pair(b: ProblemBuilder, pair, vid_node, a) -> None:
+    """The forward body of a scan pair, per iteration: ops and values times the trip count;
+    the stacked values the backward loop reads are needed."""
+    fwd = pair.fwd
+    n = fwd.trip_count
+    facts = ScanPairPlanner(pair, lambda v: Saveable)
+    label = f"scan loop at {graph.source_position(fwd.op)[0] or 'top'}"
+    body_ops = [op.operation for op in fwd.body.operations][:-1]
+    node_of: dict = {}
+    # the loop's invariant operands, by body argument: a recomputed body op that reads one
+    # (directly or through free ops) needs it available
+    invariant_node = {}
+    for k in fwd.invariant:
+        vid = a.vid(fwd.op.operands[k])
+        if vid in vid_node:
+            invariant_node[fwd.body.arguments[k]] = vid_node[vid]
+    invariants_of: dict = {}       # free value -> the invariant nodes it is computed from
+
+    def step(u):                   # (graph.post_order: operands first, no recursion)
+        if u in invariant_node:
+            invariants_of[u] = {invariant_node[u]}
+        elif not isinstance(u, ir.OpResult) or facts.free_kind(u) is None:
+            invariants_of[u] = set()
+        else:
+            reads = graph.read_values(u.owner.operation)
+            pending = [w for w in reads if w not in invariants_of]
+            if pending:
+                return pending
+            invariants_of[u] = set().union(*(invariants_of[w] for w in reads))
+        return None
+
+    for arg in fwd.body.arguments:
+        k = arg.arg_number
+        if k in fwd.invariant or k == fwd.counter or facts.free_kind(arg) is not None:
+            continue
+        node_of[arg] = b.value(arg, -1, n)          # a carry-in: stacked if needed
+    for op in body_ops:
+        results = list(op.results)
+        if results and all(facts.free_kind(r) is not None for r in results):
+            b.free_ops.append(op)                   # invariant or re-sliced: never stacked
+            continue
+        rec = not graph.is_side_effecting(op) and scan_pairs.analyse_forward(op) is None
+        node = b.op(op, rec, n, label)
+        for r in results:
+            node_of[r] = b.value(r, node, n, _used_beyond_stacking(r))
+        for u in graph.read_values(op):
+            if u in node_of:
+                b.reads[node].append(node_of[u])
+            elif facts.free_kind(u) is not None:
+                b.reads[node].extend(graph.post_order(u, invariants_of, step))
+    for m, k in pair.links.items():    # the stacked values the backward loop reads
+        v = fwd.stacked[k].value
+        if v in node_of:
+            b.needed[node_of[v]] = True
+        elif facts.free_kind(v) is not None:   # re-derived from the invariants instead
+            for node in graph.post_order(v, invariants_of, step):
+                b.needed[node] = True
+
+
+def _used_beyond_stacking(v) -> bool:
+    """Does a loop body read `v` other than to stack it (what makes insert-reduce-precision
+    round a stacked value: `round_stacked`)?"""
+    for use in v.uses:
+        op = use.owner.operation
+        if op.name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim") and all(
+                u.owner.operation.name == "stablehlo.dynamic_update_slice"
+                for u in op.results[0].uses):
+            continue
+        return True
+    return False

@@ -1,0 +1,126 @@
+"""Turn the `auto` policies in force into plans: `resolve` solves each for a function's
+analysis and puts a `PlannedPolicy` (its per-op verdicts) in its place.
+
+`for_peak` chooses, for `objective=peak`, among plans for trial residual budgets that
+the caller (the pipeline runner) makes and measures: the planner itself runs no pass.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from remat_passes.core.residuals import describe_value
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import RematError, op_id
+from remat_passes.ir.verdicts import Offloadable, Recompute, Saveable
+from remat_passes.planner.model import Problem, Solution, build_problem
+from remat_passes.planner.report import PlanReport
+from remat_passes.planner.solvers import minimum_bytes, solve
+from remat_passes.policy.auto import AutoPolicy, PlannedPolicy, auto
+from remat_passes.policy.policies import everything_saveable
+
+_SAVE = everything_saveable   # for the ops a plan leaves undecided (free ones, say)
+
+
+def _verdicts(p: Problem, sol: Solution, offload_kind) -> dict:
+    out = {}
+    prod = p.value_producer
+    offloaded_ops = set(int(prod[v]) for v in np.nonzero(sol.offloaded)[0] if prod[v] >= 0)
+    for node, op in enumerate(p.ops):
+        if sol.recompute[node]:
+            out[op_id(op)] = Recompute
+        elif node in offloaded_ops:
+            out[op_id(op)] = Offloadable("device", offload_kind)
+        else:
+            out[op_id(op)] = Saveable
+    return out
+
+
+def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
+              compare_exact=False) -> tuple[dict, PlanReport]:
+    """Solve `policy` for analysis `a`: ({op_id: verdict}, report)."""
+    profile = policy.profile
+    p, b = build_problem(a, scope_re, kept_whole, profile, policy.offload is not None,
+                         governed)
+    no_remat = int(p.value_bytes[p.needed].sum())
+    budget = policy.budget.resolve(no_remat)
+    minimum = minimum_bytes(p)
+    if budget < minimum:
+        raise RematError(
+            f"error: {policy.spec}: the budget, {budget} B, is below the minimum this "
+            f"function can keep, {minimum} B (arguments the backward reads, outputs of "
+            "side-effecting ops and values nothing may recompute); without remat it keeps "
+            f"{no_remat} B")
+    sol, exact = solve(p, budget, policy.solver, compare_exact=compare_exact)
+    verdicts = _verdicts(p, sol, policy.offload)
+    for op in b.free_ops:      # (the fallback, save, would stack what the model never does)
+        verdicts.setdefault(op_id(op), Recompute)
+    cost = {op_id(op): (op.name, b.flops[n], p.op_cost[n]) for n, op in enumerate(p.ops)}
+    recomputed = []
+    for n in np.nonzero(sol.recompute)[0]:
+        op = p.ops[n]
+        what = (f"{graph.jax_type_str(op.results[0].type)} "
+                f"{describe_value(op.results[0], a.func_op)}") if len(op.results) else op.name
+        recomputed.append((what, b.flops[n], p.op_cost[n], p.labels[n]))
+    report = PlanReport(policy.spec, budget, minimum, no_remat, sol, exact, profile.name,
+                        (p.n_ops, p.n_values), cost, recomputed)
+    return verdicts, report
+
+
+def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
+    """Replace the auto policies of a ScopePolicies by their solutions (PlannedPolicy).
+    Returns the reports."""
+    reports = []
+    if isinstance(policies.module_policy, AutoPolicy):
+        auto_policy = policies.module_policy
+        chains = a.scope_chains(scope_re)
+        verdicts, report = plan_auto(auto_policy, a, scope_re, kept_whole,
+                                     lambda pos: not chains[pos], compare_exact=compare_exact)
+        policies.module_policy = PlannedPolicy(auto_policy.spec, verdicts, _SAVE, report)
+        reports.append(report)
+    for key, pol in list(policies.recorded.items()):
+        if isinstance(pol, AutoPolicy):
+            chains = a.scope_chains(scope_re)
+
+            def governed(pos, key=key, chains=chains):
+                return bool(chains[pos]) and graph.scope_key(chains[pos][0]) == key
+            verdicts, report = plan_auto(pol, a, scope_re, kept_whole, governed,
+                                         compare_exact=compare_exact)
+            policies.recorded[key] = PlannedPolicy(pol.spec, verdicts, _SAVE, report)
+            reports.append(report)
+    if isinstance(policies.scope_policy, AutoPolicy):
+        raise RematError("error: region-policy=auto(...) is not supported: give the scopes "
+                         "made by region-regex a fixed policy, or use auto as the module policy")
+    return reports
+
+
+def has_auto(policies) -> bool:
+    return isinstance(policies.module_policy, AutoPolicy) or any(
+        isinstance(p, AutoPolicy) for p in policies.recorded.values())
+
+
+def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
+    """objective=peak: the residual-budget policy whose plan is the cheapest among those
+    whose joint form's static peak estimate fits the budget. Tries residual budgets from
+    `lo` (the minimum) to `hi` (no remat), 13 of them: the peak is not monotone in the
+    residual bytes (recomputing more can raise it: what is recomputed is live at once),
+    so every candidate is measured. `trial(candidate)` plans the module for a candidate
+    policy and returns (joint peak bytes, modelled recompute cost): the pipeline runner
+    does that on a copy of the module. A percentage is of the no-remat peak."""
+    trials: dict = {}
+
+    def measure(rb):
+        if rb not in trials:
+            candidate = auto(rb, offload=policy.offload, device=policy.device,
+                             solver=policy.solver)
+            candidate.spec = f"{policy.spec} (residual budget {rb} B)"
+            trials[rb] = (*trial(candidate), candidate)
+        return trials[rb]
+    budget = policy.budget.resolve(measure(hi)[0])   # a percentage: of the no-remat peak
+    tried = [measure(int(lo + (hi - lo) * k / 12)) for k in range(13)]
+    fits = [t for t in tried if t[0] <= budget]
+    if not fits:
+        lowest = min(t[0] for t in tried)
+        raise RematError(
+            f"error: {policy.spec}: the peak budget, {budget} B, is below the lowest joint "
+            f"peak the plans reach, {lowest} B (without remat: {measure(hi)[0]} B)")
+    return min(fits, key=lambda t: t[1])[2]

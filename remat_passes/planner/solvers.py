@@ -1,0 +1,501 @@
+"""The solvers of the planning problem: exact (an integer program, SciPy's `milp`, HiGHS)
+and lagrangian (minimum cuts, igraph's max-flow, over a bisection of the multiplier).
+
+`solve(problem, budget, solver)` picks one; `minimum_bytes` is the least a plan can keep.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from remat_passes.planner.model import Problem, Solution, evaluate
+
+
+def _mins(p: Problem, lam: float) -> np.ndarray:
+    """What keeping each value costs at multiplier `lam`: its bytes, or moving it."""
+    keep = lam * p.value_bytes
+    if p.offload_cost is not None:
+        keep = np.minimum(keep, p.offload_cost)
+    return keep
+
+
+class _CutGraph:
+    """The closure graph of a Problem, built once; one minimum cut per multiplier.
+
+    Node ids: ops 0..n_ops-1, values n_ops.., then source and sink, then one node per
+    value a recomputation can read. Selected = source side of the cut: an op recomputed,
+    a value available, a value read by a recomputation (it pays its rounding unless its
+    producer is recomputed too). A read through an op that computes nothing passes on
+    from the op's results whether or not the op is recomputed (a cut cannot say "and"):
+    the cut may pay a rounding the plan does not make; `evaluate` counts exactly.)"""
+
+    def __init__(self, p: Problem):
+        import igraph
+        self.p = p
+        n_ops, n_values = p.n_ops, p.n_values
+        self.source, self.sink = n_ops + n_values, n_ops + n_values + 1
+        rec = np.nonzero(p.recomputable)[0]
+        imp = []                                   # implications x => y (infinite)
+        for o in rec:
+            imp.extend((o, n_ops + u) for u in p.reads[o])
+        prod = p.value_producer
+        for v in np.nonzero(prod >= 0)[0]:
+            if p.recomputable[prod[v]]:
+                imp.append((prod[v], n_ops + v))   # a recomputed op's results are available
+        src, snk = self.source, self.sink
+        (readers, read), passed = p.round_reads()
+        values = np.unique(np.concatenate(
+            [read, np.array([x for _, v, w in passed for x in (v, w)], np.int64)]))
+        node = dict(zip(values.tolist(), range(snk + 1, snk + 1 + len(values))))
+        imp.extend((int(o), node[int(v)]) for o, v in zip(readers, read))
+        imp.extend((node[w], node[v]) for _, v, w in passed)
+        self.n_imp = len(imp)
+        costly = values[p.keep_cost[values] > 0]
+        self.rounding = ([(node[int(v)], int(prod[v]) if prod[v] >= 0 and p.recomputable[prod[v]]
+                           else snk) for v in costly], p.keep_cost[costly])
+        ends = imp + [(src, o) for o in rec] + [(o, snk) for o in rec] + \
+            [(src, n_ops + v) for v in range(n_values)] + \
+            [(n_ops + v, snk) for v in range(n_values)] + self.rounding[0]
+        self.rec = rec
+        self.n_nodes = snk + 1 + len(values)
+        self.graph = igraph.Graph(n=self.n_nodes, edges=ends, directed=True)
+        movable = 0.0 if p.offload_cost is None else \
+            float(p.offload_cost[np.isfinite(p.offload_cost)].sum())
+        self.big = (float(p.op_cost.sum()) + movable + float(p.keep_cost.sum())) * 4 + 1.0
+
+    def solve(self, lam: float) -> np.ndarray:
+        """Recompute set minimising cost + lam * bytes (offload where cheaper)."""
+        p = self.p
+        keep = _mins(p, lam)
+        big = self.big + float(keep.sum()) * 4
+        # op weight: its cost minus the keeping it spares for its results
+        spared = np.zeros(p.n_ops)
+        has = p.value_producer >= 0
+        np.add.at(spared, p.value_producer[has], keep[has] * p.recomputable[p.value_producer[has]])
+        w_op = p.op_cost[self.rec] - spared[self.rec]
+        w_val = keep.copy()
+        forced = p.needed
+        cap = np.concatenate([
+            np.full(self.n_imp, big),
+            np.maximum(-w_op, 0.0), np.maximum(w_op, 0.0),
+            np.where(forced, big, np.maximum(-w_val, 0.0)), np.maximum(w_val, 0.0),
+            self.rounding[1]])
+        cut = self.graph.mincut(self.source, self.sink, capacity=cap.tolist())
+        side = np.zeros(self.n_nodes, bool)
+        side[cut.partition[0]] = True
+        if not side[self.source]:       # igraph puts the source in the first set
+            side = ~side
+        recompute = np.zeros(p.n_ops, bool)
+        recompute[self.rec] = side[self.rec]
+        return recompute
+
+
+def solve_lagrangian(p: Problem, budget: int, iterations: int = 40,
+                     improve_seconds: float | None = None) -> Solution:
+    """Bisection on the multiplier; the cuts next to the budget are repaired into it (see
+    below), and the cheapest plan is improved by large-neighbourhood search for
+    `improve_seconds` (default: 0.2 ms per node of the problem, from 1 s to 10 s)."""
+    start = time.perf_counter()
+    graph = _CutGraph(p)
+    offload_ok = None if p.offload_cost is None else np.isfinite(p.offload_cost)
+    seen: list = []
+
+    def run(lam):
+        rec = _drop_unneeded(p, graph.solve(lam))
+        ok = None if offload_ok is None else (p.offload_cost <= lam * p.value_bytes)
+        device = evaluate(p, rec, ok)[2]
+        seen.append((rec, ok, device, lam))
+        return device
+
+    lo, hi = 0.0, None
+    if run(0.0) > budget:
+        total_cost = float(p.op_cost.sum()) + 1e-30
+        positive = p.value_bytes[p.value_bytes > 0]
+        hi = total_cost / (float(positive.min()) if len(positive) else 1.0) * 4
+        if run(hi) <= budget:
+            for _ in range(iterations):
+                mid = math.sqrt(max(lo, hi * 1e-12) * hi)
+                if run(mid) <= budget:
+                    hi = mid
+                else:
+                    lo = mid
+                if hi / max(lo, hi * 1e-12) < 1.0 + 1e-6:
+                    break
+    best = None
+
+    def consider(rec, ok):
+        nonlocal best
+        rec = _spend_slack(p, rec, budget, ok)
+        cost = evaluate(p, rec, ok)[3]
+        if best is None or cost < best[2]:
+            best = (rec, ok, cost)
+    seen.sort(key=lambda t: t[3])       # by multiplier: less recomputation first
+    # repair the cuts next to where the bytes cross the budget: the cheapest one within it
+    # spends its slack; the one just over it is shrunk into it; and between the two, whole
+    # chains are chosen by a small knapsack
+    feasible = [t for t in seen if t[2] <= budget]
+    over = [t for t in seen if t[2] > budget]
+    if feasible:
+        tight = max(feasible, key=lambda t: t[2])
+        consider(tight[0], tight[1])
+        if over:
+            loose = min(over, key=lambda t: t[2])
+            shrunk = _shrink_to_budget(p, loose[0], budget, loose[1])
+            if shrunk is not None:
+                consider(shrunk, loose[1])
+            consider(_merge_components(p, tight[0], loose[0], budget, tight[1]), tight[1])
+    if best is None:                    # the minimum is above the budget: caller reports
+        rec, ok, _, _ = seen[-1]
+        best = (rec, ok, evaluate(p, rec, ok)[3])
+    else:
+        improve = improve_seconds if improve_seconds is not None else \
+            max(1.0, min(10.0, 2e-4 * (p.n_ops + p.n_values)))
+        rec, ok = _neighbourhoods(p, best[0], budget, best[1], time.perf_counter() + improve)
+        best = (rec, ok, evaluate(p, rec, ok)[3])
+    avail, off, device, cost = evaluate(p, best[0], best[1])
+    return Solution(best[0], avail, off, device, cost, "lagrangian",
+                    time.perf_counter() - start, budget)
+
+
+def _merge_components(p: Problem, rec: np.ndarray, fewer: np.ndarray, budget: int,
+                      offload_ok) -> np.ndarray:
+    """Between two neighbouring cuts, `fewer` (over the budget) inside `rec` (within it,
+    recomputing more): the ops only `rec` recomputes fall into connected chains. Choose
+    which chains to recompute on top of `fewer` -- a small 0/1 knapsack (the least cost
+    that brings the bytes within the budget), solved exactly with HiGHS, each chain's
+    bytes measured on its own -- then check the union, and fall back to `rec`."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    diff = rec & ~fewer
+    nodes = [int(o) for o in np.nonzero(diff)[0]]
+    if not nodes:
+        return rec
+    parent = {o: o for o in nodes}
+
+    def find(o):
+        while parent[o] != o:
+            parent[o] = parent[parent[o]]
+            o = parent[o]
+        return o
+    prod = p.value_producer
+    for o in nodes:
+        for u in p.reads[o]:
+            q = int(prod[u])
+            if q in parent:
+                parent[find(o)] = find(q)
+    groups: dict = {}
+    for o in nodes:
+        groups.setdefault(find(o), []).append(o)
+    chains = list(groups.values())
+    base = evaluate(p, fewer, offload_ok)
+    need = base[2] - budget                   # bytes to free
+    freed, cost = [], []
+    for members in chains:
+        trial = fewer.copy()
+        trial[members] = True
+        e = evaluate(p, trial, offload_ok)
+        freed.append(base[2] - e[2])
+        cost.append(e[3] - base[3])
+    if len(chains) > 5000 or max(freed) <= 0:
+        return rec
+    res = milp(np.array(cost) + 1e-30, integrality=np.ones(len(chains)),
+               bounds=Bounds(0, 1),
+               constraints=[LinearConstraint(np.array([freed], float), need, np.inf)],
+               options={"time_limit": 5.0})
+    if res.x is None:
+        return rec
+    trial = fewer.copy()
+    for take, members in zip(np.round(res.x), chains):
+        if take:
+            trial[members] = True
+    trial = _drop_unneeded(p, trial)
+    return trial if evaluate(p, trial, offload_ok)[2] <= budget else rec
+
+
+def _shrink_to_budget(p: Problem, recompute: np.ndarray, budget: int, offload_ok,
+                      frozen=frozenset()):
+    """Greedy from a plan over the budget: recompute more (never the ops in `frozen`), best
+    bytes freed per second of recomputation first, until it fits (None if it cannot)."""
+    recompute = recompute.copy()
+    demand = _demand(p, recompute)
+    prod = p.value_producer
+    results = _results_of(p)
+    device = evaluate(p, recompute, offload_ok)[2]
+    kept = lambda v: demand[v] > 0 and not (prod[v] >= 0 and recompute[prod[v]])  # noqa: E731
+
+    def freed(o):
+        gain = sum(int(p.value_bytes[v]) for v in results.get(o, ()) if kept(v))
+        cost = sum(int(p.value_bytes[u]) for u in p.reads[o]
+                   if demand[u] == 0 and not (prod[u] >= 0 and recompute[prod[u]]))
+        return gain - cost
+    candidates = [int(o) for o in np.nonzero(p.recomputable & ~recompute)[0]
+                  if int(o) not in frozen]
+    candidates.sort(key=lambda o: p.op_cost[o] / max(freed(o), 1e-9) if freed(o) > 0
+                    else math.inf)
+    for o in candidates:
+        if device <= budget:
+            break
+        gain = freed(o)
+        if gain <= 0 or not any(demand[v] for v in results.get(o, ())):
+            continue
+        recompute[o] = True
+        demand[p.reads[o]] += 1
+        device -= gain
+    device = evaluate(p, recompute, offload_ok)[2]
+    return recompute if device <= budget else None
+
+
+def _results_of(p: Problem) -> dict:
+    results: dict = {}
+    for v in np.nonzero(p.value_producer >= 0)[0]:
+        results.setdefault(int(p.value_producer[v]), []).append(int(v))
+    return results
+
+
+def _demand(p: Problem, recompute: np.ndarray) -> np.ndarray:
+    return p.demand(recompute)
+
+
+def _drop_unneeded(p: Problem, recompute: np.ndarray) -> np.ndarray:
+    """Do not recompute ops none of whose results is demanded; repeated until none is left,
+    so a chain that only fed such ops goes too (whole arrays per round)."""
+    recompute = recompute.copy()
+    prod = p.value_producer[p.has_producer]
+    while True:
+        demanded = np.zeros(p.n_ops, bool)
+        demanded[prod[p.demand(recompute)[p.has_producer] > 0]] = True
+        idle = recompute & ~demanded
+        if not idle.any():
+            return recompute
+        recompute &= ~idle
+
+
+def _spend_slack(p: Problem, recompute: np.ndarray, budget: int, offload_ok) -> np.ndarray:
+    """Greedy repair: while the budget allows, stop recomputing the op that spares the most
+    cost per byte it then needs saved."""
+    recompute = recompute.copy()
+    demand = _demand(p, recompute)
+    prod = p.value_producer
+    results: dict = {}
+    for v in np.nonzero(prod >= 0)[0]:
+        results.setdefault(int(prod[v]), []).append(int(v))
+    _, _, device, _ = evaluate(p, recompute, offload_ok)
+    slack = budget - device
+    if slack <= 0:
+        return recompute
+
+    def extra_bytes(o):
+        add = sum(int(p.value_bytes[v]) for v in results.get(o, ()) if demand[v] > 0)
+        freed = 0
+        for u in p.reads[o]:
+            if demand[u] == 1 and not (prod[u] >= 0 and recompute[prod[u]]):
+                freed += int(p.value_bytes[u])
+        return add - freed
+
+    candidates = [int(o) for o in np.nonzero(recompute)[0]]
+    candidates.sort(key=lambda o: -p.op_cost[o] / max(extra_bytes(o), 1))
+    for o in candidates:
+        if not recompute[o] or p.op_cost[o] <= 0:
+            continue
+        need = extra_bytes(o)
+        if need > slack:
+            continue
+        recompute[o] = False
+        demand[p.reads[o]] -= 1
+        slack -= need
+    return _drop_unneeded(p, recompute)
+
+
+class _Milp:
+    """The integer program of a Problem (variables: recompute per op, saved and, with
+    offload, offloaded per value, then rounded per value whose rounding a recomputation
+    can cost), built once; solved whole or with most ops fixed."""
+
+    def __init__(self, p: Problem, budget: int):
+        import scipy.sparse as sp
+        from scipy.optimize import LinearConstraint
+        self.p = p
+        n_ops, n_values = p.n_ops, p.n_values
+        off = p.offload_cost is not None
+        (readers, read), passed = p.round_reads()
+        read_values = np.unique(np.concatenate(
+            [read, np.array([x for _, v, w in passed for x in (v, w)], np.int64)]))
+        round_values = read_values[p.keep_cost[read_values] > 0]
+        self.s0, self.o0 = n_ops, n_ops + n_values
+        self.t0 = n_ops + n_values * (2 if off else 1)
+        self.r0 = self.t0 + len(read_values)
+        self.n = self.r0 + len(round_values)
+        # Costs in units of the cheapest positive one (HiGHS's gap tolerances are absolute
+        # too: seconds of tiny ops would all look equal); saving a byte costs a tie-breaker
+        # far below any op, so nothing is saved that does not need to be.
+        positive = p.op_cost[p.op_cost > 0]
+        self.unit = float(positive.min()) if len(positive) else 1.0
+        eps = 1e-3 / max(float(p.value_bytes.sum()), 1.0)
+        movable = np.isfinite(p.offload_cost) if off else None
+        self.c = np.concatenate([p.op_cost / self.unit, eps * p.value_bytes] +
+                                ([np.where(movable, p.offload_cost, 0.0) / self.unit]
+                                 if off else []) +
+                                [np.zeros(len(read_values)),
+                                 p.keep_cost[round_values] / self.unit])
+        rows, cols, data, lo = [], [], [], []
+
+        def avail(row, v):
+            rows.append(row), cols.append(self.s0 + v), data.append(1.0)
+            if off:
+                rows.append(row), cols.append(self.o0 + v), data.append(1.0)
+            pr = p.value_producer[v]
+            if pr >= 0 and p.recomputable[pr]:
+                rows.append(row), cols.append(int(pr)), data.append(1.0)
+
+        r = 0
+        for v in np.nonzero(p.needed)[0]:
+            avail(r, int(v))
+            lo.append(1.0)
+            r += 1
+        for o in np.nonzero(p.recomputable)[0]:
+            for u in p.reads[o]:
+                avail(r, int(u))
+                rows.append(r), cols.append(int(o)), data.append(-1.0)
+                lo.append(0.0)
+                r += 1
+        # read_v >= a recomputed reader; read_v >= read_w + recomputed op looked through
+        # (w one of its results) - 1; rounded_v >= read_v + kept_v - 1 (saved or offloaded)
+        t = dict(zip(read_values.tolist(), range(self.t0, self.r0)))
+
+        def row(terms, bound):
+            nonlocal r
+            for col, coef in terms:
+                rows.append(r), cols.append(col), data.append(coef)
+            lo.append(bound)
+            r += 1
+        for o, v in zip(readers.tolist(), read.tolist()):
+            row([(t[v], 1.0), (o, -1.0)], 0.0)
+        for o, v, w in passed:
+            row([(t[v], 1.0), (t[w], -1.0), (o, -1.0)], -1.0)
+        for v, col in zip(round_values.tolist(), range(self.r0, self.n)):
+            row([(col, 1.0), (t[v], -1.0), (self.s0 + v, -1.0)] +
+                ([(self.o0 + v, -1.0)] if off else []), -1.0)
+        A = sp.csr_matrix((data, (rows, cols)), shape=(r, self.n))
+        bytes_row = sp.csr_matrix((p.value_bytes.astype(float),
+                                   (np.zeros(n_values, int), self.s0 + np.arange(n_values))),
+                                  shape=(1, self.n))
+        self.constraints = [LinearConstraint(A, np.array(lo), np.full(r, np.inf)),
+                            LinearConstraint(bytes_row, -np.inf, float(budget))]
+        self.upper = np.ones(self.n)
+        self.upper[:n_ops][~p.recomputable] = 0.0
+        if off:
+            self.upper[self.o0:self.t0][~movable] = 0.0
+        self.integrality = np.ones(self.n)
+        self.integrality[self.t0:] = 0.0     # (0 or 1 at the optimum: bounded below only)
+
+    def solve(self, time_limit: float, fixed: np.ndarray | None = None,
+              values: np.ndarray | None = None):
+        """The recompute set (and offload choice), or None; `fixed` (bool per op) pins
+        those ops' recompute variables to `values`."""
+        from scipy.optimize import Bounds, milp
+        lower, upper = np.zeros(self.n), self.upper.copy()
+        if fixed is not None:
+            n_ops = self.p.n_ops
+            lower[:n_ops][fixed] = values[fixed]
+            upper[:n_ops][fixed] = values[fixed]
+        res = milp(self.c, integrality=self.integrality, bounds=Bounds(lower, upper),
+                   constraints=self.constraints,
+                   options={"time_limit": time_limit, "mip_rel_gap": 1e-6})
+        if res.x is None or res.status != 0:
+            return None
+        x = np.round(res.x).astype(bool)
+        offload_ok = x[self.o0:self.o0 + self.p.n_values] if self.p.offload_cost is not None \
+            else None
+        return x[:self.p.n_ops], offload_ok, (getattr(res, "mip_dual_bound", None) or 0.0)
+
+
+def solve_exact(p: Problem, budget: int, time_limit: float = 60.0) -> Solution | None:
+    """The integer program with HiGHS; None if it did not finish within `time_limit`."""
+    start = time.perf_counter()
+    model = _Milp(p, budget)
+    out = model.solve(max(time_limit - (time.perf_counter() - start), 1.0))
+    if out is None:
+        return None
+    rec, offload_ok, bound = out
+    recompute = _drop_unneeded(p, rec)
+    avail_, offl, device, cost = evaluate(p, recompute, offload_ok)
+    return Solution(recompute, avail_, offl, device, cost, "exact",
+                    time.perf_counter() - start, budget, lower_bound=bound * model.unit)
+
+
+def _neighbourhoods(p: Problem, rec: np.ndarray, budget: int, offload_ok, deadline: float,
+                    window: int = 1000):
+    """Large-neighbourhood search: free the recompute decisions of a window of ops (in
+    program order), keep every other one, solve that small integer program exactly;
+    keep what costs less. Windows overlap by half and sweep until `deadline` (a problem
+    of at most `window` ops is one window: solved exactly)."""
+    if time.perf_counter() >= deadline or p.n_ops < 2:
+        return rec, offload_ok
+    model = _Milp(p, budget)
+    cost = evaluate(p, rec, offload_ok)[3]
+    start = 0
+    while time.perf_counter() < deadline:
+        fixed = np.ones(p.n_ops, bool)
+        fixed[start:start + window] = False
+        out = model.solve(max(deadline - time.perf_counter(), 0.5), fixed,
+                          rec.astype(float))
+        if out is not None:
+            trial = _drop_unneeded(p, out[0])
+            ok = out[1] if out[1] is not None else offload_ok
+            e = evaluate(p, trial, ok)
+            if e[2] <= budget and e[3] < cost - 1e-18:
+                rec, offload_ok, cost = trial, ok, e[3]
+        if window >= p.n_ops:
+            break
+        start += window // 2
+        if start >= p.n_ops:
+            start = 0
+    return rec, offload_ok
+
+
+def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
+          compare_exact: bool = False) -> tuple[Solution, Solution | None]:
+    """(the solution, the exact one if it was computed). `solver`: 'auto' (exact up to
+    20,000 nodes, else lagrangian), 'exact', 'lagrangian', or a function
+    `(problem, budget) -> recompute` (bool per op node) for experiments and baselines."""
+    exact = None
+    nothing = np.zeros(p.n_ops, bool)
+    avail, off, device, cost = evaluate(p, nothing)
+    if device <= budget:   # everything fits: recompute nothing
+        return Solution(nothing, avail, off, device, cost, "no-remat", 0.0, budget), None
+    markers = _drop_unneeded(p, p.recomputable & p.markers)
+    avail, off, device, cost = evaluate(p, markers)
+    if device <= budget:   # recomputing checkpoint-name markers
+        return Solution(markers, avail, off, device, cost, "no-remat", 0.0, budget), None
+    if callable(solver):
+        start = time.perf_counter()
+        recompute = _drop_unneeded(p, np.asarray(solver(p, budget), bool) & p.recomputable)
+        avail, off, device, cost = evaluate(p, recompute)
+        return Solution(recompute, avail, off, device, cost,
+                        getattr(solver, "__name__", "custom"), time.perf_counter() - start,
+                        budget), None
+    if solver == "exact" or (solver == "auto" and p.n_ops + p.n_values <= 20000):
+        exact = solve_exact(p, budget, exact_limit)
+        if exact is not None and solver != "lagrangian" and not compare_exact:
+            return exact, exact
+    sol = solve_lagrangian(p, budget)
+    if compare_exact and exact is None:
+        exact = solve_exact(p, budget, exact_limit)
+    if exact is not None and exact.cost < sol.cost and exact.device_bytes <= budget:
+        return (exact if solver != "lagrangian" else sol), exact
+    return sol, exact
+
+
+def minimum_bytes(p: Problem) -> int:
+    """The fewest device bytes any plan keeps: one minimum cut with the bytes alone as
+    weights (recomputing everything is not always it: a recomputation may need arguments
+    that the backward does not read otherwise)."""
+    if p.n_ops == 0:
+        return evaluate(p, np.zeros(0, bool))[2]
+    positive = p.value_bytes[p.value_bytes > 0]
+    smallest = float(positive.min()) if len(positive) else 1.0
+    lam = (float(p.op_cost.sum()) + 1.0) / smallest * 1e6
+    rec = _drop_unneeded(p, _CutGraph(p).solve(lam))
+    ok = None if p.offload_cost is None else np.isfinite(p.offload_cost)
+    return evaluate(p, rec, ok)[2]

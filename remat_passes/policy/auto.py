@@ -1,0 +1,121 @@
+"""`auto(budget=...)` as a policy: its spec, its budget, and the plan it becomes.
+
+`AutoPolicy` decides for a whole function, so the planner (`remat_passes.planner`)
+resolves it before the engine asks it about an op: `planner.resolve` replaces it
+by a `PlannedPolicy`, the solution's per-op verdicts, read like any other policy.
+Budgets are bytes, '512MiB', '2GiB' or a percentage of the bytes kept without remat.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from remat_passes.cost.devices import PROFILES, DeviceProfile, default_device
+from remat_passes.ir.mlir import RematError
+from remat_passes.policy.base import Policy
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """Bytes, or a fraction of the residual bytes without remat."""
+    nbytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, no_remat_bytes: int) -> int:
+        if self.nbytes is not None:
+            return self.nbytes
+        return int(self.fraction * no_remat_bytes)
+
+    def __str__(self) -> str:
+        if self.nbytes is not None:
+            return f"{self.nbytes}"
+        return f"{self.fraction * 100:g}%"
+
+
+def parse_budget(value) -> Budget:
+    """512MiB, 2GiB, 1e9, 50%, or an int (bytes)."""
+    if isinstance(value, Budget):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"a budget is bytes or a percentage, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a budget cannot be negative, got {value}")
+        return Budget(nbytes=value)
+    if isinstance(value, float):
+        return Budget(nbytes=int(value))
+    text = str(value).strip()
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*%", text)
+    if m:
+        fraction = float(m.group(1)) / 100
+        if fraction < 0:
+            raise ValueError(f"a budget cannot be negative, got {text}")
+        return Budget(fraction=fraction)
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read budget '{text}': expected bytes (an integer), bytes "
+                         "with a unit (512MiB, 2GiB, 1.5GB) or a percentage (50%)")
+    return Budget(nbytes=int(float(m.group(1)) * _UNITS[m.group(2).lower()]))
+
+
+class AutoPolicy(Policy):
+    """`auto(budget=..., offload=None, device=None, objective='residuals', solver='auto')`.
+
+    Not an op-by-op policy: remat-partial-eval replaces it by the solution of the
+    planner before it decides anything (`resolve`)."""
+
+    def __init__(self, budget, offload=None, device=None, objective="residuals",
+                 solver="auto"):
+        self.budget = parse_budget(budget)
+        if offload not in (None, "pinned_host", "unpinned_host"):
+            raise ValueError(f"offload must be pinned_host or unpinned_host, got {offload!r}")
+        if device is not None and device not in PROFILES:
+            raise ValueError(f"unknown device {device!r}; known: {', '.join(PROFILES)}")
+        if objective not in ("residuals", "peak"):
+            raise ValueError(f"objective must be residuals or peak, got {objective!r}")
+        if not callable(solver) and solver not in ("auto", "exact", "lagrangian"):
+            raise ValueError(f"solver must be auto, exact, lagrangian or a function, "
+                             f"got {solver!r}")
+        self.offload, self.device, self.objective, self.solver = offload, device, objective, solver
+        parts = [f"budget={self.budget}"]
+        if offload:
+            parts.append(f"offload={offload}")
+        if device:
+            parts.append(f"device={device}")
+        if objective != "residuals":
+            parts.append(f"objective={objective}")
+        if solver != "auto":
+            parts.append(f"solver={getattr(solver, '__name__', solver)}")
+        super().__init__(self._unresolved, f"auto({', '.join(parts)})")
+
+    def _unresolved(self, op):
+        raise RematError(f"error: {self.spec} decides for a whole function; it is resolved "
+                         "by remat-partial-eval, not called op by op")
+
+    @property
+    def profile(self) -> DeviceProfile:
+        return PROFILES[self.device or default_device()]
+
+
+def auto(budget, offload=None, device=None, objective="residuals", solver="auto"):
+    """The memory-budget planner as a policy: see remat_passes.planner."""
+    try:
+        return AutoPolicy(budget, offload, device, objective, solver)
+    except ValueError as e:
+        raise RematError(f"error: {e}") from None
+
+
+class PlannedPolicy(Policy):
+    """The solution of the planner for one function: a verdict per op (by identity)."""
+
+    def __init__(self, spec: str, verdicts: dict, fallback, report):
+        self.verdicts = verdicts      # op_id -> verdict
+        self.fallback = fallback      # for ops the planner did not decide
+        self.report = report
+        super().__init__(self._verdict, spec)
+
+    def _verdict(self, op):           # never called: see policy.scopes.policy_verdict
+        raise AssertionError("PlannedPolicy is read by op identity")

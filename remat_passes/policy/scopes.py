@@ -1,0 +1,105 @@
+"""The policy in force for an op and its verdict, in one place.
+
+`ScopePolicies` answers which policy decides for an op: its outermost checkpoint scope's
+(the user docs' checkpoint regions: `remat[N]` frames and name scopes matched by
+`region-regex`), else the module's. `VerdictCache` asks a policy about an op once (a
+policy may be a user's callable, and an op is asked about many times), through
+`policy_verdict`, which reads a planned policy (`auto`'s solution) by op identity and
+gives every other policy the op's `OpInfo`.
+"""
+from __future__ import annotations
+
+import re
+import sys
+
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import RematError, op_id
+from remat_passes.policy.auto import PlannedPolicy
+from remat_passes.policy.policies import OpInfo, everything_saveable, nothing_saveable
+
+
+def op_info(op, with_attributes: bool = True) -> OpInfo:
+    """What a policy sees of `op` (types, attributes and JAX's name are printed only if
+    the policy looks at them). Built-in policies never read attributes; they get none."""
+    op = op.operation
+    dims = {}
+    if op.name == "stablehlo.dot_general" and "dot_dimension_numbers" in op.attributes:
+        text = str(op.attributes["dot_dimension_numbers"])
+        for key in ("lhs_batching", "rhs_batching", "lhs_contracting", "rhs_contracting"):
+            m = re.search(key + r"_dimensions = \[([^\]]*)\]", text)
+            dims[key + "_dims"] = tuple(int(x) for x in m.group(1).split(",")) if m else ()
+    elif op.name == "stablehlo.dot":
+        dims = {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (0,)}
+    return OpInfo(name=op.name,
+                  operand_types=lambda: [str(v.type) for v in op.operands],
+                  result_types=lambda: [str(r.type) for r in op.results],
+                  attributes=(lambda: {name: str(op.attributes[name]) for name in op.attributes})
+                  if with_attributes else {},
+                  checkpoint_name=contract.checkpoint_name(op),
+                  primitive=lambda: graph.jax_primitive(op),
+                  **dims)
+
+
+def policy_verdict(policy, op):
+    """The policy's verdict on `op`. A policy that keeps the OpInfo it was given (to log
+    decisions, say) gets it with every field computed, as a record and not a view of IR
+    that a later rewrite frees."""
+    if isinstance(policy, PlannedPolicy):   # a verdict per op, by identity
+        v = policy.verdicts.get(op_id(op))
+        if v is not None:
+            return v
+        policy = policy.fallback
+    info = op_info(op, policy.reads_attributes)
+    verdict = policy.verdict(info)
+    if sys.getrefcount(info) > 2:   # our reference and getrefcount's own
+        info.freeze()
+    return verdict
+
+
+class ScopePolicies:
+    """The policy in force in each checkpoint scope (a `remat[N]` frame or a name scope
+    matched by `region-regex`: the user docs' checkpoint regions), and outside them."""
+
+    def __init__(self, module_policy, recorded: dict, scope_policy):
+        self.module_policy = module_policy    # None: save everything outside scopes
+        self.recorded = recorded              # scope key -> Policy (or a placeholder string)
+        self.scope_policy = scope_policy      # policy of scopes made by region-regex
+
+    @property
+    def outside(self):
+        return self.module_policy or everything_saveable
+
+    def of_scope(self, scope_path: str):
+        key = graph.scope_key(scope_path)
+        pol = self.recorded.get(key)
+        if pol is None:
+            if graph.SCOPE_FRAME_RE.fullmatch(key):
+                return nothing_saveable  # jax.checkpoint's default
+            return self.scope_policy
+        if isinstance(pol, str):
+            raise RematError(
+                f"error: region {key} was made with the Python policy {pol}; it is "
+                "only available in the process that exported the module (pass the Module "
+                "returned by export_vjp, not a reloaded copy)")
+        return pol
+
+    def of_chain(self, chain: tuple):
+        """The policy in force for an op: its outermost scope's, else the module's."""
+        return self.of_scope(chain[0]) if chain else self.outside
+
+
+class VerdictCache:
+    """Each policy's verdict on each op, asked once. `key` is the op's identity in the
+    caller's numbering (a position in an analysis, or `op_id`)."""
+
+    def __init__(self):
+        self._by_policy: dict = {}    # id(policy) -> {key: verdict}
+
+    def get(self, policy, op, key):
+        if policy.constant is not None:
+            return policy.constant
+        cache = self._by_policy.setdefault(id(policy), {})
+        verdict = cache.get(key)
+        if verdict is None:
+            verdict = cache[key] = policy_verdict(policy, op)
+        return verdict

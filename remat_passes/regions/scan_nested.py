@@ -1,0 +1,82 @@
+"""Loops and cases nested in a scan body: what the outer forward loop must have them
+return before it can stack it. A nested forward loop stacks the inner values the
+policy saves (what JAX's forward keeps per inner iteration); a nested case the policy
+recomputes returns the branch values it saves (`case_nested`).
+"""
+from __future__ import annotations
+
+from remat_passes.analysis import scan_pairs
+from remat_passes.analysis.scan_pairs import Pair, analyse_forward
+from remat_passes.ir import graph
+from remat_passes.ir.graph import CASE
+from remat_passes.ir.mlir import ir, op_id
+from remat_passes.ir.verdicts import Recompute
+from remat_passes.regions import case_nested, loop_edit
+
+
+def inner_saved(loop, verdict) -> list:
+    """Values of a nested forward loop's body that the policy saves and that its
+    backward needs through recomputation: what JAX's forward stacks per inner iteration."""
+    body_ops = {op_id(op) for op in loop.body.operations}
+    ret = graph.terminator(loop.body)
+    todo = [s.value for s in loop.stacked.values()
+            if isinstance(s.value, ir.BlockArgument) or verdict(s.value) is Recompute]
+    seen, out = set(), []
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if isinstance(v, ir.BlockArgument):
+            k = v.arg_number
+            if v.owner == loop.body and k not in loop.invariant and k != loop.counter:
+                todo.append(ret.operands[k])   # a carry-in is the previous carry-out
+            continue
+        if op_id(v.owner) not in body_ops:
+            continue
+        op = v.owner.operation
+        if op.name == "stablehlo.constant":
+            continue
+        if verdict(v) is not Recompute:
+            out.append(v)
+            continue
+        todo.extend(graph.read_values(op))
+    return out
+
+
+def plan_prestack(pair: Pair, verdict) -> list:
+    """[(nested forward loop, values to stack)]: for each forward scan loop nested in
+    `pair`'s forward body, the inner values the policy saves that it does not stack yet;
+    [(nested case, values per branch)]: for each case there the policy recomputes, the
+    branch values it saves (`case_nested.plan_nested_saves`)."""
+    out = []
+    for op in pair.fwd.body.operations:
+        if op.operation.name == CASE:
+            saved = case_nested.nested_saves_needed(op, verdict)
+            if saved is not None:
+                out.append((op.operation, saved))
+            continue
+        loop = analyse_forward(op)
+        if loop is None:
+            continue
+        stacked = {s.value for s in loop.stacked.values()}
+        new = [v for v in inner_saved(loop, verdict) if v not in stacked]
+        if new:
+            out.append((loop, new))
+    return out
+
+
+def prestack(plan: list, verdict) -> None:
+    """Make each nested forward loop of `plan_prestack` stack its values too, and each
+    nested case return its saved values (the outer loop then stacks them as needed)."""
+    for nested, values in plan:
+        if not isinstance(nested, scan_pairs.ForwardLoop):     # a case op
+            with nested.location:
+                case_nested.add_nested_saves(nested, values, verdict)
+            continue
+        loop = nested
+        edit = loop_edit.LoopEdit(loop.op)
+        with loop.op.location:
+            for v in values:
+                loop_edit.stack_value(loop, edit, v)
+        edit.rebuild({k: k for k in range(len(loop.op.results))})
