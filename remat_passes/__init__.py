@@ -23,6 +23,7 @@ _EXPORTS = {
     "RematError": "ir.mlir",
     "Module": "jax.module", "load": "jax.module",
     "remat": "api.remat", "run_pipeline": "passes.manager", "parse_pipeline": "passes.manager",
+    "jit": "api.jit",
     **{name: "api.sweeps" for name in ("ParetoPoint", "pareto", "bounds", "recompute_seconds")},
     **{name: "api.residuals" for name in (
         "Residual", "print_fwd_bwd", "print_saved_residuals", "saved_residuals")},
@@ -35,6 +36,7 @@ __all__ = [
     "saved_residuals", "print_saved_residuals", "print_fwd_bwd", "Residual", "RematError",
     "estimate_memory", "format_memory", "MemoryEstimate", "FunctionMemory",
     "pareto", "ParetoPoint", "bounds", "recompute_seconds",
+    "jit",
     "__version__",
 ]
 

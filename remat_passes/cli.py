@@ -53,9 +53,47 @@ class _ArgumentParser(argparse.ArgumentParser):
         sys.exit(1)
 
 
+AUTO_REMARK = "auto recomputes "
+SHOWN_AUTO_REMARKS = 5
+
+
+def _remarks(remarks: list, every: bool) -> list:
+    """The remarks to print: under auto, one per recomputed value would be hundreds of lines
+    on a real model; the first few and a count, unless --all-remarks."""
+    per_value = [r for r in remarks if r.startswith(AUTO_REMARK)]
+    if every or len(per_value) <= SHOWN_AUTO_REMARKS:
+        return list(remarks)
+    out, shown = [], 0
+    for r in remarks:
+        if r.startswith(AUTO_REMARK):
+            shown += 1
+            if shown > SHOWN_AUTO_REMARKS:
+                continue
+        out.append(r)
+    out.append(f"... and {len(per_value) - SHOWN_AUTO_REMARKS} more values auto recomputes "
+               "(--all-remarks lists them)")
+    return out
+
+
+def _policies_help() -> str:
+    import textwrap
+
+    from remat_passes.policy.policies import POLICIES
+    names = textwrap.fill("policies (policy=..., region-policy=...): " + ", ".join(POLICIES) + ".",
+                          width=88, subsequent_indent="  ")
+    return (names + "\n"
+            "  Names take bare words: save_only_these_names(a,b); policies nest:\n"
+            "  save_from_both_policies(dots_saveable,save_only_these_names(a)).\n"
+            "  auto(BUDGET[, offload=pinned_host][, device=cpu|h100|...][, objective=peak])\n"
+            "  plans the cheapest recomputation within BUDGET: bytes (1000000), with a unit\n"
+            "  (512MiB, 2GiB, 1.5GB) or a percentage of what no remat keeps (50%).\n"
+            "  e.g. remat-opt model.mlir --remat='policy=auto(12MiB) mode=split'")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _ArgumentParser(
         prog="remat-opt", allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_policies_help(),
         description="Rematerialization (gradient checkpointing) passes over StableHLO, "
                     "mlir-opt style. Input: MLIR text or bytecode, a StableHLO portable "
                     "artifact, or a serialized jax.export.Exported.")
@@ -77,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the residuals each remat-partial-eval saves, one per line as "
                         "JAX prints them (runs remat-partial-eval with its defaults if the "
                         "pipeline has none); the module goes to -o only")
+    p.add_argument("--all-remarks", action="store_true",
+                   help="print every remark (by default auto's per-value remarks are cut to "
+                        f"the first {SHOWN_AUTO_REMARKS} and a count)")
     p.add_argument("--print-memory", action="store_true",
                    help="print a static peak-live-bytes estimate of each public function after "
                         "the pipeline, one line per function (the module goes to -o only)")
@@ -174,9 +215,11 @@ def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]
             report += f"// saved residuals of @{fname}: {count}, " \
                       f"{residual_bytes_text(residuals)}\n"
             report += "".join(f"{r}\n" for r in residuals)
-        report += "".join(f"// remark: {text}\n" for text in state.remarks)
+        report += "".join(f"// remark: {text}\n"
+                          for text in _remarks(state.remarks, args.all_remarks))
     else:       # (the saved-residuals report carries them; else they go to stderr)
-        sys.stderr.write("".join(f"remat-opt: remark: {text}\n" for text in state.remarks))
+        sys.stderr.write("".join(f"remat-opt: remark: {text}\n"
+                                 for text in _remarks(state.remarks, args.all_remarks)))
     out = module.bytecode() if args.emit_bytecode else \
         module.text(debug_info=args.mlir_print_debuginfo).encode()
     return out, report

@@ -219,6 +219,16 @@ def make_exported(**fields):
     return jax_export.Exported(**fields)
 
 
+def exported_module_bytes(data: bytes) -> bytes:
+    """The serialized StableHLO module inside a serialized `jax.export.Exported`, read from
+    its flatbuffer without rebuilding the rest (`jax.export.deserialize` also rebuilds the
+    calling convention's pytrees, which needs every custom pytree type registered in this
+    process: an optax state's NamedTuples, say). JAX's own generated flatbuffer reader."""
+    from jax._src.export import serialization as ser
+    root = ser.ser_flatbuf.Exported.GetRootAsExported(bytearray(data))
+    return root.MlirModuleSerializedAsNumpy().tobytes()
+
+
 # ---------------------------------------------------------------- policies --
 def policy_primitives():
     """(dot_general_p, conv_general_dilated_p, name_p, Primitive class)."""

@@ -4,6 +4,13 @@ from __future__ import annotations
 from remat_passes.api.remat import remat
 from remat_passes.core.residuals import Residual
 from remat_passes.ir import graph
+from remat_passes.ir.mlir import RematError
+
+
+_OWN_GRADIENTS = ("{name} computes its own gradients (a training step): "
+                  "differentiating it again would report the residuals of its gradient; pass "
+                  "rp.export({name}, *args) (the step as it is) or use "
+                  "rp.jit({name}, policy=...).lower(*args).residuals")
 
 
 def _as_module(fun_or_module, args):
@@ -12,8 +19,31 @@ def _as_module(fun_or_module, args):
         if args:
             raise TypeError("arguments are only taken with a function, not with a Module")
         return fun_or_module
-    from remat_passes.jax.bridge import export_vjp
+    from remat_passes.jax.bridge import export, export_vjp
+    name = getattr(fun_or_module, "__name__", "the function")
+    if _differentiates_itself(export(fun_or_module, *args)):
+        raise RematError("error: " + _OWN_GRADIENTS.format(name=name))
     return export_vjp(fun_or_module, *args)
+
+
+def _differentiates_itself(module) -> bool:
+    """Does the program hold a backward pass (ops under a JAX `transpose(` frame)?"""
+    found = []
+
+    def visit(op):
+        if "transpose(" in graph.name_stack(op):
+            found.append(op)
+            return
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    if not found:
+                        visit(inner.operation)
+    with module.op.context:
+        for op in module.op.body.operations:
+            if not found:
+                visit(op.operation)
+    return bool(found)
 
 
 def saved_residuals(fun_or_module, *args, policy=None) -> list[Residual]:

@@ -101,12 +101,15 @@ def parse(data: str | bytes, filename: str | None = None) -> tuple[ir.Module, ob
     if isinstance(data, (bytes, bytearray)) and is_binary(bytes(data)) and \
             not bytes(data[:4]) == BYTECODE_MAGIC:
         exported = _deserialize_exported(bytes(data), filename)
-        inner = bytes(exported.mlir_module_serialized)
+        inner = bytes(exported.module_bytes if isinstance(exported, ModuleOnly)
+                      else exported.mlir_module_serialized)
         if _parse_aborts(inner):
             raise RematError(f"{filename or '<input>'}: error: malformed serialized "
                              "jax.export.Exported (the MLIR parser aborted on its module)")
         try:
-            data = exported.mlir_module()
+            data = inner if isinstance(exported, ModuleOnly) else exported.mlir_module()
+            if isinstance(exported, ModuleOnly):
+                exported = None
         except Exception as e:      # jax re-raises the parser's diagnostics its own way
             raise RematError(f"{filename or '<input>'}: error: malformed serialized "
                              f"jax.export.Exported: {str(e).splitlines()[0] if str(e) else e}"
@@ -119,6 +122,7 @@ def parse(data: str | bytes, filename: str | None = None) -> tuple[ir.Module, ob
             _check_utf8_outside_comments(data, filename)
     if isinstance(data, str) or not bytes(data[:4]) == BYTECODE_MAGIC:
         raw = data.encode() if isinstance(data, str) else bytes(data)
+        _check_not_python(raw, filename)
         _check_nesting(raw, filename)
         _check_string_escapes(raw, filename)
     if isinstance(data, (bytes, bytearray)) and bytes(data[:4]) == BYTECODE_MAGIC and \
@@ -126,6 +130,25 @@ def parse(data: str | bytes, filename: str | None = None) -> tuple[ir.Module, ob
         raise RematError(f"{filename or '<input>'}: error: malformed MLIR bytecode (the MLIR "
                          "parser aborted on it, or it holds a string that is not UTF-8)")
     return _parse_module(data, filename, ctx), exported
+
+
+_PYTHON_LINE = re.compile(rb"^(import\s+\w|from\s+[\w.]+\s+import\b|def\s+\w+\s*\(|class\s+\w+"
+                          rb"|#!.*python|@\w)")
+
+
+def _check_not_python(text: bytes, filename: str | None) -> None:
+    """Python source given where MLIR is expected: say so (the MLIR parser would complain
+    about an unknown op 'import', or an empty operation name)."""
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s.startswith(b"//"):
+            continue
+        if _PYTHON_LINE.match(s) or (filename or "").endswith(".py"):
+            raise RematError(
+                f"{filename or '<input>'}: error: this is Python source, not MLIR: export "
+                "the function first (rp.export_vjp(f, *args) or rp.export(step, *args), then "
+                "module.save('model.mlir')) and give remat-opt that file")
+        return
 
 
 def _parse_module(data, filename, ctx) -> ir.Module:
@@ -315,15 +338,35 @@ def is_binary(data: bytes) -> bool:
     return data[:4] == BYTECODE_MAGIC or b"\x00" in data
 
 
+class ModuleOnly:
+    """A serialized Exported whose calling convention could not be rebuilt here (a custom
+    pytree type not registered in this process): its module, and why."""
+
+    def __init__(self, module_bytes: bytes, why: str):
+        self.module_bytes = module_bytes
+        self.why = why
+
+    def mlir_module(self) -> bytes:
+        return self.module_bytes
+
+
 def _deserialize_exported(data: bytes, filename: str | None):
+    """A `jax.export.Exported`; one whose pytrees cannot be rebuilt in this process gives
+    its module alone (`ModuleOnly`: the passes need nothing else)."""
     from jax import export
     try:
         return export.deserialize(bytearray(data))
     except Exception as e:  # flatbuffers raises assorted errors on garbage
+        why = type(e).__name__
+        if "PyTreeDef" in str(e):       # a pytree type not registered here: say which
+            why = f"{why}: {str(e).splitlines()[0]}"
+            try:
+                return ModuleOnly(jax_compat.exported_module_bytes(data), why)
+            except Exception:
+                pass
         raise RematError(
             f"{filename or '<input>'}: error: not MLIR text, MLIR bytecode, a StableHLO "
-            f"portable artifact or a serialized jax.export.Exported ({type(e).__name__})"
-        ) from None
+            f"portable artifact or a serialized jax.export.Exported ({why})") from None
 
 
 def to_text(module: ir.Module, debug_info: bool = False) -> str:

@@ -7,6 +7,7 @@ come here).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -110,16 +111,26 @@ def to_exported(module, function: str = "main"):
     )
 
 
-def compile(module, function: str = "main"):
-    """Compile `function` of `module` with XLA (default backend); returns a callable.
+def compile(module, function: str = "main", donate_argnums=()):
+    """Compile `function` of `module` with XLA (default backend); returns a callable,
+    which compiles once per input signature, as `jax.jit` does (and the same callable is
+    returned while the module is unchanged, so `Module.call` compiles once too).
 
     A function that kept an Exported's calling convention takes the original
     pytrees; any other (the split <f>_fwd/<f>_bwd, hand-written modules) takes
-    flat arrays, and pytrees of arrays are flattened for it.
+    flat arrays, and pytrees of arrays are flattened for it. `donate_argnums` donates
+    arguments as `jax.jit` does.
     """
-    exported = to_exported(module, function)
-    if module.exported is not None and exported.in_tree == module.exported.in_tree:
-        return jax.jit(exported.call)
-    return jax.jit(lambda *args: exported.call(*jax.tree_util.tree_leaves(args)))
+    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+    key = (function, donate, hashlib.sha256(module.bytecode()).digest())
+    cache = module.__dict__.setdefault("_compiled", {})
+    if key not in cache:
+        exported = to_exported(module, function)
+        if module.exported is not None and exported.in_tree == module.exported.in_tree:
+            cache[key] = jax.jit(exported.call, donate_argnums=donate)
+        else:
+            cache[key] = jax.jit(lambda *args: exported.call(*jax.tree_util.tree_leaves(args)),
+                                 donate_argnums=donate)
+    return cache[key]
 
 

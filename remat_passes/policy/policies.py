@@ -313,10 +313,13 @@ def as_policy(policy) -> Policy:
 
 # ------------------------------------------------------------- spec parsing --
 _AUTO_VALUE = re.compile(r"\b(budget|offload|device|objective|solver)\s*=\s*([^,()'\"]+)")
+_AUTO_BUDGET = re.compile(r"\bauto\(\s*([^,()'\"=]+?)\s*(?=[,)])")
 
 
 def _quote_auto_values(text: str) -> str:
-    """`auto(budget=2GiB)` -> `auto(budget='2GiB')`: budgets with units or % are no Python."""
+    """`auto(budget=2GiB)` -> `auto(budget='2GiB')`, and the budget given first without its
+    keyword, `auto(12MiB)` -> `auto(budget='12MiB')`: budgets with units or % are no Python."""
+    text = _AUTO_BUDGET.sub(lambda m: f"auto(budget={m.group(1)}", text)
     return _AUTO_VALUE.sub(lambda m: f"{m.group(1)}='{m.group(2).strip()}'", text)
 
 

@@ -8,6 +8,7 @@ Verification failures after a pass name the pass.
 import os
 import subprocess
 import sys
+import typing
 
 import jax.numpy as jnp
 import pytest
@@ -432,3 +433,67 @@ def test_short_runs_do_not_import_jax(files, tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "imported: []", proc.stdout[-2000:]
+
+
+# ------------------------------------------------------- talking like a tool --
+
+
+def test_help_lists_the_policies_and_the_auto_syntax():
+    out = remat_opt("--help").stdout.decode()
+    for name in ("nothing_saveable", "save_only_these_names", "save_from_both_policies",
+                 "auto(BUDGET", "512MiB", "50%"):
+        assert name in out, name
+
+
+def test_python_source_as_input_gets_a_sentence(tmp_path):
+    src = tmp_path / "model.py"
+    src.write_text("import jax\n\ndef f(x):\n    return x\n")
+    proc = remat_opt(src, "--remat")
+    err = assert_user_error(proc, "this is Python source, not MLIR")
+    assert "rp.export" in err
+
+
+def test_auto_remarks_are_cut_to_a_summary_unless_asked(tmp_path):
+    mlp = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mlp.mlir")
+    short = remat_opt(mlp, "--remat=policy=auto(60%)")
+    full = remat_opt(mlp, "--remat=policy=auto(60%)", "--all-remarks")
+    assert short.returncode == 0 and full.returncode == 0, short.stderr.decode()
+    per_value = [ln for ln in full.stderr.decode().splitlines() if "auto recomputes " in ln]
+    cut = [ln for ln in short.stderr.decode().splitlines() if "auto recomputes " in ln]
+    assert len(per_value) > 5, per_value
+    assert len(cut) == 6 and cut[-1].endswith(
+        f"... and {len(per_value) - 5} more values auto recomputes (--all-remarks lists them)")
+    assert cut[:5] == per_value[:5]
+
+
+class _StepState(typing.NamedTuple):     # a pytree type only this process knows
+    momentum: object
+    count: object
+
+
+def test_reads_an_exported_whose_pytrees_it_cannot_rebuild(tmp_path):
+    """A serialized Exported of a training step whose state is a NamedTuple registered for
+    serialization in the exporting process only: remat-opt (another process) reads the
+    module inside and rewrites it."""
+    import jax
+    from jax import export
+
+    try:
+        export.register_namedtuple_serialization(_StepState,
+                                                 serialized_name="remat_test._StepState")
+    except ValueError:
+        pass     # registered already (pytest-xdist reruns, say)
+
+    def step(w, state, x):
+        g = jax.grad(lambda w: jnp.sum(jnp.sin(x @ w)))(w)
+        m = 0.9 * state.momentum + g
+        return w - 0.1 * m, _StepState(m, state.count + 1)
+    w, x = jnp.ones((3, 3)), jnp.ones((2, 3))
+    exp = export.export(jax.jit(step))(w, _StepState(jnp.zeros((3, 3)), jnp.int32(0)), x)
+    path = tmp_path / "step.exported"
+    path.write_bytes(exp.serialize())
+    proc = remat_opt(path, "--remat=policy=nothing_saveable", "--print-saved-residuals")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "f32[3,3] from the argument state.momentum" in proc.stdout.decode()
+    proc = remat_opt(path, "--remat=policy=nothing_saveable")
+    assert proc.returncode == 0 and "func.func public @main" in proc.stdout.decode()

@@ -478,3 +478,26 @@ def test_load_missing_file(tmp_path):
 def test_remat_error_is_not_an_mlir_error():
     assert issubclass(rp.RematError, Exception)
     assert not issubclass(rp.RematError, ir.MLIRError)
+
+
+def test_call_compiles_once_per_module_and_compile_donates():
+    """Module.call reuses one compiled callable while the module is unchanged (a training
+    loop calling it does not recompile every step); a changed module gets a new one;
+    rp.compile takes donate_argnums."""
+    def f(w, x):
+        return jnp.sum(jnp.sin(x @ w))
+    w, x = jnp.ones((4, 4)), jnp.ones((2, 4))
+    m = rp.remat(rp.export_vjp(f, w, x), "nothing_saveable")
+    first = rp.compile(m)
+    assert rp.compile(m) is first
+    out = m.call(w, x, jnp.float32(1.0))
+    assert rp.compile(m) is first
+    with m.op.context:      # any edit of the module: a new compiled callable
+        m.op.operation.attributes["test.edited"] = mlir.ir.UnitAttr.get()
+    changed = rp.compile(m)
+    assert changed is not first
+    np.testing.assert_allclose(jax.tree_util.tree_leaves(changed(w, x, jnp.float32(1.0)))[1],
+                               jax.tree_util.tree_leaves(out)[1])
+    donated = jnp.ones((4, 4))
+    rp.compile(m, donate_argnums=0)(donated, x, jnp.float32(1.0))
+    assert donated.is_deleted()

@@ -9,7 +9,7 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 import remat_passes as rp
-from remat_passes.policy.policies import Offloadable, OpInfo, Recompute, Saveable
+from remat_passes.policy.policies import Offloadable, OpInfo, Recompute, Saveable, parse_policy
 
 P = rp.policies
 JP = jax.checkpoint_policies
@@ -373,3 +373,13 @@ def test_custom_policy_result_is_used_per_op(named_module):
 def test_non_policy_is_rejected():
     with pytest.raises(rp.RematError):
         P.as_policy(42)
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("auto(12MiB)", "auto(budget=12582912)"),
+    ("auto(50%)", "auto(budget=50%)"),
+    ("auto( 2GiB , offload=pinned_host)", "auto(budget=2147483648, offload=pinned_host)"),
+    ("auto(budget=1000)", "auto(budget=1000)"),
+])
+def test_auto_takes_its_budget_without_the_keyword(spec, expected):
+    assert parse_policy(spec).spec == expected

@@ -95,3 +95,22 @@ def test_print_fwd_bwd_shows_both_halves(scoped_module):
     # under nothing_saveable the backward recomputes the sines from the arguments
     bwd_half = "".join(line[len(line) // 2:] for line in text.splitlines())
     assert "stablehlo.sine" in bwd_half
+
+
+def test_a_training_step_is_not_differentiated_again():
+    """print_saved_residuals(step, ...) of a function that computes its own gradients says
+    so and points to rp.export / rp.jit, instead of reporting its gradient's residuals."""
+    import jax
+
+    def loss(w, x):
+        return jnp.sum(jnp.sin(x @ w))
+
+    def step(w, x):
+        return w - 0.1 * jax.grad(loss)(w, x), jnp.int32(0)
+    w, x = jnp.ones((3, 3)), jnp.ones((2, 3))
+    with pytest.raises(rp.RematError, match="step computes its own gradients.*rp.export"):
+        rp.print_saved_residuals(step, w, x)
+    residuals = rp.saved_residuals(rp.export(step, w, x))      # the step as it is
+    assert [r.description for r in residuals][:2] == ["from the argument w",
+                                                      "from the argument x"]
+    assert rp.saved_residuals(loss, w, x)       # a plain function is still differentiated

@@ -1,12 +1,13 @@
-"""python -m tools.benchmarks {models,budgets,scaling,memory,startup,render,all} [options]
+"""python -m tools.benchmarks {models,budgets,scaling,memory,startup,train,render,all} [options]
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
   scaling  pass time and memory against module size          -> results/scaling.json
   memory   static peak-memory figures                        -> results/memory.json
   startup  remat-opt start-up time against `import jax`      -> results/startup.json
+  train    a training step through rp.jit beside jax.jit     -> results/train.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
-  all      the five measurements, then render (about 1.5 hours on 2 cores)
+  all      the six measurements, then render (about 1.5 hours on 2 cores)
 
 Run from the repository root after `pip install -e ".[bench]"`.
 """
@@ -73,8 +74,16 @@ def run_startup(argv) -> None:
     _log(f"wrote {common.write_json('startup', startup.measure(args.repeat, _log))}")
 
 
+def run_train(argv) -> None:
+    from tools.benchmarks import common, train
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks train")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    args = ap.parse_args(argv)
+    _log(f"wrote {common.write_json('train', train.measure(args.steps, _log))}")
+
+
 def main(argv: list[str]) -> int:
-    commands = ("models", "budgets", "scaling", "memory", "startup", "render", "all")
+    commands = ("models", "budgets", "scaling", "memory", "startup", "train", "render", "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -90,6 +99,8 @@ def main(argv: list[str]) -> int:
         run_memory(rest if command == "memory" else [])
     if command in ("startup", "all"):
         run_startup(rest if command == "startup" else [])
+    if command in ("train", "all"):
+        run_train(rest if command == "train" else [])
     if command in ("render", "all"):
         from tools.benchmarks import render
         render.render()

@@ -436,6 +436,10 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
              budgets.render(results["budgets"], os.path.relpath(pareto_path, page.parent)),
              scaling.render(results["scaling"]), memory_figures.render(results["memory"]),
              startup.render(results["startup"])]
+    trained = common.read_json("train")      # (optional: python -m tools.benchmarks train)
+    if trained is not None:
+        from tools.benchmarks import train
+        parts.append(train.render(trained))
     text = "\n".join(p.rstrip() + "\n" for p in parts)
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(text)

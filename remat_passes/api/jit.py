@@ -1,0 +1,359 @@
+"""`rp.jit`: `jax.jit` for functions that differentiate themselves, with our remat applied.
+
+On the first call for an input signature (the pytree structure, each leaf's shape, dtype,
+weak type and sharding, and the values of the static arguments) the function is exported
+with its checkpoint names kept (`rp.export`), the default pipeline runs on it (`rp.remat`)
+and the result is compiled once; later calls with that signature run the compiled program.
+Arguments and results are the function's own pytrees in both forms:
+
+* `mode="joint"`: one executable, the rewritten program;
+* `mode="split"`: two executables, `<f>_fwd` then `<f>_bwd`; the residuals pass from one
+  to the other (donated to the second), and the function's outputs, computed by either
+  half, are put back in their places;
+* `mode="auto"` (the default): split where XLA would undo the recomputation of a joint
+  program (the CPU backend: its passes CSE and reschedule the clones away, see
+  docs/benchmarks.md), joint elsewhere. `jitted.lower(*args).mode` says which it took.
+
+`donate_argnums` donates as `jax.jit` does (the donated inputs are deleted after the call).
+`jitted.lower(*args)` gives what was built for those arguments: the rewritten Module, the
+residuals, the remarks, the executables (for XLA's `memory_analysis()`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from remat_passes.api.remat import remat
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import RematError
+from remat_passes.jax.bridge import export
+from remat_passes.jax.module import Module
+
+MODES = ("auto", "joint", "split")
+
+
+def default_mode(backend: str | None = None) -> str:
+    """The form in which `backend` keeps what remat saves: split on CPU (XLA:CPU undoes a
+    joint program's recomputation), joint on accelerators."""
+    return "split" if (backend or jax.default_backend()) == "cpu" else "joint"
+
+
+@dataclasses.dataclass
+class Lowered:
+    """What `rp.jit` built for one input signature."""
+    mode: str                    # "joint" or "split": the form that runs
+    exported: Module             # the function as exported, before remat
+    module: Module               # after the pipeline
+    executables: tuple           # the compiled program(s): (joint,) or (fwd, bwd)
+    run: Callable = dataclasses.field(repr=False)
+
+    @property
+    def residuals(self) -> list:
+        return self.module.residuals
+
+    @property
+    def remarks(self) -> list:
+        return self.module.remarks
+
+    def memory_analysis(self) -> list:
+        """XLA's `memory_analysis()` of each executable (joint, or fwd and bwd)."""
+        return [e.memory_analysis() for e in self.executables]
+
+
+def _leaf_key(x) -> tuple:
+    """What of an argument leaf a compiled program depends on."""
+    if isinstance(x, jax.Array):
+        return (x.shape, x.dtype, x.weak_type, x.sharding)
+    if isinstance(x, (bool, int, float, complex)):       # Python scalars: weakly typed
+        return (type(x),)
+    a = np.asarray(x)
+    return (a.shape, a.dtype, False, None)
+
+
+def _hashable(value, position: int):
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"rp.jit: static argument {position} must be hashable, got "
+                        f"{type(value).__name__}") from None
+    return value
+
+
+def _keep_parameter_names(wrapper, fun, statics: dict) -> None:
+    """Give `wrapper` (which takes the dynamic arguments) `fun`'s parameter names, so that
+    residuals are described by them ("from the argument params['w1']")."""
+    try:
+        sig = inspect.signature(fun)
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind not in positional for p in params):
+        return
+    kept = [p.replace(default=inspect.Parameter.empty)
+            for i, p in enumerate(params) if i not in statics]
+    wrapper.__signature__ = sig.replace(parameters=kept)
+
+
+def _result_info(func_op) -> list:
+    """Per result of a function: (its `jax.result_info` as text, or None; is it a residual)."""
+    return [(str(e["jax.result_info"]) if "jax.result_info" in e else None,
+             contract.RESIDUAL in e)
+            for e in contract.all_entries(func_op, "res_attrs")]
+
+
+class Jitted:
+    """`rp.jit(fun, ...)`: call it like `fun`."""
+
+    def __init__(self, fun: Callable, *, policy=None, mode: str = "auto",
+                 donate_argnums: int | Sequence[int] = (),
+                 static_argnums: int | Sequence[int] = (), prevent_cse: bool = True):
+        if mode not in MODES:
+            raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.fun = fun
+        self.policy = policy
+        self.mode = mode
+        self.prevent_cse = prevent_cse
+        self.static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
+                                           else set(static_argnums)))
+        self.donate_argnums = tuple(sorted({donate_argnums} if isinstance(donate_argnums, int)
+                                           else set(donate_argnums)))
+        both = set(self.static_argnums) & set(self.donate_argnums)
+        if both:
+            raise ValueError(f"rp.jit: arguments {sorted(both)} are both static and donated")
+        self._cache: dict = {}
+        self.builds = 0          # how many signatures were exported, rewritten, compiled
+        functools.update_wrapper(self, fun)
+
+    # ------------------------------------------------------------------ calling --
+    def _split_args(self, args) -> tuple:
+        n = len(args)
+        for i in self.static_argnums + self.donate_argnums:
+            if i >= n:
+                raise TypeError(f"rp.jit: argument {i} is static or donated, but "
+                                f"{getattr(self.fun, '__name__', 'the function')} was "
+                                f"called with {n} arguments")
+        static = tuple((i, _hashable(args[i], i)) for i in self.static_argnums)
+        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        return static, dynamic
+
+    def _key(self, static, dynamic) -> tuple:
+        leaves, tree = jax.tree_util.tree_flatten(dynamic)
+        return static, tree, tuple(_leaf_key(x) for x in leaves)
+
+    def __call__(self, *args):
+        static, dynamic = self._split_args(args)
+        key = self._key(static, dynamic)
+        lowered = self._cache.get(key)
+        if lowered is None:
+            lowered = self._cache[key] = self._build(static, dynamic)
+        return lowered.run(*dynamic)
+
+    def lower(self, *args) -> Lowered:
+        """What is (or would be) built for `args`: the rewritten Module, its residuals, the
+        executables. Builds it if this signature has not been called yet."""
+        static, dynamic = self._split_args(args)
+        key = self._key(static, dynamic)
+        if key not in self._cache:
+            self._cache[key] = self._build(static, dynamic)
+        return self._cache[key]
+
+    # ----------------------------------------------------------------- building --
+    def _build(self, static, dynamic) -> Lowered:
+        self.builds += 1
+        fun = self.fun
+        statics = dict(static)
+
+        def dynamic_fun(*dyn):
+            it = iter(dyn)
+            full = [statics[i] if i in statics else next(it)
+                    for i in range(len(dyn) + len(statics))]
+            return fun(*full)
+        dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
+        _keep_parameter_names(dynamic_fun, fun, statics)
+        exported = export(dynamic_fun, *dynamic)
+        mode = default_mode() if self.mode == "auto" else self.mode
+        try:
+            module = remat(exported, self.policy, mode=mode, prevent_cse=self.prevent_cse)
+        except RematError as e:
+            if "cannot tell forward from backward" not in str(e):
+                raise
+            raise RematError(
+                f"error: rp.jit: {dynamic_fun.__name__} has no backward pass (no jax.grad, "
+                "jax.value_and_grad or jax.vjp inside): there is nothing to rematerialize; "
+                "use jax.jit") from None
+        donated = self._donated_positions(static)
+        if mode == "joint":
+            return self._build_joint(exported, module, dynamic, donated)
+        return self._build_split(exported, module, dynamic, donated)
+
+    def _donated_positions(self, static) -> tuple:
+        """Donated arguments as positions among the dynamic ones."""
+        statics = {i for i, _ in static}
+        out, k = [], 0
+        for i in range(max(self.donate_argnums + tuple(statics), default=-1) + 1):
+            if i in statics:
+                continue
+            if i in self.donate_argnums:
+                out.append(k)
+            k += 1
+        return tuple(out)
+
+    def _build_joint(self, exported, module, dynamic, donated) -> Lowered:
+        exp = module.to_exported()
+        if exp.in_tree != exported.exported.in_tree or exp.out_tree != exported.exported.out_tree:
+            raise RematError("error: rp.jit: the rewritten program does not keep the calling "
+                             "convention of the function (report this as a bug)")
+        compiled = jax.jit(exp.call, donate_argnums=donated).lower(*dynamic).compile()
+        return Lowered("joint", exported, module, (compiled,), compiled)
+
+    def _build_split(self, exported, module, dynamic, donated) -> Lowered:
+        ex = exported.exported
+        with module.op.context:
+            fwd_f = graph.find_func(module.op, "main_fwd")
+            bwd_f = graph.find_func(module.op, "main_bwd")
+            before = [info for info, _ in _result_info(graph.find_func(exported.op, "main"))]
+            fwd_info = _result_info(fwd_f)
+            bwd_info = [info for info, _ in _result_info(bwd_f)]
+            n_bwd_args = len(bwd_f.type.inputs)
+        fwd_out = [info for info, residual in fwd_info if not residual]
+        n_res = len(fwd_info) - len(fwd_out)
+        if n_bwd_args != n_res:
+            raise RematError(
+                "error: rp.jit takes a function that computes its own gradients (a training "
+                "step with jax.grad inside); this one's backward takes cotangents as "
+                "arguments: differentiate it inside the function, or use rp.export_vjp")
+        place = _placement(before, fwd_out, bwd_info)
+        passthrough = _drop_passthrough(module, len(fwd_out))   # {residual: fwd argument}
+        made = [r for r in range(n_res) if r not in passthrough]  # residuals fwd returns
+        kept = ex.module_kept_var_idx
+        leaves, _ = jax.tree_util.tree_flatten(dynamic)
+        donated_leaves = set()
+        for pos in donated:
+            start = len(jax.tree_util.tree_leaves(dynamic[:pos]))
+            count = len(jax.tree_util.tree_leaves(dynamic[pos]))
+            donated_leaves.update(range(start, start + count))
+        # a donated argument goes to its last reader: the backward if it reads it
+        to_bwd = set(passthrough.values())
+        fwd_donated = tuple(j for j, i in enumerate(kept)
+                            if i in donated_leaves and j not in to_bwd)
+        fwd_exp = module.to_exported("main_fwd")
+        bwd_exp = module.to_exported("main_bwd")
+        fwd = jax.jit(fwd_exp.call, donate_argnums=fwd_donated).lower(
+            *[leaves[i] for i in kept]).compile()
+        res_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in bwd_exp.in_avals]
+        # the residuals fwd made are ours, and so are donated arguments: the backward may
+        # reuse their buffers for its outputs
+        ours, seen = [], set()
+        for r in range(n_res):
+            if r in passthrough:
+                if kept[passthrough[r]] not in donated_leaves or passthrough[r] in seen:
+                    continue
+                seen.add(passthrough[r])
+            ours.append(r)
+        reusable = _reusable([res_avals[r] for r in ours], bwd_exp.out_avals)
+        bwd = jax.jit(bwd_exp.call, donate_argnums=tuple(ours[k] for k in reusable)
+                      ).lower(*res_avals).compile()
+        n_fwd_out, out_tree = len(fwd_out), ex.out_tree
+        n_flat_in = len(leaves)
+        donated_flat = sorted(donated_leaves)
+
+        def run(*dyn):
+            flat = jax.tree_util.tree_leaves(dyn)
+            if len(flat) != n_flat_in:
+                raise TypeError("rp.jit: arguments do not match the signature built for")
+            kept_args = [flat[i] for i in kept]
+            outs = fwd(*kept_args)
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            residuals = [None] * n_res
+            for r, a in passthrough.items():
+                residuals[r] = kept_args[a]
+            for r, value in zip(made, outs[n_fwd_out:]):
+                residuals[r] = value
+            grads = bwd(*residuals)
+            grads = grads if isinstance(grads, (tuple, list)) else (grads,)
+            results = [None] * len(place)
+            for k, (half, j) in enumerate(place):
+                results[k] = outs[j] if half == 0 else grads[j]
+            for i in donated_flat:     # as jax.jit: a donated input is gone after the call
+                if isinstance(flat[i], jax.Array) and not flat[i].is_deleted():
+                    flat[i].delete()
+            return jax.tree_util.tree_unflatten(out_tree, results)
+        return Lowered("split", exported, module, (fwd, bwd), run)
+
+
+def _drop_passthrough(module: Module, n_out: int) -> dict:
+    """Residuals that `<f>_fwd` returns as it got them (arguments the backward reads):
+    take them out of its results, so that XLA does not copy them into new buffers; the
+    backward gets the caller's arrays instead. Returns {residual index: argument index}."""
+    from remat_passes.ir.mlir import func, ir
+    with module.op.context, ir.Location.unknown():
+        fwd = graph.find_func(module.op, "main_fwd")
+        block = graph.body_block(fwd)
+        ret = graph.terminator(block)
+        values = list(ret.operands)
+        passthrough, keep = {}, []
+        for i, v in enumerate(values):
+            if i >= n_out and isinstance(v, ir.BlockArgument) and v.owner == block:
+                passthrough[i - n_out] = v.arg_number
+            else:
+                keep.append(i)
+        if not passthrough:
+            return {}
+        entries = contract.all_entries(fwd, "res_attrs")
+        func.ReturnOp([values[i] for i in keep], ip=ir.InsertionPoint(ret))
+        ret.erase()
+        fwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            list(fwd.type.inputs), [values[i].type for i in keep]))
+        contract.set_all_entries(fwd, "res_attrs", [entries[i] for i in keep])
+    return passthrough
+
+
+def _reusable(inputs: list, outputs: list) -> tuple:
+    """Positions of the inputs whose buffers an output of the same shape and type can take
+    (donating others only makes JAX warn)."""
+    free: dict = {}
+    for o in outputs:
+        free[(tuple(o.shape), o.dtype)] = free.get((tuple(o.shape), o.dtype), 0) + 1
+    out = []
+    for i, a in enumerate(inputs):
+        k = (tuple(a.shape), a.dtype)
+        if free.get(k):
+            free[k] -= 1
+            out.append(i)
+    return tuple(out)
+
+
+def _placement(before: list, fwd_out: list, bwd_out: list) -> list:
+    """For each result of the exported function (by its `jax.result_info`), (0, j): the
+    j-th result of `<f>_fwd`, or (1, j): of `<f>_bwd`."""
+    where: dict = {}
+    for half, infos in ((0, fwd_out), (1, bwd_out)):
+        for j, info in enumerate(infos):
+            if info is None or info in where:
+                raise RematError("error: rp.jit: cannot tell which half computes which "
+                                 "output (results without distinct jax.result_info)")
+            where[info] = (half, j)
+    if set(where) != set(before) or len(before) != len(where):
+        raise RematError("error: rp.jit: the split halves' outputs are not the function's")
+    return [where[info] for info in before]
+
+
+def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
+        donate_argnums: int | Sequence[int] = (), static_argnums: int | Sequence[int] = (),
+        prevent_cse: bool = True) -> Any:
+    """`jax.jit` with remat for a function whose program contains its backward pass (a
+    training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
+    `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
+    what the forward keeps. Usable as a decorator, with or without arguments. See the
+    module docstring for the modes."""
+    if fun is None:
+        return functools.partial(jit, policy=policy, mode=mode, donate_argnums=donate_argnums,
+                                 static_argnums=static_argnums, prevent_cse=prevent_cse)
+    return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
+                  static_argnums=static_argnums, prevent_cse=prevent_cse)

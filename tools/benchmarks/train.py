@@ -1,0 +1,190 @@
+"""A training step through `rp.jit` beside `jax.jit`: step time and XLA's memory.
+
+A small decoder (causal self-attention and a GELU MLP per layer, RMS norms, names on the
+projections and the MLP activation) trained with optax AdamW. For each policy and form,
+`rp.jit(step, policy=..., mode=...)` against `jax.jit(step)` and against `jax.jit` of the
+same step with `jax.checkpoint(loss, policy)` (JAX's own remat): the median step time of
+`--steps` steps after 3 warm-up steps (`block_until_ready`), the commands interleaved
+round by round so that load on the shared machine hits all alike, and XLA's
+`memory_analysis()` of what ran (temp bytes; the split form runs two executables: the
+forward's temp and output bytes are live when the backward starts, so its peak is
+reported as max(fwd temp + fwd outputs, fwd outputs + bwd temp)).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tools.benchmarks import common
+
+D, HEADS, T, BATCH, LAYERS = 128, 4, 64, 8, 4
+POLICIES = ["nothing_saveable", "dots_saveable", "save_only_these_names('mlp_act')"]
+
+
+def init(key):
+    def dense(k, n, m):
+        return jax.random.normal(k, (n, m)) / np.sqrt(n)
+    layers = []
+    for i in range(LAYERS):
+        k = jax.random.split(jax.random.fold_in(key, i), 4)
+        layers.append({"qkv": dense(k[0], D, 3 * D), "out": dense(k[1], D, D),
+                       "w1": dense(k[2], D, 4 * D), "w2": dense(k[3], 4 * D, D),
+                       "n1": jnp.ones(D), "n2": jnp.ones(D)})
+    return layers
+
+
+def _norm(x, scale):
+    return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def loss(params, x, y):
+    import remat_passes as rp
+    h = x
+    mask = jnp.tril(jnp.ones((T, T), bool))
+    for p in params:
+        qkv = rp.checkpoint_name(_norm(h, p["n1"]) @ p["qkv"], "qkv")
+        q, k, v = (a.reshape(BATCH, T, HEADS, D // HEADS) for a in jnp.split(qkv, 3, -1))
+        s = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(D // HEADS)
+        a = jax.nn.softmax(jnp.where(mask, s, -1e9), axis=-1)
+        ctx = jnp.einsum("bhts,bshd->bthd", a, v).reshape(BATCH, T, D)
+        h = h + rp.checkpoint_name(ctx @ p["out"], "attn_out")
+        m = rp.checkpoint_name(jax.nn.gelu(_norm(h, p["n2"]) @ p["w1"]), "mlp_act")
+        h = h + m @ p["w2"]
+    return jnp.mean((h - y) ** 2)
+
+
+def make_step(loss_fn, opt):
+    import optax
+
+    def step(params, opt_state, x, y):
+        value, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+    return step
+
+
+def _jax_twin(spec: str):
+    cp = jax.checkpoint_policies
+    if spec.startswith("save_only_these_names"):
+        return cp.save_only_these_names(spec.split("'")[1])
+    return getattr(cp, spec)
+
+
+def _temp(compiled) -> dict:
+    m = compiled.memory_analysis()
+    return {"temp": int(m.temp_size_in_bytes), "out": int(m.output_size_in_bytes),
+            "args": int(m.argument_size_in_bytes)}
+
+
+def measure(steps: int = 20, log=print) -> dict:
+    import optax
+
+    import remat_passes as rp
+    opt = optax.adamw(1e-3)
+    params = init(jax.random.key(0))
+    state = opt.init(params)
+    x = jax.random.normal(jax.random.key(1), (BATCH, T, D))
+    y = jax.random.normal(jax.random.key(2), (BATCH, T, D))
+    step = make_step(loss, opt)
+    runs = {"jax.jit": jax.jit(step)}
+    memory = {"jax.jit": [_temp(jax.jit(step).lower(params, state, x, y).compile())]}
+    compile_s = {}
+    plain = rp.jit(step, mode="joint")       # no policy: the program jax.jit runs, plus our export
+    t0 = time.perf_counter()
+    lowered = plain.lower(params, state, x, y)
+    memory["rp.jit no policy joint"] = [_temp(e) for e in lowered.executables]
+    compile_s["rp.jit no policy joint"] = time.perf_counter() - t0
+    runs["rp.jit no policy joint"] = plain
+    for spec in POLICIES:
+        ckpt = jax.jit(make_step(jax.checkpoint(loss, policy=_jax_twin(spec)), opt))
+        runs[f"jax.checkpoint {spec}"] = ckpt
+        memory[f"jax.checkpoint {spec}"] = [_temp(ckpt.lower(params, state, x, y).compile())]
+        for mode in ("joint", "split"):
+            name = f"rp.jit {spec} {mode}"
+            fn = rp.jit(step, policy=spec, mode=mode)
+            t0 = time.perf_counter()
+            lowered = fn.lower(params, state, x, y)
+            compile_s[name] = time.perf_counter() - t0
+            runs[name] = fn
+            memory[name] = [_temp(e) for e in lowered.executables]
+            log(f"train: built {name} in {compile_s[name]:.1f} s")
+    times: dict = {name: [] for name in runs}
+    for name, fn in runs.items():          # warm-up
+        for _ in range(3):
+            jax.block_until_ready(fn(params, state, x, y))
+    for i in range(steps):
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(params, state, x, y))
+            times[name].append(time.perf_counter() - t0)
+    losses = {name: float(fn(params, state, x, y)[2]) for name, fn in runs.items()}
+    return {"meta": common.machine(), "steps": steps,
+            "model": {"d": D, "heads": HEADS, "t": T, "batch": BATCH, "layers": LAYERS},
+            "rows": [{"name": name, "times": times[name], "memory": memory[name],
+                      "loss": losses[name], "build_s": compile_s.get(name)}
+                     for name in runs]}
+
+
+def peak(memory: list) -> int:
+    """XLA's temp bytes of one executable; of two (split), max(fwd temp + fwd outputs,
+    fwd outputs + bwd temp): what is live at once on either side of the hand-over."""
+    if len(memory) == 1:
+        return memory[0]["temp"]
+    fwd, bwd = memory
+    return max(fwd["temp"] + fwd["out"], fwd["out"] + bwd["temp"])
+
+
+def checks(data) -> list[tuple[str, bool]]:
+    """Dispatch at jax.jit's speed: with no policy (the same program) within 10% of
+    jax.jit; under a policy, the joint form within 10% of JAX's own remat of it
+    (`jax.checkpoint(loss, policy)`: the same recomputation); every loss equal."""
+    rows = {r["name"]: r for r in data["rows"]}
+    base = statistics.median(rows["jax.jit"]["times"])
+    out = []
+    for name, r in rows.items():
+        med = statistics.median(r["times"])
+        if name == "rp.jit no policy joint":
+            out.append((f"{name}: step time {med / base:.2f}x jax.jit's (target <= 1.10)",
+                        med / base <= 1.10))
+        elif name.startswith("rp.jit") and name.endswith(" joint"):
+            spec = name[len("rp.jit "):-len(" joint")]
+            ref = statistics.median(rows[f"jax.checkpoint {spec}"]["times"])
+            out.append((f"{name}: step time {med / ref:.2f}x jax.checkpoint's (target <= 1.10)",
+                        med / ref <= 1.10))
+        if name.startswith("rp.jit"):
+            close = abs(r["loss"] - rows["jax.jit"]["loss"]) <= 2e-5 * abs(rows["jax.jit"]["loss"])
+            out.append((f"{name}: loss {r['loss']:.6f} = jax.jit's {rows['jax.jit']['loss']:.6f}",
+                        close))
+    return out
+
+
+def render(data) -> str:
+    rows = data["rows"]
+    base = statistics.median(next(r for r in rows if r["name"] == "jax.jit")["times"])
+    m, meta = data["model"], data["meta"]
+    parts = ["## Training with rp.jit", "",
+             f"A decoder of {m['layers']} layers (d={m['d']}, {m['heads']} heads, "
+             f"{m['t']} tokens, batch {m['batch']}) trained with optax AdamW: `rp.jit(step, "
+             "policy=P, mode=M)` beside `jax.jit(step)` and `jax.jit` of the step with "
+             "`jax.checkpoint(loss, P)`. Median of "
+             f"{data['steps']} steps after 3 warm-up steps, interleaved ({meta['cpus']} CPUs, "
+             f"jax {meta['jax']}, commit {meta['commit']}); memory is XLA's "
+             "`memory_analysis()` of the executables that ran (split: two executables, peak = "
+             "max(fwd temp + fwd outputs, fwd outputs + bwd temp)). On CPU XLA undoes the "
+             "recomputation of a joint program, so the joint rows save nothing there; the "
+             "split rows show what the policy saves. Regenerate with "
+             "`python -m tools.benchmarks train`.", "",
+             "| step | median step | / jax.jit | XLA temp (peak) | build |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        med = statistics.median(r["times"])
+        build = f"{r['build_s']:.1f} s" if r["build_s"] is not None else ""
+        parts.append(f"| {r['name']} | {med * 1000:.1f} ms | {med / base:.2f} | "
+                     f"{peak(r['memory']):,} B | {build} |")
+    parts += ["", "Checks:", ""]
+    parts += [f"- {'pass' if ok else 'MISS'}: {text}" for text, ok in checks(data)]
+    return "\n".join(parts) + "\n"
