@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     lowered = ours.lower(*sample)
     print(f"\nrp.jit compiled the step {ours.builds} time(s) for {STEPS} calls; form: "
           f"{lowered.mode} (mode={args.mode}, backend {jax.default_backend()})")
-    acts = [r for r in lowered.residuals if not r.description.startswith("from the argument")]
+    acts = [r for r in lowered.residuals if not r.argument]
     print(f"the forward keeps {len(lowered.residuals)} values for the backward: "
           f"{len(lowered.residuals) - len(acts)} arguments and {len(acts)} activations "
           f"({sum(r.bytes for r in acts):,} B)")

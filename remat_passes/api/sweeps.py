@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 
 from remat_passes.api.remat import remat
+from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost import flops
 from remat_passes.cost.devices import PROFILES, default_device
 from remat_passes.cost.memory import estimate_memory, format_bytes
@@ -83,10 +86,36 @@ def problem_for(module, func: str = "main", policy: AutoPolicy | None = None) ->
     return planning_problem(module, func, policy)
 
 
+class Progress:
+    """A rich progress bar on standard error, shown once the work has taken a second, and
+    only on a terminal (so logs and tests see nothing)."""
+
+    def __init__(self, total: int, what: str):
+        self.total, self.what, self.done = total, what, 0
+        self.start = time.perf_counter()
+        self.bar = None
+        self.task = None
+
+    def advance(self) -> None:
+        if self.bar is None and time.perf_counter() - self.start > 1.0 and sys.stderr.isatty():
+            from rich.progress import Progress as Bar
+            self.bar = Bar(transient=True)
+            self.task = self.bar.add_task(self.what, total=self.total, completed=self.done)
+            self.bar.start()
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done)
+        self.done += 1
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
 @dataclasses.dataclass
 class ParetoPoint:
-    budget: int                 # the budget asked for (residual bytes)
-    residual_bytes: int         # what the split form's <f>_fwd keeps on the device
+    budget: int                 # the budget asked for (bytes of activations)
+    activation_bytes: int       # what the split form's <f>_fwd keeps on the device beyond
+                                # the function's own arguments (what the budget counts)
     host_bytes: int             # what it moves to host memory
     extra_flops: float          # FLOPs recomputed (fwd + bwd of the split form, over no remat)
     extra_pct: float            # ... as % of the no-remat split's FLOPs
@@ -97,10 +126,10 @@ class ParetoPoint:
 
 def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
            func: str = "main", solver: str = "auto") -> list[ParetoPoint]:
-    """Budget -> residual bytes, extra FLOPs, joint peak and solve time, for a sweep of
+    """Budget -> activation bytes, extra FLOPs, joint peak and solve time, for a sweep of
     budgets (by default `points` from the minimum to no remat). A larger budget never
     costs more: a point whose plan costs more than the plan of a smaller budget takes
-    that plan instead."""
+    that plan instead. A progress bar (on a terminal) shows once it takes a second."""
     base = remat(module, None, mode="split", func=func)
     base_flops = flops.function_flops(base, f"{func}_fwd") + \
         flops.function_flops(base, f"{func}_bwd")
@@ -109,16 +138,18 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
         budgets = sorted({int(lo + (hi - lo) * k / max(points - 1, 1)) for k in range(points)})
     out = []
     best = None      # (budget, point) of the cheapest plan so far
+    progress = Progress(len(budgets), "pareto: planning budgets")
     for b in sorted(budgets):
+        progress.advance()
         policy = auto(b, offload=offload, device=device, solver=solver)
         split = remat(module, policy, mode="split", func=func)
         joint = remat(module, policy, mode="joint", func=func)
         rep = split.plan_reports[0]
         total = flops.function_flops(split, f"{func}_fwd") + \
             flops.function_flops(split, f"{func}_bwd")
-        dev = sum(r.bytes for r in split.residuals
-                  if r.offload is None or r.offload.dst not in ("pinned_host", "unpinned_host"))
-        host = sum(r.bytes for r in split.residuals) - dev
+        dev = activation_bytes(split.residuals)
+        host = sum(r.bytes for r in split.residuals if r.offload is not None and
+                   r.offload.dst in ("pinned_host", "unpinned_host"))
         point = ParetoPoint(b, dev, host, total - base_flops,
                             (total - base_flops) / base_flops * 100 if base_flops else 0.0,
                             estimate_memory(joint)[func].peak_bytes, rep.solution.seconds,
@@ -127,14 +158,15 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
             point = dataclasses.replace(best, budget=b, solve_seconds=point.solve_seconds)
         best = point
         out.append(point)
+    progress.close()
     return out
 
 
 def format_pareto(points: list[ParetoPoint]) -> str:
-    lines = ["budget | residuals (device) | host | extra FLOPs | joint peak | solve",
+    lines = ["budget | activations (device) | host | extra FLOPs | joint peak | solve",
              "---|---|---|---|---|---"]
     for q in points:
-        lines.append(f"{format_bytes(q.budget)} | {format_bytes(q.residual_bytes)} | "
+        lines.append(f"{format_bytes(q.budget)} | {format_bytes(q.activation_bytes)} | "
                      f"{format_bytes(q.host_bytes)} | {format_flop(q.extra_flops)} "
                      f"({q.extra_pct:+.1f}%) | {format_bytes(q.joint_peak)} | "
                      f"{q.solve_seconds:.3f} s {q.method}")

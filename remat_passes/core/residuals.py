@@ -21,6 +21,7 @@ class Residual:
     # ('b', 'b*s'; None where a dimension's symbol is unknown)
     unit_bytes: int | None = None
     symbols: str | None = None
+    argument: bool = False    # one of the function's own arguments (not an activation)
 
     def __str__(self):
         text = f"{self.type} {self.description}"
@@ -62,11 +63,19 @@ def residual(value, func_op, offload=None, analysis=None, dims=None,
     type_str = dims.type_str(value) if dims is not None and global_type is None else \
         graph.jax_type_str(t)
     return Residual(type_str, describe_value(value, func_op, analysis),
-                    graph.type_bytes(t), offload, note, unit, symbols)
+                    graph.type_bytes(t), offload, note, unit, symbols,
+                    isinstance(value, ir.BlockArgument))
 
 
 def residual_bytes(residuals) -> int:
     return sum(r.bytes for r in residuals)
+
+
+def activation_bytes(residuals) -> int:
+    """What `auto`'s budgets count: residuals kept in device memory beyond the function's
+    own arguments."""
+    return sum(r.bytes for r in residuals if not r.argument and
+               (r.offload is None or r.offload.dst not in ("pinned_host", "unpinned_host")))
 
 
 def residual_bytes_text(residuals) -> str:

@@ -47,14 +47,25 @@ class Problem:
     through: np.ndarray | None = None     # bool per op node: a recomputed copy computes
                                           # nothing (a marker, data movement), so
                                           # insert-reduce-precision looks through it
+    argument_bytes: np.ndarray | None = None  # bytes per value node of the function's own
+                                              # arguments (their value_bytes are 0: a
+                                              # budget counts activations, what the
+                                              # backward keeps beyond the arguments)
 
     @property
     def n_ops(self) -> int:
         return len(self.op_cost)
 
     def no_remat_bytes(self) -> int:
-        """What a plan that recomputes nothing keeps."""
+        """The activations a plan that recomputes nothing keeps."""
         return int(self.value_bytes[self.needed].sum())
+
+    def kept_argument_bytes(self, available: np.ndarray) -> int:
+        """The bytes of the function's arguments among the `available` values (kept by the
+        caller anyway; not counted against a budget)."""
+        if self.argument_bytes is None:
+            return 0
+        return int(self.argument_bytes[available].sum())
 
     @property
     def n_values(self) -> int:
@@ -169,6 +180,7 @@ class ProblemBuilder:
         self.op_cost, self.recomputable, self.reads = [], [], []
         self.value_bytes, self.value_producer, self.needed = [], [], []
         self.keep_cost, self.markers, self.through = [], [], []
+        self.argument_bytes: list = []
         self.flops: list = []
         # loop-body ops the model leaves out as free (computed from invariants and re-sliced
         # inputs alone: never stacked); the plan recomputes them, as the model assumes
@@ -190,13 +202,17 @@ class ProblemBuilder:
         self.reads.append([])
         return node
 
-    def value(self, v, producer: int, scale: int, forward_use: bool = False) -> int:
+    def value(self, v, producer: int, scale: int, forward_use: bool = False,
+              argument: bool = False) -> int:
         """A value node; `forward_use`: the forward reads it too, so that keeping it makes
-        insert-reduce-precision round it when a recomputed op reads it."""
+        insert-reduce-precision round it when a recomputed op reads it; `argument`: one of
+        the function's arguments, which a budget does not count."""
         node = len(self.values)
         self.value_index[v] = node
         self.values.append(v)
-        self.value_bytes.append(graph.type_bytes(v.type) * scale)
+        nbytes = graph.type_bytes(v.type) * scale
+        self.value_bytes.append(0 if argument else nbytes)
+        self.argument_bytes.append(nbytes if argument else 0)
         elem = str(getattr(v.type, "element_type", ""))
         rounded = (producer >= 0 and forward_use and elem.startswith(("f", "bf"))
                    and v.owner.operation.name != ROUNDING)
@@ -228,7 +244,8 @@ class ProblemBuilder:
             ops=self.ops, values=self.values, labels=self.labels,
             keep_cost=np.array(self.keep_cost, dtype=np.float64),
             markers=np.array(self.markers, dtype=bool),
-            through=np.array(self.through, dtype=bool))
+            through=np.array(self.through, dtype=bool),
+            argument_bytes=np.array(self.argument_bytes, dtype=np.int64))
 
 
 def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool,
@@ -241,7 +258,7 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
     arg_node = {}
     for i, v in enumerate(a.args):
         if i not in a.cotangent_vids:
-            arg_node[i] = b.value(v, -1, 1)
+            arg_node[i] = b.value(v, -1, 1, argument=True)
     vid_node = dict((vid, node) for vid, node in arg_node.items())
     stacked = set()      # results of forward scan loops that stack per-iteration values:
     pairs = [q for q in a.scan_pairs if _modelled(q)]   # their bytes are the loop body's

@@ -19,6 +19,7 @@ class PlanReport:
     recompute_cost: dict         # op_id -> (op name, FLOPs, seconds) of recomputing it
     recomputed: list             # (value described as JAX would, FLOPs, seconds, where)
                                  # per op the plan recomputes (computed before any rewrite)
+    argument_bytes: int = 0      # the function's arguments the plan keeps (not counted)
 
     def cost_text(self, cost: float) -> str:
         """A modelled cost in its unit: seconds on a device, FLOPs on the `flops` profile."""
@@ -31,8 +32,9 @@ class PlanReport:
 
     def summary(self) -> str:
         s = self.solution
-        text = (f"{self.policy}: budget {self.budget} B (minimum {self.minimum} B, no remat "
-                f"{self.no_remat} B); plan keeps {s.device_bytes} B on the device and "
+        text = (f"{self.policy}: budget {self.budget} B of activations (minimum "
+                f"{self.minimum} B, no remat {self.no_remat} B); plan keeps {s.device_bytes} B "
+                f"of activations on the device (and {self.argument_bytes} B of arguments) and "
                 f"recomputes {len(self.recomputed)} op(s), "
                 f"{format_flop(sum(f for _, f, _, _ in self.recomputed))}"
                 + ("; " if self.device == "flops" else

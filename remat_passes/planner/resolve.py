@@ -41,15 +41,15 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     profile = policy.profile
     p, b = build_problem(a, scope_re, kept_whole, profile, policy.offload is not None,
                          governed)
-    no_remat = int(p.value_bytes[p.needed].sum())
+    no_remat = p.no_remat_bytes()
     budget = policy.budget.resolve(no_remat)
     minimum = minimum_bytes(p)
     if budget < minimum:
         raise RematError(
-            f"error: {policy.spec}: the budget, {budget} B, is below the minimum this "
-            f"function can keep, {minimum} B (arguments the backward reads, outputs of "
-            "side-effecting ops and values nothing may recompute); without remat it keeps "
-            f"{no_remat} B")
+            f"error: {policy.spec}: the budget, {budget} B of activations, is below the minimum "
+            f"this function can keep, {minimum} B (outputs of side-effecting ops and values "
+            "nothing may recompute; the function's arguments are not counted); without remat "
+            f"it keeps {no_remat} B")
     sol, exact = solve(p, budget, policy.solver, compare_exact=compare_exact)
     verdicts = _verdicts(p, sol, policy.offload)
     for op in b.free_ops:      # (the fallback, save, would stack what the model never does)
@@ -62,7 +62,8 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
                 f"{describe_value(op.results[0], a.func_op)}") if len(op.results) else op.name
         recomputed.append((what, b.flops[n], p.op_cost[n], p.labels[n]))
     report = PlanReport(policy.spec, budget, minimum, no_remat, sol, exact, profile.name,
-                        (p.n_ops, p.n_values), cost, recomputed)
+                        (p.n_ops, p.n_values), cost, recomputed,
+                        p.kept_argument_bytes(sol.available))
     return verdicts, report
 
 

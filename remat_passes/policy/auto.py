@@ -3,7 +3,9 @@
 `AutoPolicy` decides for a whole function, so the planner (`remat_passes.planner`)
 resolves it before the engine asks it about an op: `planner.resolve` replaces it
 by a `PlannedPolicy`, the solution's per-op verdicts, read like any other policy.
-Budgets are bytes, '512MiB', '2GiB' or a percentage of the bytes kept without remat.
+Budgets count activations: what the backward keeps beyond the function's own
+arguments; they are bytes, '512MiB', '2GiB' or a percentage of the activations kept
+without remat.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    """Bytes, or a fraction of the residual bytes without remat."""
+    """Bytes, or a fraction of the activations kept without remat."""
     nbytes: int | None = None
     fraction: float | None = None
 

@@ -3,9 +3,9 @@
 For every comparison model, side by side in one run:
 
 * every fixed policy P (ours, which equals JAX's: see the models table), and
-  `auto(budget = P's residual bytes)` beside it; the cheapest fixed policy that
+  `auto(budget = P's activation bytes)` beside it (residuals beyond the arguments); the cheapest fixed policy that
   fits the same budget; offloading policies against `auto(..., offload=pinned_host)`;
-* a sweep of 20 budgets from the minimum to no remat: residual bytes, cost,
+* a sweep of 20 budgets from the minimum to no remat: activation bytes, cost,
   joint peak estimate, solve time, gradient error of the split and the joint
   form against `jax.grad`; and the independent knapsack (`knapsack.py`, how
   PyTorch's budget decides) at the same budgets;
@@ -28,6 +28,7 @@ import time
 
 import remat_passes as rp
 from remat_passes.api.sweeps import bounds, problem_for, recompute_seconds
+from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.devices import PROFILES
 from remat_passes.cost.memory import estimate_memory
 from remat_passes.planner.solvers import minimum_bytes, solve, solve_exact, solve_lagrangian
@@ -44,10 +45,11 @@ PEAK_POINTS = 8
 
 
 def device_bytes(out) -> tuple[int, int]:
-    """(device, host) bytes of a split module's residuals."""
+    """(device, host) bytes of a split module's residuals beyond the function's arguments
+    (the activations: what a budget counts)."""
     host = sum(r.bytes for r in out.residuals
                if r.offload is not None and "host" in str(r.offload.dst))
-    return sum(r.bytes for r in out.residuals) - host, host
+    return activation_bytes(out.residuals), host
 
 
 def point(model: Model, module, policy, ref, joint=False) -> dict:
@@ -160,7 +162,7 @@ def scale(sizes=(40, 400), progress=print) -> list:
         t = time.perf_counter()
         p = problem_for(module, policy=AutoPolicy(0, device=DEVICE))
         build_s = time.perf_counter() - t
-        lo, hi = minimum_bytes(p), int(p.value_bytes[p.needed].sum())
+        lo, hi = minimum_bytes(p), p.no_remat_bytes()
         row = {"n": n, "n_ops": common.count_ops(module), "nodes": p.n_ops + p.n_values,
                "build_s": build_s, "points": []}
         for frac in (0.25, 0.5, 0.75):
@@ -273,9 +275,10 @@ def render(data, png_rel: str) -> str:
          "FLOP count). **extra FLOPs**: as in the tables above, XLA's cost analysis of the "
          "compiled split forward + backward over the no-remat split (`remat_passes.flops` "
          "with loop trip counts for the scanned models). **residuals**: device bytes the split "
-         "form's `main_fwd` keeps for `main_bwd`, which is what the budget bounds.", "",
+         "form's `main_fwd` keeps for `main_bwd` beyond the function's own arguments (the "
+         "activations), which is what the budget bounds.", "",
          "What is checked (recomputed from the results by `tools/benchmarks/budgets.py:checks` "
-         "when the page is rendered): for every fixed policy P, `auto(budget = P's residual "
+         "when the page is rendered): for every fixed policy P, `auto(budget = P's activation "
          "bytes)` keeps at most that many bytes and costs no more modelled recompute time "
          "(what it minimises) than the cheapest fixed policy within the same budget (with "
          "offloading: transfers included), and `auto(budget, device=flops)` costs no more "
