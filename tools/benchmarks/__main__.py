@@ -1,4 +1,4 @@
-"""python -m tools.benchmarks {models,budgets,scaling,memory,startup,train,render,all} [options]
+"""python -m tools.benchmarks {models,budgets,scaling,memory,startup,train,gpu,render,all} [options]
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
@@ -6,6 +6,7 @@
   memory   static peak-memory figures                        -> results/memory.json
   startup  remat-opt start-up time against `import jax`      -> results/startup.json
   train    a training step through rp.jit beside jax.jit     -> results/train.json
+  gpu      XLA memory and step time of every plan (on a GPU)  -> results/gpu.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
   all      the six measurements, then render (about 1.5 hours on 2 cores)
 
@@ -82,8 +83,29 @@ def run_train(argv) -> None:
     _log(f"wrote {common.write_json('train', train.measure(args.steps, _log))}")
 
 
+def run_gpu(argv) -> None:
+    from tools.benchmarks import gpu
+    from tools.benchmarks.models import MODELS
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks gpu",
+                                 description=gpu.__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model keys")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated short policy labels (none, nothing, dots, ...)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    ap.add_argument("--time-limit", type=float, default=540.0,
+                    help="stop after this many seconds; run again to resume (default 540)")
+    ap.add_argument("--out", default=None, help="results file (default results/gpu.json)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="a tiny MLP on whatever backend: checks the harness")
+    args = ap.parse_args(argv)
+    data = gpu.measure(args.models.split(","), args.only.split(",") if args.only else None,
+                       args.steps, args.out, args.time_limit, _log, args.dry_run)
+    _log(f"gpu: {len(data['rows'])} rows, {'complete' if data.get('complete') else 'incomplete'}")
+
+
 def main(argv: list[str]) -> int:
-    commands = ("models", "budgets", "scaling", "memory", "startup", "train", "render", "all")
+    commands = ("models", "budgets", "scaling", "memory", "startup", "train", "gpu", "render",
+                "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -101,6 +123,8 @@ def main(argv: list[str]) -> int:
         run_startup(rest if command == "startup" else [])
     if command in ("train", "all"):
         run_train(rest if command == "train" else [])
+    if command == "gpu":          # (not part of `all`: it is for the device machine)
+        run_gpu(rest)
     if command in ("render", "all"):
         from tools.benchmarks import render
         render.render()

@@ -440,6 +440,10 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     if trained is not None:
         from tools.benchmarks import train
         parts.append(train.render(trained))
+    device = common.read_json("gpu")          # (optional: measured on the device machine)
+    if device is not None:
+        from tools.benchmarks import gpu
+        parts.append(gpu.render(device))
     text = "\n".join(p.rstrip() + "\n" for p in parts)
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(text)

@@ -1,0 +1,50 @@
+"""The GPU benchmark's harness, dry-run on CPU so that it never rots: every run of a tiny
+model is measured, the loss of ours equals JAX's, a second run resumes (measures nothing
+again), a time limit stops it cleanly, and the page section renders."""
+from __future__ import annotations
+
+import json
+
+from tools.benchmarks import gpu
+
+
+def test_dry_run_measures_resumes_and_renders(tmp_path):
+    out = tmp_path / "gpu.json"
+    logs = []
+    data = gpu.measure(only=["nothing"], steps=2, path=out, log=logs.append, dry_run=True)
+    assert data["complete"]
+    rows = data["rows"]
+    kinds = {(r["policy"], r["who"], r["form"]) for r in rows}
+    assert ("nothing_saveable", "ours", "joint") in kinds
+    assert ("nothing_saveable", "ours", "split") in kinds
+    assert ("nothing_saveable", "jax.checkpoint", "joint") in kinds
+    assert ("auto at nothing_saveable", "ours", "split") in kinds
+    for r in rows:
+        assert len(r["times"]) == 2 and all(t > 0 for t in r["times"])
+        assert len(r["memory"]) == (2 if r["who"] == "ours" and r["form"] == "split" else 1)
+        assert all(m["temp"] >= 0 and m["args"] > 0 for m in r["memory"])
+    ours = {r["form"]: r["loss"] for r in rows if r["who"] == "ours"
+            and r["policy"] == "nothing_saveable"}
+    theirs = next(r["loss"] for r in rows if r["who"] == "jax.checkpoint")
+    assert abs(ours["joint"] - theirs) <= 1e-5 * abs(theirs)
+    assert abs(ours["split"] - theirs) <= 1e-5 * abs(theirs)
+    assert next(r for r in rows if r["policy"].startswith("auto"))["activations"] <= \
+        next(r for r in rows if r["policy"] == "nothing_saveable" and r["who"] == "ours"
+             and r["form"] == "split")["activations"]
+
+    before = json.loads(out.read_text())
+    logs.clear()
+    again = gpu.measure(only=["nothing"], steps=2, path=out, log=logs.append, dry_run=True)
+    assert again["rows"] == before["rows"] and not logs       # resumed: nothing measured
+
+    text = gpu.render(again)
+    assert "nothing_saveable" in text and "jax.checkpoint" in text and "| ours | split |" in text
+    assert "On a GPU" not in text or again["backend"] == "gpu"   # no GPU claim from a CPU
+
+
+def test_time_limit_stops_cleanly_and_marks_the_run_incomplete(tmp_path):
+    out = tmp_path / "gpu.json"
+    data = gpu.measure(only=["nothing"], steps=1, path=out, time_limit=0.0, log=lambda s: None,
+                       dry_run=True)
+    assert data["complete"] is False and data["rows"] == []
+    assert "Incomplete run" in gpu.render(data)
