@@ -21,6 +21,7 @@ from remat_passes.cost.memory import estimate_memory, format_memory
 from remat_passes.ir import mlir
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.module import Module, write_atomically
+from remat_passes.passes import diagnostics
 from remat_passes.passes.base import PassState
 from remat_passes.passes.manager import make_pass, parse_options, parse_pipeline, run_pipeline
 from remat_passes.passes.registry import CORE_PASSES, registry
@@ -115,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the residuals each remat-partial-eval saves, one per line as "
                         "JAX prints them (runs remat-partial-eval with its defaults if the "
                         "pipeline has none); the module goes to -o only")
+    p.add_argument("--verify-diagnostics", action="store_true",
+                   help="check the errors and remarks against the input's expected-error / "
+                        "expected-remark comments (as mlir-opt does)")
     p.add_argument("--all-remarks", action="store_true",
                    help="print every remark (by default auto's per-value remarks are cut to "
                         f"the first {SHOWN_AUTO_REMARKS} and a count)")
@@ -187,7 +191,9 @@ def _chunks(data: bytes, split: bool) -> list[bytes]:
     return [c.encode() for c in chunks]
 
 
-def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]:
+def _process(data: bytes, steps: list, args, filename: str, remarks_to=None) -> tuple[bytes, str]:
+    """Run the steps on one input; `remarks_to`: a list that takes the remarks instead of
+    printing them (--verify-diagnostics)."""
     module = Module.parse(data, filename=filename, allow_empty=True)
     state = PassState(filename=filename)
     run_pipeline(module.op, steps, state,
@@ -209,15 +215,18 @@ def _process(data: bytes, steps: list, args, filename: str) -> tuple[bytes, str]
         points = pareto(module, points=args.pareto_points, offload=args.pareto_offload,
                         device=args.pareto_device)
         report += format_pareto(points) + "\n"
+    if remarks_to is not None:
+        remarks_to.extend(state.remarks)
     if args.print_saved_residuals:
         for fname, residuals in state.residuals.items():
             count = f"{len(residuals)} value" + ("" if len(residuals) == 1 else "s")
             report += f"// saved residuals of @{fname}: {count}, " \
                       f"{residual_bytes_text(residuals)}\n"
             report += "".join(f"{r}\n" for r in residuals)
-        report += "".join(f"// remark: {text}\n"
-                          for text in _remarks(state.remarks, args.all_remarks))
-    else:       # (the saved-residuals report carries them; else they go to stderr)
+        if remarks_to is None:
+            report += "".join(f"// remark: {text}\n"
+                              for text in _remarks(state.remarks, args.all_remarks))
+    elif remarks_to is None:   # (the saved-residuals report carries them; else to stderr)
         sys.stderr.write("".join(f"remat-opt: remark: {text}\n"
                                  for text in _remarks(state.remarks, args.all_remarks)))
     out = module.bytecode() if args.emit_bytecode else \
@@ -244,14 +253,23 @@ def run(argv: list[str]) -> int:
     data = _read_input(args.input)
     outputs, reports, errors = [], [], []
     for chunk in _chunks(data, args.split_input_file):
+        remarks = [] if args.verify_diagnostics else None
+        produced = []
         try:
-            out, report = _process(chunk, steps, args, filename)
+            out, report = _process(chunk, steps, args, filename, remarks)
             outputs.append(out)
             reports.append(report)
         except RematError as e:
-            if not args.split_input_file:
+            if args.verify_diagnostics:
+                produced.append(diagnostics.of_error(str(e)))
+            elif not args.split_input_file:
                 raise
-            errors.append(_format_error(e))
+            else:
+                errors.append(_format_error(e))
+        if args.verify_diagnostics:
+            produced += [diagnostics.of_remark(r) for r in remarks]
+            expected = diagnostics.expectations(chunk.decode("utf-8", errors="replace"))
+            errors += diagnostics.check(expected, produced, filename)
     if errors:
         sys.stderr.write("\n".join(errors) + "\n")
         return 1

@@ -35,6 +35,7 @@ from remat_passes.core.split import half_analyses, split_function
 from remat_passes.ir import contract, graph, mlir
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.ir.symbolic import DimNames
+from remat_passes.passes.diagnostics import Remark
 from remat_passes.passes.base import ModulePass, PassState, option, parse_int_list, parse_regex
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
@@ -100,6 +101,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
     def apply(self, module_op, state: PassState) -> None:
         f = graph.find_func(module_op, self.func)   # a clear error before any rewrite
+        first_remark = len(state.remarks)
+        location = f.location        # (what this run's remarks are about: the function)
         with module_op.context:
             self._mark_cotangents(f, state)
             policy = self.policy
@@ -175,6 +178,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 state.keep(f, analysis_after(plan, edit))
         state.residuals[self.func] = residuals
         state.plan_reports[self.func] = reports
+        state.remarks[first_remark:] = [Remark(r, location)
+                                        for r in state.remarks[first_remark:]]
 
     def _residual_budget_for_peak(self, policy, module_op, state):
         """auto(objective=peak): plan trial residual budgets on copies of the module and

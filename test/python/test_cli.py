@@ -497,3 +497,33 @@ def test_reads_an_exported_whose_pytrees_it_cannot_rebuild(tmp_path):
     assert "f32[3,3] from the argument state.momentum" in proc.stdout.decode()
     proc = remat_opt(path, "--remat=policy=nothing_saveable")
     assert proc.returncode == 0 and "func.func public @main" in proc.stdout.decode()
+
+
+def test_verify_diagnostics_fails_on_a_wrong_or_missing_expectation(tmp_path):
+    """--verify-diagnostics passes only when every expected diagnostic is produced where
+    the input says and nothing else is (exit 0), else names each mismatch (exit 1)."""
+    body = ("func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> "
+            "(tensor<4xf32>, tensor<4xf32>) {\n"
+            "  %s = stablehlo.sine %x : tensor<4xf32>\n"
+            "  %g = stablehlo.multiply %ct, %s : tensor<4xf32>\n"
+            "  return %s, %g : tensor<4xf32>, tensor<4xf32>\n}\n")
+    policy = "--remat-partial-eval=policy=save_only_these_names(h)"
+    right = tmp_path / "right.mlir"
+    right.write_text("// expected-remark @+1 {{'h' matches nothing}}\n" + body)
+    assert remat_opt(right, "--verify-diagnostics", policy).returncode == 0
+    wrong = tmp_path / "wrong.mlir"
+    wrong.write_text("// expected-remark @+1 {{'g' matches nothing}}\n" + body)
+    proc = remat_opt(wrong, "--verify-diagnostics", policy)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert f"{wrong}:1: error: expected remark \"'g' matches nothing\" was not produced" in err
+    assert f"{wrong}:2: error: unexpected remark: @main: save_only_these_names('h')" in err
+    missing = tmp_path / "missing.mlir"       # a remark nobody expected fails the run too
+    missing.write_text(body)
+    assert remat_opt(missing, "--verify-diagnostics", policy).returncode == 1
+    bad = tmp_path / "bad.mlir"               # an expected error is a success
+    bad.write_text("func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {\n"
+                   "  // expected-error @+1 {{use of undeclared SSA value name}}\n"
+                   "  return %y : tensor<4xf32>\n}\n")
+    assert remat_opt(bad, "--verify-diagnostics", "--inline").returncode == 0
+    assert remat_opt(bad, "--inline").returncode == 1

@@ -175,9 +175,11 @@ def render(data) -> str:
              f"jax {meta['jax']}, commit {meta['commit']}); memory is XLA's "
              "`memory_analysis()` of the executables that ran (split: two executables, peak = "
              "max(fwd temp + fwd outputs, fwd outputs + bwd temp)). On CPU XLA undoes the "
-             "recomputation of a joint program, so the joint rows save nothing there; the "
-             "split rows show what the policy saves. Regenerate with "
-             "`python -m tools.benchmarks train`.", "",
+             "recomputation of a joint program, so the joint rows save nothing there; the split "
+             "form keeps the recomputation, but its backward executable holds the forward it "
+             "recomputes at once, so its peak need not be below `jax.jit`'s: the table says "
+             "whether it is (XLA's allocation against our plans is the subject of the memory "
+             "issue). Regenerate with `python -m tools.benchmarks train`.", "",
              "| step | median step | / jax.jit | XLA temp (peak) | build |",
              "|---|---:|---:|---:|---:|"]
     for r in rows:
