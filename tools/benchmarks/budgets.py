@@ -261,7 +261,7 @@ def _pct(x, base) -> str:
 
 
 def render(data, png_rel: str) -> str:
-    from tools.benchmarks.render import fmt_bytes, fmt_res
+    from tools.benchmarks.common import fmt_bytes, fmt_res
     m = data["machine"]
     bad = checks(data)
     models = data["models"]
@@ -411,7 +411,7 @@ def plot(data, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tools.benchmarks.render import fmt_bytes
+    from tools.benchmarks.common import fmt_bytes
     models = data["models"]
     cols = 2
     rows = math.ceil(len(models) / cols)

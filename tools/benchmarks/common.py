@@ -102,3 +102,23 @@ def write_json(name: str, data) -> Path:
 def read_json(name: str):
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+# ------------------------------------------------------------ page text --
+def fmt_bytes(n) -> str:
+    if n is None:
+        return "n/a"
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}" if n < 100 else f"{n:.0f} {unit}"
+    return f"{n:.0f} TiB"
+
+
+def fmt_res(dev, host) -> str:
+    s = fmt_bytes(dev)
+    if host:
+        s += f" + {fmt_bytes(host)} host"
+    return s

@@ -14,6 +14,7 @@ import os
 import re
 
 from tools.benchmarks import common
+from tools.benchmarks.common import fmt_bytes, fmt_res
 from tools.benchmarks.models import SCAN_CASES
 
 ROOT = str(common.ROOT)
@@ -42,25 +43,6 @@ def misses(row: dict, base: float) -> list[str]:
         out.append("flops")
     return out
 
-
-
-def fmt_bytes(n) -> str:
-    if n is None:
-        return "n/a"
-    if n < 1024:
-        return f"{n} B"
-    for unit in ("KiB", "MiB", "GiB"):
-        n /= 1024
-        if n < 1024:
-            return f"{n:.1f} {unit}" if n < 100 else f"{n:.0f} {unit}"
-    return f"{n:.0f} TiB"
-
-
-def fmt_res(dev, host) -> str:
-    s = fmt_bytes(dev)
-    if host:
-        s += f" + {fmt_bytes(host)} host"
-    return s
 
 
 def fmt_ms(s) -> str:
