@@ -148,20 +148,19 @@ class Jitted:
 
     def __call__(self, *args):
         static, dynamic = self._split_args(args)
-        key = self._key(static, dynamic)
-        lowered = self._cache.get(key)
-        if lowered is None:
-            lowered = self._cache[key] = self._build(static, dynamic)
-        return lowered.run(*dynamic)
+        return self._lowered(static, dynamic).run(*dynamic)
 
     def lower(self, *args) -> Lowered:
         """What is (or would be) built for `args`: the rewritten Module, its residuals, the
         executables. Builds it if this signature has not been called yet."""
-        static, dynamic = self._split_args(args)
+        return self._lowered(*self._split_args(args))
+
+    def _lowered(self, static, dynamic) -> Lowered:
         key = self._key(static, dynamic)
-        if key not in self._cache:
-            self._cache[key] = self._build(static, dynamic)
-        return self._cache[key]
+        lowered = self._cache.get(key)
+        if lowered is None:
+            lowered = self._cache[key] = self._build(static, dynamic)
+        return lowered
 
     # ----------------------------------------------------------------- building --
     def _build(self, static, dynamic) -> Lowered:

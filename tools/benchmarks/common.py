@@ -122,3 +122,28 @@ def fmt_res(dev, host) -> str:
     if host:
         s += f" + {fmt_bytes(host)} host"
     return s
+
+
+# ---------------------------------------------------------- XLA's memory --
+def xla_memory(compiled) -> dict:
+    """XLA's `memory_analysis()` of a compiled executable: temp, argument and output bytes,
+    and the peak and host temp bytes where the backend reports them."""
+    m = compiled.memory_analysis()
+    out = {"temp": int(m.temp_size_in_bytes), "args": int(m.argument_size_in_bytes),
+           "out": int(m.output_size_in_bytes)}
+    peak = getattr(m, "peak_memory_in_bytes", None)
+    if peak:
+        out["peak"] = int(peak)
+    host = getattr(m, "host_temp_size_in_bytes", None)
+    if host:
+        out["host_temp"] = int(host)
+    return out
+
+
+def xla_peak(memory: list) -> int:
+    """One executable: its peak where reported, else temp + arguments + outputs. Two (a
+    split form, forward then backward): the larger of the two, the backward's arguments
+    being the residuals the forward handed over."""
+    def whole(m):
+        return m.get("peak") or m["temp"] + m["args"] + m["out"]
+    return max(whole(m) for m in memory)

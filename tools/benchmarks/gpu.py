@@ -33,19 +33,6 @@ from tools.benchmarks.models import MODELS, _identity, make_mlp
 FORMS = ("joint", "split")
 
 
-def _memory(compiled) -> dict:
-    m = compiled.memory_analysis()
-    out = {"temp": int(m.temp_size_in_bytes), "args": int(m.argument_size_in_bytes),
-           "out": int(m.output_size_in_bytes)}
-    peak = getattr(m, "peak_memory_in_bytes", None)
-    if peak:
-        out["peak"] = int(peak)
-    host = getattr(m, "host_temp_size_in_bytes", None)
-    if host:
-        out["host_temp"] = int(host)
-    return out
-
-
 def _time(fn, args, steps: int) -> tuple[list, float]:
     for _ in range(3):
         out = jax.block_until_ready(fn(*args))
@@ -136,7 +123,7 @@ def measure(models=tuple(MODELS), only=None, steps: int = 20, path: Path | None 
                 row["host_residuals"] = sum(
                     r.bytes for r in lowered.residuals
                     if r.offload is not None and "host" in str(r.offload.dst))
-            row["memory"] = [_memory(e) for e in executables]
+            row["memory"] = [common.xla_memory(e) for e in executables]
             row["times"], row["loss"] = _time(fn, args, steps)
             data["rows"].append(row)
             log(f"gpu: {key} {label} {who} {form}: "
@@ -149,18 +136,6 @@ def measure(models=tuple(MODELS), only=None, steps: int = 20, path: Path | None 
     return data
 
 
-def peak(memory: list) -> int:
-    """One executable: its peak where reported, else temp + arguments + outputs. Two (the
-    split form): the larger side of the hand-over (the forward's outputs stay live while
-    the backward runs)."""
-    def whole(m):
-        return m.get("peak") or m["temp"] + m["args"] + m["out"]
-    if len(memory) == 1:
-        return whole(memory[0])
-    fwd, bwd = memory
-    return max(whole(fwd), bwd.get("peak") or bwd["temp"] + bwd["args"] + bwd["out"])
-
-
 def render(data) -> str:
     on_gpu = data.get("backend") == "gpu"
     head = "## On a GPU" if on_gpu else f"## On the {data.get('backend', '?')} backend"
@@ -170,8 +145,8 @@ def render(data) -> str:
              "`memory_analysis()` of what ran and the median step time of "
              f"{data.get('steps')} steps of the model's gradient step: `rp.jit` (joint, split) "
              "beside `jax.jit` of `jax.checkpoint(loss, policy)`. Peak: XLA's where the backend "
-             "reports it, else temp + arguments + outputs; for the split form the larger side "
-             "of the hand-over. Regenerate with `python -m tools.benchmarks gpu` on the "
+             "reports it, else temp + arguments + outputs; for the split form the larger of its "
+             "two executables. Regenerate with `python -m tools.benchmarks gpu` on the "
              "device (it resumes where a run stopped), then `render`.", ""]
     if not data.get("complete", False):
         parts += ["**Incomplete run**: run the command again to finish it.", ""]
@@ -184,7 +159,8 @@ def render(data) -> str:
                   "|---|---|---|---:|---:|---:|---:|"]
         for r in rows:
             parts.append(f"| {r['policy']} | {r['who']} | {r['form']} | "
-                         f"{sum(m['temp'] for m in r['memory']):,} B | {peak(r['memory']):,} B | "
+                         f"{sum(m['temp'] for m in r['memory']):,} B | "
+                         f"{common.xla_peak(r['memory']):,} B | "
                          f"{statistics.median(r['times']) * 1e3:.2f} ms | {r['loss']:.6g} |")
         parts.append("")
     return "\n".join(parts) + "\n"

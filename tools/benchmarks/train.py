@@ -6,9 +6,8 @@ projections and the MLP activation) trained with optax AdamW. For each policy an
 same step with `jax.checkpoint(loss, policy)` (JAX's own remat): the median step time of
 `--steps` steps after 3 warm-up steps (`block_until_ready`), the commands interleaved
 round by round so that load on the shared machine hits all alike, and XLA's
-`memory_analysis()` of what ran (temp bytes; the split form runs two executables: the
-forward's temp and output bytes are live when the backward starts, so its peak is
-reported as max(fwd temp + fwd outputs, fwd outputs + bwd temp)).
+`memory_analysis()` of what ran (temp + arguments + outputs; the split form runs two
+executables, the backward's arguments being what the forward handed over: the larger).
 """
 from __future__ import annotations
 
@@ -74,12 +73,6 @@ def _jax_twin(spec: str):
     return getattr(cp, spec)
 
 
-def _temp(compiled) -> dict:
-    m = compiled.memory_analysis()
-    return {"temp": int(m.temp_size_in_bytes), "out": int(m.output_size_in_bytes),
-            "args": int(m.argument_size_in_bytes)}
-
-
 def measure(steps: int = 20, log=print) -> dict:
     import optax
 
@@ -91,18 +84,19 @@ def measure(steps: int = 20, log=print) -> dict:
     y = jax.random.normal(jax.random.key(2), (BATCH, T, D))
     step = make_step(loss, opt)
     runs = {"jax.jit": jax.jit(step)}
-    memory = {"jax.jit": [_temp(jax.jit(step).lower(params, state, x, y).compile())]}
+    memory = {"jax.jit": [common.xla_memory(jax.jit(step).lower(params, state, x, y).compile())]}
     compile_s = {}
     plain = rp.jit(step, mode="joint")       # no policy: the program jax.jit runs, plus our export
     t0 = time.perf_counter()
     lowered = plain.lower(params, state, x, y)
-    memory["rp.jit no policy joint"] = [_temp(e) for e in lowered.executables]
+    memory["rp.jit no policy joint"] = [common.xla_memory(e) for e in lowered.executables]
     compile_s["rp.jit no policy joint"] = time.perf_counter() - t0
     runs["rp.jit no policy joint"] = plain
     for spec in POLICIES:
         ckpt = jax.jit(make_step(jax.checkpoint(loss, policy=_jax_twin(spec)), opt))
         runs[f"jax.checkpoint {spec}"] = ckpt
-        memory[f"jax.checkpoint {spec}"] = [_temp(ckpt.lower(params, state, x, y).compile())]
+        compiled = ckpt.lower(params, state, x, y).compile()
+        memory[f"jax.checkpoint {spec}"] = [common.xla_memory(compiled)]
         for mode in ("joint", "split"):
             name = f"rp.jit {spec} {mode}"
             fn = rp.jit(step, policy=spec, mode=mode)
@@ -110,7 +104,7 @@ def measure(steps: int = 20, log=print) -> dict:
             lowered = fn.lower(params, state, x, y)
             compile_s[name] = time.perf_counter() - t0
             runs[name] = fn
-            memory[name] = [_temp(e) for e in lowered.executables]
+            memory[name] = [common.xla_memory(e) for e in lowered.executables]
             log(f"train: built {name} in {compile_s[name]:.1f} s")
     times: dict = {name: [] for name in runs}
     for name, fn in runs.items():          # warm-up
@@ -127,15 +121,6 @@ def measure(steps: int = 20, log=print) -> dict:
             "rows": [{"name": name, "times": times[name], "memory": memory[name],
                       "loss": losses[name], "build_s": compile_s.get(name)}
                      for name in runs]}
-
-
-def peak(memory: list) -> int:
-    """XLA's temp bytes of one executable; of two (split), max(fwd temp + fwd outputs,
-    fwd outputs + bwd temp): what is live at once on either side of the hand-over."""
-    if len(memory) == 1:
-        return memory[0]["temp"]
-    fwd, bwd = memory
-    return max(fwd["temp"] + fwd["out"], fwd["out"] + bwd["temp"])
 
 
 def checks(data) -> list[tuple[str, bool]]:
@@ -173,20 +158,20 @@ def render(data) -> str:
              "`jax.checkpoint(loss, P)`. Median of "
              f"{data['steps']} steps after 3 warm-up steps, interleaved ({meta['cpus']} CPUs, "
              f"jax {meta['jax']}, commit {meta['commit']}); memory is XLA's "
-             "`memory_analysis()` of the executables that ran (split: two executables, peak = "
-             "max(fwd temp + fwd outputs, fwd outputs + bwd temp)). On CPU XLA undoes the "
+             "`memory_analysis()` of the executables that ran: temp + arguments + outputs, and "
+             "for the split form the larger of its two executables. On CPU XLA undoes the "
              "recomputation of a joint program, so the joint rows save nothing there; the split "
              "form keeps the recomputation, but its backward executable holds the forward it "
              "recomputes at once, so its peak need not be below `jax.jit`'s: the table says "
              "whether it is (XLA's allocation against our plans is the subject of the memory "
              "issue). Regenerate with `python -m tools.benchmarks train`.", "",
-             "| step | median step | / jax.jit | XLA temp (peak) | build |",
+             "| step | median step | / jax.jit | XLA peak | build |",
              "|---|---:|---:|---:|---:|"]
     for r in rows:
         med = statistics.median(r["times"])
         build = f"{r['build_s']:.1f} s" if r["build_s"] is not None else ""
         parts.append(f"| {r['name']} | {med * 1000:.1f} ms | {med / base:.2f} | "
-                     f"{peak(r['memory']):,} B | {build} |")
+                     f"{common.xla_peak(r['memory']):,} B | {build} |")
     parts += ["", "Checks:", ""]
     parts += [f"- {'pass' if ok else 'MISS'}: {text}" for text, ok in checks(data)]
     return "\n".join(parts) + "\n"
