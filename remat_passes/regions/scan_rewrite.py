@@ -73,19 +73,57 @@ class Carry:
 
 
 @dataclasses.dataclass
-class Item:
-    """One op (or small op sequence) the backward body gets, inserted before `before`."""
-    kind: str                 # "clone" | "read" | "slice"
+class Clone:
+    """Clone forward body op `op` into the backward body, before `before`."""
     job: int                  # the job (recompute group) it is created for
     before: object            # an original op of the backward body
-    op: object = None         # clone: the forward body op
-    sources: dict = None      # clone: read value -> source
-    saved: dict = None        # clone of a nested forward loop: result k -> source of its stack
-    carry: Carry = None       # read: the stacked buffer
-    index: object = None      # read: the slot index
-    source: object = None     # slice: the stacked block
-    part: int = 0             # slice: which sub-step
-    type: object = None       # read/slice: the value's type
+    op: object                # the forward body op
+    sources: dict             # value it reads -> source
+    saved: dict               # a nested forward loop or case: result k -> source of its save
+
+
+@dataclasses.dataclass
+class ReadSlot:
+    """Read slot `index` of a stacked buffer (a backward carry), before `before`."""
+    job: int
+    before: object
+    carry: Carry
+    index: object
+    type: object              # the value's type
+
+
+@dataclasses.dataclass
+class SlicePart:
+    """Slice sub-step `part` out of the stacked block `source` of an unrolled loop."""
+    job: int
+    before: object
+    source: object
+    part: int
+    type: object
+
+
+Item = Clone | ReadSlot | SlicePart     # what the backward body gets, in creation order
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadCarry:
+    """Add a backward carry that passes forward invariant carry `k` through."""
+    k: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NewBuffer:
+    """Stack forward body value `value` in a new forward carry; add it to the backward."""
+    value: object
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardResult:
+    """Add a backward carry for forward buffer `k` the backward loop did not read yet."""
+    k: int
+
+
+Addition = ThreadCarry | NewBuffer | ForwardResult
 
 
 @dataclasses.dataclass
@@ -101,8 +139,8 @@ class Job:
 class ScanPairPlan:
     pair: Pair
     jobs: list                # Job, in program order of their first users
-    items: list               # Item, in creation order
-    additions: list           # backward carries to add: ("thread", k) | ("buffer", v) | ("result", k)
+    items: list[Item]         # in creation order
+    additions: list[Addition]  # backward carries to add, in order
     offloads: list            # (forward value, Offloadable): producers to mark
     new_buffers: list         # forward body values the forward loop starts stacking
 
@@ -112,7 +150,7 @@ class ScanPairPlan:
 
     def recomputed_ops(self) -> list:
         """The forward body ops the backward body clones, once per iteration."""
-        return [it.op for it in self.items if it.kind == "clone"]
+        return [it.op for it in self.items if isinstance(it, Clone)]
 
     def stacked_values(self) -> list:
         """Forward body values stacked once the plan is applied (kept and new buffers)."""
@@ -287,8 +325,8 @@ class ScanPairPlanner:
             return self.thread(v.arg_number)
         if v in self.part_of:   # one sub-step of a stacked unrolled block: slice it
             block_value, j = self.part_of[v]
-            return Need([block_value], lambda srcs: Ref(self._add_item(Item(
-                "slice", self.job, before, source=srcs[0], part=j, type=v.type))))
+            return Need([block_value], lambda srcs: Ref(self._add_item(SlicePart(
+                self.job, before, source=srcs[0], part=j, type=v.type))))
         if self.free_kind(v) is None and self.must_stack(v):
             return self.stacked_read(v, index, before)
         op = v.owner.operation
@@ -307,7 +345,7 @@ class ScanPairPlanner:
         deps = reads + [op.results[k] for k in saved_keys]
 
         def make(srcs):
-            item = Item("clone", self.job, before, op=op,
+            item = Clone(self.job, before, op=op,
                         sources=dict(zip(reads, srcs[:len(reads)])),
                         saved=dict(zip(saved_keys, srcs[len(reads):])))
             self.op_items[key] = self._add_item(item)
@@ -352,7 +390,7 @@ class ScanPairPlanner:
             if binit == init and bret.operands[m] == self.bbody.arguments[m]:
                 self.threaded[k] = self.bbody.arguments[m]
                 return self.threaded[k]
-        self.additions.append(("thread", k))
+        self.additions.append(ThreadCarry(k))
         self.threaded[k] = Carry(len(self.additions) - 1, True)
         return self.threaded[k]
 
@@ -362,7 +400,7 @@ class ScanPairPlanner:
         if k is None:
             self.mark_offload(v)
             self.new_buffers.append(v)
-            self.additions.append(("buffer", v))
+            self.additions.append(NewBuffer(v))
             carry = Carry(len(self.additions) - 1, True)
             self.buffer_of[v] = ("new", len(self.new_buffers) - 1)
             self.carry_of[self.buffer_of[v]] = carry
@@ -374,10 +412,10 @@ class ScanPairPlanner:
                             self.bpos[op_id(rd.reshape_op)] < self.bpos[op_id(before)]:
                         return rd.value
         else:   # stacked by the forward loop, not read by this backward loop yet
-            self.additions.append(("result", k))
+            self.additions.append(ForwardResult(k))
             carry = self.carry_of[k] = Carry(len(self.additions) - 1, True)
-        return Ref(self._add_item(Item("read", self.job, before, carry=carry, index=index,
-                                       type=v.type)))
+        return Ref(self._add_item(ReadSlot(self.job, before, carry=carry, index=index,
+                                           type=v.type)))
 
 
 def plan_pair(pair: Pair, verdict) -> ScanPairPlan:
@@ -400,16 +438,16 @@ def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats) -> None:
     n_bwd = len(bw.operands)
     added_args = []
     new_buffers = {}        # forward value -> (forward carry, backward carry)
-    for kind, what in plan.additions:
-        if kind == "thread":
-            arg = bedit.add(fwd.op.operands[what], loc)
-        elif kind == "buffer":
-            zero = loop_edit.stack_value(fwd, fedit, what)
+    for add in plan.additions:
+        if isinstance(add, ThreadCarry):
+            arg = bedit.add(fwd.op.operands[add.k], loc)
+        elif isinstance(add, NewBuffer):
+            zero = loop_edit.stack_value(fwd, fedit, add.value)
             arg = bedit.add(zero, loc)
-            new_buffers[what] = (len(fedit.inits) - 1, len(bedit.inits) - 1)
+            new_buffers[add.value] = (len(fedit.inits) - 1, len(bedit.inits) - 1)
             stats["stacked"] += 1
-        else:   # "result": a forward buffer the backward loop did not read yet
-            arg = bedit.add(fwd.op.results[what], loc)
+        else:   # ForwardResult
+            arg = bedit.add(fwd.op.results[add.k], loc)
         added_args.append(arg)
 
     built = []
@@ -429,7 +467,7 @@ def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats) -> None:
             job_of += 1
             _finish_job(plan.jobs[job_of - 1], value_of, stats)
             next_group()
-        if item.kind == "clone":
+        if isinstance(item, Clone):
             clone = item.op.clone(ip=ir.InsertionPoint(item.before))
             for old, src in item.sources.items():
                 new = value_of(src)
@@ -442,7 +480,7 @@ def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats) -> None:
             elif item.saved:
                 clone = _reuse_saved_stacks(clone, {k: value_of(s) for k, s in item.saved.items()})
             built.append(clone)
-        elif item.kind == "read":
+        elif isinstance(item, ReadSlot):
             built.append(loop_edit.read_slot(value_of(item.carry), item.index, item.before,
                                              item.type))
         else:
