@@ -260,12 +260,13 @@ def run(argv: list[str]) -> int:
             outputs.append(out)
             reports.append(report)
         except RematError as e:
+            located = RematError(e.located(filename))
             if args.verify_diagnostics:
-                produced.append(diagnostics.of_error(str(e)))
+                produced.append(diagnostics.of_error(str(located)))
             elif not args.split_input_file:
-                raise
+                raise located from None
             else:
-                errors.append(_format_error(e))
+                errors.append(_format_error(located))
         if args.verify_diagnostics:
             produced += [diagnostics.of_remark(r) for r in remarks]
             expected = diagnostics.expectations(chunk.decode("utf-8", errors="replace"))

@@ -247,7 +247,8 @@ class FunctionAnalysis:
         for i in indices:
             if not 0 <= i < self.nargs:
                 raise RematError(f"error: cotangent argument index {i} is out of range "
-                                 f"(@{self.name} has {self.nargs} arguments)")
+                                 f"(@{self.name} has {self.nargs} arguments)",
+                                 self.func_op.location)
         self.cotangent_indices = list(indices)
         self.cotangent_vids = frozenset(indices)
         if not indices:
@@ -279,7 +280,7 @@ class FunctionAnalysis:
                 f"'transpose(' name-stack frame.{hint}"
                 f"{'m' if calls else 'M'}ark the cotangent arguments with "
                 f"{{{contract.COTANGENT}}} (remat_passes.export_vjp does this), or pass "
-                "cotangent-args=<i,j,...> to remat-partial-eval.")
+                "cotangent-args=<i,j,...> to remat-partial-eval.", self.func_op.location)
         n = len(self.ops)
         backward = bytearray(n)
         bvalues = bytearray(self.nvalues)

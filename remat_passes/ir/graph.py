@@ -402,7 +402,7 @@ def find_func(module: ir.Module, name: str):
         raise RematError(f"error: no function @{name} in the module (functions: {listing})")
     if len(funcs[name].regions[0].blocks) == 0:
         raise RematError(f"error: @{name} is a declaration without a body; there is nothing "
-                         "to rewrite")
+                         "to rewrite", funcs[name].location)
     return funcs[name]
 
 

@@ -34,8 +34,22 @@ BYTECODE_MAGIC = b"ML\xefR"
 class RematError(Exception):
     """A user-facing error: bad input, bad options, a failed verification.
 
-    The CLI prints `str(error)` and exits 1 without a traceback.
+    The CLI prints `str(error)` and exits 1 without a traceback. `location`, when given,
+    is the `ir.Location` of the op or function the error is about: the CLI puts its
+    `file:line:col` in front, as `mlir-opt` does.
     """
+
+    def __init__(self, message: str, location=None):
+        super().__init__(message)
+        self.location = location
+
+    def located(self, filename: str | None = None) -> str:
+        """The message with `file:line:col: ` in front when it is about a place in the input."""
+        msg = str(self)
+        if self.location is None or not msg.startswith("error:"):
+            return msg
+        where = format_location(self.location, filename)
+        return msg if where in ("<unknown>", filename) else f"{where}: {msg}"
 
 
 _CONTEXT = None

@@ -213,7 +213,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         for i in self.cotangent_args:
             if not 0 <= i < nargs:
                 raise RematError(f"error: cotangent argument index {i} is out of range "
-                                 f"(@{self.func} has {nargs} arguments)")
+                                 f"(@{self.func} has {nargs} arguments)", f.location)
         marked = contract.cotangent_args(f)
         if marked and sorted(marked) != sorted(set(self.cotangent_args)):
             state.remarks.append(

@@ -50,7 +50,12 @@ def policy_verdict(policy, op):
             return v
         policy = policy.fallback
     info = op_info(op, policy.reads_attributes)
-    verdict = policy.verdict(info)
+    try:
+        verdict = policy.verdict(info)
+    except RematError as e:
+        if e.location is None:
+            e.location = op.location
+        raise
     if sys.getrefcount(info) > 2:   # our reference and getrefcount's own
         info.freeze()
     return verdict

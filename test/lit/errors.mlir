@@ -90,7 +90,7 @@
 // between): a function that does not exist (the functions are listed), a
 // function with no way to tell forward from backward (the message says how
 // to mark cotangents; the valid first part gives no error), a cotangent
-// index out of range.
+// index out of range. An error about a function is located at it.
 // (A BEGIN line is written first so that CHECK-NEXT can pin the first line.)
 // RUN: echo BEGIN > %t.nofunc
 // RUN: not remat-opt %s --split-input-file --remat-partial-eval='func=nope' 2>> %t.nofunc
@@ -107,12 +107,12 @@
 // NOFUNC-NEXT: error: no function @nope in the module (functions: @main)
 // NOCOT: BEGIN
 // NOCOT-NEXT: {{.*}}errors.mlir:{{[0-9]+}}:8: error: custom op 'stablehlo.bogus' is unknown
-// NOCOT-NEXT: error: cannot tell forward from backward in @main: no argument carries the 'remat.cotangent' attribute and no op location has a JAX 'transpose(' name-stack frame. Mark the cotangent arguments with {remat.cotangent} (remat_passes.export_vjp does this), or pass cotangent-args=<i,j,...> to remat-partial-eval.
+// NOCOT-NEXT: {{.*}}errors.mlir:{{[0-9]+}}:1: error: cannot tell forward from backward in @main: no argument carries the 'remat.cotangent' attribute and no op location has a JAX 'transpose(' name-stack frame. Mark the cotangent arguments with {remat.cotangent} (remat_passes.export_vjp does this), or pass cotangent-args=<i,j,...> to remat-partial-eval.
 // NOCOT-NOT: error
 // RANGE: BEGIN
-// RANGE-NEXT: error: cotangent argument index 3 is out of range (@main has 2 arguments)
+// RANGE-NEXT: {{.*}}errors.mlir:{{[0-9]+}}:1: error: cotangent argument index 3 is out of range (@main has 2 arguments)
 // RANGE-NEXT: {{.*}}errors.mlir:{{[0-9]+}}:8: error: custom op 'stablehlo.bogus' is unknown
-// RANGE-NEXT: error: cotangent argument index 3 is out of range (@main has 2 arguments)
+// RANGE-NEXT: {{.*}}errors.mlir:{{[0-9]+}}:1: error: cotangent argument index 3 is out of range (@main has 2 arguments)
 
 // The exit status is exactly 1 (argparse alone would exit 2).
 // RUN: sh -c 'remat-opt --canonicalise < /dev/null 2> /dev/null; test $? -eq 1'
