@@ -17,6 +17,10 @@ Arguments and results are the function's own pytrees in both forms:
 `donate_argnums` donates as `jax.jit` does (the donated inputs are deleted after the call).
 `jitted.lower(*args)` gives what was built for those arguments: the rewritten Module, the
 residuals, the remarks, the executables (for XLA's `memory_analysis()`).
+
+`cache_dir` (default: `$REMAT_PASSES_CACHE_DIR`; False: none) keeps the rewritten modules
+on disk, so that another process with the same program skips the pipeline (see
+`api/cache.py`; XLA's compilation has JAX's own cache).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from remat_passes.api import cache
 from remat_passes.api.remat import remat
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError
@@ -51,6 +56,7 @@ class Lowered:
     module: Module               # after the pipeline
     executables: tuple           # the compiled program(s): (joint,) or (fwd, bwd)
     run: Callable = dataclasses.field(repr=False)
+    from_cache: bool = False     # the rewrite was read from the disk cache
 
     @property
     def residuals(self) -> list:
@@ -112,13 +118,15 @@ class Jitted:
 
     def __init__(self, fun: Callable, *, policy=None, mode: str = "auto",
                  donate_argnums: int | Sequence[int] = (),
-                 static_argnums: int | Sequence[int] = (), prevent_cse: bool = True):
+                 static_argnums: int | Sequence[int] = (), prevent_cse: bool = True,
+                 cache_dir=None):
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.fun = fun
         self.policy = policy
         self.mode = mode
         self.prevent_cse = prevent_cse
+        self.cache_dir = cache.cache_dir(cache_dir)
         self.static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
                                            else set(static_argnums)))
         self.donate_argnums = tuple(sorted({donate_argnums} if isinstance(donate_argnums, int)
@@ -177,19 +185,35 @@ class Jitted:
         _keep_parameter_names(dynamic_fun, fun, statics)
         exported = export(dynamic_fun, *dynamic)
         mode = default_mode() if self.mode == "auto" else self.mode
+        module, hit = self._remat(exported, mode, dynamic_fun.__name__)
+        donated = self._donated_positions(static)
+        if mode == "joint":
+            lowered = self._build_joint(exported, module, dynamic, donated)
+        else:
+            lowered = self._build_split(exported, module, dynamic, donated)
+        lowered.from_cache = hit
+        return lowered
+
+    def _remat(self, exported, mode, name) -> tuple:
+        """The rewritten module, from the disk cache when it has it; (module, was it)."""
+        options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse)
+        entry = cache.key(exported, options) if self.cache_dir else None
+        if entry is not None:
+            module = cache.load(self.cache_dir, entry, exported)
+            if module is not None:
+                return module, True
         try:
-            module = remat(exported, self.policy, mode=mode, prevent_cse=self.prevent_cse)
+            module = remat(exported, **options)
         except RematError as e:
             if "cannot tell forward from backward" not in str(e):
                 raise
             raise RematError(
-                f"error: rp.jit: {dynamic_fun.__name__} has no backward pass (no jax.grad, "
+                f"error: rp.jit: {name} has no backward pass (no jax.grad, "
                 "jax.value_and_grad or jax.vjp inside): there is nothing to rematerialize; "
                 "use jax.jit") from None
-        donated = self._donated_positions(static)
-        if mode == "joint":
-            return self._build_joint(exported, module, dynamic, donated)
-        return self._build_split(exported, module, dynamic, donated)
+        if entry is not None:
+            cache.store(self.cache_dir, entry, module)
+        return module, False
 
     def _donated_positions(self, static) -> tuple:
         """Donated arguments as positions among the dynamic ones."""
@@ -345,14 +369,15 @@ def _placement(before: list, fwd_out: list, bwd_out: list) -> list:
 
 def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         donate_argnums: int | Sequence[int] = (), static_argnums: int | Sequence[int] = (),
-        prevent_cse: bool = True) -> Any:
+        prevent_cse: bool = True, cache_dir=None) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
     what the forward keeps. Usable as a decorator, with or without arguments. See the
-    module docstring for the modes."""
+    module docstring for the modes and `cache_dir`."""
     if fun is None:
         return functools.partial(jit, policy=policy, mode=mode, donate_argnums=donate_argnums,
-                                 static_argnums=static_argnums, prevent_cse=prevent_cse)
+                                 static_argnums=static_argnums, prevent_cse=prevent_cse,
+                                 cache_dir=cache_dir)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
-                  static_argnums=static_argnums, prevent_cse=prevent_cse)
+                  static_argnums=static_argnums, prevent_cse=prevent_cse, cache_dir=cache_dir)

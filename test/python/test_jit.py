@@ -205,3 +205,83 @@ def test_an_activation_budget_below_the_parameters_is_met(mode):
     assert 0 < kept <= budget < param_bytes, (kept, budget, param_bytes)
     assert any(r.argument for r in lowered.residuals)    # the arguments are kept, uncounted
     assert f"budget {budget} B of activations" in lowered.remarks[0]
+
+
+# ------------------------------------------------------------------ disk cache --
+def _grad_step(w, x):
+    return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(jnp.sin(x @ w) @ w)))(w)
+
+
+W, X = jnp.ones((4, 4)) * 0.1, jnp.ones((2, 4))
+
+
+def run(jitted):
+    """Call and lower from one place: the exported program holds the source position of
+    the call, and the cache's key is the program."""
+    return jitted(W, X), jitted.lower(W, X)
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_disk_cache_serves_a_new_jitted_without_the_pipeline(tmp_path, monkeypatch, mode):
+    """A second rp.jit of the same program with the same cache directory reads the rewrite
+    from disk: the pipeline does not run (it would raise here), and the program, its
+    residuals and its remarks are those of the first build."""
+    want, built = run(rp.jit(_grad_step, policy="nothing_saveable", mode=mode,
+                             cache_dir=tmp_path))
+    assert not built.from_cache
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".mlirbc"]
+
+    def no_pipeline(*args, **kwargs):
+        raise AssertionError("the pipeline ran although the cache has the program")
+    monkeypatch.setattr("remat_passes.api.jit.remat", no_pipeline)
+    got, cached = run(rp.jit(_grad_step, policy="nothing_saveable", mode=mode,
+                             cache_dir=tmp_path))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert cached.from_cache
+    assert [str(r) for r in cached.residuals] == [str(r) for r in built.residuals]
+    assert [str(r) for r in cached.remarks] == [str(r) for r in built.remarks]
+    np.testing.assert_allclose(want, jax.jit(_grad_step)(W, X), rtol=1e-6)
+
+
+def test_disk_cache_keys_on_the_options_and_skips_python_policies(tmp_path, monkeypatch):
+    for options in ({"policy": "nothing_saveable"}, {"policy": "dots_saveable"},
+                    {"policy": "dots_saveable", "prevent_cse": False}):
+        assert not run(rp.jit(_grad_step, cache_dir=tmp_path, **options))[1].from_cache
+    assert len(list(tmp_path.glob("*.mlirbc"))) == 3
+    assert run(rp.jit(_grad_step, policy="dots_saveable", cache_dir=tmp_path))[1].from_cache
+    # a policy of the user's own is Python code: nothing says what it decides
+    run(rp.jit(_grad_step, policy=lambda op: op.name == "stablehlo.sine", cache_dir=tmp_path))
+    assert len(list(tmp_path.glob("*.mlirbc"))) == 3
+    # the environment variable names the directory when the argument does not
+    monkeypatch.setenv("REMAT_PASSES_CACHE_DIR", str(tmp_path / "env"))
+    assert not run(rp.jit(_grad_step, policy="nothing_saveable"))[1].from_cache
+    assert run(rp.jit(_grad_step, policy="nothing_saveable"))[1].from_cache
+    assert not run(rp.jit(_grad_step, policy="nothing_saveable", cache_dir=False))[1].from_cache
+
+
+def test_a_damaged_cache_entry_is_a_miss_and_is_written_again(tmp_path):
+    run(rp.jit(_grad_step, policy="nothing_saveable", cache_dir=tmp_path))
+    (entry,) = tmp_path.glob("*.mlirbc")
+    entry.write_bytes(b"ML\xefR garbage")
+    got, again = run(rp.jit(_grad_step, policy="nothing_saveable", cache_dir=tmp_path))
+    np.testing.assert_allclose(got, jax.jit(_grad_step)(W, X), rtol=1e-6)
+    assert not again.from_cache
+    assert run(rp.jit(_grad_step, policy="nothing_saveable", cache_dir=tmp_path))[1].from_cache
+
+
+def test_disk_cache_is_read_by_another_process(tmp_path):
+    """The real use: a second Python process finds the first one's rewrite."""
+    import subprocess
+    import sys
+    script = (
+        "import jax, jax.numpy as jnp, remat_passes as rp\n"
+        "def f(w, x):\n"
+        "    return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(jnp.sin(x @ w) @ w)))(w)\n"
+        f"j = rp.jit(f, policy='nothing_saveable', cache_dir={str(tmp_path)!r})\n"
+        "w, x = jnp.ones((4, 4)) * 0.1, jnp.ones((2, 4))\n"
+        "j(w, x)\n"
+        "print(j.lower(w, x).from_cache)\n")
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=300) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
+    assert [r.stdout.split()[-1] for r in runs] == ["False", "True"]

@@ -8,6 +8,10 @@ same step with `jax.checkpoint(loss, policy)` (JAX's own remat): the median step
 round by round so that load on the shared machine hits all alike, and XLA's
 `memory_analysis()` of what ran (temp + arguments + outputs; the split form runs two
 executables, the backward's arguments being what the forward handed over: the larger).
+
+`cold_start` times the first call of a fresh process (export, remat, compile, run), each in
+its own Python process: with no cache, with rp.jit's disk cache of rewritten modules, and
+with it and JAX's compilation cache, beside `jax.jit` without and with JAX's cache.
 """
 from __future__ import annotations
 
@@ -116,11 +120,74 @@ def measure(steps: int = 20, log=print) -> dict:
             jax.block_until_ready(fn(params, state, x, y))
             times[name].append(time.perf_counter() - t0)
     losses = {name: float(fn(params, state, x, y)[2]) for name, fn in runs.items()}
-    return {"meta": common.machine(), "steps": steps,
+    cold = cold_start(log)
+    return {"meta": common.machine(), "steps": steps, "cold_start": cold,
             "model": {"d": D, "heads": HEADS, "t": T, "batch": BATCH, "layers": LAYERS},
             "rows": [{"name": name, "times": times[name], "memory": memory[name],
                       "loss": losses[name], "build_s": compile_s.get(name)}
                      for name in runs]}
+
+
+COLD_POLICY, COLD_MODE = "nothing_saveable", "split"
+
+
+def first_call(kind: str, rp_cache: str | None, jax_cache: str | None) -> dict:
+    """In this (fresh) process: seconds to the first step's result, through `kind`
+    ("rp.jit" or "jax.jit"), with the caches given (None: none)."""
+    import optax
+
+    import remat_passes as rp
+    if jax_cache:
+        jax.config.update("jax_compilation_cache_dir", jax_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    opt = optax.adamw(1e-3)
+    params = init(jax.random.key(0))
+    state = opt.init(params)
+    x = jax.random.normal(jax.random.key(1), (BATCH, T, D))
+    y = jax.random.normal(jax.random.key(2), (BATCH, T, D))
+    step = make_step(loss, opt)
+    jax.block_until_ready((params, state, x, y))
+    fn = rp.jit(step, policy=COLD_POLICY, mode=COLD_MODE, cache_dir=rp_cache or False) \
+        if kind == "rp.jit" else jax.jit(step)
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(params, state, x, y))
+    seconds = time.perf_counter() - t0
+    if kind != "rp.jit":
+        return {"seconds": seconds, "from_cache": None, "pipeline_s": None}
+    lowered = fn.lower(params, state, x, y)
+    return {"seconds": seconds, "from_cache": lowered.from_cache,
+            "pipeline_s": sum(t for _, t in getattr(lowered.module, "timings", []))}
+
+
+def cold_start(log=print, repeat: int = 2) -> list[dict]:
+    """First-call seconds of fresh processes (best of `repeat`), caches as named."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    def fresh(kind, rp_cache, jax_cache) -> dict:
+        code = ("import json; from tools.benchmarks import train; "
+                f"print(json.dumps(train.first_call({kind!r}, {rp_cache!r}, {jax_cache!r})))")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rp_dir, jax_dir, jit_dir = (f"{tmp}/{n}" for n in ("rp", "jax", "jit"))
+        fresh("rp.jit", rp_dir, jax_dir)          # fills both caches
+        fresh("jax.jit", None, jit_dir)
+        for name, args in (("rp.jit, no cache", ("rp.jit", None, None)),
+                           ("rp.jit, rp cache", ("rp.jit", rp_dir, None)),
+                           ("rp.jit, rp cache + JAX cache", ("rp.jit", rp_dir, jax_dir)),
+                           ("jax.jit, no cache", ("jax.jit", None, None)),
+                           ("jax.jit, JAX cache", ("jax.jit", None, jit_dir))):
+            runs = [fresh(*args) for _ in range(repeat)]
+            best = min(runs, key=lambda r: r["seconds"])
+            rows.append({"name": name, **best})
+            log(f"train: first call, {name}: {best['seconds']:.2f} s")
+    return rows
 
 
 def checks(data) -> list[tuple[str, bool]]:
@@ -144,6 +211,14 @@ def checks(data) -> list[tuple[str, bool]]:
             close = abs(r["loss"] - rows["jax.jit"]["loss"]) <= 2e-5 * abs(rows["jax.jit"]["loss"])
             out.append((f"{name}: loss {r['loss']:.6f} = jax.jit's {rows['jax.jit']['loss']:.6f}",
                         close))
+    cold = {r["name"]: r for r in data.get("cold_start", [])}
+    if cold:
+        out.append(("a fresh process reads the rewrite from rp.jit's disk cache",
+                    bool(cold["rp.jit, rp cache"]["from_cache"])))
+        a = cold["rp.jit, no cache"]["pipeline_s"]
+        b = cold["rp.jit, rp cache"]["pipeline_s"]
+        out.append((f"with the disk cache the pipeline takes {b:.2f} s (without: {a:.2f} s)",
+                    b == 0 < a))
     return out
 
 
@@ -172,6 +247,18 @@ def render(data) -> str:
         build = f"{r['build_s']:.1f} s" if r["build_s"] is not None else ""
         parts.append(f"| {r['name']} | {med * 1000:.1f} ms | {med / base:.2f} | "
                      f"{common.xla_peak(r['memory']):,} B | {build} |")
+    cold = data.get("cold_start")
+    if cold:
+        parts += ["", f"The first call of a fresh process (`{COLD_POLICY}`, {COLD_MODE}; best of "
+                  "2 processes): export, remat and XLA's compilation, then one step. rp.jit's "
+                  "disk cache (`cache_dir=`, `$REMAT_PASSES_CACHE_DIR`) skips the pipeline; "
+                  "JAX's compilation cache skips XLA's compilation.", "",
+                  "| first call | seconds | of which the remat pipeline | rewrite from the disk "
+                  "cache |", "|---|---:|---:|---|"]
+        for r in cold:
+            hit = "" if r["from_cache"] is None else "yes" if r["from_cache"] else "no"
+            pipe = "" if r["pipeline_s"] is None else f"{r['pipeline_s']:.2f}"
+            parts.append(f"| {r['name']} | {r['seconds']:.2f} | {pipe} | {hit} |")
     parts += ["", "Checks:", ""]
     parts += [f"- {'pass' if ok else 'MISS'}: {text}" for text, ok in checks(data)]
     return "\n".join(parts) + "\n"
