@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlir-print-debuginfo", action="store_true",
                    help="print locations in the output")
     p.add_argument("--emit-bytecode", action="store_true", help="write MLIR bytecode")
+    p.add_argument("--emit-exported", action="store_true",
+                   help="write @main as a serialized jax.export.Exported; an input that was "
+                        "one keeps its calling convention (pytrees), others get a flat one")
     p.add_argument("--print-saved-residuals", action="store_true",
                    help="print the residuals each remat-partial-eval saves, one per line as "
                         "JAX prints them (runs remat-partial-eval with its defaults if the "
@@ -230,6 +233,7 @@ def _process(data: bytes, steps: list, args, filename: str, remarks_to=None) -> 
         sys.stderr.write("".join(f"remat-opt: remark: {text}\n"
                                  for text in _remarks(state.remarks, args.all_remarks)))
     out = module.bytecode() if args.emit_bytecode else \
+        module.serialize_exported() if args.emit_exported else \
         module.text(debug_info=args.mlir_print_debuginfo).encode()
     return out, report
 
@@ -247,8 +251,12 @@ def run(argv: list[str]) -> int:
     if args.print_saved_residuals and not any(s.name in ("remat-partial-eval", "remat")
                                               for s in steps):
         steps = [make_pass("inline", {}), make_pass("remat-partial-eval", {})] + steps
-    if args.emit_bytecode and args.split_input_file:
-        raise RematError("error: --emit-bytecode cannot be combined with --split-input-file")
+    binary = "--emit-bytecode" if args.emit_bytecode else \
+        "--emit-exported" if args.emit_exported else None
+    if args.emit_bytecode and args.emit_exported:
+        raise RematError("error: use either --emit-bytecode or --emit-exported, not both")
+    if binary and args.split_input_file:
+        raise RematError(f"error: {binary} cannot be combined with --split-input-file")
     filename = "<stdin>" if args.input == "-" else args.input
     data = _read_input(args.input)
     outputs, reports, errors = [], [], []
@@ -275,7 +283,7 @@ def run(argv: list[str]) -> int:
         sys.stderr.write("\n".join(errors) + "\n")
         return 1
     joiner = f"\n{SPLIT_MARKER}\n".encode()
-    result = outputs[0] if args.emit_bytecode else joiner.join(o.rstrip(b"\n") for o in outputs) + b"\n"
+    result = outputs[0] if binary else joiner.join(o.rstrip(b"\n") for o in outputs) + b"\n"
     if args.print_saved_residuals or args.print_memory or args.print_pareto:
         sys.stdout.write(f"{SPLIT_MARKER}\n".join(reports))
         if args.output != "-":

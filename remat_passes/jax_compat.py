@@ -219,6 +219,15 @@ def make_exported(**fields):
     return jax_export.Exported(**fields)
 
 
+def serialize_exported(exp) -> bytes:
+    """`exp.serialize()`. jax <= 0.11.0 refuses an Exported made without named shardings
+    (`_has_named_shardings` False); ours has none to give (each is None: unspecified,
+    which its serialization writes as such)."""
+    if not getattr(exp, "_has_named_shardings", True):
+        exp = dataclasses.replace(exp, _has_named_shardings=True)
+    return exp.serialize()
+
+
 def exported_module_bytes(data: bytes) -> bytes:
     """The serialized StableHLO module inside a serialized `jax.export.Exported`, read from
     its flatbuffer without rebuilding the rest (`jax.export.deserialize` also rebuilds the
@@ -227,6 +236,43 @@ def exported_module_bytes(data: bytes) -> bytes:
     from jax._src.export import serialization as ser
     root = ser.ser_flatbuf.Exported.GetRootAsExported(bytearray(data))
     return root.MlirModuleSerializedAsNumpy().tobytes()
+
+
+def replace_exported_module(data: bytes, module_bytes: bytes) -> bytes:
+    """A serialized `jax.export.Exported` with its module replaced, everything else (the
+    calling convention's pytrees, avals, shardings, platforms, effects) byte for byte as it
+    was, so that no pytree type needs to be registered here. The new module is appended as
+    a flatbuffer vector and the root table's field is pointed at it (a flatbuffer offset
+    points forward, so an appended vector can always be reached); the old one stays behind
+    as dead bytes."""
+    import inspect
+    import struct
+
+    from jax._src.export import serialization as ser
+    buf = bytearray(data)
+    root = ser.ser_flatbuf.Exported.GetRootAsExported(buf, 0)
+    # the vtable slot of the module field, from JAX's own generated reader
+    slot = int(re.search(r"Offset\((\d+)\)", inspect.getsource(
+        type(root).MlirModuleSerializedLength)).group(1))
+    o = root._tab.Offset(slot)
+    if o == 0:
+        raise ValueError("the serialized Exported has no module")
+    field = root._tab.Pos + o
+    buf += bytes(-len(buf) % 4)                 # a vector's length is 4-byte aligned
+    vector = len(buf)
+    buf += struct.pack("<I", len(module_bytes)) + bytes(module_bytes)
+    struct.pack_into("<I", buf, field, vector - field)
+    return bytes(buf)
+
+
+def export_target_version() -> str:
+    """The StableHLO version `jax.export` serializes for (what a JAX four weeks older reads)."""
+    from jax.extend.mlir.dialects import stablehlo
+    try:
+        return stablehlo.get_version_from_compatibility_requirement(
+            stablehlo.StablehloCompatibilityRequirement.WEEK_4)
+    except AttributeError:   # pragma: no cover - older jaxlib
+        return stablehlo.get_current_version()
 
 
 # ---------------------------------------------------------------- policies --

@@ -23,6 +23,10 @@ class Module:
         self.exported = exported          # jax.export.Exported or None
         self.residuals = None             # set by remat(): what partial-eval saved
         self.remarks = []                 # set by remat(): what partial-eval wants said
+        # parsed from a serialized Exported: its bytes and @main's type then (the calling
+        # convention `serialize_exported` keeps, also where its pytrees cannot be rebuilt)
+        self.serialized_origin: bytes | None = None
+        self.origin_signature: str | None = None
         # names of symbolic argument dimensions (symbolic.argument_dims), read while the
         # module still has them: `inline` erases them, and reports name `f32[b,4]` by them
         self.dim_symbols = dim_symbols if dim_symbols is not None else \
@@ -56,12 +60,18 @@ class Module:
         if not allow_empty and not raw.strip():
             raise RematError(f"{filename or '<input>'}: error: empty input: no module to parse")
         op, exported = mlir.parse(data, filename)
-        return cls(op, exported=exported, filename=filename)
+        module = cls(op, exported=exported, filename=filename)
+        if mlir.is_binary(raw) and raw[:4] != mlir.BYTECODE_MAGIC:   # a serialized Exported
+            module.serialized_origin = raw
+            module.origin_signature = graph.main_signature(op)
+        return module
 
     def clone(self) -> "Module":
         copy = Module(mlir.clone(self.op), self.exported, self.region_policies, self.filename,
                       self.dim_symbols)
         copy.exported_signature = self.exported_signature
+        copy.serialized_origin, copy.origin_signature = \
+            self.serialized_origin, self.origin_signature
         return copy
 
     # --------------------------------------------------------------- out --
@@ -92,6 +102,13 @@ class Module:
         mlir.verify(self.op.operation, self.filename)
 
     # ----------------------------------------------------------- compile --
+    def serialize_exported(self) -> bytes:
+        """@main as a serialized `jax.export.Exported` (`jax.export.deserialize` reads it).
+        A module parsed from one keeps its calling convention (its pytrees), as long as the
+        passes kept @main's type; others get a flat one."""
+        from remat_passes.jax import run
+        return run.serialize_exported(self)
+
     def to_exported(self, function: str = "main"):
         from remat_passes.jax import run
         return run.to_exported(self, function)

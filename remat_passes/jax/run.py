@@ -15,7 +15,7 @@ import numpy as np
 from jax import export as jax_export
 
 from remat_passes import jax_compat
-from remat_passes.ir import contract, graph
+from remat_passes.ir import contract, graph, mlir
 from remat_passes.ir.mlir import RematError, func, ir
 from remat_passes.sharding import gspmd
 
@@ -68,6 +68,32 @@ def _single_function_module(module, function: str):
                                list(block.arguments))
             func.ReturnOp(list(call.results))
     return copy
+
+
+def serialize_exported(module) -> bytes:
+    """@main of `module` as a serialized jax.export.Exported (`Module.serialize_exported`).
+    Its module is a StableHLO portable artifact for the version `jax.export` targets."""
+    if graph.main_signature(module.op) is None:
+        raise RematError("error: no @main to write as a jax.export.Exported (mode=split makes "
+                         "@main_fwd and @main_bwd: write the joint form, or the halves as MLIR)")
+    copy = _single_function_module(module, "main")
+    artifact = mlir.to_portable_artifact(copy.op, jax_compat.export_target_version())
+    now = graph.main_signature(copy.op)
+    origin = module.serialized_origin
+    was = module.origin_signature if origin is not None else \
+        module.exported_signature if module.exported is not None else None
+    if was is not None and now != was:
+        raise RematError(
+            "error: cannot write a jax.export.Exported with the calling convention of the "
+            f"function: @main was {was} and is now {now} (the passes changed its type)")
+    if origin is not None:     # byte for byte, but the module: no pytree type needed here
+        return jax_compat.replace_exported_module(origin, artifact)
+    exp = module.exported if module.exported is not None else to_exported(module)
+    try:
+        return jax_compat.serialize_exported(
+            dataclasses.replace(exp, mlir_module_serialized=artifact))
+    except ValueError as e:    # a pytree type not registered for serialization
+        raise RematError(f"error: cannot serialize the calling convention: {e}") from None
 
 
 def to_exported(module, function: str = "main"):

@@ -11,6 +11,7 @@ import sys
 import typing
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import remat_passes as rp
@@ -497,6 +498,63 @@ def test_reads_an_exported_whose_pytrees_it_cannot_rebuild(tmp_path):
     assert "f32[3,3] from the argument state.momentum" in proc.stdout.decode()
     proc = remat_opt(path, "--remat=policy=nothing_saveable")
     assert proc.returncode == 0 and "func.func public @main" in proc.stdout.decode()
+    # --emit-exported writes it back with its calling convention: loaded back here, it
+    # takes and returns the step's NamedTuple, and computes what jax.jit(step) does
+    out = tmp_path / "step.remat.exported"
+    proc = remat_opt(path, "--remat=policy=nothing_saveable", "--emit-exported", "-o", out)
+    assert proc.returncode == 0, proc.stderr.decode()
+    back = export.deserialize(bytearray(out.read_bytes()))
+    state = _StepState(jnp.ones((3, 3)), jnp.int32(4))
+    got, want = back.call(w, state, x), jax.jit(step)(w, state, x)
+    assert isinstance(got[1], _StepState)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert "optimization_barrier" in str(rp.Module.parse(out.read_bytes()))   # rewritten
+
+
+def test_emit_exported_round_trips_an_optax_train_step(tmp_path):
+    """The issue's case: a jax.export of an optax AdamW train step, its NamedTuples
+    registered as JAX asks (in this process only); remat-opt rewrites it and writes an
+    Exported whose call returns the train step's pytree, equal to jax.jit's."""
+    import jax
+    import optax
+    from jax import export
+
+    for t in (optax.ScaleByAdamState, optax.EmptyState):
+        try:
+            export.register_namedtuple_serialization(t, serialized_name=f"optax.{t.__name__}")
+        except ValueError:
+            pass
+    opt = optax.adamw(1e-2)
+
+    def step(params, opt_state, x):
+        value, grads = jax.value_and_grad(
+            lambda p: jnp.sum(jnp.tanh(jnp.sin(x @ p["w"]) @ p["v"])))(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, {"loss": value}
+    params = {"w": jnp.full((4, 4), 0.1), "v": jnp.full((4, 4), 0.2)}
+    state, x = opt.init(params), jnp.ones((2, 4))
+    path = tmp_path / "train_step.exported"
+    path.write_bytes(export.export(jax.jit(step))(params, state, x).serialize())
+    out = tmp_path / "train_step.remat.exported"
+    proc = remat_opt(path, "--remat=policy=nothing_saveable", "--emit-exported", "-o", out)
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = export.deserialize(bytearray(out.read_bytes())).call(params, state, x)
+    want = jax.jit(step)(params, state, x)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    # the split form has no @main with that convention: a clear error, no output file
+    bad = tmp_path / "split.exported"
+    proc = remat_opt(path, "--remat=policy=nothing_saveable mode=split", "--emit-exported",
+                     "-o", bad)
+    assert proc.returncode == 1 and not bad.exists()
+    assert proc.stderr.decode().strip() == (
+        "remat-opt: error: no @main to write as a jax.export.Exported (mode=split makes "
+        "@main_fwd and @main_bwd: write the joint form, or the halves as MLIR)")
+    proc = remat_opt(path, "--emit-exported", "--emit-bytecode")
+    assert proc.returncode == 1 and "not both" in proc.stderr.decode()
 
 
 def test_verify_diagnostics_fails_on_a_wrong_or_missing_expectation(tmp_path):
