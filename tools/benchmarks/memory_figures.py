@@ -2,7 +2,7 @@
 
 For an 8-layer MLP and a transformer block (`models.mlp_model`,
 `models.transformer_model`), each policy in joint and split form, by
-`remat_passes.memory.estimate_memory` (program order, no buffer reuse, device
+`rp.estimate_memory` (program order, no buffer reuse, device
 bytes: how memory is judged on CPU, where XLA undoes recomputation inside one
 program):
 
@@ -77,7 +77,8 @@ def _mib(n: int) -> str:
 
 def render(data) -> str:
     parts = ["## Static memory figures", "",
-             "The static peak estimate (`remat_passes.memory.estimate_memory`: program order, "
+             "The static peak estimate (`rp.estimate_memory`, `remat_passes/cost/memory.py`: "
+             "program order, "
              "no buffer reuse, device bytes) of a joint VJP without remat and under several "
              "policies, and of the split halves. The last row of each table moves the first "
              "policy's recomputation to the start of the backward pass: what just-in-time "

@@ -210,7 +210,8 @@ def render_models(data, png_rel, extra_md=None) -> str:
         "`test/python/test_flops.py`). The scanned tables' "
         "percentages are therefore not XLA numbers, and only comparable within those tables.",
         "- **peak (joint)**: the static program-order liveness estimate "
-        "`remat_passes.memory.estimate_memory(...).peak_bytes` of our joint form "
+        "`remat_passes.cost.memory.estimate_memory(...).peak_bytes` (`rp.estimate_memory`) of "
+        "our joint form "
         "(`rp.remat(..., mode='joint')`) and, for reference, of JAX's own joint program "
         "(the StableHLO of `jax.jit(jax.value_and_grad(f_ckpt))`, same estimator).",
         "- **pass ms**: `rp.remat(module, policy, mode='split')` / `mode='joint'` (clone + "
