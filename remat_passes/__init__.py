@@ -24,7 +24,8 @@ _EXPORTS = {
     "Module": "jax.module", "load": "jax.module",
     "remat": "api.remat", "run_pipeline": "passes.manager", "parse_pipeline": "passes.manager",
     "jit": "api.jit",
-    **{name: "api.sweeps" for name in ("ParetoPoint", "pareto", "bounds", "recompute_seconds")},
+    **{name: "api.sweeps" for name in ("ParetoPoint", "pareto", "bounds", "recompute_seconds",
+                                       "PolicyPoint", "policy_points", "plot_pareto")},
     **{name: "api.residuals" for name in (
         "Residual", "print_fwd_bwd", "print_saved_residuals", "saved_residuals")},
 }
@@ -35,7 +36,8 @@ __all__ = [
     "checkpoint", "checkpoint_name", "policies", "remat", "run_pipeline", "parse_pipeline",
     "saved_residuals", "print_saved_residuals", "print_fwd_bwd", "Residual", "RematError",
     "estimate_memory", "format_memory", "MemoryEstimate", "FunctionMemory",
-    "pareto", "ParetoPoint", "bounds", "recompute_seconds",
+    "pareto", "ParetoPoint", "bounds", "recompute_seconds", "policy_points", "PolicyPoint",
+    "plot_pareto",
     "jit",
     "__version__",
 ]

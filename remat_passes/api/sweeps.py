@@ -124,35 +124,66 @@ class ParetoPoint:
     method: str
 
 
+@dataclasses.dataclass
+class PolicyPoint:
+    """A fixed policy measured as `pareto` measures its plans."""
+    policy: str
+    activation_bytes: int
+    host_bytes: int
+    extra_flops: float
+    extra_pct: float
+    joint_peak: int
+
+
+# the policies `policy_points` measures by default: JAX's fixed ones that need no names
+FIXED_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable",
+                  "everything_saveable")
+
+
+class _Measure:
+    """Activation bytes, host bytes, extra FLOPs and the joint peak of a policy's plan, the
+    same way for every plan of a sweep (FLOPs over the no-remat split form's)."""
+
+    def __init__(self, module, func: str):
+        self.module, self.func = module, func
+        self.base = self._flops(remat(module, None, mode="split", func=func))
+
+    def _flops(self, split) -> float:
+        return flops.function_flops(split, f"{self.func}_fwd") + \
+            flops.function_flops(split, f"{self.func}_bwd")
+
+    def __call__(self, policy) -> tuple:
+        """(split module, activation bytes, host bytes, extra FLOPs, extra %, joint peak)."""
+        split = remat(self.module, policy, mode="split", func=self.func)
+        joint = remat(self.module, policy, mode="joint", func=self.func)
+        extra = self._flops(split) - self.base
+        host = sum(r.bytes for r in split.residuals if r.offload is not None and
+                   r.offload.dst in ("pinned_host", "unpinned_host"))
+        return (split, activation_bytes(split.residuals), host, extra,
+                extra / self.base * 100 if self.base else 0.0,
+                estimate_memory(joint)[self.func].peak_bytes)
+
+
 def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
            func: str = "main", solver: str = "auto") -> list[ParetoPoint]:
     """Budget -> activation bytes, extra FLOPs, joint peak and solve time, for a sweep of
     budgets (by default `points` from the minimum to no remat). A larger budget never
     costs more: a point whose plan costs more than the plan of a smaller budget takes
-    that plan instead. A progress bar (on a terminal) shows once it takes a second."""
-    base = remat(module, None, mode="split", func=func)
-    base_flops = flops.function_flops(base, f"{func}_fwd") + \
-        flops.function_flops(base, f"{func}_bwd")
+    that plan instead. A progress bar (on a terminal) shows once it takes a second.
+    `plot_pareto` draws the result."""
+    measure = _Measure(module, func)
     lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device))
     if budgets is None:
         budgets = sorted({int(lo + (hi - lo) * k / max(points - 1, 1)) for k in range(points)})
     out = []
-    best = None      # (budget, point) of the cheapest plan so far
+    best = None      # the cheapest plan so far
     progress = Progress(len(budgets), "pareto: planning budgets")
     for b in sorted(budgets):
         progress.advance()
-        policy = auto(b, offload=offload, device=device, solver=solver)
-        split = remat(module, policy, mode="split", func=func)
-        joint = remat(module, policy, mode="joint", func=func)
+        split, dev, host, extra, pct, peak = measure(
+            auto(b, offload=offload, device=device, solver=solver))
         rep = split.plan_reports[0]
-        total = flops.function_flops(split, f"{func}_fwd") + \
-            flops.function_flops(split, f"{func}_bwd")
-        dev = activation_bytes(split.residuals)
-        host = sum(r.bytes for r in split.residuals if r.offload is not None and
-                   r.offload.dst in ("pinned_host", "unpinned_host"))
-        point = ParetoPoint(b, dev, host, total - base_flops,
-                            (total - base_flops) / base_flops * 100 if base_flops else 0.0,
-                            estimate_memory(joint)[func].peak_bytes, rep.solution.seconds,
+        point = ParetoPoint(b, dev, host, extra, pct, peak, rep.solution.seconds,
                             rep.solution.method)
         if best is not None and best.extra_flops < point.extra_flops:
             point = dataclasses.replace(best, budget=b, solve_seconds=point.solve_seconds)
@@ -160,6 +191,52 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
         out.append(point)
     progress.close()
     return out
+
+
+def policy_points(module, policies=FIXED_POLICIES, func: str = "main") -> list[PolicyPoint]:
+    """Each fixed policy (specs, or policies of `rp.policies` / JAX) measured as `pareto`
+    measures its plans: where the hand-picked choices sit beside the sweep."""
+    from remat_passes.policy.policies import as_policy
+    measure = _Measure(module, func)
+    out = []
+    for policy in policies:
+        _, dev, host, extra, pct, peak = measure(policy)
+        out.append(PolicyPoint(as_policy(policy).spec, dev, host, extra, pct, peak))
+    return out
+
+
+def plot_pareto(points: list[ParetoPoint], fixed: list[PolicyPoint] | None = None, *,
+                module=None, func: str = "main", ax=None, path: str | None = None):
+    """Extra FLOPs (% over no remat) against the activation bytes kept: the sweep as a
+    step line, and the fixed policies as labelled points (`fixed`, or measured on `module`
+    with `policy_points`). Returns matplotlib's Axes; `path` also saves the figure there.
+    Needs matplotlib (`pip install "remat_passes[plot]"`)."""
+    try:
+        import matplotlib
+        if ax is None and path is not None:
+            matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plot_pareto needs matplotlib: pip install \"remat_passes[plot]\" "
+                          "(or pip install matplotlib)") from None
+    if fixed is None and module is not None:
+        fixed = policy_points(module, func=func)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 4.2))
+    xs = [q.activation_bytes for q in points]
+    ys = [q.extra_pct for q in points]
+    ax.step(xs, ys, where="post", marker="o", ms=3, label="auto(budget=...)")
+    for q in fixed or []:
+        ax.scatter([q.activation_bytes], [q.extra_pct], marker="s", color="black", zorder=3)
+        ax.annotate(q.policy, (q.activation_bytes, q.extra_pct), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("activation bytes kept for the backward")
+    ax.set_ylabel("extra FLOPs (% over no remat)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right")
+    if path is not None:
+        ax.figure.savefig(path, bbox_inches="tight", dpi=120)
+    return ax
 
 
 def format_pareto(points: list[ParetoPoint]) -> str:

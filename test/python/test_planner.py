@@ -8,6 +8,7 @@ against the exact integer program.
 from __future__ import annotations
 
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -269,6 +270,32 @@ def test_pareto_is_monotone():
         assert b.extra_flops <= a.extra_flops + 1e-6
         assert a.activation_bytes <= a.budget
     assert "budget | activations (device)" in format_pareto(points)
+
+
+def test_policy_points_and_the_plot(tmp_path, monkeypatch):
+    """Fixed policies measured as the sweep measures its plans (the split form's activation
+    bytes, its extra FLOPs over no remat), and the one-call plot of both."""
+    _, _, m = case("block")
+    fixed = rp.policy_points(m, ["nothing_saveable", "everything_saveable"])
+    assert [q.policy for q in fixed] == ["nothing_saveable", "everything_saveable"]
+    nothing, everything = fixed
+    split = rp.remat(m, "nothing_saveable", mode="split")
+    assert nothing.activation_bytes == activation_bytes(split.residuals) == 0
+    assert nothing.extra_flops > 0 and everything.extra_flops == 0
+    assert everything.activation_bytes > 0
+    points = pareto(m, points=3)
+    # the sweep's ends are the fixed policies' ends: no recompute at the largest budget
+    assert points[-1].extra_flops == 0
+    assert points[0].extra_flops <= nothing.extra_flops + 1e-6
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "pareto.png"
+    ax = rp.plot_pareto(points, fixed, path=str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(t.get_text() for t in ax.texts) == ["everything_saveable", "nothing_saveable"]
+    assert len(ax.lines[0].get_xdata()) == 3
+    monkeypatch.setitem(sys.modules, "matplotlib", None)    # as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install \"remat_passes\[plot\]\""):
+        rp.plot_pareto(points)
 
 
 def test_auto_as_a_region_policy():
