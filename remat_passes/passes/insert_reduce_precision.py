@@ -23,6 +23,11 @@ the matching argument of `@<f>_bwd`). Inside scan loop pairs, the stacked
 per-iteration values the forward body also uses are rounded where the backward
 loop recomputes (split form: where a backward loop of `@<f>_bwd` does).
 
+A residual offloaded to another memory is not rounded either: the backward reads the
+copy written there, never what the forward computed (JAX rounds the residuals the
+forward itself reads; an offloaded one is the device_put's result, which it does not),
+and a rounding would keep the value twice, the unrounded one in scratch memory.
+
 A residual the backward only reads back is not rounded: the backward then reads
 what the program without remat reads (the value written to memory), so a policy
 that recomputes nothing (`everything_saveable`, or a plan that keeps everything)
@@ -126,12 +131,17 @@ def _scopes(op, scope_re) -> tuple:
     return graph.scope_chain_of_stack(graph.name_stack(op), scope_re)
 
 
+def _moved(placement) -> bool:
+    return placement is not None and placement.src != placement.dst
+
+
 def round_stacked(loop) -> None:
-    """Round each stacked per-iteration value the forward body also uses itself."""
+    """Round each stacked per-iteration value the forward body also uses itself (not one
+    offloaded to another memory)."""
     for s in loop.stacked.values():
         v, bits = s.value, contract.float_format(s.value.type)
         wrap = s.dus.operands[1].owner.operation
-        if not bits or isinstance(v, ir.BlockArgument):
+        if not bits or isinstance(v, ir.BlockArgument) or _moved(contract.offload_of(v.owner)):
             continue
         if any(op_id(u.owner) != op_id(wrap) for u in v.uses):
             round_value(v, bits, loop.body)
@@ -186,6 +196,8 @@ class InsertReducePrecision(ModulePass):
                 forward_uses = [u for u in v.uses
                                 if u.owner.operation.name != "func.return"
                                 and not a.is_backward(a.top_level(u.owner.operation))]
+                if _moved(contract.offload_of(v.owner)):
+                    continue
                 if self._wanted(v, forward_uses, v, recomputes_inside):
                     op = round_value(v, contract.float_format(v.type), a.block)
                     if op is not None:
@@ -201,6 +213,9 @@ class InsertReducePrecision(ModulePass):
         for k, i in enumerate(contract.residual_results(fwd)):
             v = ret.operands[i]
             if isinstance(v, ir.BlockArgument):
+                continue
+            if _moved(contract.offload_entry(fwd, "res_attrs", i)) or \
+                    _moved(contract.offload_of(v.owner)):
                 continue
             uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
             if self._wanted(v, uses, bwd_args[k], recomputes_inside):

@@ -119,10 +119,11 @@ module @through_barrier {
 
 // -----
 
-// As after insert-reduce-precision (which runs first in the pipeline): the
-// offloaded dot is rounded right after it and both passes read the rounded
-// value. The rounded value is the residual that moves: the host copy is made
-// of it, the forward keeps reading it, the backward reads the device copy.
+// An offloaded dot that the input rounds right after it, both halves reading the
+// rounded value (insert-reduce-precision does not round offloaded residuals, as
+// JAX does not; a program may still have its own rounding there). The rounded
+// value is the residual that moves: the host copy is made of it, the forward
+// keeps reading it, the backward reads the device copy.
 // CHECK-LABEL: module @rounded_residual
 // CHECK: %[[D:.*]] = stablehlo.dot_general %arg0, %arg1
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[D]], format = e8m7
@@ -180,7 +181,7 @@ module @split {
 
 // -----
 
-// Split, after insert-reduce-precision: @main_fwd returns the rounded residual,
+// Split, with the input's own rounding: @main_fwd returns the rounded residual,
 // and that is what is annotated to the host.
 // CHECK-LABEL: module @split_rounded
 // CHECK: func.func @main_fwd

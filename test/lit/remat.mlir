@@ -117,27 +117,28 @@
 // CLEAN-NOT: remat.name
 // CLEAN: return
 
-// offload_dot_with_no_batch_dims, joint: the (rounded) dot goes to pinned_host
-// right after it is made and rounded, the forward reads it on device, and the
-// backward reads a device copy made right before its first use (the barrier).
+// offload_dot_with_no_batch_dims, joint: the dot goes to pinned_host right after
+// it is made, the forward reads it on device, and the backward reads a device copy
+// made right before its first use (the barrier). An offloaded residual is not
+// rounded (as in JAX: the forward does not read the host copy).
 // OFFLOAD-LABEL: module @layer
+// OFFLOAD-NOT: reduce_precision
 // OFFLOAD: %[[D:.*]] = stablehlo.dot_general
-// OFFLOAD-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[D]], format = e8m23
-// OFFLOAD-NEXT: %[[H:.*]] = stablehlo.custom_call @annotate_device_placement(%[[R]]) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "pinned_host"}} : (tensor<4xf32>) -> tensor<4xf32>
-// OFFLOAD-NEXT: %[[T:.*]] = stablehlo.tanh %[[R]]
+// OFFLOAD-NEXT: %[[H:.*]] = stablehlo.custom_call @annotate_device_placement(%[[D]]) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "pinned_host"}} : (tensor<4xf32>) -> tensor<4xf32>
+// OFFLOAD-NEXT: %[[T:.*]] = stablehlo.tanh %[[D]]
 // OFFLOAD-NEXT: %[[S:.*]] = stablehlo.sine %[[T]]
 // OFFLOAD-NEXT: %[[V:.*]] = stablehlo.custom_call @annotate_device_placement(%[[H]]) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "device"}} : (tensor<4xf32>) -> tensor<4xf32>
 // OFFLOAD-NEXT: %[[B1:.*]]:2 = stablehlo.optimization_barrier %[[V]], %arg2 :
 // OFFLOAD-NOT: remat.offload
 // OFFLOAD: return %[[S]]
 
-// offload_dot_with_no_batch_dims, split: the rounded dot is returned as a
-// pinned_host residual and annotated back to device in @main_bwd.
+// offload_dot_with_no_batch_dims, split: the dot is returned as a pinned_host
+// residual (not rounded) and annotated back to device in @main_bwd.
 // OFFSPLIT-LABEL: module @layer
+// OFFSPLIT-NOT: reduce_precision
 // OFFSPLIT: func.func @main_fwd({{.*}}tensor<4xf32> {mhlo.memory_kind = "pinned_host", {{.*}}remat.residual = {{.*}}})
 // OFFSPLIT: %[[D:.*]] = stablehlo.dot_general
-// OFFSPLIT-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[D]], format = e8m23 : tensor<4xf32>
-// OFFSPLIT-NEXT: %[[H:.*]] = stablehlo.custom_call @annotate_device_placement(%[[R]]) {{.*}}_xla_buffer_placement = "pinned_host"
+// OFFSPLIT-NEXT: %[[H:.*]] = stablehlo.custom_call @annotate_device_placement(%[[D]]) {{.*}}_xla_buffer_placement = "pinned_host"
 // OFFSPLIT: return {{.*}}, %[[H]] :
 // OFFSPLIT: func.func @main_bwd({{.*}}%arg2: tensor<4xf32> {mhlo.memory_kind = "pinned_host"
 // OFFSPLIT-NEXT: %[[V:.*]] = stablehlo.custom_call @annotate_device_placement(%arg2) {{.*}}_xla_buffer_placement = "device"

@@ -553,6 +553,25 @@ def test_offload_annotations_match_jax_for_cuda(name):
         f"ours: {dict(annotations(str(ours)))}, JAX: {dict(expected)}")
 
 
+@pytest.mark.parametrize("mode", ["joint", "split"])
+@pytest.mark.parametrize("name", list(OFFLOAD_POLICIES))
+def test_offloaded_residuals_are_not_rounded_as_in_jax(name, mode):
+    """JAX rounds the residuals the forward itself reads; an offloaded one is the copy put
+    in host memory, which it does not, so JAX rounds none of them: neither do we (a
+    rounding would also hold the unrounded value in scratch memory beside the copy)."""
+    jax_policy, our_policy = OFFLOAD_POLICIES[name]
+    args = _offload_args()
+    ct = jnp.ones(jax.eval_shape(_offload_fun, *args).shape, jnp.float32)
+    theirs = jax.export.export(jax.jit(_jax_joint_vjp(_offload_fun, jax_policy)),
+                               platforms=["cuda"])(*args, ct).mlir_module()
+    m = rp.export_vjp(_offload_fun, *args, platforms=["cuda"])
+    ours = str(rp.remat(m, our_policy, mode=mode))
+    assert ours.count("stablehlo.reduce_precision") == theirs.count("stablehlo.reduce_precision")
+    rounded = set(re.findall(r"(%\S+) = stablehlo\.reduce_precision", ours))
+    to_host = re.findall(r"@annotate_device_placement\((%[^)]+)\)[^\n]*pinned_host", ours)
+    assert to_host and not rounded & set(to_host)
+
+
 @pytest.mark.parametrize("name", list(OFFLOAD_POLICIES))
 def test_offload_split_marks_memory_kinds(name):
     """Split form: each offloaded residual leaves @main_fwd annotated to the host
