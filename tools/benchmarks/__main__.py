@@ -1,14 +1,15 @@
-"""python -m tools.benchmarks {models,budgets,scaling,memory,startup,train,gpu,render,all} [options]
+"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,gpu,render,all} [options]
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
   scaling  pass time and memory against module size          -> results/scaling.json
   memory   static peak-memory figures                        -> results/memory.json
+  xla      XLA's memory of our split halves beside JAX's       -> results/xla.json
   startup  remat-opt start-up time against `import jax`      -> results/startup.json
   train    a training step through rp.jit beside jax.jit     -> results/train.json
   gpu      XLA memory and step time of every plan (on a GPU)  -> results/gpu.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
-  all      the six measurements, then render (about 1.5 hours on 2 cores)
+  all      the seven measurements, then render (about 1.5 hours on 2 cores)
 
 Run from the repository root after `pip install -e ".[bench]"`.
 """
@@ -67,6 +68,24 @@ def run_memory(argv) -> None:
     _log(f"wrote {common.write_json('memory', memory_figures.measure())}")
 
 
+def run_xla(argv) -> None:
+    from tools.benchmarks import common, xla_memory
+    from tools.benchmarks.models import MODELS
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks xla")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma-separated subset of {','.join(MODELS)}")
+    args = ap.parse_args(argv)
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+    data = xla_memory.measure(keys, _log)
+    _log(f"wrote {common.write_json('xla', data)}")
+    for text, ok in xla_memory.checks(data):
+        if not ok:
+            _log(f"check failed: {text}")
+
+
 def run_startup(argv) -> None:
     from tools.benchmarks import common, startup
     ap = argparse.ArgumentParser(prog="python -m tools.benchmarks startup")
@@ -104,8 +123,8 @@ def run_gpu(argv) -> None:
 
 
 def main(argv: list[str]) -> int:
-    commands = ("models", "budgets", "scaling", "memory", "startup", "train", "gpu", "render",
-                "all")
+    commands = ("models", "budgets", "scaling", "memory", "xla", "startup", "train", "gpu",
+                "render", "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -119,6 +138,8 @@ def main(argv: list[str]) -> int:
         scaling.main(rest if command == "scaling" else [])
     if command in ("memory", "all"):
         run_memory(rest if command == "memory" else [])
+    if command in ("xla", "all"):
+        run_xla(rest if command == "xla" else [])
     if command in ("startup", "all"):
         run_startup(rest if command == "startup" else [])
     if command in ("train", "all"):

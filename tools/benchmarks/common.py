@@ -126,24 +126,29 @@ def fmt_res(dev, host) -> str:
 
 # ---------------------------------------------------------- XLA's memory --
 def xla_memory(compiled) -> dict:
-    """XLA's `memory_analysis()` of a compiled executable: temp, argument and output bytes,
-    and the peak and host temp bytes where the backend reports them."""
+    """XLA's `memory_analysis()` of a compiled executable: temp, argument, output and
+    aliased (donated argument reused for an output) bytes, and host temp bytes where the
+    backend reports them."""
     m = compiled.memory_analysis()
     out = {"temp": int(m.temp_size_in_bytes), "args": int(m.argument_size_in_bytes),
-           "out": int(m.output_size_in_bytes)}
-    peak = getattr(m, "peak_memory_in_bytes", None)
-    if peak:
-        out["peak"] = int(peak)
+           "out": int(m.output_size_in_bytes), "alias": int(m.alias_size_in_bytes)}
     host = getattr(m, "host_temp_size_in_bytes", None)
     if host:
         out["host_temp"] = int(host)
+    reported = getattr(m, "peak_memory_in_bytes", None)
+    if reported:      # kept for reference: on CPU it leaves the temp buffer out
+        out["reported_peak"] = int(reported)
     return out
 
 
+def xla_footprint(m: dict) -> int:
+    """What one executable holds on the device while it runs: its arguments, its outputs
+    (less those written into donated arguments) and its scratch (temp) buffer. (XLA:CPU's
+    `peak_memory_in_bytes` leaves the temp buffer out, so it is not used.)"""
+    return m["temp"] + m["args"] + m["out"] - m.get("alias", 0)
+
+
 def xla_peak(memory: list) -> int:
-    """One executable: its peak where reported, else temp + arguments + outputs. Two (a
-    split form, forward then backward): the larger of the two, the backward's arguments
-    being the residuals the forward handed over."""
-    def whole(m):
-        return m.get("peak") or m["temp"] + m["args"] + m["out"]
-    return max(whole(m) for m in memory)
+    """One executable: its footprint. Two (a split form, forward then backward): the larger
+    of the two, the backward's arguments being the residuals the forward handed over."""
+    return max(xla_footprint(m) for m in memory)

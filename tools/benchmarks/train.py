@@ -6,8 +6,8 @@ projections and the MLP activation) trained with optax AdamW. For each policy an
 same step with `jax.checkpoint(loss, policy)` (JAX's own remat): the median step time of
 `--steps` steps after 3 warm-up steps (`block_until_ready`), the commands interleaved
 round by round so that load on the shared machine hits all alike, and XLA's
-`memory_analysis()` of what ran (temp + arguments + outputs; the split form runs two
-executables, the backward's arguments being what the forward handed over: the larger).
+`memory_analysis()` of what ran (temp + arguments + outputs - aliased; the split form runs
+two executables, the backward's arguments being what the forward handed over: the larger).
 
 `cold_start` times the first call of a fresh process (export, remat, compile, run), each in
 its own Python process: with no cache, with rp.jit's disk cache of rewritten modules, and
@@ -233,7 +233,8 @@ def render(data) -> str:
              "`jax.checkpoint(loss, P)`. Median of "
              f"{data['steps']} steps after 3 warm-up steps, interleaved ({meta['cpus']} CPUs, "
              f"jax {meta['jax']}, commit {meta['commit']}); memory is XLA's "
-             "`memory_analysis()` of the executables that ran: temp + arguments + outputs, and "
+             "`memory_analysis()` of the executables that ran: temp + arguments + outputs, less "
+             "outputs written into donated arguments (`common.xla_footprint`), and "
              "for the split form the larger of its two executables. On CPU XLA undoes the "
              "recomputation of a joint program, so the joint rows save nothing there; the split "
              "form keeps the recomputation, but its backward executable holds the forward it "

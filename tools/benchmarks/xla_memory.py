@@ -1,0 +1,152 @@
+"""Memory as XLA allocates it: our split halves beside JAX's, the estimate's error, and XLA's
+footprint along a sweep of `auto` budgets.
+
+For each comparison model and each policy applied to the whole model, both split forms are
+compiled with XLA on this backend: ours (`rp.remat(..., mode="split")`: `main_fwd`, then
+`main_bwd`) and JAX's (`jax.vjp` of `jax.checkpoint(model, policy)`, forward and backward
+jitted separately, as in the models benchmark). From XLA's `memory_analysis()` of each
+executable: temp (scratch) bytes, argument and output bytes; the footprint of a half is
+temp + arguments + outputs - aliased (`common.xla_footprint`). Beside them, our static
+estimate of each half (`rp.estimate_memory(...)[half].peak_bytes`) and its error against
+XLA's footprint.
+
+Then, per model, `auto(budget=b)` for 10 budgets from the least a plan can keep to no remat:
+the activation bytes the plan keeps and XLA's footprint of the larger half, which should not
+rise as the budget falls.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import remat_passes as rp
+from remat_passes.core.residuals import activation_bytes
+from remat_passes.cost.memory import estimate_memory
+from tools.benchmarks import common
+from tools.benchmarks.cases import cases_for, jax_function
+from tools.benchmarks.models import MODELS, _identity
+
+SWEEP_POINTS = 10
+TEMP_SLACK = 1.02          # ours <= JAX's + 2%
+ESTIMATE_TOLERANCE = 0.15  # |estimate - XLA| / XLA
+
+
+def _jax_halves(fun, args) -> list[dict]:
+    store = {}
+
+    def fwd(*a):
+        out, vjp_fn = jax.vjp(fun, *a)
+        leaves, store["tree"] = jax.tree_util.tree_flatten(vjp_fn)
+        return out, leaves
+    fwd_c = jax.jit(fwd).lower(*args).compile()
+    out, leaves = fwd_c(*args)
+
+    def bwd(leaves, ct):
+        return jax.tree_util.tree_unflatten(store["tree"], leaves)(ct)
+    bwd_c = jax.jit(bwd).lower(leaves, jnp.ones_like(out)).compile()
+    return [common.xla_memory(fwd_c), common.xla_memory(bwd_c)]
+
+
+def _our_halves(split, args) -> list[dict]:
+    fwd_c = rp.compile(split, "main_fwd").lower(*args).compile()
+    res = fwd_c(*args)
+    bwd_c = rp.compile(split, "main_bwd").lower(*res[1:], jnp.ones_like(res[0])).compile()
+    est = estimate_memory(split)
+    halves = []
+    for name, compiled in (("main_fwd", fwd_c), ("main_bwd", bwd_c)):
+        m = common.xla_memory(compiled)
+        m["estimate"] = int(est[name].peak_bytes)
+        halves.append(m)
+    return halves
+
+
+def measure(keys=tuple(MODELS), log=print) -> dict:
+    rows, sweeps = [], []
+    for key in keys:
+        model = MODELS[key]()
+        module = rp.export_vjp(model.build(_identity), *model.args)
+        for case in cases_for(model):
+            if case.kind not in ("whole", "plain"):
+                continue
+            split = rp.remat(module, case.our_policy, mode="split")
+            rows.append({"model": key, "policy": case.label, "short": case.short,
+                         "ours": _our_halves(split, model.args),
+                         "jax": _jax_halves(jax_function(model, case), model.args),
+                         "activations": activation_bytes(split.residuals)})
+            log(f"xla: {key} {case.short}")
+        lo, hi = rp.bounds(module)
+        points = []
+        for k in range(SWEEP_POINTS):
+            b = int(lo + (hi - lo) * k / (SWEEP_POINTS - 1))
+            split = rp.remat(module, rp.policies.auto(b), mode="split")
+            halves = _our_halves(split, model.args)
+            points.append({"budget": b, "halves": halves,
+                           "activations": activation_bytes(split.residuals)})
+        sweeps.append({"model": key, "points": points})
+        log(f"xla: {key} sweep of {SWEEP_POINTS} budgets")
+    return {"meta": common.machine(), "rows": rows, "sweeps": sweeps}
+
+
+def _ratio(a: int, b: int) -> float:
+    return a / b if b else (1.0 if a == 0 else float("inf"))
+
+
+def checks(data) -> list[tuple[str, bool]]:
+    """Temp bytes of each half <= JAX's + 2%; XLA's footprint never rises as the budget
+    falls (+2%); the estimate within 15% of XLA's footprint of each half."""
+    out = []
+    for r in data["rows"]:
+        for i, half in enumerate(("fwd", "bwd")):
+            ours, theirs = r["ours"][i]["temp"], r["jax"][i]["temp"]
+            out.append((f"{r['model']} {r['short']} {half}: temp {ours:,} B vs JAX's "
+                        f"{theirs:,} B", ours <= theirs * TEMP_SLACK))
+            fp = common.xla_footprint(r["ours"][i])
+            err = abs(r["ours"][i]["estimate"] - fp) / fp if fp else 0.0
+            out.append((f"{r['model']} {r['short']} {half}: estimate off XLA's footprint by "
+                        f"{err:.0%}", err <= ESTIMATE_TOLERANCE))
+    for s in data["sweeps"]:
+        peaks = [common.xla_peak(p["halves"]) for p in s["points"]]
+        worst = max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)),
+                    default=1.0)
+        out.append((f"{s['model']} sweep: XLA footprint at a budget at most {worst:.3f}x "
+                    "that of any larger budget", worst <= TEMP_SLACK))
+    return out
+
+
+def render(data) -> str:
+    meta = data["meta"]
+    parts = ["## Memory as XLA allocates it", "",
+             "XLA's `memory_analysis()` of each split half on the "
+             f"{meta['backend']} backend ({meta['cpus']} CPUs, jax {meta['jax']}, commit "
+             f"{meta['commit']}): ours (`rp.remat(..., mode='split')`) beside JAX's split of "
+             "`jax.checkpoint(model, policy)` (`jax.vjp`, forward and backward jitted "
+             "separately). **temp** is XLA's scratch buffer; **footprint** = temp + arguments "
+             "+ outputs - aliased; **estimate** is `rp.estimate_memory` of the half and its "
+             "error against XLA's footprint. Regenerate with `python -m tools.benchmarks xla`.",
+             "", "| model | policy | fwd temp ours / JAX | bwd temp ours / JAX | fwd footprint "
+             "ours / JAX | bwd footprint ours / JAX | estimate error fwd / bwd |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        o, j = r["ours"], r["jax"]
+        cells = []
+        for i in (0, 1):
+            cells.append(f"{o[i]['temp']:,} / {j[i]['temp']:,} "
+                         f"({_ratio(o[i]['temp'], j[i]['temp']):.2f})")
+        for i in (0, 1):
+            a, b = common.xla_footprint(o[i]), common.xla_footprint(j[i])
+            cells.append(f"{a:,} / {b:,} ({_ratio(a, b):.2f})")
+        errs = [(o[i]["estimate"] - common.xla_footprint(o[i])) / common.xla_footprint(o[i])
+                for i in (0, 1)]
+        cells.append(" / ".join(f"{e:+.0%}" for e in errs))
+        parts.append(f"| {r['model']} | `{r['policy']}` | " + " | ".join(cells) + " |")
+    parts += ["", f"`auto(budget=b)` along {SWEEP_POINTS} budgets from the least a plan can "
+              "keep to no remat: activation bytes kept and XLA's footprint of the larger "
+              "half.", "", "| model | budget | activations | XLA footprint |",
+              "|---|---:|---:|---:|"]
+    for s in data["sweeps"]:
+        for p in s["points"]:
+            parts.append(f"| {s['model']} | {p['budget']:,} | {p['activations']:,} | "
+                         f"{common.xla_peak(p['halves']):,} |")
+    parts += ["", "Checks:", ""]
+    parts += [f"- {'pass' if ok else 'MISS'}: {text}" for text, ok in checks(data)]
+    return "\n".join(parts) + "\n"
