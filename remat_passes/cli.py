@@ -15,6 +15,10 @@ import difflib
 import os
 import sys
 
+# jaxlib's C++ logs its device count at INFO once our MLIR context exists; a command-line
+# tool should not print that (read when the library starts: set before it is loaded)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
 from remat_passes import __version__
 from remat_passes.core.residuals import residual_bytes_text
 from remat_passes.cost.memory import estimate_memory, format_memory
@@ -128,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-memory", action="store_true",
                    help="print a static peak-live-bytes estimate of each public function after "
                         "the pipeline, one line per function (the module goes to -o only)")
+    p.add_argument("--memory-model", choices=("program-order", "xla"), default="program-order",
+                   help="the model of --print-memory: program order with no reuse (default), "
+                        "or what XLA's buffer assignment does on the backend JAX uses (kept "
+                        "arguments, fusion, in-place ops, copies of returned arguments)")
     p.add_argument("--print-pareto", action="store_true",
                    help="print, for a sweep of memory budgets, what auto(budget=...) keeps "
                         "and recomputes (residual bytes, extra FLOPs, joint peak, solve time) "
@@ -205,7 +213,13 @@ def _process(data: bytes, steps: list, args, filename: str, remarks_to=None) -> 
                  print_after=args.mlir_print_ir_after_all)
     report = ""
     if args.print_memory:
-        estimate = estimate_memory(module.op, dim_symbols=state.dim_symbols)
+        backend = None
+        if args.memory_model == "xla":
+            import jax
+            backend = jax.default_backend()
+            report += f"// memory model: xla ({backend} backend)\n"
+        estimate = estimate_memory(module.op, dim_symbols=state.dim_symbols,
+                                   model=args.memory_model, backend=backend)
         report += format_memory(estimate) + "\n"
     if args.print_pareto:
         from remat_passes.api.sweeps import format_pareto, pareto

@@ -40,6 +40,25 @@ dimensions (`symbolic.DimNames`), and `format_memory` prints them.
 Everything is O(number of ops): one pass computes last uses, one sweep
 accumulates live bytes.
 
+`model="xla"` models, on top of that, what XLA's buffer assignment does to live ranges
+(calibrated on XLA:CPU, `python -m tools.benchmarks xla`):
+
+* the caller's arguments stay allocated for the whole call, unless donated
+  (`jax.buffer_donor` or `tf.aliasing_output`): then until their last use;
+* every result slot is a buffer of its own: a returned argument is copied;
+* constants are literals of the executable, not memory the program allocates;
+* fusion: an elementwise op (or a broadcast, a convert, a reshape) whose only reader is
+  another such op, or a reduce, is computed inside its reader and never stored; its
+  reader reads its operands instead;
+* a reshape is a bitcast (an alias of its operand);
+* an elementwise op whose operand dies there writes its result into that operand's
+  buffer when the two have the same size;
+* on the CPU backend there is one memory: what is placed in host memory counts.
+
+What it does not model is XLA's own scheduling: XLA:CPU may move a recomputation
+earlier than where it is written and hold its results longer (the backward halves of
+the GPT under `dots_saveable`: XLA's scratch is 3x the estimate's).
+
 For a split module (`<f>_fwd` / `<f>_bwd` from `remat(..., mode="split")`)
 both functions are estimated on their own; `residual_bytes` of `<f>_fwd` is
 the total of its results marked `remat.residual`, which is what the caller
@@ -57,6 +76,18 @@ __all__ = ["FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory
            "format_bytes"]
 
 _TERMINATORS = ("func.return", "stablehlo.return")
+MODELS = ("program-order", "xla")
+
+_ELEMENTWISE = frozenset("stablehlo." + n for n in (
+    "abs add and atan2 cbrt ceil clamp compare complex convert cosine divide exponential "
+    "exponential_minus_one floor imag is_finite log log_plus_one logistic maximum minimum "
+    "multiply negate not or popcnt power real remainder round_nearest_afz round_nearest_even "
+    "rsqrt select shift_left shift_right_arithmetic shift_right_logical sign sine sqrt "
+    "subtract tan tanh xor reduce_precision").split())
+# computed inside the op that reads them (XLA's loop fusion)
+_FUSIBLE = _ELEMENTWISE | {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
+_FUSES_INPUTS = _FUSIBLE | {"stablehlo.reduce"}
+_DONATED = ("jax.buffer_donor", "tf.aliasing_output")
 
 
 @dataclasses.dataclass
@@ -144,8 +175,11 @@ class _Sweep:
 
 
 class _Estimator:
-    def __init__(self, module_op, dim_symbols=None):
+    def __init__(self, module_op, dim_symbols=None, model: str = "program-order",
+                 one_memory: bool = False):
         self.module_op = module_op
+        self.xla = model == "xla"
+        self.host_kinds = frozenset() if one_memory else contract.HOST_KINDS
         self.dim_symbols = dim_symbols or {}
         self._funcs = None
         self._callee_peaks: dict[str, int] = {}
@@ -187,19 +221,42 @@ class _Estimator:
         return best
 
     # ---------------------------------------------------------- the sweep --
-    def sweep(self, block, count_args: bool, host_args=frozenset()) -> _Sweep:
+    def _fused(self, op) -> bool:
+        """model="xla": is `op` computed inside its only reader (never stored)?"""
+        if op.name not in _FUSIBLE or len(op.results) != 1:
+            return False
+        users = list(op.results[0].uses)
+        return len(users) == 1 and users[0].owner.operation.name in _FUSES_INPUTS
+
+    def _aliases(self, op) -> bool:
+        return _is_alias_op(op) or (self.xla and op.name == "stablehlo.reshape")
+
+    def sweep(self, block, count_args: bool, host_args=frozenset(),
+              kept_args=frozenset()) -> _Sweep:
+        """`kept_args` (model="xla"): arguments the caller keeps for the whole call."""
         ops = [op.operation for op in block.operations]
         n = len(ops)
         has_term = n > 0 and ops[-1].name in _TERMINATORS
-        # Pass 1: last use of every buffer (aliases resolved to their root).
+        # Pass 1: last use of every buffer (aliases resolved to their root; a fused value
+        # is read where its reader runs, as the buffers it reads).
         root: dict = {}
         last: dict = {}
+        fused: dict = {}     # (model="xla") fused value -> the buffers it reads
         for i, op in enumerate(ops):
+            reads = []
             for v in graph.read_values(op):
-                last[root.get(v, v)] = i
-            if _is_alias_op(op):
+                reads += fused.get(v, [root.get(v, v)])
+            for r in reads:
+                last[r] = i
+            if self.xla and self._fused(op) and not (has_term and op == ops[-1]):
+                fused[op.results[0]] = list(dict.fromkeys(reads))
+            elif self._aliases(op):
                 for r, o in zip(op.results, op.operands):
                     root[r] = root.get(o, o)
+        if self.xla:
+            for a in block.arguments:
+                if a.arg_number in kept_args:
+                    last[a] = n
         # Pass 2: the sweep.
         free_at: dict = defaultdict(int)
         size: dict = {}   # buffer (root value) -> the bytes counted for it
@@ -221,16 +278,23 @@ class _Estimator:
                     r = root.get(v, v)
                     if r in seen:
                         dup += size.get(r, 0)
+                    elif self.xla and (isinstance(r, ir.BlockArgument) or r not in size):
+                        dup += graph.type_bytes(r.type)   # an argument or literal: copied
                     seen.add(r)
                 if live + dup > peak:
                     peak, peak_index, peak_op = live + dup, i, op
                 break
             produced = 0
-            if not _is_alias_op(op) and contract.placement(op) not in contract.HOST_KINDS:
+            if self.xla and (op.results and op.results[0] in fused
+                             or op.name == "stablehlo.constant"):
+                pass     # computed inside its reader / a literal of the executable
+            elif not self._aliases(op) and contract.placement(op) not in self.host_kinds:
                 for r in op.results:
                     b = size[r] = graph.type_bytes(r.type)
                     produced += b
                     free_at[last.get(r, i)] += b
+                if self.xla and op.name in _ELEMENTWISE and len(op.results) == 1:
+                    produced -= self._reused(op, root, last, size, free_at, i)
             during = live + produced
             if len(op.regions) or op.name == "func.call":
                 during += self._internal_bytes(op)
@@ -240,6 +304,18 @@ class _Estimator:
             timeline.append(live)
         return _Sweep(peak, peak_index, peak_op, timeline, len(timeline))
 
+    @staticmethod
+    def _reused(op, root, last, size, free_at, i) -> int:
+        """Bytes of an operand that dies at elementwise op `op` (index i) and whose buffer
+        its result takes (same size): they are not allocated again."""
+        want = size.get(op.results[0], 0)
+        for v in op.operands:
+            r = root.get(v, v)
+            if last.get(r) == i and size.get(r) == want and want:
+                free_at[i] -= want       # the operand's buffer is not freed: it goes on
+                return want
+        return 0
+
     # ------------------------------------------------------- one function --
     def function(self, func_op) -> FunctionMemory:
         name = graph.func_name(func_op)
@@ -247,8 +323,13 @@ class _Estimator:
         ftype = func_op.type
         host_args = frozenset(i for i in range(len(ftype.inputs))
                               if contract.memory_kind(func_op, "arg_attrs", i)
-                              in contract.HOST_KINDS)
-        s = self.sweep(block, count_args=True, host_args=host_args)
+                              in self.host_kinds)
+        kept = frozenset()
+        if self.xla:
+            entries = contract.all_entries(func_op, "arg_attrs")
+            kept = frozenset(i for i, e in enumerate(entries)
+                             if not any(k in e for k in _DONATED))
+        s = self.sweep(block, count_args=True, host_args=host_args, kept_args=kept)
         arg_bytes = sum(graph.type_bytes(t) for t in ftype.inputs)
         res_bytes = sum(graph.type_bytes(t) for t in ftype.results)
         residual = None
@@ -313,7 +394,8 @@ def _select(est: _Estimator, function) -> list[str]:
     return names
 
 
-def estimate_memory(module, function=None, dim_symbols=None) -> MemoryEstimate:
+def estimate_memory(module, function=None, dim_symbols=None,
+                    model: str = "program-order", backend: str | None = None) -> MemoryEstimate:
     """Static peak-memory estimate of the functions of `module`.
 
     `module` is a `remat_passes.Module` (or an `ir.Module`). `function` is a
@@ -322,15 +404,27 @@ def estimate_memory(module, function=None, dim_symbols=None) -> MemoryEstimate:
     See the module docstring for the model (program order, no reuse, regions
     approximated by their largest internal peak). `dim_symbols` names symbolic
     argument dimensions (`symbolic.argument_dims`; by default the Module's, or read
-    from the module).
+    from the module). `model="xla"` adds what XLA's buffer assignment does to live
+    ranges (arguments held by the caller, fusion, in-place elementwise ops, copies of
+    returned arguments): see the module docstring. `backend` ("cpu", "gpu", "tpu"; by
+    default JAX's) matters to that model only: XLA:CPU has one memory, so what is placed
+    in host memory counts as device memory there.
     """
+    if model not in MODELS:
+        raise RematError(f"error: unknown memory model {model!r}; known: {', '.join(MODELS)}")
     from remat_passes.ir.symbolic import argument_dims
     module_op = getattr(module, "op", module)
     with module_op.context:
         dim_symbols = getattr(module, "dim_symbols", None) if dim_symbols is None \
             else dim_symbols
+        one_memory = False
+        if model == "xla":
+            if backend is None:
+                import jax
+                backend = jax.default_backend()
+            one_memory = backend == "cpu"
         est = _Estimator(module_op, argument_dims(module_op) if dim_symbols is None
-                         else dim_symbols)
+                         else dim_symbols, model, one_memory)
         names = _select(est, function)
         funcs = est.functions()
         return MemoryEstimate({n: est.function(funcs[n]) for n in names})
