@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 from jax import export as jax_export
 
 from remat_passes import jax_compat
-from remat_passes.ir import contract, graph
+from remat_passes.ir import contract, graph, mlir
 
 jax_compat.check_installed_version(("jax",))   # jaxlib was checked by `import remat_passes`
 from remat_passes.ir.mlir import RematError, ir, stablehlo
@@ -157,8 +158,15 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
         for i in range(n_out_leaves, nres):
             contract.set_entry(main, "res_attrs", i, contract.GRADIENT, ir.UnitAttr.get())
         _record_regions(module)
-    module.exported = exported
+    module.exported = _with_module(exported, module)
     return module
+
+
+def _with_module(exported, module: Module):
+    """`exported` carrying `module`'s own IR (the marks and region specs added here), so
+    that `module.exported.serialize()`, read back by remat-opt, is the module the passes
+    see here: otherwise a cotangent with no mark is taken for a saved input."""
+    return dataclasses.replace(exported, mlir_module_serialized=mlir.to_bytecode(module.op))
 
 
 def export(fun, *args, platforms=None) -> Module:
@@ -180,6 +188,7 @@ def export(fun, *args, platforms=None) -> Module:
     module = from_exported(exported)
     with module.op.context:
         _record_regions(module)
+    module.exported = _with_module(exported, module)
     return module
 
 

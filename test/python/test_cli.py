@@ -585,3 +585,30 @@ def test_verify_diagnostics_fails_on_a_wrong_or_missing_expectation(tmp_path):
                    "  return %y : tensor<4xf32>\n}\n")
     assert remat_opt(bad, "--verify-diagnostics", "--inline").returncode == 0
     assert remat_opt(bad, "--inline").returncode == 1
+
+
+def test_a_serialized_export_vjp_keeps_its_cotangent_marks(tmp_path):
+    """`rp.export_vjp(...).exported.serialize()` read by remat-opt: the cotangent is an
+    argument of the backward, not a saved residual (the Exported carries the module with
+    the marks export_vjp adds), so the CLI lists what the Python API lists."""
+    import jax
+
+    def f(W, x):
+        return jnp.sum(jnp.sin(jnp.tanh(x @ W) @ W))
+    m = rp.export_vjp(f, jnp.full((4, 4), 0.1), jnp.ones((2, 4)))
+    api = [str(r) for r in rp.remat(m, "dots_saveable").residuals]
+    path = tmp_path / "vjp.exported"
+    path.write_bytes(m.exported.serialize())
+    proc = remat_opt(path, "--print-saved-residuals", "--remat=policy=dots_saveable")
+    assert proc.returncode == 0, proc.stderr.decode()
+    lines = proc.stdout.decode().splitlines()
+    assert lines[0] == f"// saved residuals of @main: {len(api)} values, " \
+                       f"{sum(r.bytes for r in rp.remat(m, 'dots_saveable').residuals)} bytes"
+    assert lines[1:1 + len(api)] == api
+    assert not any("from the argument cotangent" in ln for ln in lines), lines
+    # and the Exported still runs as the joint VJP
+    out = jax.export.deserialize(bytearray(path.read_bytes())).call(
+        jnp.full((4, 4), 0.1), jnp.ones((2, 4)), jnp.float32(1.0))
+    want = jax.grad(f, argnums=(0, 1))(jnp.full((4, 4), 0.1), jnp.ones((2, 4)))
+    for a, b in zip(jax.tree.leaves(out[1]), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
