@@ -419,6 +419,10 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
              budgets.render(results["budgets"], os.path.relpath(pareto_path, page.parent)),
              scaling.render(results["scaling"]), memory_figures.render(results["memory"]),
              startup.render(results["startup"])]
+    allocated = common.read_json("xla")       # (optional: python -m tools.benchmarks xla)
+    if allocated is not None:
+        from tools.benchmarks import xla_memory
+        parts.append(xla_memory.render(allocated))
     trained = common.read_json("train")      # (optional: python -m tools.benchmarks train)
     if trained is not None:
         from tools.benchmarks import train
