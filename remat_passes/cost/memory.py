@@ -52,7 +52,10 @@ accumulates live bytes.
   reader reads its operands instead;
 * a reshape is a bitcast (an alias of its operand);
 * an elementwise op whose operand dies there writes its result into that operand's
-  buffer when the two have the same size;
+  buffer when the two have the same size; so do `dynamic_update_slice` and `scatter`
+  into their first operand, and a `while` loop's results into its operands (its carries;
+  inside the loop body, an update of a carry costs nothing new), and a carry the body
+  returns unchanged is the operand's own buffer;
 * on the CPU backend there is one memory: what is placed in host memory counts.
 
 What it does not model is XLA's own scheduling: XLA:CPU may move a recomputation
@@ -88,6 +91,7 @@ _ELEMENTWISE = frozenset("stablehlo." + n for n in (
 _FUSIBLE = _ELEMENTWISE | {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
 _FUSES_INPUTS = _FUSIBLE | {"stablehlo.reduce"}
 _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
+_UPDATES_OPERAND_0 = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.scatter"})
 
 
 @dataclasses.dataclass
@@ -148,6 +152,15 @@ def _is_alias_op(op) -> bool:
         return contract.float_format(op.operands[0].type) == bits
     return (name == "stablehlo.custom_call" and len(op.operands) == 1
             and len(op.results) == 1 and contract.checkpoint_name(op) is not None)
+
+
+def _invariant_carries(while_op) -> list[int]:
+    """The carries a while loop's body returns unchanged: XLA's loop simplifier takes them
+    out of the loop, so the result is the operand's buffer."""
+    body = while_op.regions[1].blocks[0]
+    ret = graph.terminator(body)
+    return [k for k, v in enumerate(ret.operands)
+            if isinstance(v, ir.BlockArgument) and v.owner == body and v.arg_number == k]
 
 
 def describe_op(op) -> str:
@@ -242,10 +255,12 @@ class _Estimator:
         root: dict = {}
         last: dict = {}
         fused: dict = {}     # (model="xla") fused value -> the buffers it reads
+        buffers_read = []    # per op: the buffers it reads (through fused values)
         for i, op in enumerate(ops):
             reads = []
             for v in graph.read_values(op):
                 reads += fused.get(v, [root.get(v, v)])
+            buffers_read.append(reads)
             for r in reads:
                 last[r] = i
             if self.xla and self._fused(op) and not (has_term and op == ops[-1]):
@@ -253,6 +268,10 @@ class _Estimator:
             elif self._aliases(op):
                 for r, o in zip(op.results, op.operands):
                     root[r] = root.get(o, o)
+            elif self.xla and op.name == "stablehlo.while":
+                for k in _invariant_carries(op):
+                    o = op.operands[k]
+                    root[op.results[k]] = root.get(o, o)
         if self.xla:
             for a in block.arguments:
                 if a.arg_number in kept_args:
@@ -278,7 +297,8 @@ class _Estimator:
                     r = root.get(v, v)
                     if r in seen:
                         dup += size.get(r, 0)
-                    elif self.xla and (isinstance(r, ir.BlockArgument) or r not in size):
+                    elif self.xla and op.name == "func.return" and (
+                            isinstance(r, ir.BlockArgument) or r not in size):
                         dup += graph.type_bytes(r.type)   # an argument or literal: copied
                     seen.add(r)
                 if live + dup > peak:
@@ -290,11 +310,13 @@ class _Estimator:
                 pass     # computed inside its reader / a literal of the executable
             elif not self._aliases(op) and contract.placement(op) not in self.host_kinds:
                 for r in op.results:
+                    if r in root:      # (model="xla") a loop carry passed through unchanged
+                        continue
                     b = size[r] = graph.type_bytes(r.type)
                     produced += b
                     free_at[last.get(r, i)] += b
-                if self.xla and op.name in _ELEMENTWISE and len(op.results) == 1:
-                    produced -= self._reused(op, root, last, size, free_at, i)
+                if self.xla:
+                    produced -= self._reused(op, buffers_read[i], root, last, size, free_at, i)
             during = live + produced
             if len(op.regions) or op.name == "func.call":
                 during += self._internal_bytes(op)
@@ -305,16 +327,40 @@ class _Estimator:
         return _Sweep(peak, peak_index, peak_op, timeline, len(timeline))
 
     @staticmethod
-    def _reused(op, root, last, size, free_at, i) -> int:
-        """Bytes of an operand that dies at elementwise op `op` (index i) and whose buffer
-        its result takes (same size): they are not allocated again."""
-        want = size.get(op.results[0], 0)
-        for v in op.operands:
-            r = root.get(v, v)
-            if last.get(r) == i and size.get(r) == want and want:
-                free_at[i] -= want       # the operand's buffer is not freed: it goes on
-                return want
-        return 0
+    def _in_place(op, buffers, root) -> list:
+        """(result, candidate buffers) of op: the buffers whose place the result may take
+        when they die at the op (XLA's in-place updates and loop carries)."""
+        name = op.name
+        if name in _ELEMENTWISE and len(op.results) == 1:
+            return [(op.results[0], list(dict.fromkeys(buffers)))]
+        if name in _UPDATES_OPERAND_0:
+            v = op.operands[0]
+            return [(op.results[0], [root.get(v, v)])]
+        if name == "stablehlo.while":
+            return [(r, [root.get(v, v)]) for r, v in zip(op.results, op.operands)]
+        return []
+
+    def _reused(self, op, buffers, root, last, size, free_at, i) -> int:
+        """Bytes of results that take the place of a buffer dying at op i (same size): not
+        allocated again. A buffer the sweep does not track (a region's block argument: the
+        op's operand outside) is taken whole."""
+        saved, taken = 0, set()
+        for result, candidates in self._in_place(op, buffers, root):
+            want = size.get(result, 0)
+            for r in candidates:
+                if r in taken or last.get(r) != i or not want:
+                    continue
+                if r in size and size[r] == want:
+                    free_at[i] -= want       # the buffer is not freed: it goes on
+                elif r not in size and isinstance(r, ir.BlockArgument) and r.type == result.type:
+                    free_at[last.get(result, i)] -= want   # never allocated here
+                    size[result] = 0
+                else:
+                    continue
+                taken.add(r)
+                saved += want
+                break
+        return saved
 
     # ------------------------------------------------------- one function --
     def function(self, func_op) -> FunctionMemory:
