@@ -535,17 +535,23 @@ def _jax_joint_vjp(fun, policy):
     return joint
 
 
-@pytest.mark.parametrize("name", list(OFFLOAD_POLICIES))
-def test_offload_annotations_match_jax_for_cuda(name):
+def _offload_for_cuda(name) -> tuple:
+    """(JAX's joint VJP lowered for cuda under the offload policy `name`, as text; our
+    export of the same function for cuda; our policy)."""
     jax_policy, our_policy = OFFLOAD_POLICIES[name]
     args = _offload_args()
     ct = jnp.ones(jax.eval_shape(_offload_fun, *args).shape, jnp.float32)
     theirs = jax.export.export(jax.jit(_jax_joint_vjp(_offload_fun, jax_policy)),
                                platforms=["cuda"])(*args, ct).mlir_module()
+    return theirs, rp.export_vjp(_offload_fun, *args, platforms=["cuda"]), our_policy
+
+
+@pytest.mark.parametrize("name", list(OFFLOAD_POLICIES))
+def test_offload_annotations_match_jax_for_cuda(name):
+    theirs, m, our_policy = _offload_for_cuda(name)
     expected = annotations(theirs)
     assert expected, "JAX emits no annotate_device_placement for this policy"
     assert {p for p, _ in expected} == {"pinned_host", "device"}
-    m = rp.export_vjp(_offload_fun, *args, platforms=["cuda"])
     ours = rp.remat(m, our_policy)
     offloaded = [r for r in ours.residuals if r.offload is not None]
     assert offloaded, "partial-eval offloaded nothing"
@@ -559,12 +565,7 @@ def test_offloaded_residuals_are_not_rounded_as_in_jax(name, mode):
     """JAX rounds the residuals the forward itself reads; an offloaded one is the copy put
     in host memory, which it does not, so JAX rounds none of them: neither do we (a
     rounding would also hold the unrounded value in scratch memory beside the copy)."""
-    jax_policy, our_policy = OFFLOAD_POLICIES[name]
-    args = _offload_args()
-    ct = jnp.ones(jax.eval_shape(_offload_fun, *args).shape, jnp.float32)
-    theirs = jax.export.export(jax.jit(_jax_joint_vjp(_offload_fun, jax_policy)),
-                               platforms=["cuda"])(*args, ct).mlir_module()
-    m = rp.export_vjp(_offload_fun, *args, platforms=["cuda"])
+    theirs, m, our_policy = _offload_for_cuda(name)
     ours = str(rp.remat(m, our_policy, mode=mode))
     assert ours.count("stablehlo.reduce_precision") == theirs.count("stablehlo.reduce_precision")
     rounded = set(re.findall(r"(%\S+) = stablehlo\.reduce_precision", ours))
@@ -577,12 +578,7 @@ def test_offload_split_marks_memory_kinds(name):
     """Split form: each offloaded residual leaves @main_fwd annotated to the host
     with mhlo.memory_kind, and enters @main_bwd with it, annotated to device;
     the types are those JAX offloads."""
-    jax_policy, our_policy = OFFLOAD_POLICIES[name]
-    args = _offload_args()
-    ct = jnp.ones(jax.eval_shape(_offload_fun, *args).shape, jnp.float32)
-    theirs = jax.export.export(jax.jit(_jax_joint_vjp(_offload_fun, jax_policy)),
-                               platforms=["cuda"])(*args, ct).mlir_module()
-    m = rp.export_vjp(_offload_fun, *args, platforms=["cuda"])
+    theirs, m, our_policy = _offload_for_cuda(name)
     out = rp.remat(m, our_policy, mode="split")
     assert annotations(str(out)) == annotations(theirs)
     fwd, _, fret = func_ops(out.op, "main_fwd")

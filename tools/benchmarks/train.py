@@ -77,16 +77,19 @@ def _jax_twin(spec: str):
     return getattr(cp, spec)
 
 
-def measure(steps: int = 20, log=print) -> dict:
+def _setup() -> tuple:
+    """(step, params, opt_state, x, y): the training step and its inputs."""
     import optax
-
-    import remat_passes as rp
     opt = optax.adamw(1e-3)
     params = init(jax.random.key(0))
-    state = opt.init(params)
     x = jax.random.normal(jax.random.key(1), (BATCH, T, D))
     y = jax.random.normal(jax.random.key(2), (BATCH, T, D))
-    step = make_step(loss, opt)
+    return make_step(loss, opt), params, opt.init(params), x, y
+
+
+def measure(steps: int = 20, log=print) -> dict:
+    import remat_passes as rp
+    step, params, state, x, y = _setup()
     runs = {"jax.jit": jax.jit(step)}
     memory = {"jax.jit": [common.xla_memory(jax.jit(step).lower(params, state, x, y).compile())]}
     compile_s = {}
@@ -134,18 +137,11 @@ COLD_POLICY, COLD_MODE = "nothing_saveable", "split"
 def first_call(kind: str, rp_cache: str | None, jax_cache: str | None) -> dict:
     """In this (fresh) process: seconds to the first step's result, through `kind`
     ("rp.jit" or "jax.jit"), with the caches given (None: none)."""
-    import optax
-
     import remat_passes as rp
     if jax_cache:
         jax.config.update("jax_compilation_cache_dir", jax_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    opt = optax.adamw(1e-3)
-    params = init(jax.random.key(0))
-    state = opt.init(params)
-    x = jax.random.normal(jax.random.key(1), (BATCH, T, D))
-    y = jax.random.normal(jax.random.key(2), (BATCH, T, D))
-    step = make_step(loss, opt)
+    step, params, state, x, y = _setup()
     jax.block_until_ready((params, state, x, y))
     fn = rp.jit(step, policy=COLD_POLICY, mode=COLD_MODE, cache_dir=rp_cache or False) \
         if kind == "rp.jit" else jax.jit(step)
