@@ -313,6 +313,7 @@ class _Milp:
     can cost), built once; solved whole or with most ops fixed."""
 
     def __init__(self, p: Problem, budget: int):
+        self.proven = False     # did the last solve prove its plan optimal?
         import scipy.sparse as sp
         from scipy.optimize import LinearConstraint
         self.p = p
@@ -390,9 +391,10 @@ class _Milp:
         self.integrality[self.t0:] = 0.0     # (0 or 1 at the optimum: bounded below only)
 
     def solve(self, time_limit: float, fixed: np.ndarray | None = None,
-              values: np.ndarray | None = None):
+              values: np.ndarray | None = None, incumbent: bool = False):
         """The recompute set (and offload choice), or None; `fixed` (bool per op) pins
-        those ops' recompute variables to `values`."""
+        those ops' recompute variables to `values`. `incumbent`: at the time limit, the
+        best plan found so far rather than None (then not proven optimal)."""
         from scipy.optimize import Bounds, milp
         lower, upper = np.zeros(self.n), self.upper.copy()
         if fixed is not None:
@@ -402,25 +404,30 @@ class _Milp:
         res = milp(self.c, integrality=self.integrality, bounds=Bounds(lower, upper),
                    constraints=self.constraints,
                    options={"time_limit": time_limit, "mip_rel_gap": 1e-6})
-        if res.x is None or res.status != 0:
+        if res.x is None or not (res.status == 0 or incumbent and res.status == 1):
             return None
+        self.proven = res.status == 0
         x = np.round(res.x).astype(bool)
         offload_ok = x[self.o0:self.o0 + self.p.n_values] if self.p.offload_cost is not None \
             else None
         return x[:self.p.n_ops], offload_ok, (getattr(res, "mip_dual_bound", None) or 0.0)
 
 
-def solve_exact(p: Problem, budget: int, time_limit: float = 60.0) -> Solution | None:
-    """The integer program with HiGHS; None if it did not finish within `time_limit`."""
+def solve_exact(p: Problem, budget: int, time_limit: float = 60.0,
+                incumbent: bool = False) -> Solution | None:
+    """The integer program with HiGHS; None if it did not finish within `time_limit`
+    (`incumbent`: then the best plan it found, method "exact (time limit)", if any)."""
     start = time.perf_counter()
     model = _Milp(p, budget)
-    out = model.solve(max(time_limit - (time.perf_counter() - start), 1.0))
+    out = model.solve(max(time_limit - (time.perf_counter() - start), 1.0),
+                      incumbent=incumbent)
     if out is None:
         return None
     rec, offload_ok, bound = out
     recompute = _drop_unneeded(p, rec)
     avail_, offl, device, cost = evaluate(p, recompute, offload_ok)
-    return Solution(recompute, avail_, offl, device, cost, "exact",
+    return Solution(recompute, avail_, offl, device, cost,
+                    "exact" if model.proven else "exact (time limit)",
                     time.perf_counter() - start, budget, lower_bound=bound * model.unit)
 
 
@@ -454,11 +461,18 @@ def _neighbourhoods(p: Problem, rec: np.ndarray, budget: int, offload_ok, deadli
     return rec, offload_ok
 
 
+AUTO_EXACT_SECONDS = 2.5    # 'auto': how long the integer program may run before the
+                            # Lagrangian solve is also tried
+
+
 def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
           compare_exact: bool = False) -> tuple[Solution, Solution | None]:
-    """(the solution, the exact one if it was computed). `solver`: 'auto' (exact up to
-    20,000 nodes, else lagrangian), 'exact', 'lagrangian', or a function
-    `(problem, budget) -> recompute` (bool per op node) for experiments and baselines."""
+    """(the solution, the exact one if it was computed). `solver`: 'auto' (the integer
+    program up to 20,000 nodes for `AUTO_EXACT_SECONDS`; if it has not proven its plan
+    optimal by then, the Lagrangian solve too, and the cheaper of the two; beyond 20,000
+    nodes the Lagrangian solve), 'exact' (up to `exact_limit` seconds), 'lagrangian', or
+    a function `(problem, budget) -> recompute` (bool per op node) for experiments and
+    baselines."""
     exact = None
     nothing = np.zeros(p.n_ops, bool)
     avail, off, device, cost = evaluate(p, nothing)
@@ -475,6 +489,14 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
         return Solution(recompute, avail, off, device, cost,
                         getattr(solver, "__name__", "custom"), time.perf_counter() - start,
                         budget), None
+    if solver == "auto" and p.n_ops + p.n_values <= 20000 and not compare_exact:
+        found = solve_exact(p, budget, min(exact_limit, AUTO_EXACT_SECONDS), incumbent=True)
+        if found is not None and found.method == "exact":
+            return found, found
+        sol = solve_lagrangian(p, budget)
+        if found is not None and found.cost < sol.cost and found.device_bytes <= budget:
+            return found, None
+        return sol, None
     if solver == "exact" or (solver == "auto" and p.n_ops + p.n_values <= 20000):
         exact = solve_exact(p, budget, exact_limit)
         if exact is not None and solver != "lagrangian" and not compare_exact:

@@ -374,6 +374,8 @@ def render(data, png_rel: str) -> str:
           "| module ops | problem nodes | budget | auto: method, time | lagrangian: time | "
           "exact (60 s limit): time | gap | build problem | rp.remat |",
           "|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    if data.get("scale_note"):
+        L.insert(len(L) - 3, data["scale_note"] + "\n")
     for row in data["scale"]:
         for q in row["points"]:
             ex = "did not finish" if q["exact_s"] is None else f"{q['exact_s']:.1f} s"
