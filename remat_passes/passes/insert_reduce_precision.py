@@ -210,11 +210,13 @@ class InsertReducePrecision(ModulePass):
         ret = a.terminator
         bwd_args = graph.body_block(bwd).arguments
         recomputes_inside: dict = {}
+        entries = contract.all_entries(fwd, "res_attrs")    # (read once: O(results))
         for k, i in enumerate(contract.residual_results(fwd)):
             v = ret.operands[i]
             if isinstance(v, ir.BlockArgument):
                 continue
-            if _moved(contract.offload_entry(fwd, "res_attrs", i)) or \
+            if contract.OFFLOAD in entries[i] and \
+                    _moved(contract.parse_offload(entries[i][contract.OFFLOAD])) or \
                     _moved(contract.offload_of(v.owner)):
                 continue
             uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
