@@ -24,8 +24,7 @@ from remat_passes.analysis import scan_pairs
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, stablehlo
 from remat_passes.passes.base import ModulePass, option
-from remat_passes.ir.graph import CASE
-from remat_passes.regions.rules import region_result_placements
+from remat_passes.regions.rules import result_placements
 
 
 def annotate(value, kind: str, ip, loc):
@@ -49,21 +48,12 @@ def _residual_values(op, placements) -> list:
     return values
 
 
-def _placements(op) -> list:
-    """Per result of a forward op, its offload placement (or None): a case's or a shard_map's
-    manual computation's from the values its regions return (`rules`)."""
-    own = contract.offload_of(op)
-    if own is not None or op.name not in (CASE, graph.MANUAL_COMPUTATION):
-        return [own] * len(op.results)
-    return region_result_placements(op)
-
-
 def offload_joint(a) -> int:
     count = 0
     for pos, op in enumerate(a.ops):
         if a.backward[pos]:
             continue
-        placements = _placements(op)
+        placements = result_placements(op)
         if not any(placements):
             continue
         for v, placement in _residual_values(op, placements):

@@ -48,6 +48,7 @@ from remat_passes.analysis import scan_pairs
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id, stablehlo
 from remat_passes.passes.base import ModulePass, option, parse_regex
+from remat_passes.regions.rules import result_placements
 
 BARRIER = "stablehlo.optimization_barrier"
 
@@ -135,13 +136,20 @@ def _moved(placement) -> bool:
     return placement is not None and placement.src != placement.dst
 
 
+def _offloaded(v) -> bool:
+    """Is forward value `v` a residual remat-partial-eval moves to another memory (as
+    annotate-host-offload reads it: a case's or a manual computation's from its regions)?"""
+    return isinstance(v, ir.OpResult) and \
+        _moved(result_placements(v.owner.operation)[v.result_number])
+
+
 def round_stacked(loop) -> None:
     """Round each stacked per-iteration value the forward body also uses itself (not one
     offloaded to another memory)."""
     for s in loop.stacked.values():
         v, bits = s.value, contract.float_format(s.value.type)
         wrap = s.dus.operands[1].owner.operation
-        if not bits or isinstance(v, ir.BlockArgument) or _moved(contract.offload_of(v.owner)):
+        if not bits or isinstance(v, ir.BlockArgument) or _offloaded(v):
             continue
         if any(op_id(u.owner) != op_id(wrap) for u in v.uses):
             round_value(v, bits, loop.body)
@@ -196,7 +204,7 @@ class InsertReducePrecision(ModulePass):
                 forward_uses = [u for u in v.uses
                                 if u.owner.operation.name != "func.return"
                                 and not a.is_backward(a.top_level(u.owner.operation))]
-                if _moved(contract.offload_of(v.owner)):
+                if _offloaded(v):
                     continue
                 if self._wanted(v, forward_uses, v, recomputes_inside):
                     op = round_value(v, contract.float_format(v.type), a.block)
@@ -215,9 +223,9 @@ class InsertReducePrecision(ModulePass):
             v = ret.operands[i]
             if isinstance(v, ir.BlockArgument):
                 continue
-            if contract.OFFLOAD in entries[i] and \
-                    _moved(contract.parse_offload(entries[i][contract.OFFLOAD])) or \
-                    _moved(contract.offload_of(v.owner)):
+            moved = contract.OFFLOAD in entries[i] and \
+                _moved(contract.parse_offload(entries[i][contract.OFFLOAD]))
+            if moved or _offloaded(v):
                 continue
             uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
             if self._wanted(v, uses, bwd_args[k], recomputes_inside):

@@ -245,6 +245,16 @@ class ManualComputationRule:
         return out
 
 
+def result_placements(op) -> list:
+    """Per result of a forward op, the offload placement remat-partial-eval decided (or
+    None): the op's own, or for a case or a shard_map's manual computation, those of the
+    values its regions return (`region_result_placements`)."""
+    own = contract.offload_of(op)
+    if own is not None or op.name not in (CASE, graph.MANUAL_COMPUTATION):
+        return [own] * len(op.results)
+    return region_result_placements(op)
+
+
 def region_result_placements(op) -> list:
     """Per result of a case or manual computation a rule decided inside: the offload
     placement of the value its regions return there (the first branch that has one; a
