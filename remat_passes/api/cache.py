@@ -103,9 +103,8 @@ def load(directory: str, entry: str, exported: Module) -> Module | None:
     dims: dict = {}
     for name, arg, labels in meta["dim_symbols"]:
         dims.setdefault(name, {})[arg] = tuple(labels)
-    out = Module(op, None, exported.region_policies, exported.filename, dims)
-    out._exported = exported.exported          # as Module.clone does: the export's own
-    out.exported_signature = exported.exported_signature   # signature, from before remat
+    out = Module(op, exported.exported, exported.region_policies, exported.filename, dims)
+    out.exported_signature = exported.exported_signature   # as Module.clone: the export's
     out.residuals = residuals
     out.remarks = list(meta["remarks"])
     out.timings, out.plan_reports = [], []

@@ -47,9 +47,9 @@ accumulates live bytes.
   (`jax.buffer_donor` or `tf.aliasing_output`): then until their last use;
 * every result slot is a buffer of its own: a returned argument is copied;
 * constants are literals of the executable, not memory the program allocates;
-* fusion: an elementwise op (or a broadcast, a convert, a reshape) whose only reader is
-  another such op, or a reduce, is computed inside its reader and never stored; its
-  reader reads its operands instead;
+* fusion: an elementwise op (or a broadcast, an iota) whose only reader is another such
+  op, or a reduce, is computed inside its reader and never stored; its reader reads its
+  operands instead;
 * a reshape is a bitcast (an alias of its operand);
 * an elementwise op whose operand dies there writes its result into that operand's
   buffer when the two have the same size; so do `dynamic_update_slice` and `scatter`
@@ -60,7 +60,7 @@ accumulates live bytes.
 
 What it does not model is XLA's own scheduling: XLA:CPU may move a recomputation
 earlier than where it is written and hold its results longer (the backward halves of
-the GPT under `dots_saveable`: XLA's scratch is 3x the estimate's).
+the benchmarks' GPT under `dots_saveable`: the estimate is 36% under XLA's footprint).
 
 For a split module (`<f>_fwd` / `<f>_bwd` from `remat(..., mode="split")`)
 both functions are estimated on their own; `residual_bytes` of `<f>_fwd` is
