@@ -114,10 +114,18 @@ def measure(models=tuple(MODELS), only=None, steps: int = 20, path: Path | None 
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(data, indent=1))
                 return data
-            fn, lowered = make()
-            if lowered is None:      # jax.jit: its one executable
-                executables = [fn.lower(*args).compile()]
-            else:
+            try:
+                fn, lowered = make()
+                if lowered is None:      # jax.jit: its one executable
+                    executables = [fn.lower(*args).compile()]
+            except Exception as e:     # a failure is a result too: kept, and the run goes on
+                row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
+                data["rows"].append(row)
+                log(f"gpu: {key} {label} {who} {form}: FAILED {row['error']}")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(data, indent=1))
+                continue
+            if lowered is not None:
                 executables = list(lowered.executables)
                 row["activations"] = activation_bytes(lowered.residuals)
                 row["host_residuals"] = sum(
@@ -144,9 +152,9 @@ def render(data) -> str:
              f"{data['meta']['jax']}, commit {data['meta']['commit']}). XLA's "
              "`memory_analysis()` of what ran and the median step time of "
              f"{data.get('steps')} steps of the model's gradient step: `rp.jit` (joint, split) "
-             "beside `jax.jit` of `jax.checkpoint(loss, policy)`. Peak: XLA's where the backend "
-             "reports it, else temp + arguments + outputs; for the split form the larger of its "
-             "two executables. Regenerate with `python -m tools.benchmarks gpu` on the "
+             "beside `jax.jit` of `jax.checkpoint(loss, policy)`. Footprint: temp + arguments + "
+             "outputs - aliased (`common.xla_footprint`); for the split form the larger of its "
+             "two executables. A run that failed to compile is a row too. Regenerate with `python -m tools.benchmarks gpu` on the "
              "device (it resumes where a run stopped), then `render`.", ""]
     if not data.get("complete", False):
         parts += ["**Incomplete run**: run the command again to finish it.", ""]
@@ -155,9 +163,13 @@ def render(data) -> str:
         by_model.setdefault(r["model"], []).append(r)
     for model, rows in by_model.items():
         parts += [f"**{model}**", "",
-                  "| policy | who | form | XLA temp | peak | step | loss |",
+                  "| policy | who | form | XLA temp | footprint | step | loss |",
                   "|---|---|---|---:|---:|---:|---:|"]
         for r in rows:
+            if "error" in r:
+                parts.append(f"| {r['policy']} | {r['who']} | {r['form']} | failed: "
+                             f"{r['error']} | | | |")
+                continue
             parts.append(f"| {r['policy']} | {r['who']} | {r['form']} | "
                          f"{sum(m['temp'] for m in r['memory']):,} B | "
                          f"{common.xla_peak(r['memory']):,} B | "
