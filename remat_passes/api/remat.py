@@ -10,14 +10,16 @@ from remat_passes.passes.remat import Remat
 
 
 def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
-          prevent_cse_in_loops: bool = False,
+          prevent_cse_in_loops: bool = False, tie_to_cotangent: bool = False,
           func: str = "main", cotangent_args=None, region_regex=None, region_policy=None,
           verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
     inline -> remat-partial-eval (policy, mode) -> insert-reduce-precision ->
     place-optimization-barriers (if prevent_cse) -> annotate-host-offload ->
-    strip-checkpoint-names. The residuals partial-eval chose are on the result
+    strip-checkpoint-names. `tie_to_cotangent`: for XLA:CPU, which deletes the barriers
+    before it schedules, also make each recomputation wait for the cotangent by data (see
+    place-optimization-barriers; rp.jit sets it when it compiles for CPU). The residuals partial-eval chose are on the result
     as `.residuals`, and what it wants the user to know (e.g. a while loop it
     treated as one atomic op) as `.remarks`; `.timings` has each step's seconds.
     `verify` runs the MLIR verifier on the result (`remat-opt --verify-each`
@@ -30,7 +32,8 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
         raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
     options = dict(policy=policy, mode=mode,
                    func=func, prevent_cse=prevent_cse,
-                   prevent_cse_in_loops=prevent_cse_in_loops, cotangent_args=cotangent_args)
+                   prevent_cse_in_loops=prevent_cse_in_loops,
+                   tie_to_cotangent=tie_to_cotangent, cotangent_args=cotangent_args)
     if region_regex is not None:
         try:
             options["region_regex"] = parse_regex(region_regex) \

@@ -1,11 +1,12 @@
 """A static memory estimate: peak live bytes of a function run in program order.
 
-XLA:CPU undoes rematerialization (it expands `optimization_barrier` early and
-then CSEs the recomputation back into the forward pass) and ignores host
-offload, so on CPU the memory effect of a remat policy cannot be measured by
-compiling the joint function (DESIGN.md section 5). This module judges it
-statically instead, on the StableHLO itself, the way a simple buffer
-assigner without reordering would see it:
+A remat policy's memory effect needs a compiler that keeps the recomputation
+where it is written: XLA:CPU deletes `optimization_barrier` before it schedules
+and then CSEs the recomputation back into the forward pass, unless
+place-optimization-barriers tied it to the cotangent (`tie-to-cotangent`), and it
+ignores host offload (DESIGN.md section 5). This module judges a module
+statically, on the StableHLO itself, the way a simple buffer assigner without
+reordering would see it:
 
 * ops run in program order (top-level ops of the function body);
 * a value is live from the op that produces it until the last op that reads
@@ -58,9 +59,10 @@ accumulates live bytes.
   returns unchanged is the operand's own buffer;
 * on the CPU backend there is one memory: what is placed in host memory counts.
 
-What it does not model is XLA's own scheduling: XLA:CPU may move a recomputation
-earlier than where it is written and hold its results longer (the backward halves of
-the benchmarks' GPT under `dots_saveable`: the estimate is 36% under XLA's footprint).
+What it does not model is XLA's own scheduling: without the tie, XLA:CPU may move a
+recomputation earlier than where it is written and hold its results longer (the backward
+halves of the benchmarks' GPT under `dots_saveable`: the estimate is 36% under XLA's
+footprint).
 
 For a split module (`<f>_fwd` / `<f>_bwd` from `remat(..., mode="split")`)
 both functions are estimated on their own; `residual_bytes` of `<f>_fwd` is

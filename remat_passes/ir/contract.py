@@ -14,6 +14,7 @@ name                        where                      value
                             _bwd argument              residual
 `remat.residual`            `<f>_fwd` result           how JAX would describe it
 `remat.barrier`             op                         unit: a barrier we placed
+                                                       (or its tie's multiply)
 `remat.regions`             module                     {"remat[N]": policy spec}
 `remat.regions_no_cse`      module                     ["remat[N]", ...]: regions
                                                        made with prevent_cse=False

@@ -10,6 +10,18 @@ value available at that point — the incoming cotangent of the group's consumer
 and the group reads the barrier's results. The barrier is opaque to CSE, and it
 cannot run before the cotangent exists.
 
+That holds where XLA keeps the barrier until it has scheduled the program (GPU). XLA:CPU
+deletes barriers before it schedules (its OptimizationBarrierExpander runs right after
+HloCSE, before layout assignment), so there a later CSE merges a clone with the forward
+op it copies and the scheduler runs all recomputation first: the program needs as much
+memory as without remat. `tie-to-cotangent=true` adds a data dependency that survives:
+enough of the group's computed inputs (one for each op that reads such an input and
+nothing tied yet; never an argument of the function) are read through
+`x * (1 + 0 * convert(is_finite(c)))`, `c` the first element of the incoming
+cotangent. The factor is exactly 1 whatever `c` holds (NaN and infinities included), so
+values are unchanged, but XLA cannot tell, so the clones stay distinct from the forward
+and wait for the cotangent. rp.jit turns it on when it compiles for CPU.
+
 Run it in joint form on @<f>, in split form on @<f>_bwd. Inside scan loop bodies
 it places barriers only with `in-loops=true`: there the loop already keeps each
 iteration's recomputation in its iteration (JAX recommends prevent_cse=False
@@ -52,10 +64,16 @@ def _incoming(group: RecomputeGroup, is_backward, cotangents) -> ir.Value | None
 
 
 def _already_placed(inputs) -> bool:
-    owners = {op_id(v.owner) for v in inputs if isinstance(v, ir.OpResult)
-              and contract.is_barrier(v.owner)}
-    return len(owners) == 1 and all(isinstance(v, ir.OpResult) and contract.is_barrier(v.owner)
-                                    for v in inputs)
+    """Do all `inputs` come from one barrier of ours (directly, or through its tie)?"""
+    def barrier_of(v):
+        if not isinstance(v, ir.OpResult) or not contract.is_barrier(v.owner):
+            return None
+        op = v.owner
+        if op.name != "stablehlo.optimization_barrier":      # a tie: x * factor
+            return barrier_of(op.operands[0])
+        return op_id(op)
+    owners = {barrier_of(v) for v in inputs}
+    return len(owners) == 1 and None not in owners
 
 
 def _is_shape_value(v, memo: dict, known=None) -> bool:
@@ -99,11 +117,106 @@ def _shape_test(a):
     return is_shape
 
 
+def _tieable(v) -> bool:
+    """A floating-point tensor of static shape (what the tie multiplies by 1)."""
+    try:
+        t = ir.RankedTensorType(v.type)
+    except (ValueError, TypeError):
+        return False
+    return t.has_static_shape and str(t.element_type).startswith(("f", "bf"))
+
+
+def _to_tie(group, inputs, is_argument) -> list:
+    """The inputs of `group` to read through a tie: walking its ops in order, an op that
+    reads a computed input (not an argument of the function) but nothing tied yet,
+    directly or through the group's own results, gets its smallest computed input tied
+    (one tied operand is enough to make the op wait; where XLA does not fuse the
+    multiply into its users it is a copy, so the smallest costs least). Afterwards every
+    op that reads a computed input waits for the cotangent. Arguments are never tied: a
+    clone of arguments alone, run early or merged with its forward twin, holds no more
+    than the program without remat does, and a tie of a weight would copy it."""
+    candidates = {v for v in inputs if _tieable(v) and not is_argument(v)}
+    waiting, chosen = set(), []
+    for op in group.ops:
+        reads = graph.read_values(op)
+        if any(v in waiting for v in reads):
+            waiting.update(op.results)
+            continue
+        outside = [v for v in reads if v in candidates]
+        if outside:
+            pick = min(outside, key=lambda v: graph.type_bytes(v.type))
+            chosen.append(pick)
+            waiting.add(pick)
+            waiting.update(op.results)
+    return chosen
+
+
+def _argument_test(module_op, func_op):
+    """is_argument(value) for `_to_tie`: an argument of the function the user gave. In
+    split form, a `_bwd` argument is one when `_fwd` hands over its own argument."""
+    args = set(graph.body_block(func_op).arguments)
+    name = graph.func_name(func_op)
+    if not name.endswith("_bwd"):
+        return lambda v: v in args
+    fwd = graph.find_func(module_op, name[:-len("_bwd")] + "_fwd")
+    if fwd is None:
+        return lambda v: v in args
+    returned = list(graph.terminator(graph.body_block(fwd)).operands)
+    residual_at = contract.residual_results(fwd)
+    bwd_args = list(graph.body_block(func_op).arguments)
+    passed = {bwd_args[k] for k, i in enumerate(residual_at)
+              if k < len(bwd_args) and isinstance(returned[i], ir.BlockArgument)}
+    cotangents = set(bwd_args[len(residual_at):])
+    return lambda v: v in passed or v in cotangents
+
+
+def _tie(values: list, ct: ir.Value, ip) -> tuple[list, list]:
+    """`values`, each multiplied by a 1 computed from `ct` (see the module docstring);
+    and the ops made for it, in order."""
+    made = []
+
+    def make(name, result_type, operands, **attributes) -> ir.Value:
+        made.append(ir.Operation.create(name, results=[result_type], operands=operands,
+                                        attributes=attributes, ip=ip))
+        return made[-1].results[0]
+
+    ct_type = ir.RankedTensorType(ct.type)
+    rank = ct_type.rank
+    scalar_type = ir.RankedTensorType.get([], ct_type.element_type)
+    scalar = ct if not rank else make(
+        "stablehlo.reshape", scalar_type,
+        [make("stablehlo.slice", ir.RankedTensorType.get([1] * rank, ct_type.element_type),
+              [ct], start_indices=ir.DenseI64ArrayAttr.get([0] * rank),
+              limit_indices=ir.DenseI64ArrayAttr.get([1] * rank),
+              strides=ir.DenseI64ArrayAttr.get([1] * rank))])
+    finite = make("stablehlo.is_finite",
+                  ir.RankedTensorType.get([], ir.IntegerType.get_signless(1)), [scalar])
+    ones: dict = {}
+    out = []
+    for v in values:
+        t = ir.RankedTensorType(v.type)
+        elem = t.element_type
+        if str(elem) not in ones:       # 1 + 0 * convert(is_finite(c)), once per dtype
+            st = ir.RankedTensorType.get([], elem)
+            zero, one = (make("stablehlo.constant", st, [], value=ir.DenseElementsAttr.get_splat(
+                st, ir.FloatAttr.get(elem, x))) for x in (0.0, 1.0))
+            flag = make("stablehlo.convert", st, [finite])
+            ones[str(elem)] = make("stablehlo.add", st,
+                                   [make("stablehlo.multiply", st, [flag, zero]), one])
+        factor = make("stablehlo.broadcast_in_dim", t, [ones[str(elem)]],
+                      broadcast_dimensions=ir.DenseI64ArrayAttr.get([]))
+        out.append(make("stablehlo.multiply", t, [v, factor]))
+        contract.mark_barrier(made[-1])     # ours: a second run sees the group placed
+    return out, made
+
+
 def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None,
-          is_shape=None) -> int:
+          is_shape=None, tie=None) -> int:
     """One barrier per group (but those `skip(group)` names); returns how many were placed.
     `is_shape(value)`: computed from constants and dimension sizes alone (by default, a
-    walk over its operands).
+    walk over its operands). `tie(value) -> is it an argument of the function`, if given:
+    also read the group's computed inputs through a data dependency on the cotangent
+    (`_to_tie`, `_tie`), for XLA:CPU.
 
     `is_manual(value)`: is it a per-device value of a GSPMD shard_map? XLA's partitioner
     cannot take a barrier mixing those with global values, so a group reading both gets
@@ -136,6 +249,16 @@ def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None,
                 loc=first.location)
             contract.mark_barrier(barrier)
             mapping.update(zip(kind, barrier.results))
+            if tie is not None and same and _tieable(ct) and graph.type_elements(ct.type):
+                chosen = _to_tie(group, kind, tie)
+                if chosen:
+                    with first.location:
+                        tied, made = _tie([mapping[v] for v in chosen], barrier.results[-1],
+                                          ir.InsertionPoint(first))
+                    mapping.update(zip(chosen, tied))
+                    if note is not None:
+                        for op in made:
+                            note(op, first)
             if note is not None:
                 note(barrier.operation, first)
         graph.replace_reads_all(group.ops, mapping)
@@ -143,7 +266,7 @@ def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None,
     return placed
 
 
-def place_in_loops(func_op) -> int:
+def place_in_loops(func_op, tie=None) -> int:
     """Barriers for the recompute groups inside while bodies of `func_op`."""
     bodies = []
 
@@ -160,7 +283,8 @@ def place_in_loops(func_op) -> int:
         # in a loop body every op that is not a clone counts as backward
         groups = recompute_groups([op.operation for op in body.operations],
                                   lambda i, op: not contract.is_recompute_clone(op))
-        placed += place(groups, lambda op: not contract.is_recompute_clone(op), changing)
+        placed += place(groups, lambda op: not contract.is_recompute_clone(op), changing,
+                        tie=tie)
     return placed
 
 
@@ -206,6 +330,9 @@ class PlaceOptimizationBarriers(ModulePass):
                        "the function remat-partial-eval rewrote (its _bwd half in split form)")
     in_loops: bool = option(False, "also inside scan loop bodies (JAX recommends "
                             "prevent_cse=False there)")
+    tie_to_cotangent: bool = option(
+        False, "also make the recomputation wait for the cotangent by data, for XLA:CPU "
+        "(which deletes barriers before it schedules)")
 
     def apply(self, module_op, state) -> None:
         name = self.func
@@ -213,8 +340,10 @@ class PlaceOptimizationBarriers(ModulePass):
         with module_op.context:
             f = graph.find_func(module_op, target)
             a = state.analysis(f)
+            tie = _argument_test(module_op, f) if self.tie_to_cotangent else None
             place(a.recompute_groups, a.is_backward, [a.args[i] for i in a.cotangent_indices],
                   lambda barrier, first: a.note_inserted(barrier, backward=True, before=first),
-                  _in_regions_without_barrier(module_op), _manual_test(a), _shape_test(a))
+                  _in_regions_without_barrier(module_op), _manual_test(a), _shape_test(a),
+                  tie=tie)
             if self.in_loops:
-                place_in_loops(f)
+                place_in_loops(f, tie=tie)

@@ -5,7 +5,8 @@
     inline
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
     insert-reduce-precision{func region-regex}
-    place-optimization-barriers{func in-loops}       (only with prevent-cse=true)
+    place-optimization-barriers{func in-loops tie-to-cotangent}
+                                                     (only with prevent-cse=true)
     annotate-host-offload{func}
     strip-checkpoint-names
 
@@ -38,12 +39,16 @@ class Remat(PartialEvalOptions, PipelinePass):
     prevent_cse_in_loops: bool = option(
         False, "also inside scan loop bodies (JAX recommends prevent_cse=False there)",
         parse_bool)
+    tie_to_cotangent: bool = option(
+        False, "make recomputation wait for the cotangent by data as well (for XLA:CPU, "
+        "which deletes optimization barriers before it schedules)", parse_bool)
 
     def expand(self) -> list:
         steps = [Inline(), RematPartialEval(**self.partial_eval_options()),
                  InsertReducePrecision(func=self.func, region_regex=self.region_regex)]
         if self.prevent_cse:
             steps.append(PlaceOptimizationBarriers(func=self.func,
-                                                   in_loops=self.prevent_cse_in_loops))
+                                                   in_loops=self.prevent_cse_in_loops,
+                                                   tie_to_cotangent=self.tie_to_cotangent))
         steps += [AnnotateHostOffload(func=self.func), StripCheckpointNames()]
         return steps

@@ -3,6 +3,10 @@
 // with and without in-loops:
 // RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=nothing_saveable' --place-optimization-barriers=in-loops=true | filecheck %s --check-prefix=LOOPS
 // RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=nothing_saveable' --place-optimization-barriers | filecheck %s --check-prefix=NOLOOPS
+// tie-to-cotangent (for XLA:CPU), on the @tie module:
+// RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TIE
+// RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TWICE
+// RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers | filecheck %s --check-prefix=NOTIE
 
 // The input is what remat-partial-eval leaves: recomputed ops carry
 // remat.recompute = <group>, one group per backward op that needed them,
@@ -241,6 +245,51 @@ module @split {
     %m = stablehlo.multiply %s, %w {remat.recompute = 2 : i64} : tensor<4xf32>
     %g2 = stablehlo.multiply %g, %m : tensor<4xf32>
     return %g2 : tensor<4xf32>
+  }
+}
+
+// -----
+
+// tie-to-cotangent=true: after the barrier, the group's computed inputs are
+// read through a multiplication by 1 computed from the cotangent's first
+// element (XLA:CPU deletes barriers before it schedules; this dependency it
+// keeps). The tanh clone reads the computed %h: it is tied. The transpose clone
+// reads only the argument %w: arguments are never tied (a tie would copy the
+// weight; a clone of arguments alone holds no more than no remat does). The dot
+// reads a tied value already. Without the option, nothing but the barrier.
+// CHECK-LABEL: module @tie
+// TIE-LABEL: module @tie
+// TIE: %[[G0:.*]] = stablehlo.multiply %arg2, %{{.*}} : tensor<2x4xf32>
+// TIE-NEXT: %[[B:.*]]:3 = stablehlo.optimization_barrier {{[^%]*}}%[[H:[^,]*]], %arg0, %[[G0]]
+// TIE-NEXT: %[[FIRST:.*]] = stablehlo.slice %[[B]]#2 [0:1, 0:1]
+// TIE-NEXT: %[[C:.*]] = stablehlo.reshape %[[FIRST]] : (tensor<1x1xf32>) -> tensor<f32>
+// TIE-NEXT: %[[FIN:.*]] = stablehlo.is_finite %[[C]]
+// TIE: %[[FLAG:.*]] = stablehlo.convert %[[FIN]] : (tensor<i1>) -> tensor<f32>
+// TIE-NEXT: %[[Z:.*]] = stablehlo.multiply %[[FLAG]], %{{.*}} : tensor<f32>
+// TIE-NEXT: %[[ONE:.*]] = stablehlo.add %[[Z]], %{{.*}} : tensor<f32>
+// TIE-NEXT: %[[F1:.*]] = stablehlo.broadcast_in_dim %[[ONE]], dims = [] : (tensor<f32>) -> tensor<2x4xf32>
+// TIE-NEXT: %[[H1:.*]] = stablehlo.multiply %[[B]]#0, %[[F1]] {remat.barrier} : tensor<2x4xf32>
+// TIE-NEXT: %[[T:.*]] = stablehlo.tanh %[[H1]] {remat.recompute = 3 : i64}
+// TIE-NEXT: %[[WT:.*]] = stablehlo.transpose %[[B]]#1
+// TIE-NEXT: stablehlo.dot_general %[[T]], %[[WT]]
+// Run twice, the pass changes nothing the second time:
+// TWICE-COUNT-1: stablehlo.optimization_barrier
+// TWICE-COUNT-1: stablehlo.is_finite
+// TWICE-NOT: stablehlo.optimization_barrier
+// TWICE-NOT: stablehlo.is_finite
+// NOTIE-LABEL: module @tie
+// NOTIE-NOT: is_finite
+module @tie {
+  func.func @main(%w: tensor<4x4xf32>, %x: tensor<2x4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+    %h = stablehlo.sine %x : tensor<2x4xf32>
+    %y = stablehlo.dot_general %h, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    %e = stablehlo.exponential %y : tensor<2x4xf32>
+    %g0 = stablehlo.multiply %ct, %e : tensor<2x4xf32>
+    %t = stablehlo.tanh %h {remat.recompute = 3 : i64} : tensor<2x4xf32>
+    %wt = stablehlo.transpose %w, dims = [1, 0] {remat.recompute = 3 : i64} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %d = stablehlo.dot_general %t, %wt, contracting_dims = [1] x [0] {remat.recompute = 3 : i64} : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    %g1 = stablehlo.multiply %g0, %d : tensor<2x4xf32>
+    return %e, %g1 : tensor<2x4xf32>, tensor<2x4xf32>
   }
 }
 

@@ -160,9 +160,11 @@
 // LIST-NEXT: place-optimization-barriers {{.*}}optimization_barrier
 // LIST-NEXT: func
 // LIST-NEXT: in-loops {{.*}}(default: False)
+// LIST-NEXT: tie-to-cotangent {{.*}}XLA:CPU{{.*}}(default: False)
 // LIST-NEXT: remat {{.*}}default pipeline
 // LIST: prevent-cse {{.*}}(default: True)
 // LIST-NEXT: prevent-cse-in-loops {{.*}}(default: False)
+// LIST-NEXT: tie-to-cotangent {{.*}}(default: False)
 // LIST-NEXT: remat-partial-eval {{.*}}checkpoint policy
 // LIST-NEXT: policy {{.*}}save_only_these_names
 // LIST-NEXT: mode {{.*}}(default: joint)
