@@ -10,9 +10,11 @@ Arguments and results are the function's own pytrees in both forms:
 * `mode="split"`: two executables, `<f>_fwd` then `<f>_bwd`; the residuals pass from one
   to the other (donated to the second), and the function's outputs, computed by either
   half, are put back in their places;
-* `mode="auto"` (the default): split where XLA would undo the recomputation of a joint
-  program (the CPU backend: its passes CSE and reschedule the clones away, see
-  docs/benchmarks.md), joint elsewhere. `jitted.lower(*args).mode` says which it took.
+* `mode="auto"` (the default): joint, on every backend. On CPU the recomputation is tied
+  to the cotangent by data (`tie_to_cotangent`, on by default there): XLA:CPU deletes
+  optimization barriers before it schedules, and without the tie it would merge the clones
+  with the forward and keep nothing of the saving (see place-optimization-barriers).
+  `jitted.lower(*args).mode` says which form it took.
 
 `donate_argnums` donates as `jax.jit` does (the donated inputs are deleted after the call).
 `jitted.lower(*args)` gives what was built for those arguments: the rewritten Module, the
@@ -42,10 +44,17 @@ from remat_passes.jax.module import Module
 MODES = ("auto", "joint", "split")
 
 
-def default_mode(backend: str | None = None) -> str:
-    """The form in which `backend` keeps what remat saves: split on CPU (XLA:CPU undoes a
-    joint program's recomputation), joint on accelerators."""
-    return "split" if (backend or jax.default_backend()) == "cpu" else "joint"
+def default_mode() -> str:
+    """The form `mode="auto"` takes: joint on every backend (on CPU with the tie,
+    `needs_tie`, which keeps its recomputation where XLA:CPU would undo it; measured
+    against the split form in docs/benchmarks.md)."""
+    return "joint"
+
+
+def needs_tie(backend: str | None = None) -> bool:
+    """Does `backend` need the recomputation tied to the cotangent by data? XLA:CPU
+    deletes optimization barriers before it schedules (place-optimization-barriers)."""
+    return (backend or jax.default_backend()) == "cpu"
 
 
 @dataclasses.dataclass
@@ -119,13 +128,14 @@ class Jitted:
     def __init__(self, fun: Callable, *, policy=None, mode: str = "auto",
                  donate_argnums: int | Sequence[int] = (),
                  static_argnums: int | Sequence[int] = (), prevent_cse: bool = True,
-                 cache_dir=None):
+                 tie_to_cotangent: bool | None = None, cache_dir=None):
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.fun = fun
         self.policy = policy
         self.mode = mode
         self.prevent_cse = prevent_cse
+        self.tie_to_cotangent = tie_to_cotangent
         self.cache_dir = cache.cache_dir(cache_dir)
         self.static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
                                            else set(static_argnums)))
@@ -196,7 +206,9 @@ class Jitted:
 
     def _remat(self, exported, mode, name) -> tuple:
         """The rewritten module, from the disk cache when it has it; (module, was it)."""
-        options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse)
+        tie = self.tie_to_cotangent
+        options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse,
+                       tie_to_cotangent=needs_tie() if tie is None else tie)
         entry = cache.key(exported, options) if self.cache_dir else None
         if entry is not None:
             module = cache.load(self.cache_dir, entry, exported)
@@ -369,7 +381,8 @@ def _placement(before: list, fwd_out: list, bwd_out: list) -> list:
 
 def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         donate_argnums: int | Sequence[int] = (), static_argnums: int | Sequence[int] = (),
-        prevent_cse: bool = True, cache_dir=None) -> Any:
+        prevent_cse: bool = True, tie_to_cotangent: bool | None = None,
+        cache_dir=None) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
@@ -378,6 +391,7 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
     if fun is None:
         return functools.partial(jit, policy=policy, mode=mode, donate_argnums=donate_argnums,
                                  static_argnums=static_argnums, prevent_cse=prevent_cse,
-                                 cache_dir=cache_dir)
+                                 tie_to_cotangent=tie_to_cotangent, cache_dir=cache_dir)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
-                  static_argnums=static_argnums, prevent_cse=prevent_cse, cache_dir=cache_dir)
+                  static_argnums=static_argnums, prevent_cse=prevent_cse,
+                  tie_to_cotangent=tie_to_cotangent, cache_dir=cache_dir)
