@@ -149,6 +149,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             for r in reports:
                 _explain(r, a, vids, residuals, state)
             unrecorded = _unrecorded_regions(a, self.func, policies)   # (before ops go)
+            baked = _baked_recomputation(a, self.func, policies)
             edit = materialize(plan)
             erased = edit.erased
             keep = [i for i, v in enumerate(vids) if a.producer[v] not in erased]
@@ -159,6 +160,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 state.remarks.extend(rule.remarks(a, surviving))
             state.remarks.extend(_missing_names(f, self.func, policies))
             state.remarks.extend(unrecorded)
+            state.remarks.extend(baked)
             calls = sum(1 for pos in surviving if a.ops[pos].name == "func.call")
             if calls:
                 state.remarks.append(
@@ -272,6 +274,28 @@ def _unrecorded_regions(a, func: str, policies: ScopePolicies) -> list[str]:
     return [f"@{func}: checkpoint region(s) {', '.join(missing)} have no recorded policy "
             f"(no {contract.REGIONS} entry: export with rp.export or rp.export_vjp to "
             "record it); nothing_saveable, jax.checkpoint's default, applies"]
+
+
+JAX_RECOMPUTATION_FRAME = "rematted_computation"    # jax.checkpoint's own, in a backward
+
+
+def _baked_recomputation(a, func: str, policies: ScopePolicies) -> list[str]:
+    """A remark when the module already recomputes: JAX applied the `jax.checkpoint`
+    regions of the model code when it exported the function (their backward recomputes
+    under a `rematted_computation` frame), so a module policy does not reach inside them."""
+    if policies.module_policy is None:
+        return []
+    n = sum(1 for pos, op in enumerate(a.ops) if a.backward[pos]
+            and f"/{JAX_RECOMPUTATION_FRAME}/" in graph.name_stack(op))
+    if not n:
+        return []
+    return [f"@{func}: {n} backward op(s) are JAX's own recomputation of jax.checkpoint "
+            "regions in the model code (name stacks with 'rematted_computation'): JAX applied "
+            "those regions' policies when the function was exported, so the module policy "
+            "decides only outside them; jax.checkpoint(f, policy) around the same model lets "
+            "policy decide inside them too (the outermost wins). Use rp.checkpoint in the model "
+            "instead of jax.checkpoint (or export it without its own checkpoints) to let the "
+            "passes decide there"]
 
 
 class _IterationPolicy:
