@@ -188,6 +188,32 @@ def lowering_overridden(prim, rule):
             jax_lowering._lowerings[prim] = saved
 
 
+@contextlib.contextmanager
+def checkpoints_differentiated_as(make_region):
+    """Within it, differentiating a `jax.checkpoint` call (JAX's `remat_p`) differentiates
+    `make_region(fun, policy, prevent_cse)` of its body instead: JAX's own
+    rematerialization of the call never happens, and the region `make_region` returns
+    (an `rp.checkpoint` region) is what the exported program shows. JAX's JVP rule is
+    restored on exit."""
+    import jax
+    from jax._src import ad_checkpoint, core
+    from jax._src.interpreters import ad, partial_eval as pe
+    prim = ad_checkpoint.remat_p
+    saved = ad.primitive_jvps[prim]
+
+    def jvp(primals, tangents, *, jaxpr, prevent_cse, differentiated, policy):
+        body = core.jaxpr_as_fun(pe.close_jaxpr(jaxpr))
+        region = make_region(lambda *args: body(*args), policy, prevent_cse)
+        out, out_dot = jax.jvp(region, tuple(primals),
+                               tuple(ad.instantiate_zeros(t) for t in tangents))
+        return list(out), list(out_dot)
+    ad.primitive_jvps[prim] = jvp
+    try:
+        yield
+    finally:
+        ad.primitive_jvps[prim] = saved
+
+
 def current_lowering(prim):
     """The default lowering rule registered for `prim`, or None (for tests)."""
     from jax._src.interpreters import mlir as jax_lowering

@@ -16,6 +16,10 @@ Arguments and results are the function's own pytrees in both forms:
   with the forward and keep nothing of the saving (see place-optimization-barriers).
   `jitted.lower(*args).mode` says which form it took.
 
+`jax_checkpoint="regions"` makes the `jax.checkpoint` calls of the model code checkpoint
+regions the passes apply (a layer JAX would rematerialize at export becomes one `policy`
+or a budget can reach into; see `rp.export`).
+
 `donate_argnums` donates as `jax.jit` does (the donated inputs are deleted after the call).
 `jitted.lower(*args)` gives what was built for those arguments: the rewritten Module, the
 residuals, the remarks, the executables (for XLA's `memory_analysis()`).
@@ -38,7 +42,7 @@ from remat_passes.api import cache
 from remat_passes.api.remat import remat
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError
-from remat_passes.jax.bridge import export
+from remat_passes.jax.bridge import JAX_CHECKPOINT, export
 from remat_passes.jax.module import Module
 
 MODES = ("auto", "joint", "split")
@@ -128,7 +132,8 @@ class Jitted:
     def __init__(self, fun: Callable, *, policy=None, mode: str = "auto",
                  donate_argnums: int | Sequence[int] = (),
                  static_argnums: int | Sequence[int] = (), prevent_cse: bool = True,
-                 tie_to_cotangent: bool | None = None, cache_dir=None):
+                 tie_to_cotangent: bool | None = None, jax_checkpoint: str = "jax",
+                 cache_dir=None):
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.fun = fun
@@ -136,6 +141,10 @@ class Jitted:
         self.mode = mode
         self.prevent_cse = prevent_cse
         self.tie_to_cotangent = tie_to_cotangent
+        if jax_checkpoint not in JAX_CHECKPOINT:
+            raise ValueError(f"rp.jit: jax_checkpoint must be one of "
+                             f"{', '.join(JAX_CHECKPOINT)}, got {jax_checkpoint!r}")
+        self.jax_checkpoint = jax_checkpoint
         self.cache_dir = cache.cache_dir(cache_dir)
         self.static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
                                            else set(static_argnums)))
@@ -193,7 +202,7 @@ class Jitted:
             return fun(*full)
         dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
         _keep_parameter_names(dynamic_fun, fun, statics)
-        exported = export(dynamic_fun, *dynamic)
+        exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint)
         mode = default_mode() if self.mode == "auto" else self.mode
         module, hit = self._remat(exported, mode, dynamic_fun.__name__)
         donated = self._donated_positions(static)
@@ -382,7 +391,7 @@ def _placement(before: list, fwd_out: list, bwd_out: list) -> list:
 def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         donate_argnums: int | Sequence[int] = (), static_argnums: int | Sequence[int] = (),
         prevent_cse: bool = True, tie_to_cotangent: bool | None = None,
-        cache_dir=None) -> Any:
+        jax_checkpoint: str = "jax", cache_dir=None) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
@@ -391,7 +400,9 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
     if fun is None:
         return functools.partial(jit, policy=policy, mode=mode, donate_argnums=donate_argnums,
                                  static_argnums=static_argnums, prevent_cse=prevent_cse,
-                                 tie_to_cotangent=tie_to_cotangent, cache_dir=cache_dir)
+                                 tie_to_cotangent=tie_to_cotangent,
+                                 jax_checkpoint=jax_checkpoint, cache_dir=cache_dir)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
                   static_argnums=static_argnums, prevent_cse=prevent_cse,
-                  tie_to_cotangent=tie_to_cotangent, cache_dir=cache_dir)
+                  tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
+                  cache_dir=cache_dir)

@@ -122,12 +122,36 @@ def _param_names(fun, n: int) -> list[str]:
     return names
 
 
-def export_vjp(fun, *primals, platforms=None) -> Module:
+JAX_CHECKPOINT = ("jax", "regions")
+
+
+@contextlib.contextmanager
+def _jax_checkpoints(how: str):
+    """What becomes of the `jax.checkpoint` calls in the model code while exporting:
+    "jax" (JAX rematerializes them in the exported program, as `jax.export` does) or
+    "regions" (each call is an `rp.checkpoint` region with its policy recorded: the
+    passes apply it, and an outer region or budget can decide inside it)."""
+    if how not in JAX_CHECKPOINT:
+        raise RematError(f"error: jax_checkpoint must be one of {', '.join(JAX_CHECKPOINT)}, "
+                         f"got {how!r}")
+    if how == "jax":
+        yield
+        return
+
+    def region(body, policy, prevent_cse):
+        return checkpoint(body, policy=policy, prevent_cse=prevent_cse)
+    with jax_compat.checkpoints_differentiated_as(region):
+        yield
+
+
+def export_vjp(fun, *primals, platforms=None, jax_checkpoint: str = "jax") -> Module:
     """Export the joint VJP of `fun` at `primals` as a Module.
 
     `@main(primals..., cotangents...) -> (outputs..., primal cotangents...)`,
     pytrees flattened as `jax.vjp` does; calling it equals `jax.vjp(fun,
     *primals)` followed by the VJP function on the same cotangents.
+    `jax_checkpoint="regions"` turns the `jax.checkpoint` calls of the model code into
+    checkpoint regions the passes apply (default "jax": JAX applies them at export).
     """
     out_shape = jax.eval_shape(fun, *primals)
     for leaf in jax.tree_util.tree_leaves(out_shape):
@@ -144,7 +168,7 @@ def export_vjp(fun, *primals, platforms=None) -> Module:
         [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
     joint.__name__ = getattr(fun, "__name__", "fun")
 
-    with names_as_markers():
+    with names_as_markers(), _jax_checkpoints(jax_checkpoint):
         exported = jax_export.export(jax.jit(joint, keep_unused=True), platforms=platforms,
                                      disabled_checks=[_MARKER_CHECK])(*primals, cotangent)
     module = Module.parse(exported.mlir_module())
@@ -169,7 +193,7 @@ def _with_module(exported, module: Module):
     return dataclasses.replace(exported, mlir_module_serialized=mlir.to_bytecode(module.op))
 
 
-def export(fun, *args, platforms=None) -> Module:
+def export(fun, *args, platforms=None, jax_checkpoint: str = "jax") -> Module:
     """`jax.export` of `jax.jit(fun)` at `args`, with checkpoint names kept.
 
     For a function that computes its own gradients (a training step): plain
@@ -178,11 +202,12 @@ def export(fun, *args, platforms=None) -> Module:
     (and `compile` drops), and the policies of `rp.checkpoint` regions are
     recorded, as `export_vjp` does. Equivalent: call `jax.export` inside
     `with rp.names_as_markers():` and load the result with `rp.from_exported`.
+    `jax_checkpoint` as for `export_vjp`.
     """
     @functools.wraps(fun)
     def fresh(*a):      # a new function: JAX's caches never hand the marker lowering
         return fun(*a)  # to a later plain jit of `fun`, nor a plain one to us
-    with names_as_markers():
+    with names_as_markers(), _jax_checkpoints(jax_checkpoint):
         exported = jax_export.export(jax.jit(fresh), platforms=platforms,
                                      disabled_checks=[_MARKER_CHECK])(*args)
     module = from_exported(exported)

@@ -293,9 +293,9 @@ def _baked_recomputation(a, func: str, policies: ScopePolicies) -> list[str]:
             "regions in the model code (name stacks with 'rematted_computation'): JAX applied "
             "those regions' policies when the function was exported, so the module policy "
             "decides only outside them; jax.checkpoint(f, policy) around the same model lets "
-            "policy decide inside them too (the outermost wins). Use rp.checkpoint in the model "
-            "instead of jax.checkpoint (or export it without its own checkpoints) to let the "
-            "passes decide there"]
+            "policy decide inside them too (the outermost wins). Export with "
+            "jax_checkpoint=\"regions\" (rp.export, rp.export_vjp, rp.jit) to make them "
+            "regions the passes apply"]
 
 
 class _IterationPolicy:

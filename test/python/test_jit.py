@@ -331,3 +331,34 @@ def test_disk_cache_is_read_by_another_process(tmp_path):
                            timeout=300) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
     assert [r.stdout.split()[-1] for r in runs] == ["False", "True"]
+
+
+def test_jax_checkpoint_regions_in_a_training_step():
+    """A model that wraps its layers in jax.checkpoint: with jax_checkpoint="regions" the
+    layers are regions the passes apply (an outer rp.checkpoint's policy decides inside
+    them, as jax.checkpoint's would), with jax.jit's results."""
+    def ckpt_loss(params, x, y):
+        h = x
+        for p in params:
+            def layer(p, h):
+                a = rp.checkpoint_name(jax.nn.gelu(h @ p["w1"]), "act")
+                return h + a @ p["w2"]
+            h = jax.checkpoint(layer)(p, h)
+        return jnp.mean((h - y) ** 2)
+
+    def ckpt_step(params, x, y):
+        g = jax.grad(rp.checkpoint(ckpt_loss, policy="save_only_these_names('act')"))(
+            params, x, y)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, g)
+    params = init(jax.random.key(0))
+    x, y = next(batches(1))
+    jitted = rp.jit(ckpt_step, jax_checkpoint="regions")
+    lowered = jitted.lower(params, x, y)
+    assert "rematted_computation" not in lowered.exported.text(debug_info=True)
+    named = [r for r in lowered.residuals if r.description.startswith("named")]
+    assert len(named) == LAYERS and all("'act'" in r.description for r in named), named
+    for got, want in zip(jax.tree.leaves(jitted(params, x, y)),
+                         jax.tree.leaves(jax.jit(ckpt_step)(params, x, y))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="jax_checkpoint"):
+        rp.jit(ckpt_step, jax_checkpoint="yes")
