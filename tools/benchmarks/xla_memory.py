@@ -10,6 +10,12 @@ temp + arguments + outputs - aliased (`common.xla_footprint`). Beside them, our 
 estimate of each half (`rp.estimate_memory(split, model="xla")[half].peak_bytes`) and its
 error against XLA's footprint, and that of the default program-order model.
 
+Then the joint form, one program: ours (`rp.remat(..., mode='joint')`) beside `jax.jit` of
+`jax.vjp` of `jax.checkpoint(model, policy)`. Ours are made as `rp.jit` makes them on this
+backend: on CPU with `tie_to_cotangent` (XLA:CPU deletes optimization barriers before it
+schedules; the tie keeps the recomputation where the plan put it), so the comparison is of
+what each tool gives a user here.
+
 Then, per model, `auto(budget=b)` for 10 budgets from the least a plan can keep to no remat:
 the activation bytes the plan keeps and XLA's footprint of the larger half, which should not
 rise as the budget falls.
@@ -20,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 import remat_passes as rp
+from remat_passes.api.jit import needs_tie
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.memory import estimate_memory
 from tools.benchmarks import common
@@ -47,6 +54,18 @@ def _jax_halves(fun, args) -> list[dict]:
     return [common.xla_memory(fwd_c), common.xla_memory(bwd_c)]
 
 
+def _joint(compiled) -> dict:
+    return common.xla_memory(compiled)
+
+
+def _jax_joint(fun, args, ct) -> dict:
+    return _joint(jax.jit(lambda *a: jax.vjp(fun, *a)[1](ct)).lower(*args).compile())
+
+
+def _our_joint(joint, args, ct) -> dict:
+    return _joint(rp.compile(joint, "main").lower(*args, ct).compile())
+
+
 def _our_halves(split, args) -> list[dict]:
     fwd_c = rp.compile(split, "main_fwd").lower(*args).compile()
     res = fwd_c(*args)
@@ -64,29 +83,34 @@ def _our_halves(split, args) -> list[dict]:
 
 def measure(keys=tuple(MODELS), log=print) -> dict:
     rows, sweeps = [], []
+    tie = needs_tie()
     for key in keys:
         model = MODELS[key]()
         module = rp.export_vjp(model.build(_identity), *model.args)
+        ct = jnp.ones_like(model.build(_identity)(*model.args))
         for case in cases_for(model):
             if case.kind not in ("whole", "plain"):
                 continue
-            split = rp.remat(module, case.our_policy, mode="split")
+            split = rp.remat(module, case.our_policy, mode="split", tie_to_cotangent=tie)
+            joint = rp.remat(module, case.our_policy, tie_to_cotangent=tie)
             rows.append({"model": key, "policy": case.label, "short": case.short,
                          "ours": _our_halves(split, model.args),
                          "jax": _jax_halves(jax_function(model, case), model.args),
+                         "joint_ours": _our_joint(joint, model.args, ct),
+                         "joint_jax": _jax_joint(jax_function(model, case), model.args, ct),
                          "activations": activation_bytes(split.residuals)})
             log(f"xla: {key} {case.short}")
         lo, hi = rp.bounds(module)
         points = []
         for k in range(SWEEP_POINTS):
             b = int(lo + (hi - lo) * k / (SWEEP_POINTS - 1))
-            split = rp.remat(module, rp.policies.auto(b), mode="split")
+            split = rp.remat(module, rp.policies.auto(b), mode="split", tie_to_cotangent=tie)
             halves = _our_halves(split, model.args)
             points.append({"budget": b, "halves": halves,
                            "activations": activation_bytes(split.residuals)})
         sweeps.append({"model": key, "points": points})
         log(f"xla: {key} sweep of {SWEEP_POINTS} budgets")
-    return {"meta": common.machine(), "rows": rows, "sweeps": sweeps}
+    return {"meta": common.machine(), "tie_to_cotangent": tie, "rows": rows, "sweeps": sweeps}
 
 
 def _ratio(a: int, b: int) -> float:
@@ -94,8 +118,9 @@ def _ratio(a: int, b: int) -> float:
 
 
 def checks(data) -> list[tuple[str, bool]]:
-    """Temp bytes of each half <= JAX's + 2%; XLA's footprint never rises as the budget
-    falls (+2%); the estimate within 15% of XLA's footprint of each half."""
+    """Temp bytes of each half <= JAX's + 2%; the joint form's footprint <= JAX's + 2%;
+    XLA's footprint never rises as the budget falls (+2%); the estimate within 15% of XLA's
+    footprint of each half."""
     out = []
     for r in data["rows"]:
         for i, half in enumerate(("fwd", "bwd")):
@@ -106,6 +131,12 @@ def checks(data) -> list[tuple[str, bool]]:
             err = abs(r["ours"][i]["estimate"] - fp) / fp if fp else 0.0
             out.append((f"{r['model']} {r['short']} {half}: estimate off XLA's footprint by "
                         f"{err:.0%}", err <= ESTIMATE_TOLERANCE))
+    for r in data["rows"]:
+        if "joint_ours" not in r:
+            continue
+        ours, theirs = (common.xla_footprint(r[k]) for k in ("joint_ours", "joint_jax"))
+        out.append((f"{r['model']} {r['short']} joint: footprint {ours:,} B vs JAX's "
+                    f"{theirs:,} B", ours <= theirs * TEMP_SLACK))
     for s in data["sweeps"]:
         peaks = [common.xla_peak(p["halves"]) for p in s["points"]]
         worst = max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)),
@@ -120,7 +151,9 @@ def render(data) -> str:
     parts = ["## Memory as XLA allocates it", "",
              "XLA's `memory_analysis()` of each split half on the "
              f"{meta['backend']} backend ({meta['cpus']} CPUs, jax {meta['jax']}, commit "
-             f"{meta['commit']}): ours (`rp.remat(..., mode='split')`) beside JAX's split of "
+             f"{meta['commit']}): ours (`rp.remat(..., mode='split')`"
+             + (", tied to the cotangent as rp.jit makes it on CPU" if data.get("tie_to_cotangent")
+                else "") + ") beside JAX's split of "
              "`jax.checkpoint(model, policy)` (`jax.vjp`, forward and backward jitted "
              "separately). **temp** is XLA's scratch buffer; **footprint** = temp + arguments "
              "+ outputs - aliased; **estimate error** is that of `rp.estimate_memory(split, "
@@ -145,6 +178,20 @@ def render(data) -> str:
                         f"({(o[i]['estimate_program_order'] - fp) / fp:+.0%})")
         cells.append(" / ".join(errs))
         parts.append(f"| {r['model']} | `{r['policy']}` | " + " | ".join(cells) + " |")
+    tie = data.get("tie_to_cotangent")
+    parts += ["", "The joint form, one program: XLA's footprint of ours (`rp.remat(..., "
+              f"mode='joint'{', tie_to_cotangent=True' if tie else ''})`, as `rp.jit` builds "
+              "it on this backend) beside `jax.jit` of `jax.vjp` of `jax.checkpoint(model, "
+              "policy)`" + (". XLA:CPU deletes optimization barriers before it schedules, "
+                            "so JAX's recomputation is undone here and its joint program "
+                            "needs what no remat needs; the tie keeps ours where the plan "
+                            "put it." if tie else "."), "",
+              "| model | policy | joint footprint ours / JAX |", "|---|---|---:|"]
+    for r in data["rows"]:
+        if "joint_ours" in r:
+            a, b = (common.xla_footprint(r[k]) for k in ("joint_ours", "joint_jax"))
+            parts.append(f"| {r['model']} | `{r['policy']}` | {a:,} / {b:,} "
+                         f"({_ratio(a, b):.2f}) |")
     parts += ["", f"`auto(budget=b)` along {SWEEP_POINTS} budgets from the least a plan can "
               "keep to no remat: activation bytes kept and XLA's footprint of the larger "
               "half.", "", "| model | budget | activations | XLA footprint |",
@@ -156,7 +203,7 @@ def render(data) -> str:
     results = checks(data)
     missed = [text for text, ok in results if not ok]
     parts += ["", f"Checks: {len(results) - len(missed)} of {len(results)} pass (temp bytes "
-              f"of each half at most JAX's + 2%, the `xla` estimate within "
+              f"of each half and the joint footprint at most JAX's + 2%, the `xla` estimate within "
               f"{ESTIMATE_TOLERANCE:.0%} of XLA's footprint, the footprint never rising as "
               "the budget falls). Missed:", ""]
     parts += [f"- {text}" for text in missed] or ["- none"]
