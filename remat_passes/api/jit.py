@@ -43,6 +43,7 @@ from remat_passes.api.remat import remat
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
+from remat_passes.jax import run as jax_run
 from remat_passes.jax.module import Module
 
 MODES = ("auto", "joint", "split")
@@ -288,9 +289,14 @@ class Jitted:
                             if i in donated_leaves and j not in to_bwd)
         fwd_exp = module.to_exported("main_fwd")
         bwd_exp = module.to_exported("main_bwd")
-        fwd = jax.jit(fwd_exp.call, donate_argnums=fwd_donated).lower(
+        device = _one_device(leaves)
+        fwd = jax.jit(fwd_exp.call, donate_argnums=fwd_donated,
+                      **jax_run.memory_kind_shardings(module, "main_fwd", device)).lower(
             *[leaves[i] for i in kept]).compile()
-        res_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in bwd_exp.in_avals]
+        in_kinds = jax_run.memory_kinds(module, "main_bwd", "arg_attrs")
+        in_shardings = jax_run.placed_shardings(in_kinds, device) or [None] * len(in_kinds)
+        res_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
+                     for a, sh in zip(bwd_exp.in_avals, in_shardings)]
         # the residuals fwd made are ours, and so are donated arguments: the backward may
         # reuse their buffers for its outputs
         ours, seen = [], set()
@@ -329,6 +335,13 @@ class Jitted:
                     flat[i].delete()
             return jax.tree_util.tree_unflatten(out_tree, results)
         return Lowered("split", exported, module, (fwd, bwd), run)
+
+
+def _one_device(leaves):
+    """The device of a program whose arguments are on one device (None: several)."""
+    devices = {d for x in leaves if isinstance(x, jax.Array) for d in x.sharding.device_set}
+    return next(iter(devices)) if len(devices) == 1 else (
+        jax.devices()[0] if not devices else None)
 
 
 def _drop_passthrough(module: Module, n_out: int) -> dict:

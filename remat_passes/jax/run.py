@@ -137,6 +137,36 @@ def to_exported(module, function: str = "main"):
     )
 
 
+def memory_kinds(module, function: str, which: str) -> list:
+    """`mhlo.memory_kind` of each result (`which="res_attrs"`) or argument ("arg_attrs")
+    of `function` (annotate-host-offload sets it on offloaded residuals); None: default."""
+    with module.op.context:
+        f = graph.find_func(module.op, function)
+        n = len(f.type.results if which == "res_attrs" else f.type.inputs)
+        return [contract.memory_kind(f, which, i) for i in range(n)]
+
+
+def placed_shardings(kinds: list, device) -> list | None:
+    """Single-device shardings that put each value in its memory kind (None: default), or
+    None when no value has one or the program is not on one `device`. XLA must see an
+    offloaded residual leave or enter an executable in host memory: a value moved to host
+    that is returned in device memory fails to compile on GPU."""
+    if not any(kinds) or device is None:
+        return None
+    return [None if k is None else jax.sharding.SingleDeviceSharding(device, memory_kind=k)
+            for k in kinds]
+
+
+def memory_kind_shardings(module, function: str, device) -> dict:
+    """`jax.jit` keyword arguments for `function` of `module`: out_shardings that return
+    its results with a memory kind in that memory (see `placed_shardings`), in the shape
+    `to_exported` gives its results (one result bare, several a tuple); {} for none."""
+    placed = placed_shardings(memory_kinds(module, function, "res_attrs"), device)
+    if placed is None:
+        return {}
+    return {"out_shardings": placed[0] if len(placed) == 1 else tuple(placed)}
+
+
 def compile(module, function: str = "main", donate_argnums=()):
     """Compile `function` of `module` with XLA (default backend); returns a callable,
     which compiles once per input signature, as `jax.jit` does (and the same callable is
@@ -154,9 +184,11 @@ def compile(module, function: str = "main", donate_argnums=()):
         exported = to_exported(module, function)
         if module.exported is not None and exported.in_tree == module.exported.in_tree:
             cache[key] = jax.jit(exported.call, donate_argnums=donate)
-        else:
+        else:     # (the split halves: an offloaded residual leaves <f>_fwd in host memory)
+            placed = {} if exported.nr_devices != 1 else \
+                memory_kind_shardings(module, function, jax.devices()[0])
             cache[key] = jax.jit(lambda *args: exported.call(*jax.tree_util.tree_leaves(args)),
-                                 donate_argnums=donate)
+                                 donate_argnums=donate, **placed)
     return cache[key]
 
 

@@ -362,3 +362,32 @@ def test_jax_checkpoint_regions_in_a_training_step():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="jax_checkpoint"):
         rp.jit(ckpt_step, jax_checkpoint="yes")
+
+
+OFFLOAD_H = ("save_and_offload_only_these_names(names_which_can_be_saved=[], "
+             "names_which_can_be_offloaded=['act'], offload_src='device', "
+             "offload_dst='pinned_host')")
+
+
+def test_split_form_keeps_offloaded_residuals_in_host_memory():
+    """The split form hands an offloaded residual from the forward executable to the
+    backward one in host memory (XLA:GPU refuses a value moved to host that an executable
+    returns in device memory), with jax.jit's results; so does Module.call of the halves."""
+    params = init(jax.random.key(0))
+    state = OPT.init(params)
+    batch = next(batches(1))
+    jitted = rp.jit(step, policy=OFFLOAD_H, mode="split")
+    fwd, bwd = jitted.lower(params, state, batch).executables
+    assert "pinned_host" in {s.memory_kind for s in jax.tree.leaves(fwd.output_shardings)}
+    assert "pinned_host" in {s.memory_kind for s in jax.tree.leaves(bwd.input_shardings)}
+    for got, want in zip(jax.tree.leaves(jitted(params, state, batch)),   # (AdamW: see
+                         jax.tree.leaves(jax.jit(step)(params, state, batch))):  # above)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5)
+    split = rp.remat(rp.export_vjp(loss, params, *batch), OFFLOAD_H, mode="split")
+    y, *residuals = split.call(params, *batch, function="main_fwd")
+    offloaded = [r.sharding.memory_kind for r in residuals].count("pinned_host")
+    assert offloaded == LAYERS, [r.sharding.memory_kind for r in residuals]
+    grads = split.call(*residuals, jnp.ones(()), function="main_bwd")
+    want = jax.grad(loss, argnums=(0, 1, 2))(params, *batch)
+    for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-6)
