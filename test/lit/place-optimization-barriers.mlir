@@ -7,6 +7,7 @@
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TIE
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TWICE
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers | filecheck %s --check-prefix=NOTIE
+// RUN: sed -n '/^module @no_activation/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=NOACT
 
 // The input is what remat-partial-eval leaves: recomputed ops carry
 // remat.recompute = <group>, one group per backward op that needed them,
@@ -290,6 +291,28 @@ module @tie {
     %d = stablehlo.dot_general %t, %wt, contracting_dims = [1] x [0] {remat.recompute = 3 : i64} : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
     %g1 = stablehlo.multiply %g0, %d : tensor<2x4xf32>
     return %e, %g1 : tensor<2x4xf32>, tensor<2x4xf32>
+  }
+}
+
+// -----
+
+// tie-to-cotangent=true, but the backward reads nothing of the forward but the
+// argument %x (the second group reads the first group's clone): the whole
+// forward is recomputed at once from the arguments, which saves nothing in any
+// form, so no tie is placed (XLA:CPU undoing it costs no memory). Barriers only.
+// CHECK-LABEL: module @no_activation
+// NOACT-LABEL: module @no_activation
+// NOACT-COUNT-2: stablehlo.optimization_barrier
+// NOACT-NOT: is_finite
+module @no_activation {
+  func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+    %s = stablehlo.sine %x : tensor<4xf32>
+    %s2 = stablehlo.sine %x {remat.recompute = 1 : i64} : tensor<4xf32>
+    %c2 = stablehlo.cosine %s2 {remat.recompute = 1 : i64} : tensor<4xf32>
+    %g0 = stablehlo.multiply %ct, %c2 : tensor<4xf32>
+    %t = stablehlo.tanh %s2 {remat.recompute = 2 : i64} : tensor<4xf32>
+    %g1 = stablehlo.multiply %g0, %t : tensor<4xf32>
+    return %s, %g1 : tensor<4xf32>, tensor<4xf32>
   }
 }
 

@@ -159,12 +159,17 @@ def test_one_build_per_signature_and_static_arguments():
 
 
 def test_auto_mode_takes_joint_and_ties_on_cpu():
+    """Joint everywhere; on CPU tied to the cotangent, unless the forward keeps no
+    activation (nothing_saveable over the whole step: nothing to keep where the plan put
+    it, the whole forward is recomputed at once)."""
     params = init(jax.random.key(0))
-    jitted = rp.jit(step, policy="nothing_saveable")
-    lowered = jitted.lower(params, OPT.init(params), next(batches(1)))
+    sample = (params, OPT.init(params), next(batches(1)))
+    lowered = rp.jit(step, policy="save_only_these_names('act')").lower(*sample)
     assert lowered.mode == "joint"
     tied = "stablehlo.is_finite" in lowered.module.text()
     assert tied == (jax.default_backend() == "cpu")
+    lowered = rp.jit(step, policy="nothing_saveable").lower(*sample)
+    assert "stablehlo.is_finite" not in lowered.module.text()
 
 
 RB, RD, RL = 256, 64, 4        # a residual MLP whose activations outweigh its weights

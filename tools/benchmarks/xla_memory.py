@@ -63,7 +63,10 @@ def _jax_joint(fun, args, ct) -> dict:
 
 
 def _our_joint(joint, args, ct) -> dict:
-    return _joint(rp.compile(joint, "main").lower(*args, ct).compile())
+    m = _joint(rp.compile(joint, "main").lower(*args, ct).compile())
+    m["estimate"] = int(estimate_memory(joint, model="xla")["main"].peak_bytes)
+    m["estimate_program_order"] = int(estimate_memory(joint)["main"].peak_bytes)
+    return m
 
 
 def _our_halves(split, args) -> list[dict]:
@@ -137,6 +140,10 @@ def checks(data) -> list[tuple[str, bool]]:
         ours, theirs = (common.xla_footprint(r[k]) for k in ("joint_ours", "joint_jax"))
         out.append((f"{r['model']} {r['short']} joint: footprint {ours:,} B vs JAX's "
                     f"{theirs:,} B", ours <= theirs * TEMP_SLACK))
+        if "estimate" in r["joint_ours"] and ours:
+            err = abs(r["joint_ours"]["estimate"] - ours) / ours
+            out.append((f"{r['model']} {r['short']} joint: estimate off XLA's footprint by "
+                        f"{err:.0%}", err <= ESTIMATE_TOLERANCE))
     for s in data["sweeps"]:
         peaks = [common.xla_peak(p["halves"]) for p in s["points"]]
         worst = max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)),
@@ -185,13 +192,19 @@ def render(data) -> str:
               "policy)`" + (". XLA:CPU deletes optimization barriers before it schedules, "
                             "so JAX's recomputation is undone here and its joint program "
                             "needs what no remat needs; the tie keeps ours where the plan "
-                            "put it." if tie else "."), "",
-              "| model | policy | joint footprint ours / JAX |", "|---|---|---:|"]
+                            "put it." if tie else ".") + " The estimate error is that of "
+              "`rp.estimate_memory(joint, model='xla')` against XLA's footprint (in "
+              "parentheses: the program-order model's).", "",
+              "| model | policy | joint footprint ours / JAX | estimate error |",
+              "|---|---|---:|---:|"]
     for r in data["rows"]:
         if "joint_ours" in r:
             a, b = (common.xla_footprint(r[k]) for k in ("joint_ours", "joint_jax"))
+            o = r["joint_ours"]
+            err = (f"{(o['estimate'] - a) / a:+.0%} ({(o['estimate_program_order'] - a) / a:+.0%})"
+                   if "estimate" in o and a else "")
             parts.append(f"| {r['model']} | `{r['policy']}` | {a:,} / {b:,} "
-                         f"({_ratio(a, b):.2f}) |")
+                         f"({_ratio(a, b):.2f}) | {err} |")
     parts += ["", f"`auto(budget=b)` along {SWEEP_POINTS} budgets from the least a plan can "
               "keep to no remat: activation bytes kept and XLA's footprint of the larger "
               "half.", "", "| model | budget | activations | XLA footprint |",
