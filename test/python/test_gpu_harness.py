@@ -48,3 +48,21 @@ def test_time_limit_stops_cleanly_and_marks_the_run_incomplete(tmp_path):
                        dry_run=True)
     assert data["complete"] is False and data["rows"] == []
     assert "Incomplete run" in gpu.render(data)
+
+
+def test_failed_runs_are_kept_and_retried_on_request(tmp_path):
+    """A failure is a result (kept on resume); --retry-failed measures it again."""
+    out = tmp_path / "gpu.json"
+    data = gpu.measure(only=["nothing"], steps=1, path=out, log=lambda s: None, dry_run=True)
+    failed = dict(data["rows"][0])
+    for k in ("times", "memory", "loss", "activations"):
+        failed.pop(k, None)
+    failed["error"] = "XlaRuntimeError: an earlier failure"
+    data["rows"][0] = failed
+    out.write_text(json.dumps(data))
+    kept = gpu.measure(only=["nothing"], steps=1, path=out, log=lambda s: None, dry_run=True)
+    assert kept["rows"][0]["error"].startswith("XlaRuntimeError")
+    retried = gpu.measure(only=["nothing"], steps=1, path=out, log=lambda s: None,
+                          dry_run=True, retry_failed=True)
+    assert not any("error" in r for r in retried["rows"])
+    assert len(retried["rows"]) == len(data["rows"])

@@ -116,9 +116,12 @@ def run_gpu(argv) -> None:
     ap.add_argument("--out", default=None, help="results file (default results/gpu.json)")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny MLP on whatever backend: checks the harness")
+    ap.add_argument("--retry-failed", action="store_true",
+                    help="measure again the runs the results file records as failed")
     args = ap.parse_args(argv)
     data = gpu.measure(args.models.split(","), args.only.split(",") if args.only else None,
-                       args.steps, args.out, args.time_limit, _log, args.dry_run)
+                       args.steps, args.out, args.time_limit, _log, args.dry_run,
+                       args.retry_failed)
     _log(f"gpu: {len(data['rows'])} rows, {'complete' if data.get('complete') else 'incomplete'}")
 
 

@@ -92,11 +92,16 @@ def runs(model, only=None):
 
 
 def measure(models=tuple(MODELS), only=None, steps: int = 20, path: Path | None = None,
-            time_limit: float | None = None, log=print, dry_run: bool = False) -> dict:
+            time_limit: float | None = None, log=print, dry_run: bool = False,
+            retry_failed: bool = False) -> dict:
+    """`retry_failed`: measure again the runs a previous run recorded as failed (after a
+    fix), instead of keeping their failure."""
     path = Path(path or common.RESULTS / "gpu.json")
     data = json.loads(path.read_text()) if path.exists() else {
         "meta": common.machine(), "device": jax.devices()[0].device_kind,
         "backend": jax.default_backend(), "steps": steps, "rows": []}
+    if retry_failed:
+        data["rows"] = [r for r in data["rows"] if "error" not in r]
     done = {_key(r) for r in data["rows"]}
     start = time.perf_counter()
     chosen = {"mlp": lambda: make_mlp(batch=8, width=32, depth=2, d_in=16, d_out=8)} \
