@@ -1,4 +1,4 @@
-"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,gpu,render,all} [options]
+"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,gpu,zoo,render,all} [options]
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
@@ -8,6 +8,7 @@
   startup  remat-opt start-up time against `import jax`      -> results/startup.json
   train    a training step through rp.jit beside jax.jit     -> results/train.json
   gpu      XLA memory and step time of every plan (on a GPU)  -> results/gpu.json
+  zoo      models from other libraries (installs them, pinned) -> results/zoo.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
   all      the seven measurements, then render (about 1.5 hours on 2 cores)
 
@@ -125,9 +126,23 @@ def run_gpu(argv) -> None:
     _log(f"gpu: {len(data['rows'])} rows, {'complete' if data.get('complete') else 'incomplete'}")
 
 
+def run_zoo(argv) -> None:
+    from tools.benchmarks import common, zoo
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks zoo",
+                                 description=zoo.__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(zoo.MODELS),
+                    help=f"comma-separated subset of {','.join(zoo.MODELS)}")
+    args = ap.parse_args(argv)
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in zoo.MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {', '.join(zoo.MODELS)}")
+    _log(f"wrote {common.write_json('zoo', zoo.measure(keys, _log))}")
+
+
 def main(argv: list[str]) -> int:
     commands = ("models", "budgets", "scaling", "memory", "xla", "startup", "train", "gpu",
-                "render", "all")
+                "zoo", "render", "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -149,6 +164,8 @@ def main(argv: list[str]) -> int:
         run_train(rest if command == "train" else [])
     if command == "gpu":          # (not part of `all`: it is for the device machine)
         run_gpu(rest)
+    if command == "zoo":          # (not part of `all`: it installs other libraries)
+        run_zoo(rest)
     if command in ("render", "all"):
         from tools.benchmarks import render
         render.render()

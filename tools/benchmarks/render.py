@@ -427,6 +427,10 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     if trained is not None:
         from tools.benchmarks import train
         parts.append(train.render(trained))
+    zoo_results = common.read_json("zoo")    # (optional: python -m tools.benchmarks zoo)
+    if zoo_results is not None:
+        from tools.benchmarks import zoo
+        parts.append(zoo.render(zoo_results))
     device = common.read_json("gpu")          # (optional: measured on the device machine)
     if device is not None:
         from tools.benchmarks import gpu
