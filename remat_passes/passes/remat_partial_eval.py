@@ -231,10 +231,13 @@ def _missing_names(f, func: str, policies: ScopePolicies) -> list[str]:
     or names lost in export (`jax.export` lowers checkpoint_name to nothing)."""
     candidates = [policies.module_policy, policies.scope_policy, *policies.recorded.values()]
     wanted: dict = {}
+    any_of: set = set()         # specs content with any one of their names
     for pol in candidates:
         names = getattr(pol, "names", None)
         if names:
             wanted.setdefault(pol.spec, set()).update(names)
+            if getattr(pol, "names_any", False):
+                any_of.add(pol.spec)
     if not wanted:
         return []
     present: set = set()
@@ -248,7 +251,7 @@ def _missing_names(f, func: str, policies: ScopePolicies) -> list[str]:
     out = []
     for spec, names in wanted.items():
         missing = sorted(names - present)
-        if not missing:
+        if not missing or (spec in any_of and names & present):
             continue
         which = ", ".join(repr(n) for n in missing)
         if present:

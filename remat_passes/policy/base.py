@@ -16,12 +16,14 @@ class Policy:
     """A callable OpInfo -> verdict with a spec string that recreates it."""
 
     def __init__(self, fn: Callable[[Any], Any], spec: str, reads_attributes: bool = False,
-                 constant=None, names=None):
+                 constant=None, names=None, names_any: bool = False):
         self._fn = fn
         self.spec = spec
         # The checkpoint names the policy looks for (None: it does not look at names); a
-        # name no value has gets a remark from remat-partial-eval.
+        # name no value has gets a remark from remat-partial-eval (with `names_any`, only
+        # when no value has any of them: a preset for several model families).
         self.names = frozenset(names) if names is not None else None
+        self.names_any = names_any
         # The verdict for every op, when the policy does not look at ops at all.
         self.constant = constant
         # Built-in policies never look at OpInfo.attributes; user callables may.

@@ -234,6 +234,54 @@ def SaveAndOffloadOnlyTheseNames(names_which_can_be_saved, names_which_can_be_of
         offload_src=offload_src, offload_dst=offload_dst)
 
 
+# MaxText's `remat_policy` presets, as MaxText 0.2.5 builds them (`get_remat_policy` in
+# maxtext/layers/nnx_decoders.py) over its checkpoint names: (what the names get, names).
+# "full" is `policy=None`, jax.checkpoint's default; "none" and "custom" (names from the
+# config) are not presets of a policy.
+_MAXTEXT_QKV = ("query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj")
+_MAXTEXT_MLP = ("mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo")
+_MAXTEXT_MINIMAL = _MAXTEXT_QKV + ("out_proj",) + _MAXTEXT_MLP
+MAXTEXT_PRESETS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "minimal": ("save", _MAXTEXT_MINIMAL),
+    "minimal_with_context": ("save", _MAXTEXT_MINIMAL + ("context",)),
+    "minimal_flash": ("save", _MAXTEXT_MINIMAL + ("context",)),
+    "minimal_with_quantization": ("save", _MAXTEXT_MINIMAL + ("quantization",)),
+    "minimal_with_context_and_quantization":
+        ("save", _MAXTEXT_MINIMAL + ("context", "quantization")),
+    "save_dot_with_context_except_mlp": ("save", _MAXTEXT_QKV + ("context", "out_proj")),
+    "save_dot_except_mlpwi": ("save", _MAXTEXT_QKV + ("out_proj", "mlpwo")),
+    "save_dot_except_mlp": ("save", _MAXTEXT_QKV + ("out_proj",)),
+    "save_qkv_proj": ("save", _MAXTEXT_QKV),
+    "qkv_proj_offloaded": ("offload", ("query_proj", "value_proj", "key_proj", "kv_proj")),
+    "minimal_offloaded": ("offload", _MAXTEXT_MINIMAL),
+    "save_out_proj": ("save", ("out_proj",)),
+    "full": ("nothing", ()),
+}
+
+
+def maxtext(preset):
+    """MaxText's `remat_policy=preset` (MaxText 0.2.5's definitions, over its checkpoint
+    names: `query_proj`, `qkv_proj`, `out_proj`, `mlpwi`, `mlpwo`, `context`, ...). A
+    preset names the projections of every MaxText architecture; a model has some of them,
+    so only a preset none of whose names the model has gets the missing-names remark."""
+    if preset not in MAXTEXT_PRESETS:
+        close = difflib.get_close_matches(str(preset), MAXTEXT_PRESETS, n=3)
+        raise ValueError(f"unknown MaxText remat preset {preset!r}" + (
+            f"; did you mean {', '.join(close)}?" if close else
+            f"; known: {', '.join(MAXTEXT_PRESETS)}"))
+    kind, names = MAXTEXT_PRESETS[preset]
+    if kind == "nothing":
+        base = nothing_saveable
+    elif kind == "save":
+        base = save_only_these_names(*names)
+    else:
+        base = save_and_offload_only_these_names(
+            names_which_can_be_saved=[], names_which_can_be_offloaded=list(names),
+            offload_src="device", offload_dst="pinned_host")
+    return Policy(base, f"maxtext({preset!r})", constant=base.constant,
+                  names=frozenset(names) or None, names_any=True)
+
+
 # Names usable in a policy spec, with the number of arguments they take
 # (None: the name itself is the policy).
 POLICIES: dict[str, Any] = {
@@ -253,6 +301,7 @@ POLICIES: dict[str, Any] = {
     "SaveAnyNamesButThese": SaveAnyNamesButThese,
     "SaveAndOffloadOnlyTheseNames": SaveAndOffloadOnlyTheseNames,
     "auto": auto,
+    "maxtext": maxtext,
 }
 
 

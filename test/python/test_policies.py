@@ -383,3 +383,69 @@ def test_non_policy_is_rejected():
 ])
 def test_auto_takes_its_budget_without_the_keyword(spec, expected):
     assert parse_policy(spec).spec == expected
+
+
+# ------------------------------------------------------ MaxText's remat presets --
+def _maxtext_block(params, x):
+    """A llama-style layer with MaxText's checkpoint names (no kv_proj/qkv_proj/mlpwi)."""
+    wq, wk, wv, wo, w0, w1, w2 = params
+    q = checkpoint_name(x @ wq, "query_proj")
+    k = checkpoint_name(x @ wk, "key_proj")
+    v = checkpoint_name(x @ wv, "value_proj")
+    a = jax.nn.softmax(q @ k.T / 4.0, axis=-1)
+    ctx = checkpoint_name(a @ v, "context")
+    h = x + checkpoint_name(ctx @ wo, "out_proj")
+    g = checkpoint_name(jax.nn.silu(h @ w0), "mlpwi_0") * checkpoint_name(h @ w1, "mlpwi_1")
+    return jnp.sum(jnp.tanh(h + checkpoint_name(g @ w2, "mlpwo")))
+
+
+_MT_NAMES = ("query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj")
+_MT_MINIMAL = _MT_NAMES + ("out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo")
+_CP = jax.checkpoint_policies
+# MaxText 0.2.5's own definitions (maxtext/layers/nnx_decoders.py, get_remat_policy),
+# written with jax.checkpoint_policies: what JAX saves for each preset.
+MAXTEXT_JAX = {
+    "minimal": _CP.save_only_these_names(*_MT_MINIMAL),
+    "minimal_with_context": _CP.save_only_these_names(*_MT_MINIMAL, "context"),
+    "save_dot_with_context_except_mlp":
+        _CP.save_only_these_names(*_MT_NAMES, "context", "out_proj"),
+    "save_dot_except_mlpwi": _CP.save_only_these_names(*_MT_NAMES, "out_proj", "mlpwo"),
+    "save_dot_except_mlp": _CP.save_only_these_names(*_MT_NAMES, "out_proj"),
+    "save_qkv_proj": _CP.save_only_these_names(*_MT_NAMES),
+    "qkv_proj_offloaded": _CP.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=["query_proj", "value_proj", "key_proj", "kv_proj"],
+        offload_src="device", offload_dst="pinned_host"),
+    "minimal_offloaded": _CP.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=list(_MT_MINIMAL),
+        offload_src="device", offload_dst="pinned_host"),
+    "save_out_proj": _CP.save_only_these_names("out_proj"),
+    "full": None,
+}
+
+
+@pytest.mark.parametrize("preset", sorted(MAXTEXT_JAX))
+def test_maxtext_presets_keep_what_maxtext_keeps(preset):
+    """`maxtext(<preset>)` (a spec the CLI reads too) keeps what jax.checkpoint keeps for
+    MaxText's own policy of that preset, offloaded residuals included."""
+    from remat_testlib import assert_same_residual_types
+    key = jax.random.key(0)
+    params = [jax.random.normal(jax.random.fold_in(key, i), s) * 0.2 for i, s in enumerate(
+        [(8, 8)] * 4 + [(8, 16), (8, 16), (16, 8)])]
+    x = jax.random.normal(jax.random.key(1), (4, 8))
+    module = rp.export_vjp(_maxtext_block, params, x)
+    out = rp.remat(module, parse_policy(f"maxtext({preset})"))
+    assert_same_residual_types(out.residuals,
+                               jax.checkpoint(_maxtext_block, policy=MAXTEXT_JAX[preset]),
+                               params, x)
+    assert not [r for r in out.remarks if "no value of" in r]   # some names exist: no remark
+
+
+def test_maxtext_preset_errors_and_remarks():
+    with pytest.raises(rp.RematError, match="did you mean minimal"):
+        parse_policy("maxtext(minimall)")
+    assert parse_policy("maxtext('save_qkv_proj')").spec == "maxtext('save_qkv_proj')"
+    module = rp.export_vjp(lambda w, x: jnp.sum(jnp.sin(x @ w)), jnp.ones((4, 4)),
+                           jnp.ones((2, 4)))
+    remarks = rp.remat(module, "maxtext(save_qkv_proj)").remarks
+    assert any("no checkpoint names" in r for r in remarks), remarks
