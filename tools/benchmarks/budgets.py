@@ -397,9 +397,11 @@ def render(data, png_rel: str) -> str:
         L.append(f"| {key} | " + " | ".join(cells) + " |")
     L += ["", "### On a GPU", "",
           "No GPU was available to this run, so XLA's compiled temp bytes and step times of "
-          "`auto` against the nearest fixed policy are not measured here; CPU numbers would "
-          "not say anything about them (XLA:CPU undoes recomputation in joint programs, "
-          "DESIGN.md §5).", ""]
+          "`auto` against the nearest fixed policy are not measured here. On CPU, XLA's "
+          "memory of `auto` along its budgets is in the sweeps of "
+          "[Memory as XLA allocates it](#memory-as-xla-allocates-it), built as `rp.jit` "
+          "builds them there (tied to the cotangent: XLA:CPU deletes optimization barriers "
+          "before it schedules and would undo the recomputation otherwise).", ""]
     return "\n".join(L) + "\n"
 
 
