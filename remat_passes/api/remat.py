@@ -19,9 +19,10 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     place-optimization-barriers (if prevent_cse) -> annotate-host-offload ->
     strip-checkpoint-names. `tie_to_cotangent`: for XLA:CPU, which deletes the barriers
     before it schedules, also make each recomputation wait for the cotangent by data (see
-    place-optimization-barriers; rp.jit sets it when it compiles for CPU). The residuals partial-eval chose are on the result
-    as `.residuals`, and what it wants the user to know (e.g. a while loop it
-    treated as one atomic op) as `.remarks`; `.timings` has each step's seconds.
+    place-optimization-barriers; rp.jit sets it when it compiles for CPU). The residuals
+    partial-eval chose are on the result as `.residuals`, and what it wants the user to
+    know (e.g. a while loop it treated as one atomic op) as `.remarks`; `.timings` has each
+    step's seconds.
     `verify` runs the MLIR verifier on the result (`remat-opt --verify-each`
     verifies after every step instead).
     """

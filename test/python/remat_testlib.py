@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import Counter
 
 import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 import numpy as np
 
 from remat_passes.jax_compat import jax_saved_residuals as _jax_saved_residuals
@@ -193,3 +195,24 @@ def func_ops(ir_module, name="main"):
             ops = [o.operation for o in op.regions[0].blocks[0].operations]
             return op, ops[:-1], ops[-1]
     raise KeyError(name)
+
+
+# ------------------------------------- a model whose layers checkpoint themselves --
+def checkpointed_layer(W, h):
+    """A layer with a named value, for models whose layers are checkpoint regions."""
+    a = checkpoint_name(jnp.sin(h @ W), "a")
+    return jnp.tanh(a) @ W.T + h
+
+
+def layered_loss(checkpoint, inner):
+    """A loss over three layers, each `checkpoint(checkpointed_layer, policy=inner)`
+    (`jax.checkpoint` or `rp.checkpoint`); its arguments are LAYERED_ARGS."""
+    def loss(Ws, x):
+        h = x
+        for W in Ws:
+            h = checkpoint(checkpointed_layer, policy=inner)(W, h)
+        return jnp.sum(h ** 2)
+    return loss
+
+
+LAYERED_ARGS = ([jnp.ones((8, 8)) * 0.1 * (i + 1) for i in range(3)], jnp.ones((4, 8)))

@@ -18,6 +18,8 @@ import remat_passes as rp
 from remat_passes.ir.mlir import ir
 from remat_passes.jax import bridge as jax_bridge
 from remat_passes.jax_compat import current_lowering, name_primitive
+from remat_testlib import (LAYERED_ARGS, assert_same_residual_types, assert_trees_close,
+                           checkpointed_layer, layered_loss, run_joint)
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -360,23 +362,6 @@ def test_split_of_named_function_matches_vjp():
 
 
 # ------------------------------------ jax.checkpoint in the model: jax_checkpoint= --
-def _ckpt_layer(W, h):
-    a = jax_checkpoint_name(jnp.sin(h @ W), "a")
-    return jnp.tanh(a) @ W.T + h
-
-
-def _ckpt_loss(inner):
-    def loss(Ws, x):
-        h = x
-        for W in Ws:
-            h = jax.checkpoint(_ckpt_layer, policy=inner)(W, h)
-        return jnp.sum(h ** 2)
-    return loss
-
-
-_CKPT_ARGS = ([jnp.ones((8, 8)) * 0.1 * (i + 1) for i in range(3)], jnp.ones((4, 8)))
-
-
 @pytest.mark.parametrize("inner", ["nothing_saveable", "dots_saveable"])
 @pytest.mark.parametrize("outer", [None, "nothing_saveable", "everything_saveable",
                                    "dots_saveable"])
@@ -386,35 +371,34 @@ def test_jax_checkpoint_calls_become_regions(inner, outer):
     they keep what JAX keeps for the model; inside rp.checkpoint(loss, outer) they keep
     what JAX keeps for jax.checkpoint(loss, outer) (the outermost policy decides).
     Gradients are jax.vjp's."""
-    from remat_testlib import assert_same_residual_types, assert_trees_close, run_joint
     JP = jax.checkpoint_policies
-    fun = _ckpt_loss(getattr(JP, inner))
+    fun = layered_loss(jax.checkpoint, getattr(JP, inner))
     theirs = jax.checkpoint(fun, policy=getattr(JP, outer)) if outer else fun
-    module = rp.export_vjp(rp.checkpoint(fun, policy=outer) if outer else fun, *_CKPT_ARGS,
-                           jax_checkpoint="regions")
+    module = rp.export_vjp(rp.checkpoint(fun, policy=outer) if outer else fun,
+                           *LAYERED_ARGS, jax_checkpoint="regions")
     assert "rematted_computation" not in module.text(debug_info=True)
     out = rp.remat(module)
-    assert_same_residual_types(out.residuals, theirs, *_CKPT_ARGS)
+    assert_same_residual_types(out.residuals, theirs, *LAYERED_ARGS)
     ct = jnp.ones(())
-    y, vjp_fn = jax.vjp(fun, *_CKPT_ARGS)
-    assert_trees_close(run_joint(out, _CKPT_ARGS, ct), (y, vjp_fn(ct)))
+    y, vjp_fn = jax.vjp(fun, *LAYERED_ARGS)
+    assert_trees_close(run_joint(out, LAYERED_ARGS, ct), (y, vjp_fn(ct)))
 
 
 def test_jax_checkpoint_in_a_scan_body_becomes_a_region():
     """lax.scan(jax.checkpoint(body, policy)) with jax_checkpoint="regions": per iteration,
     the residuals JAX keeps; gradients jax.vjp's."""
-    from remat_testlib import assert_same_residual_types, assert_trees_close, run_joint
     policy = jax.checkpoint_policies.save_only_these_names("a")
 
     def loss(Ws, x):
         def body(h, W):
-            return jax.checkpoint(_ckpt_layer, policy=policy)(W, h), None
+            return jax.checkpoint(checkpointed_layer, policy=policy)(W, h), None
         return jnp.sum(jax.lax.scan(body, x, Ws)[0] ** 2)
-    Ws = jnp.stack(_CKPT_ARGS[0])
-    out = rp.remat(rp.export_vjp(loss, Ws, _CKPT_ARGS[1], jax_checkpoint="regions"))
-    assert_same_residual_types(out.residuals, loss, Ws, _CKPT_ARGS[1])
-    y, vjp_fn = jax.vjp(loss, Ws, _CKPT_ARGS[1])
-    assert_trees_close(run_joint(out, (Ws, _CKPT_ARGS[1]), jnp.ones(())), (y, vjp_fn(jnp.ones(()))))
+    Ws = jnp.stack(LAYERED_ARGS[0])
+    out = rp.remat(rp.export_vjp(loss, Ws, LAYERED_ARGS[1], jax_checkpoint="regions"))
+    assert_same_residual_types(out.residuals, loss, Ws, LAYERED_ARGS[1])
+    y, vjp_fn = jax.vjp(loss, Ws, LAYERED_ARGS[1])
+    ct = jnp.ones(())
+    assert_trees_close(run_joint(out, (Ws, LAYERED_ARGS[1]), ct), (y, vjp_fn(ct)))
 
 
 def test_jax_checkpoint_option_is_checked_and_jax_rule_restored():
@@ -422,6 +406,7 @@ def test_jax_checkpoint_option_is_checked_and_jax_rule_restored():
     from jax._src.interpreters import ad
     rule = ad.primitive_jvps[ad_checkpoint.remat_p]
     with pytest.raises(rp.RematError, match="jax_checkpoint must be one of"):
-        rp.export_vjp(_ckpt_loss(None), *_CKPT_ARGS, jax_checkpoint="mine")
-    rp.export_vjp(_ckpt_loss(None), *_CKPT_ARGS, jax_checkpoint="regions")
+        rp.export_vjp(layered_loss(jax.checkpoint, None), *LAYERED_ARGS,
+                      jax_checkpoint="mine")
+    rp.export_vjp(layered_loss(jax.checkpoint, None), *LAYERED_ARGS, jax_checkpoint="regions")
     assert ad.primitive_jvps[ad_checkpoint.remat_p] is rule

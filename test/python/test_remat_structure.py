@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from remat_testlib import (assert_same_residual_types, assert_trees_close, func_ops,
-                           jax_saved_residuals, leaves, parse_text, reference_vjp, run_joint,
-                           run_split)
+from remat_testlib import (LAYERED_ARGS, assert_same_residual_types, assert_trees_close,
+                           func_ops, jax_saved_residuals, layered_loss, leaves, parse_text,
+                           reference_vjp, run_joint, run_split)
 
 import remat_passes as rp
 from remat_passes.ir.mlir import ir as rp_ir
@@ -627,23 +627,6 @@ def test_second_order_split_keeps_the_output_forward(policy):
 
 
 # ------------------------------------------- a policy over checkpointed layers --
-def _checkpointed_layer(W, h):
-    a = rp.checkpoint_name(jnp.sin(h @ W), "a")
-    return jnp.tanh(a) @ W.T + h
-
-
-def _layered_loss(checkpoint, inner):
-    def loss(Ws, x):
-        h = x
-        for W in Ws:
-            h = checkpoint(_checkpointed_layer, policy=inner)(W, h)
-        return jnp.sum(h ** 2)
-    return loss
-
-
-_LAYERS = ([jnp.ones((8, 8)) * 0.1 * (i + 1) for i in range(3)], jnp.ones((4, 8)))
-
-
 @pytest.mark.parametrize("inner", ["nothing_saveable", "dots_saveable"])
 @pytest.mark.parametrize("outer", ["nothing_saveable", "everything_saveable", "dots_saveable"])
 def test_an_outer_region_over_checkpointed_layers_keeps_what_jax_keeps(inner, outer):
@@ -651,17 +634,17 @@ def test_an_outer_region_over_checkpointed_layers_keeps_what_jax_keeps(inner, ou
     the outermost policy decides what the forward keeps, inside the layers too. The
     same model with rp.checkpoint regions, wrapped in rp.checkpoint(loss, outer), keeps
     the same residuals."""
-    theirs = jax.checkpoint(_layered_loss(jax.checkpoint, getattr(JP, inner)),
+    theirs = jax.checkpoint(layered_loss(jax.checkpoint, getattr(JP, inner)),
                             policy=getattr(JP, outer))
-    ours = rp.remat(rp.export_vjp(rp.checkpoint(_layered_loss(rp.checkpoint, inner),
-                                                policy=outer), *_LAYERS))
-    assert_same_residual_types(ours.residuals, theirs, *_LAYERS)
+    ours = rp.remat(rp.export_vjp(rp.checkpoint(layered_loss(rp.checkpoint, inner),
+                                                policy=outer), *LAYERED_ARGS))
+    assert_same_residual_types(ours.residuals, theirs, *LAYERED_ARGS)
 
 
 def test_a_module_policy_says_it_does_not_reach_into_jax_checkpoint_regions():
     """A model whose layers call jax.checkpoint is exported with JAX's recomputation of
     them in its backward: a module policy decides outside them only, and says so."""
-    module = rp.export_vjp(_layered_loss(jax.checkpoint, JP.nothing_saveable), *_LAYERS)
+    module = rp.export_vjp(layered_loss(jax.checkpoint, JP.nothing_saveable), *LAYERED_ARGS)
     remark = [r for r in rp.remat(module, P.everything_saveable).remarks
               if "rematted_computation" in r]
     assert remark and 'jax_checkpoint="regions"' in remark[0], remark

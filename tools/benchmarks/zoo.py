@@ -103,8 +103,7 @@ def _joint_footprints(module, loss, policy, args) -> tuple[int, int]:
     import remat_passes as rp
     ct = jnp.ones(())
     ours = rp.compile(module, "main").lower(*args, ct).compile()
-    fun = jax.checkpoint(loss, policy=getattr(jax.checkpoint_policies, policy)) \
-        if policy else loss
+    fun = jax.checkpoint(loss, policy=getattr(jax.checkpoint_policies, policy))
     theirs = jax.jit(lambda *a: jax.vjp(fun, *a)[1](ct)).lower(*args).compile()
     return (common.xla_footprint(common.xla_memory(ours)),
             common.xla_footprint(common.xla_memory(theirs)))
