@@ -40,6 +40,9 @@ def test_dry_run_measures_resumes_and_renders(tmp_path):
     text = gpu.render(again)
     assert "nothing_saveable" in text and "jax.checkpoint" in text and "| ours | split |" in text
     assert "On a GPU" not in text or again["backend"] == "gpu"   # no GPU claim from a CPU
+    summary = next(line for line in text.splitlines()
+                   if line.startswith("| mlp | `nothing_saveable` |"))   # ours over JAX's
+    assert summary.count("x |") == 4 and "Footprint above JAX's + 2%" in text
 
 
 def test_time_limit_stops_cleanly_and_marks_the_run_incomplete(tmp_path):

@@ -4,7 +4,7 @@
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
   scaling  pass time and memory against module size          -> results/scaling.json
   memory   static peak-memory figures                        -> results/memory.json
-  xla      XLA's memory of our split halves beside JAX's       -> results/xla.json
+  xla      XLA's memory of our halves beside JAX's -> results/xla.json (xla_gpu.json on a GPU)
   startup  remat-opt start-up time against `import jax`      -> results/startup.json
   train    a training step through rp.jit beside jax.jit     -> results/train.json
   gpu      XLA memory and step time of every plan (on a GPU)  -> results/gpu.json
@@ -81,7 +81,8 @@ def run_xla(argv) -> None:
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
     data = xla_memory.measure(keys, _log)
-    _log(f"wrote {common.write_json('xla', data)}")
+    backend = data["meta"]["backend"]     # a device's run has its own file (and page section)
+    _log(f"wrote {common.write_json('xla' if backend == 'cpu' else f'xla_{backend}', data)}")
     for text, ok in xla_memory.checks(data):
         if not ok:
             _log(f"check failed: {text}")

@@ -395,13 +395,13 @@ def render(data, png_rel: str) -> str:
             got = "error" if "error" in r else fmt_bytes(r["peak"])
             cells.append(f"{fmt_bytes(r['budget'])}: {got}")
         L.append(f"| {key} | " + " | ".join(cells) + " |")
-    L += ["", "### On a GPU", "",
-          "No GPU was available to this run, so XLA's compiled temp bytes and step times of "
-          "`auto` against the nearest fixed policy are not measured here. On CPU, XLA's "
-          "memory of `auto` along its budgets is in the sweeps of "
-          "[Memory as XLA allocates it](#memory-as-xla-allocates-it), built as `rp.jit` "
-          "builds them there (tied to the cotangent: XLA:CPU deletes optimization barriers "
-          "before it schedules and would undo the recomputation otherwise).", ""]
+    L += ["", "### XLA's memory of `auto`", "",
+          "This section counts the planner's own figures. What XLA allocates for `auto` along "
+          "its budgets is in the sweeps of [Memory as XLA allocates it]"
+          "(#memory-as-xla-allocates-it) (CPU, built as `rp.jit` builds them there: tied to "
+          "the cotangent, since XLA:CPU deletes optimization barriers before it schedules) "
+          "and, where a device run exists, of its GPU section; the GPU training-step runs of "
+          "`auto` at each fixed policy's bytes are in [On a GPU](#on-a-gpu).", ""]
     return "\n".join(L) + "\n"
 
 

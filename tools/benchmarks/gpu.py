@@ -149,6 +149,36 @@ def measure(models=tuple(MODELS), only=None, steps: int = 20, path: Path | None 
     return data
 
 
+def _summary(rows) -> list[str]:
+    """Per model x policy that JAX also runs: our footprint and median step time over
+    `jax.checkpoint`'s, joint and split."""
+    by_key = {_key(r): r for r in rows}
+    lines = ["Ours over `jax.checkpoint` of the same policy (footprint; median step time). "
+             "These models take about a millisecond a step, so the step times are dominated "
+             "by launches and vary by tens of percent between runs.", "",
+             "| model | policy | joint footprint | joint step | split footprint | split step |",
+             "|---|---|---:|---:|---:|---:|"]
+    over = []
+    for r in rows:
+        if r["who"] != "jax.checkpoint" or "error" in r:
+            continue
+        peak, step = common.xla_peak(r["memory"]), statistics.median(r["times"])
+        cells = []
+        for form in FORMS:
+            o = by_key.get((r["model"], r["policy"], "ours", form))
+            if o is None or "error" in o:
+                cells += ["failed" if o else "", ""]
+                continue
+            ratio = common.xla_peak(o["memory"]) / peak
+            if ratio > 1.02:
+                over.append(f"{r['model']} {form} `{r['policy']}` {ratio:.2f}x")
+            cells += [f"{ratio:.2f}x", f"{statistics.median(o['times']) / step:.2f}x"]
+        lines.append(f"| {r['model']} | `{r['policy']}` | " + " | ".join(cells) + " |")
+    lines += ["", f"Footprint above JAX's + 2%: {len(over)} runs" + (": " + "; ".join(over)
+                                                                    if over else "") + ".", ""]
+    return lines
+
+
 def render(data) -> str:
     on_gpu = data.get("backend") == "gpu"
     head = "## On a GPU" if on_gpu else f"## On the {data.get('backend', '?')} backend"
@@ -163,6 +193,7 @@ def render(data) -> str:
              "device (it resumes where a run stopped), then `render`.", ""]
     if not data.get("complete", False):
         parts += ["**Incomplete run**: run the command again to finish it.", ""]
+    parts += _summary(data["rows"])
     by_model: dict = {}
     for r in data["rows"]:
         by_model.setdefault(r["model"], []).append(r)

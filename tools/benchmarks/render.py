@@ -267,18 +267,6 @@ def render_models(data, png_rel, extra_md=None) -> str:
     L += ["## Results per model", ""]
     for key in meta:
         L += model_table(meta[key], by_model[key])
-    L += [
-        "## GPU",
-        "",
-        "**Not measured.** This run had no GPU. On GPU/TPU, XLA keeps the recomputation of a "
-        "joint program and honours `annotate_device_placement`, so the joint form's memory "
-        "can be read from XLA itself (`compiled.memory_analysis()`: temp + argument + output "
-        "bytes) and host offload can be checked. To fill this section: run the benchmarks "
-        "on a GPU machine and add, per model x policy, XLA's `memory_analysis()` of "
-        "`rp.compile(rp.remat(module, policy), 'main')` vs. "
-        "`jax.jit(jax.value_and_grad(jax.checkpoint(model, policy)))`, and step times.",
-        "",
-    ]
     return "\n".join(L) + "\n"
 
 
@@ -423,6 +411,11 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     if allocated is not None:
         from tools.benchmarks import xla_memory
         parts.append(xla_memory.render(allocated))
+    on_device = common.read_json("xla_gpu")  # (optional: `xla` run on the device machine)
+    if on_device is not None:
+        from tools.benchmarks import xla_memory
+        parts.append(xla_memory.render(
+            on_device, f"Memory as XLA allocates it on a GPU ({on_device['meta']['device']})"))
     trained = common.read_json("train")      # (optional: python -m tools.benchmarks train)
     if trained is not None:
         from tools.benchmarks import train

@@ -113,7 +113,8 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
                            "activations": activation_bytes(split.residuals)})
         sweeps.append({"model": key, "points": points})
         log(f"xla: {key} sweep of {SWEEP_POINTS} budgets")
-    return {"meta": common.machine(), "tie_to_cotangent": tie, "rows": rows, "sweeps": sweeps}
+    meta = dict(common.machine(), device=jax.devices()[0].device_kind)
+    return {"meta": meta, "tie_to_cotangent": tie, "rows": rows, "sweeps": sweeps}
 
 
 def _ratio(a: int, b: int) -> float:
@@ -153,9 +154,9 @@ def checks(data) -> list[tuple[str, bool]]:
     return out
 
 
-def render(data) -> str:
+def render(data, title: str = "Memory as XLA allocates it") -> str:
     meta = data["meta"]
-    parts = ["## Memory as XLA allocates it", "",
+    parts = [f"## {title}", "",
              "XLA's `memory_analysis()` of each split half on the "
              f"{meta['backend']} backend ({meta['cpus']} CPUs, jax {meta['jax']}, commit "
              f"{meta['commit']}): ours (`rp.remat(..., mode='split')`"
