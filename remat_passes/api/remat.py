@@ -11,18 +11,21 @@ from remat_passes.passes.remat import Remat
 
 def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
           prevent_cse_in_loops: bool = False, tie_to_cotangent: bool = False,
-          func: str = "main", cotangent_args=None, region_regex=None, region_policy=None,
-          verify: bool = True):
+          scan_segments: int = 0, func: str = "main", cotangent_args=None, region_regex=None,
+          region_policy=None, verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
     inline -> remat-partial-eval (policy, mode) -> insert-reduce-precision ->
-    place-optimization-barriers (if prevent_cse) -> annotate-host-offload ->
-    strip-checkpoint-names. `tie_to_cotangent`: for XLA:CPU, which deletes the barriers
-    before it schedules, also make each recomputation wait for the cotangent by data (see
-    place-optimization-barriers; rp.jit sets it when it compiles for CPU). The residuals
-    partial-eval chose are on the result as `.residuals`, and what it wants the user to
-    know (e.g. a while loop it treated as one atomic op) as `.remarks`; `.timings` has each
-    step's seconds.
+    segment-scans (if scan_segments) -> place-optimization-barriers (if prevent_cse) ->
+    annotate-host-offload -> strip-checkpoint-names. `tie_to_cotangent`: for XLA:CPU,
+    which deletes the barriers before it schedules, also make each recomputation wait for
+    the cotangent by data (see place-optimization-barriers; rp.jit sets it when it compiles
+    for CPU). `scan_segments=k`: each scan keeps its carry every k iterations instead of its
+    per-iteration residuals, and the backward reruns a segment's forward iterations from it
+    (joint form; see segment-scans); `.residuals` still lists what the per-iteration policy
+    keeps in a slot. The residuals partial-eval chose are on the result as `.residuals`,
+    and what it wants the user to know (e.g. a while loop it treated as one atomic op) as
+    `.remarks`; `.timings` has each step's seconds.
     `verify` runs the MLIR verifier on the result (`remat-opt --verify-each`
     verifies after every step instead).
     """
@@ -34,7 +37,8 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     options = dict(policy=policy, mode=mode,
                    func=func, prevent_cse=prevent_cse,
                    prevent_cse_in_loops=prevent_cse_in_loops,
-                   tie_to_cotangent=tie_to_cotangent, cotangent_args=cotangent_args)
+                   tie_to_cotangent=tie_to_cotangent, scan_segments=scan_segments,
+                   cotangent_args=cotangent_args)
     if region_regex is not None:
         try:
             options["region_regex"] = parse_regex(region_regex) \

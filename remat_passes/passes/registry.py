@@ -53,9 +53,10 @@ def registry() -> dict[str, type[ModulePass]]:
     from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
     from remat_passes.passes.remat import Remat
     from remat_passes.passes.remat_partial_eval import RematPartialEval
+    from remat_passes.passes.segment_scans import SegmentScans
     from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
     passes = [Inline, RematPartialEval, InsertReducePrecision, PlaceOptimizationBarriers,
-              AnnotateHostOffload, StripCheckpointNames, Remat]
+              AnnotateHostOffload, StripCheckpointNames, SegmentScans, Remat]
     return {p.name: p for p in passes}
 
 

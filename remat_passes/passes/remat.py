@@ -5,6 +5,7 @@
     inline
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
     insert-reduce-precision{func region-regex}
+    segment-scans{segments func}                     (only with scan-segments=k)
     place-optimization-barriers{func in-loops tie-to-cotangent}
                                                      (only with prevent-cse=true)
     annotate-host-offload{func}
@@ -19,11 +20,13 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
+from remat_passes.ir.mlir import RematError
 from remat_passes.passes.base import PipelinePass, option, parse_bool
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
 from remat_passes.passes.remat_partial_eval import PartialEvalOptions, RematPartialEval
+from remat_passes.passes.segment_scans import SegmentScans
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 
 
@@ -31,8 +34,8 @@ from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 class Remat(PartialEvalOptions, PipelinePass):
     name = "remat"
     summary = ("The default pipeline: inline, remat-partial-eval, insert-reduce-precision, "
-               "place-optimization-barriers (prevent-cse), annotate-host-offload, "
-               "strip-checkpoint-names")
+               "segment-scans (scan-segments), place-optimization-barriers (prevent-cse), "
+               "annotate-host-offload, strip-checkpoint-names")
 
     prevent_cse: bool = option(
         True, "place optimization barriers around recomputation (outside loops)", parse_bool)
@@ -42,10 +45,18 @@ class Remat(PartialEvalOptions, PipelinePass):
     tie_to_cotangent: bool = option(
         False, "make recomputation wait for the cotangent by data as well (for XLA:CPU, "
         "which deletes optimization barriers before it schedules)", parse_bool)
+    scan_segments: int = option(
+        0, "keep each scan's carry every k iterations and recompute a segment at a time in "
+        "the backward (segment-scans; joint form; 0: off)")
 
     def expand(self) -> list:
         steps = [Inline(), RematPartialEval(**self.partial_eval_options()),
                  InsertReducePrecision(func=self.func, region_regex=self.region_regex)]
+        if self.scan_segments and self.mode == "split":
+            raise RematError("error: scan-segments works on the joint form only so far "
+                             "(mode=split was asked)")
+        if self.scan_segments:
+            steps.append(SegmentScans(segments=self.scan_segments, func=self.func))
         if self.prevent_cse:
             steps.append(PlaceOptimizationBarriers(func=self.func,
                                                    in_loops=self.prevent_cse_in_loops,

@@ -165,6 +165,7 @@
 // LIST: prevent-cse {{.*}}(default: True)
 // LIST-NEXT: prevent-cse-in-loops {{.*}}(default: False)
 // LIST-NEXT: tie-to-cotangent {{.*}}(default: False)
+// LIST-NEXT: scan-segments {{.*}}(default: 0)
 // LIST-NEXT: remat-partial-eval {{.*}}checkpoint policy
 // LIST-NEXT: policy {{.*}}save_only_these_names
 // LIST-NEXT: mode {{.*}}(default: joint)
@@ -172,6 +173,9 @@
 // LIST-NEXT: func {{.*}}(default: main)
 // LIST-NEXT: region-regex
 // LIST-NEXT: region-policy {{.*}}(default: nothing_saveable)
+// LIST-NEXT: segment-scans {{.*}}every k iterations
+// LIST-NEXT: segments {{.*}}(default: 0)
+// LIST-NEXT: func {{.*}}(default: main)
 // LIST-NEXT: strip-checkpoint-names {{.*}}markers
 // LIST-NEXT: Core MLIR passes
 // LIST-DAG: canonicalize

@@ -1,0 +1,58 @@
+"""segment-scans: keep a scan's carry every k iterations and recompute each segment in the backward.
+
+A scan under a VJP keeps one residual slot per iteration (what the body's policy saves), so a
+256-step loop keeps 256 of them whatever the policy. With `segments=k` each scan loop pair
+of the function (joint form, as remat-partial-eval leaves it) is rewritten by
+`regions.scan_segments`: the forward loop saves its carry state at the start of every k-th
+iteration (ceil(n/k) of them); the backward loop, on reaching a segment, reruns that
+segment's k forward iterations from the saved carry into k-slot buffers and reads its
+residuals from them. Residual memory goes from n slots to ceil(n/k) carries + k slots
+(least near k = sqrt(n) when a slot and a carry are alike) for one more run of the forward
+body per iteration: the two-level `jax.checkpoint` scheme, as a rewrite.
+
+Pairs the rewrite does not recognise (see `scan_segments.check`) are left as they are, with
+a remark saying why. Loops nested in a scan body are not segmented.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from remat_passes.analysis import scan_pairs
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import RematError, ir
+from remat_passes.passes.base import ModulePass, option
+from remat_passes.passes.diagnostics import Remark
+from remat_passes.regions import scan_segments
+
+
+@dataclasses.dataclass
+class SegmentScans(ModulePass):
+    name = "segment-scans"
+    summary = ("Keep each scan's carry every k iterations; the backward recomputes a segment "
+               "at a time (two-level checkpointing of loops, joint form)")
+
+    segments: int = option(0, "iterations per segment (0: leave scans alone)")
+    func: str = option("main", "the function whose scan loop pairs to segment")
+
+    def apply(self, module_op, state) -> None:
+        if self.segments == 0:
+            return
+        if self.segments < 0:
+            raise RematError(f"error: segment-scans: segments={self.segments}: expected a "
+                             "positive count (0 leaves scans alone)")
+        if graph.is_split(module_op, self.func):
+            raise RematError(f"error: segment-scans: @{self.func} is in split form "
+                             f"(@{self.func}_fwd, @{self.func}_bwd); segmenting scans works on "
+                             "the joint form only so far")
+        func = graph.find_func(module_op, self.func)
+        with module_op.context, ir.Location.unknown():
+            pairs = scan_pairs.find_pairs_in_block(graph.body_block(func))
+            found = [scan_segments.check(pair, self.segments) for pair in pairs]
+            for pair, why in zip(pairs, found):   # (segmenting one pair leaves the others)
+                if isinstance(why, str):          # about the forward loop, where it is
+                    state.remarks.append(Remark(f"@{self.func}: a scan loop was not "
+                                                f"segmented: {why}", pair.fwd.op.location))
+                else:
+                    scan_segments.segment(why, self.segments)
+            if any(not isinstance(why, str) for why in found):   # the stacks' zero inits
+                graph.erase_unused_in_block(graph.body_block(func))

@@ -1,0 +1,271 @@
+"""Segmenting a scan loop pair: keep one carry per k iterations, not one residual per iteration.
+
+A forward scan loop stacks what the backward loop reads, one slot per iteration
+(`scan_pairs`). `segment(pair, k)` rewrites the pair so that
+
+* the forward loop writes, instead of those stacks, its carry state at the start of
+  every k-th iteration into a buffer of ceil(n/k) (+1 scratch slot) entries;
+* the backward loop, when it reaches the last slot of a segment (it visits the slots
+  in reverse), runs an inner while over that segment's forward iterations (a copy of
+  the forward body, from the saved carry) that fills segment buffers of k slots; every
+  read of a stack in the backward body reads the segment buffer instead.
+
+This is the two-level scheme one writes by hand with `jax.checkpoint` around an outer
+scan of inner scans: n residual slots become ceil(n/k) carries + k residual slots, for
+one more run of the forward body per iteration. A trip count k does not divide ends in
+a shorter last segment. The forward body's own per-iteration policy still decides what
+a slot holds (the rewrite runs after remat-partial-eval).
+
+`check(pair, k)` says why a pair cannot be segmented (None if it can); `segment` does it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from remat_passes.analysis import scan_pairs
+from remat_passes.analysis.scan_pairs import WHILE, Pair, const_int, owner, shape
+from remat_passes.ir import graph
+from remat_passes.regions.loop_edit import LoopEdit, drop_unused_carries, int_const, zero_attr
+from remat_passes.ir.mlir import ir, op_id
+
+
+# ----------------------------------------------------------------- checks --
+def _counter(w):
+    """(carry index, trip count) of a while counting 0, 1, ... while `i < n` (n constant),
+    else None."""
+    body = w.regions[1].blocks[0]
+    cond = w.regions[0].blocks[0]
+    ret = graph.terminator(body)
+    test = owner(graph.terminator(cond).operands[0])
+    if test is None or test.name != "stablehlo.compare" or \
+            "LT" not in str(test.attributes["comparison_direction"]):
+        return None
+    for k, (a, r) in enumerate(zip(body.arguments, ret.operands)):
+        op = owner(r)
+        if op is None or op.name != "stablehlo.add" or op.operands[0] != a or \
+                const_int(op.operands[1]) != 1 or const_int(w.operands[k]) != 0:
+            continue
+        if test.operands[0] == cond.arguments[k] and const_int(test.operands[1]) is not None:
+            return k, const_int(test.operands[1])
+    return None
+
+
+def _reverse_slot(s, t, n) -> bool:
+    """Is `s` the slot n-1-t (`(n - t) - 1` or `(n-1) - t`)?"""
+    op = owner(s)
+    if op is None or op.name != "stablehlo.subtract":
+        return False
+    a, b = op.operands
+    if b == t:
+        return const_int(a) == n - 1
+    inner = owner(a)
+    return (const_int(b) == 1 and inner is not None and inner.name == "stablehlo.subtract"
+            and const_int(inner.operands[0]) == n and inner.operands[1] == t)
+
+
+@dataclasses.dataclass
+class Segmentable:
+    pair: Pair
+    n: int               # trip count of both loops
+    counter: int         # the forward loop's counter carry
+    t: ir.Value          # the backward loop's counter (it runs forward iteration n-1-t)
+    state: list          # forward carries that are neither invariant, counter nor stacks
+
+
+def check(pair: Pair, k: int) -> Segmentable | str:
+    """The pair as `segment` needs it, or why it cannot segment it. The forward loop writes
+    iteration i's slot at i (a scan) or n-1-i (a reverse scan); the backward loop's step t
+    must read the slot of forward iteration n-1-t."""
+    fwd, bwd = pair.fwd, pair.bwd
+    counted = _counter(fwd.op)
+    if counted is None:
+        return "its forward loop does not count 0, 1, ... up to a constant"
+    counter, n = counted
+    if n != fwd.trip_count:
+        return "its forward loop's trip count differs from its stacks' length"
+    if not 1 <= k < n:
+        return f"segments={k} is not less than the trip count {n}"
+    back = _counter(bwd)
+    if back is None or back[1] != n:
+        return "its backward loop does not count 0, 1, ... up to the same trip count"
+    t = bwd.regions[1].blocks[0].arguments[back[0]]
+    i = fwd.body.arguments[counter]
+    for m, c in pair.links.items():
+        if bwd.operands[m] != fwd.op.results[c] or len(list(fwd.op.results[c].uses)) != 1:
+            return "a stack reaches the backward loop through reshapes or has other readers"
+        index = fwd.stacked[c].index
+        if index == i:
+            ok = all(_reverse_slot(rd.index, t, n) for rd in pair.reads[m])
+        elif _reverse_slot(index, i, n):
+            ok = all(rd.index == t for rd in pair.reads[m])
+        else:
+            return "the forward loop writes a stack at a slot other than i or n-1-i"
+        if not ok:
+            return "the backward loop does not read forward iteration n-1-t in its step t"
+    if any(next(iter(bwd.results[mm].uses), None) is not None for mm in pair.links):
+        return "the backward loop's stacks are read after it"
+    state = [c for c in range(len(fwd.op.operands))
+             if c not in fwd.invariant and c != counter and c not in fwd.stacked]
+    return Segmentable(pair, n, counter, t, state)
+
+
+# ---------------------------------------------------------------- builders --
+def _op(name, operands, result_type, ip, **attrs):
+    return ir.Operation.create(name, results=[result_type], operands=list(operands),
+                               attributes=attrs, ip=ip).results[0]
+
+
+def _arith(name, a, b, ip):
+    return _op(f"stablehlo.{name}", [a, b], a.type, ip)
+
+
+def _compare(direction, a, b, ip):
+    return _op("stablehlo.compare", [a, b], ir.RankedTensorType.get([], ir.IntegerType.get_signless(1)),
+               ip, comparison_direction=ir.Attribute.parse(
+                   f"#stablehlo<comparison_direction {direction}>"))
+
+
+def _select(pred, a, b, ip):
+    return _op("stablehlo.select", [pred, a, b], a.type, ip)
+
+
+def _zeros(t, ip):
+    t = ir.RankedTensorType(t)
+    return _op("stablehlo.constant", [], t, ip,
+               value=ir.DenseElementsAttr.get_splat(t, zero_attr(t.element_type)))
+
+
+def _stack_type(n, value_type):
+    t = ir.RankedTensorType(value_type)
+    return ir.RankedTensorType.get([n] + list(t.shape), t.element_type)
+
+
+def _write(buf, value, index, ip):
+    """dynamic_update_slice of `value` into slot `index` of `buf`."""
+    t = ir.RankedTensorType(value.type)
+    one = _op("stablehlo.reshape", [value], _stack_type(1, value.type), ip)
+    zeros = [int_const(index.type, 0, ip) for _ in t.shape]
+    return _op("stablehlo.dynamic_update_slice", [buf, one, index] + zeros, buf.type, ip)
+
+
+def _read(buf, index, value_type, ip):
+    t = ir.RankedTensorType(value_type)
+    zeros = [int_const(index.type, 0, ip) for _ in t.shape]
+    one = _op("stablehlo.dynamic_slice", [buf, index] + zeros, _stack_type(1, value_type), ip,
+              slice_sizes=ir.DenseI64ArrayAttr.get([1] + list(t.shape)))
+    return _op("stablehlo.reshape", [one], value_type, ip)
+
+
+def _slice_of(values, block) -> list:
+    """The ops of `block` (in block order) that `values` depend on."""
+    seen = set()
+    work = [v for v in values if isinstance(v, ir.OpResult)]
+    while work:
+        op = work.pop().owner.operation
+        if op_id(op) in seen:
+            continue
+        seen.add(op_id(op))
+        work.extend(r for r in graph.read_values(op) if isinstance(r, ir.OpResult))
+    return [op.operation for op in block.operations if op_id(op.operation) in seen]
+
+
+# ----------------------------------------------------------------- rewrite --
+def segment(seg: Segmentable, k: int) -> None:
+    """Rewrite the pair (see the module docstring). `seg` comes from `check`."""
+    pair, n = seg.pair, seg.n
+    fwd = pair.fwd
+    m = -(-n // k)
+    loc = fwd.op.location
+    links = sorted(pair.links.items())                 # (backward carry, forward stack)
+    values = {c: fwd.stacked[c].value for _, c in links}
+    state_next = {c: graph.terminator(fwd.body).operands[c] for c in seg.state}
+
+    # The forward loop: the carry state at the start of every k-th iteration, saved.
+    fedit = LoopEdit(fwd.op)
+    fargs = list(fedit.body.arguments)
+    i = fargs[seg.counter]
+    ip = ir.InsertionPoint(graph.terminator(fedit.body))
+    ck, cm = int_const(i.type, k, ip), int_const(i.type, m, ip)
+    first = _compare("EQ", _arith("remainder", i, ck, ip), int_const(i.type, 0, ip), ip)
+    slot = _select(first, _arith("divide", i, ck, ip), cm, ip)   # else the scratch slot m
+    before_fwd = ir.InsertionPoint(fwd.op)
+    for c in seg.state:
+        init = _zeros(_stack_type(m + 1, fargs[c].type), before_fwd)
+        arg = fedit.add(init, loc)
+        fedit.set_returned(len(fedit.inits) - 1, _write(arg, fargs[c], slot, ip))
+    old_count = len(fwd.op.results)
+    inner_ops = _slice_of(list(values.values()) + list(state_next.values()), fedit.body)
+
+    # The backward loop: carries for the saved states (their initial values are the new
+    # forward loop's results, set once it is rebuilt), the forward's invariants, and one
+    # segment buffer per stack.
+    bedit = LoopEdit(pair.bwd)
+    bbody = bedit.body
+    before_bwd = ir.InsertionPoint(pair.bwd)
+    placeholders = [_zeros(v.type, before_bwd) for v in fedit.inits[old_count:]]
+    saved_at = [len(bedit.inits) + q for q in range(len(placeholders))]
+    saved_args = [bedit.add(v, loc) for v in placeholders]
+    invariant = sorted(fwd.invariant)
+    inv_args = [bedit.add(fwd.op.operands[c], loc) for c in invariant]
+    seg_args = [bedit.add(_zeros(_stack_type(k, values[c].type), before_bwd), loc)
+                for _, c in links]
+    reads = [rd for mm, _ in links for rd in pair.reads[mm]]
+    position = {op_id(o.operation): x for x, o in enumerate(bbody.operations)}
+    first_read = min((rd.slice_op for rd in reads), key=lambda op: position[op_id(op)])
+    ip = ir.InsertionPoint(first_read)
+    t = seg.t
+    ck, cn, c1 = (int_const(t.type, x, ip) for x in (k, n, 1))
+    s = _arith("subtract", int_const(t.type, n - 1, ip), t, ip)   # the forward iteration
+    g = _arith("divide", s, ck, ip)
+    base = _arith("multiply", g, ck, ip)
+    end = _arith("minimum", _arith("add", base, ck, ip), cn, ip)
+    need = _compare("EQ", s, _arith("subtract", end, c1, ip), ip)
+    hi = _select(need, end, base, ip)       # the segment's iterations, or none
+    starts = [_read(a, g, fargs[c].type, ip) for a, c in zip(saved_args, seg.state)]
+    inner_init = [base, hi, base] + starts + inv_args + seg_args
+    inner = ir.Operation.create(WHILE, results=[v.type for v in inner_init],
+                                operands=inner_init, regions=2, loc=loc, ip=ip)
+    cond = inner.regions[0].blocks.append(*[v.type for v in inner_init])
+    body = inner.regions[1].blocks.append(*[v.type for v in inner_init])
+    cip = ir.InsertionPoint(cond)
+    ir.Operation.create("stablehlo.return", operands=[
+        _compare("LT", cond.arguments[0], cond.arguments[1], cip)], ip=cip)
+    a = list(body.arguments)
+    j, j_hi, j_base = a[0], a[1], a[2]
+    ns, ni = len(seg.state), len(invariant)
+    mapping = {fargs[seg.counter]: j}
+    mapping.update({fargs[c]: a[3 + q] for q, c in enumerate(seg.state)})
+    mapping.update({fargs[c]: a[3 + ns + q] for q, c in enumerate(invariant)})
+    bip = ir.InsertionPoint(body)
+    for op in inner_ops:
+        clone = op.clone(ip=bip)
+        graph.replace_reads_all([clone], mapping)
+        for r_old, r_new in zip(op.results, clone.results):
+            mapping[r_old] = r_new
+    here = _arith("subtract", j, j_base, bip)
+    filled = [_write(a[3 + ns + ni + q], mapping.get(values[c], values[c]), here, bip)
+              for q, (_, c) in enumerate(links)]
+    ir.Operation.create("stablehlo.return", operands=(
+        [_arith("add", j, int_const(j.type, 1, bip), bip), j_hi, j_base]
+        + [mapping.get(state_next[c], state_next[c]) for c in seg.state]
+        + a[3 + ns:3 + ns + ni] + filled), ip=bip)
+    segs = list(inner.results)[3 + ns + ni:]
+    for q, seg_arg in enumerate(seg_args):
+        bedit.set_returned(len(bedit.inits) - len(seg_args) + q, segs[q])
+    rip = ir.InsertionPoint(first_read)
+    offset = _arith("subtract", s, base, rip)
+    for q, (mm, _) in enumerate(links):
+        for rd in pair.reads[mm]:
+            rd.slice_op.operands[0] = segs[q]
+            rd.slice_op.operands[1] = offset
+    # The stacks are no longer read: drop them from both loops.
+    keep = {x for x in range(len(bedit.inits)) if x not in pair.links}
+    bedit.drop(keep)
+    kept = sorted(keep)
+    new_bwd = bedit.rebuild({x: kept.index(x) for x in kept if x < len(pair.bwd.results)})
+    new_fwd = fedit.rebuild({r: r for r in range(old_count)})
+    for x, v in zip(saved_at, list(new_fwd.results)[old_count:]):
+        new_bwd.operands[kept.index(x)] = v
+    for v in placeholders:
+        v.owner.erase()
+    drop_unused_carries(new_fwd)
