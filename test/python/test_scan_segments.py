@@ -177,3 +177,14 @@ def test_cli_option(tmp_path):
     bad = tmp_path / "bad.mlir"
     assert cli.main([str(src), "--segment-scans=segments=-1", "-o", str(bad)]) == 1
     assert not bad.exists()
+
+
+def test_the_scans_benchmark_runs_and_its_checks_hold():
+    """`python -m tools.benchmarks scans` on a short scan: ours beside the hand-written
+    two-level scheme, every check (gradients, FLOPs, XLA scratch) passing."""
+    from tools.benchmarks import scans
+    data = scans.measure({32: (4, 8)}, log=lambda s: None)
+    assert [r["k"] for r in data["rows"]] == [0, 4, 8]
+    failed = [text for text, ok in scans.checks(data) if not ok]
+    assert not failed, failed
+    assert "| 32 | 8 |" in scans.render(data)

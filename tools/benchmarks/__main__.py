@@ -1,4 +1,4 @@
-"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,gpu,zoo,render,all} [options]
+"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,gpu,zoo,scans,render,all} [options]
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
@@ -9,6 +9,7 @@
   train    a training step through rp.jit beside jax.jit     -> results/train.json
   gpu      XLA memory and step time of every plan (on a GPU)  -> results/gpu.json
   zoo      models from other libraries (installs them, pinned) -> results/zoo.json
+  scans    long scans in segments beside the hand-written scheme -> results/scans.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
   all      the seven measurements, then render (about 1.5 hours on 2 cores)
 
@@ -141,9 +142,20 @@ def run_zoo(argv) -> None:
     _log(f"wrote {common.write_json('zoo', zoo.measure(keys, _log))}")
 
 
+def run_scans(argv) -> None:
+    from tools.benchmarks import common, scans
+    argparse.ArgumentParser(prog="python -m tools.benchmarks scans",
+                            description=scans.__doc__.split("\n\n")[0]).parse_args(argv)
+    data = scans.measure(log=_log)
+    _log(f"wrote {common.write_json('scans', data)}")
+    for text, ok in scans.checks(data):
+        if not ok:
+            _log(f"check failed: {text}")
+
+
 def main(argv: list[str]) -> int:
     commands = ("models", "budgets", "scaling", "memory", "xla", "startup", "train", "gpu",
-                "zoo", "render", "all")
+                "zoo", "scans", "render", "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -163,6 +175,8 @@ def main(argv: list[str]) -> int:
         run_startup(rest if command == "startup" else [])
     if command in ("train", "all"):
         run_train(rest if command == "train" else [])
+    if command in ("scans", "all"):
+        run_scans(rest if command == "scans" else [])
     if command == "gpu":          # (not part of `all`: it is for the device machine)
         run_gpu(rest)
     if command == "zoo":          # (not part of `all`: it installs other libraries)

@@ -420,6 +420,10 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     if trained is not None:
         from tools.benchmarks import train
         parts.append(train.render(trained))
+    long_scans = common.read_json("scans")   # (optional: python -m tools.benchmarks scans)
+    if long_scans is not None:
+        from tools.benchmarks import scans
+        parts.append(scans.render(long_scans))
     zoo_results = common.read_json("zoo")    # (optional: python -m tools.benchmarks zoo)
     if zoo_results is not None:
         from tools.benchmarks import zoo

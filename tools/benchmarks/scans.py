@@ -1,0 +1,133 @@
+"""Long scans: `segment-scans` beside the two-level scheme written by hand with `jax.checkpoint`.
+
+A recurrent scan (`h = tanh(h @ W + x @ U)`, an 8x64 carry) of n steps, per segment length k:
+
+* ours: `rp.remat(export_vjp(rnn), scan_segments=k)` (no per-iteration policy: a slot keeps
+  what the body's backward reads), compiled with XLA;
+* JAX's hand-written two-level scheme: an outer `lax.scan` over n/k segments of
+  `jax.checkpoint(inner lax.scan of k steps)`, `jax.jit(jax.grad(...))`.
+
+Per row: XLA's scratch (temp) bytes of the gradient program, FLOPs as `remat_passes` counts
+them (`cost.flops.function_flops` of the exported VJP, loops times their trip counts; XLA's
+own `cost_analysis()` counts a loop body once), and the gradient's largest error against
+`jax.grad` of the plain scan. The first row of each n is the scan without segments.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import remat_passes as rp
+from remat_passes.cost.flops import function_flops
+from tools.benchmarks import common
+
+CARRY, WIDTH, INPUT = 8, 64, 32
+CASES = {256: (4, 8, 16, 32, 64), 4096: (16, 64, 256)}
+FLOPS_SLACK = 1.01      # ours <= the hand-written scheme's + 1%
+TEMP_SLACK = 1.02       # XLA scratch: ours <= the hand-written scheme's + 2%
+
+
+def _step(W, U):
+    def step(h, x):
+        return jnp.tanh(h @ W + x @ U), None
+    return step
+
+
+def rnn(params, xs):
+    W, U = params
+    h, _ = jax.lax.scan(_step(W, U), jnp.zeros((CARRY, WIDTH)), xs)
+    return (h ** 2).sum()
+
+
+def two_level(k):
+    """The scheme one writes by hand: checkpointed segments of k steps, scanned."""
+    def loss(params, xs):
+        W, U = params
+
+        @jax.checkpoint
+        def segment(h, block):
+            h, _ = jax.lax.scan(_step(W, U), h, block)
+            return h, None
+        blocks = xs.reshape(xs.shape[0] // k, k, *xs.shape[1:])
+        h, _ = jax.lax.scan(segment, jnp.zeros((CARRY, WIDTH)), blocks)
+        return (h ** 2).sum()
+    return loss
+
+
+def _error(got, want) -> float:
+    return max(float(jnp.abs(a - b).max())
+               for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
+
+
+def measure(cases=CASES, log=print) -> dict:
+    rows = []
+    for n, ks in cases.items():
+        key = jax.random.PRNGKey(n)
+        k1, k2, k3 = jax.random.split(key, 3)
+        params = (jax.random.normal(k1, (WIDTH, WIDTH)) * 0.1,
+                  jax.random.normal(k2, (INPUT, WIDTH)) * 0.1)
+        xs = jax.random.normal(k3, (n, CARRY, INPUT))
+        ct = jnp.float32(1.0)
+        want = jax.grad(rnn)(params, xs)
+        module = rp.export_vjp(rnn, params, xs)
+        for k in (0,) + tuple(ks):
+            ours = rp.remat(module, scan_segments=k)
+            compiled = rp.compile(ours, "main").lower(params, xs, ct).compile()
+            row = {"n": n, "k": k, "temp": compiled.memory_analysis().temp_size_in_bytes,
+                   "flops": function_flops(ours),
+                   "error": _error(compiled(params, xs, ct)[1], want)}
+            if k:
+                hand = two_level(k)
+                jc = jax.jit(jax.grad(hand)).lower(params, xs).compile()
+                row["jax"] = {"temp": jc.memory_analysis().temp_size_in_bytes,
+                              "flops": function_flops(rp.export_vjp(hand, params, xs)),
+                              "error": _error(jc(params, xs), want)}
+            rows.append(row)
+            log(f"scans: n={n} k={k}: temp {row['temp']:,} B")
+    return {"meta": common.machine(), "carry": [CARRY, WIDTH], "rows": rows}
+
+
+def checks(data) -> list[tuple[str, bool]]:
+    out = []
+    for r in data["rows"]:
+        where = f"n={r['n']} k={r['k']}"
+        out.append((f"{where}: gradient error {r['error']:.1e}", r["error"] <= 1e-5))
+        if "jax" not in r:
+            continue
+        j = r["jax"]
+        out.append((f"{where}: FLOPs {r['flops']:,.0f} vs the hand-written scheme's "
+                    f"{j['flops']:,.0f}", r["flops"] <= j["flops"] * FLOPS_SLACK))
+        out.append((f"{where}: XLA scratch {r['temp']:,} B vs the hand-written scheme's "
+                    f"{j['temp']:,} B", r["temp"] <= j["temp"] * TEMP_SLACK))
+    return out
+
+
+def render(data) -> str:
+    meta = data["meta"]
+    c, w = data["carry"]
+    parts = ["## Long scans: segments", "",
+             f"A recurrent scan with a {c}x{w} carry, n steps, in segments of k (`rp.remat(module, "
+             "scan_segments=k)`) beside the two-level scheme written by hand (an outer "
+             "`lax.scan` of `jax.checkpoint`ed inner scans of k steps). XLA's scratch bytes of "
+             "the gradient program, FLOPs as `remat_passes` counts them (trip counts included), "
+             f"the gradient's error against `jax.grad` ({meta['backend']}, jax {meta['jax']}, "
+             f"commit {meta['commit']}). k = 0 is the scan without segments. Regenerate with "
+             "`python -m tools.benchmarks scans`.", "",
+             "| n | k | XLA scratch ours / by hand | FLOPs ours / by hand | error ours / by hand |",
+             "|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        j = r.get("jax")
+        if j is None:
+            parts.append(f"| {r['n']} | {r['k']} | {r['temp']:,} | {r['flops']:,.0f} | "
+                         f"{r['error']:.1e} |")
+            continue
+        parts.append(f"| {r['n']} | {r['k']} | {r['temp']:,} / {j['temp']:,} "
+                     f"({r['temp'] / j['temp']:.2f}) | {r['flops']:,.0f} / {j['flops']:,.0f} "
+                     f"({r['flops'] / j['flops']:.3f}) | {r['error']:.1e} / {j['error']:.1e} |")
+    results = checks(data)
+    missed = [t for t, ok in results if not ok]
+    parts += ["", f"Checks: {len(results) - len(missed)} of {len(results)} pass (gradients "
+              "within 1e-5 of `jax.grad`, FLOPs at most the hand-written scheme's + 1%, XLA "
+              "scratch at most its + 2%). Missed:", ""]
+    parts += [f"- {t}" for t in missed] or ["- none"]
+    return "\n".join(parts) + "\n"
