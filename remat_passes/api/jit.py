@@ -134,7 +134,7 @@ class Jitted:
                  donate_argnums: int | Sequence[int] = (),
                  static_argnums: int | Sequence[int] = (), prevent_cse: bool = True,
                  tie_to_cotangent: bool | None = None, jax_checkpoint: str = "jax",
-                 cache_dir=None):
+                 scan_segments: int | str = 0, cache_dir=None):
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.fun = fun
@@ -142,6 +142,7 @@ class Jitted:
         self.mode = mode
         self.prevent_cse = prevent_cse
         self.tie_to_cotangent = tie_to_cotangent
+        self.scan_segments = scan_segments
         if jax_checkpoint not in JAX_CHECKPOINT:
             raise ValueError(f"rp.jit: jax_checkpoint must be one of "
                              f"{', '.join(JAX_CHECKPOINT)}, got {jax_checkpoint!r}")
@@ -219,6 +220,8 @@ class Jitted:
         tie = self.tie_to_cotangent
         options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse,
                        tie_to_cotangent=needs_tie() if tie is None else tie)
+        if self.scan_segments:
+            options["scan_segments"] = self.scan_segments
         entry = cache.key(exported, options) if self.cache_dir else None
         if entry is not None:
             module = cache.load(self.cache_dir, entry, exported)
@@ -404,18 +407,20 @@ def _placement(before: list, fwd_out: list, bwd_out: list) -> list:
 def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         donate_argnums: int | Sequence[int] = (), static_argnums: int | Sequence[int] = (),
         prevent_cse: bool = True, tie_to_cotangent: bool | None = None,
-        jax_checkpoint: str = "jax", cache_dir=None) -> Any:
+        jax_checkpoint: str = "jax", scan_segments: int | str = 0, cache_dir=None) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
-    what the forward keeps. Usable as a decorator, with or without arguments. See the
-    module docstring for the modes and `cache_dir`."""
+    what the forward keeps; `scan_segments=k` (or "sqrt") keeps each scan's carry every k
+    iterations (`rp.remat`'s, joint form). Usable as a decorator, with or without
+    arguments. See the module docstring for the modes and `cache_dir`."""
     if fun is None:
         return functools.partial(jit, policy=policy, mode=mode, donate_argnums=donate_argnums,
                                  static_argnums=static_argnums, prevent_cse=prevent_cse,
                                  tie_to_cotangent=tie_to_cotangent,
-                                 jax_checkpoint=jax_checkpoint, cache_dir=cache_dir)
+                                 jax_checkpoint=jax_checkpoint, scan_segments=scan_segments,
+                                 cache_dir=cache_dir)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
                   static_argnums=static_argnums, prevent_cse=prevent_cse,
                   tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
-                  cache_dir=cache_dir)
+                  scan_segments=scan_segments, cache_dir=cache_dir)

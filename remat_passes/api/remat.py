@@ -7,11 +7,12 @@ from remat_passes.jax.module import Module
 from remat_passes.passes.base import PassState, parse_regex
 from remat_passes.passes.manager import run_pipeline
 from remat_passes.passes.remat import Remat
+from remat_passes.passes.segment_scans import parse_segments
 
 
 def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
           prevent_cse_in_loops: bool = False, tie_to_cotangent: bool = False,
-          scan_segments: int = 0, func: str = "main", cotangent_args=None, region_regex=None,
+          scan_segments: int | str = 0, func: str = "main", cotangent_args=None, region_regex=None,
           region_policy=None, verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
@@ -20,11 +21,12 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     annotate-host-offload -> strip-checkpoint-names. `tie_to_cotangent`: for XLA:CPU,
     which deletes the barriers before it schedules, also make each recomputation wait for
     the cotangent by data (see place-optimization-barriers; rp.jit sets it when it compiles
-    for CPU). `scan_segments=k`: each scan keeps its carry every k iterations instead of its
-    per-iteration residuals, and the backward reruns a segment's forward iterations from it
-    (joint form; see segment-scans); `.residuals` still lists what the per-iteration policy
-    keeps in a slot. The residuals partial-eval chose are on the result as `.residuals`,
-    and what it wants the user to know (e.g. a while loop it treated as one atomic op) as
+    for CPU). `scan_segments=k` (or "sqrt": per loop, the k that keeps the fewest bytes):
+    each scan keeps its carry every k iterations instead of its per-iteration residuals, and
+    the backward reruns a segment's forward iterations from it (joint form; see
+    segment-scans); `.residuals` still lists what the per-iteration policy keeps in a slot.
+    The residuals partial-eval chose are on the result as `.residuals`, and what it wants
+    the user to know (e.g. a while loop it treated as one atomic op) as
     `.remarks`; `.timings` has each step's seconds.
     `verify` runs the MLIR verifier on the result (`remat-opt --verify-each`
     verifies after every step instead).
@@ -34,6 +36,10 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
                         f"rp.load or rp.Module.parse), got {type(module).__name__}")
     if mode not in ("joint", "split"):
         raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
+    try:
+        scan_segments = parse_segments(scan_segments)
+    except ValueError as e:
+        raise RematError(f"error: scan_segments: {e}") from None
     options = dict(policy=policy, mode=mode,
                    func=func, prevent_cse=prevent_cse,
                    prevent_cse_in_loops=prevent_cse_in_loops,

@@ -26,7 +26,7 @@ from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
 from remat_passes.passes.remat_partial_eval import PartialEvalOptions, RematPartialEval
-from remat_passes.passes.segment_scans import SegmentScans
+from remat_passes.passes.segment_scans import SegmentScans, parse_segments
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 
 
@@ -45,9 +45,10 @@ class Remat(PartialEvalOptions, PipelinePass):
     tie_to_cotangent: bool = option(
         False, "make recomputation wait for the cotangent by data as well (for XLA:CPU, "
         "which deletes optimization barriers before it schedules)", parse_bool)
-    scan_segments: int = option(
-        0, "keep each scan's carry every k iterations and recompute a segment at a time in "
-        "the backward (segment-scans; joint form; 0: off)")
+    scan_segments: int | str = option(
+        0, "keep each scan's carry every k iterations (a count, or sqrt: the length that keeps "
+        "the fewest bytes) and recompute a segment at a time in the backward (segment-scans; "
+        "joint form; 0: off)", parse_segments)
 
     def expand(self) -> list:
         steps = [Inline(), RematPartialEval(**self.partial_eval_options()),

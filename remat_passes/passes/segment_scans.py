@@ -25,21 +25,34 @@ from remat_passes.passes.diagnostics import Remark
 from remat_passes.regions import scan_segments
 
 
+def parse_segments(text) -> int | str:
+    """`segments=`: a count >= 0, or sqrt."""
+    text = str(text).strip()
+    if text == "sqrt":
+        return text
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise ValueError(f"expected a count of iterations (0: off) or sqrt, got '{text}'")
+    return k
+
+
 @dataclasses.dataclass
 class SegmentScans(ModulePass):
     name = "segment-scans"
     summary = ("Keep each scan's carry every k iterations; the backward recomputes a segment "
                "at a time (two-level checkpointing of loops, joint form)")
 
-    segments: int = option(0, "iterations per segment (0: leave scans alone)")
+    segments: int | str = option(
+        0, "iterations per segment, or sqrt: per loop, the length that keeps the fewest bytes "
+        "(about sqrt(n * carry / slot)) (0: leave scans alone)", parse_segments)
     func: str = option("main", "the function whose scan loop pairs to segment")
 
     def apply(self, module_op, state) -> None:
         if self.segments == 0:
             return
-        if self.segments < 0:
-            raise RematError(f"error: segment-scans: segments={self.segments}: expected a "
-                             "positive count (0 leaves scans alone)")
         if graph.is_split(module_op, self.func):
             raise RematError(f"error: segment-scans: @{self.func} is in split form "
                              f"(@{self.func}_fwd, @{self.func}_bwd); segmenting scans works on "
@@ -53,6 +66,6 @@ class SegmentScans(ModulePass):
                     state.remarks.append(Remark(f"@{self.func}: a scan loop was not "
                                                 f"segmented: {why}", pair.fwd.op.location))
                 else:
-                    scan_segments.segment(why, self.segments)
+                    scan_segments.segment(why)
             if any(not isinstance(why, str) for why in found):   # the stacks' zero inits
                 graph.erase_unused_in_block(graph.body_block(func))

@@ -63,17 +63,25 @@ def _reverse_slot(s, t, n) -> bool:
             and const_int(inner.operands[0]) == n and inner.operands[1] == t)
 
 
+def least_bytes_k(n: int, carry_bytes: int, slot_bytes: int) -> int:
+    """The segment length that keeps the fewest bytes: (ceil(n/k) + 1) saved carries plus k
+    slots, about sqrt(n * carry / slot)."""
+    return min(range(1, n), key=lambda k: ((-(-n // k) + 1) * carry_bytes + k * slot_bytes, k))
+
+
 @dataclasses.dataclass
 class Segmentable:
     pair: Pair
+    k: int               # iterations per segment
     n: int               # trip count of both loops
     counter: int         # the forward loop's counter carry
     t: ir.Value          # the backward loop's counter (it runs forward iteration n-1-t)
     state: list          # forward carries that are neither invariant, counter nor stacks
 
 
-def check(pair: Pair, k: int) -> Segmentable | str:
-    """The pair as `segment` needs it, or why it cannot segment it. The forward loop writes
+def check(pair: Pair, k) -> Segmentable | str:
+    """The pair as `segment` needs it, or why it cannot segment it; `k` is a segment length
+    or "sqrt" (`least_bytes_k` of this loop). The forward loop writes
     iteration i's slot at i (a scan) or n-1-i (a reverse scan); the backward loop's step t
     must read the slot of forward iteration n-1-t."""
     fwd, bwd = pair.fwd, pair.bwd
@@ -83,6 +91,14 @@ def check(pair: Pair, k: int) -> Segmentable | str:
     counter, n = counted
     if n != fwd.trip_count:
         return "its forward loop's trip count differs from its stacks' length"
+    state = [c for c in range(len(fwd.op.operands))
+             if c not in fwd.invariant and c != counter and c not in fwd.stacked]
+    if k == "sqrt":
+        if n < 2:
+            return f"a trip count of {n} has no segments"
+        k = least_bytes_k(n, sum(graph.type_bytes(fwd.op.operands[c].type) for c in state),
+                          sum(graph.type_bytes(fwd.stacked[c].value.type)
+                              for c in pair.links.values()))
     if not 1 <= k < n:
         return f"segments={k} is not less than the trip count {n}"
     back = _counter(bwd)
@@ -104,9 +120,7 @@ def check(pair: Pair, k: int) -> Segmentable | str:
             return "the backward loop does not read forward iteration n-1-t in its step t"
     if any(next(iter(bwd.results[mm].uses), None) is not None for mm in pair.links):
         return "the backward loop's stacks are read after it"
-    state = [c for c in range(len(fwd.op.operands))
-             if c not in fwd.invariant and c != counter and c not in fwd.stacked]
-    return Segmentable(pair, n, counter, t, state)
+    return Segmentable(pair, k, n, counter, t, state)
 
 
 # ---------------------------------------------------------------- builders --
@@ -170,9 +184,9 @@ def _slice_of(values, block) -> list:
 
 
 # ----------------------------------------------------------------- rewrite --
-def segment(seg: Segmentable, k: int) -> None:
+def segment(seg: Segmentable) -> None:
     """Rewrite the pair (see the module docstring). `seg` comes from `check`."""
-    pair, n = seg.pair, seg.n
+    pair, n, k = seg.pair, seg.n, seg.k
     fwd = pair.fwd
     m = -(-n // k)
     loc = fwd.op.location
