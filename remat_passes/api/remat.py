@@ -63,5 +63,6 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     out.remarks = list(state.remarks)
     out.timings = list(state.timings)
     out.plan_reports = state.plan_reports.get(func, [])
+    out.segmented = state.segmented.get(func, [])    # scan loops segment-scans rewrote
     out.dim_symbols = state.dim_symbols
     return out

@@ -65,7 +65,9 @@ class PassState:
     * region policies of checkpoint regions made with Python callables;
     * `dim_symbols`: names of the symbolic argument dimensions (`symbolic.argument_dims`,
       read by the runner before the first pass, as `inline` erases them);
-    * results: residuals per function (remat-partial-eval), remarks, timings.
+    * results: residuals per function (remat-partial-eval), the segment length auto chose
+      for scans (`planned_segments`) and what segment-scans did (`segmented`), remarks,
+      timings.
     """
 
     def __init__(self, region_policies=None, filename=None):
@@ -76,6 +78,8 @@ class PassState:
         self.timings: list = []      # (pass name, seconds) per step run
         self.plan_reports: dict = {} # function -> [planner.PlanReport] of auto policies
         self.dim_symbols: dict | None = None
+        self.planned_segments: dict = {}   # function -> segment-scans' k that auto chose
+        self.segmented: dict = {}          # function -> [scan_segments.Segmented]
         self._analyses: dict = {}
 
     def analysis(self, func_op, cotangent_indices=None):

@@ -5,7 +5,8 @@
     inline
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
     insert-reduce-precision{func region-regex}
-    segment-scans{segments func}                     (only with scan-segments=k)
+    segment-scans{segments func}                     (with scan-segments=k, or under auto:
+                                                      the segments its budget needs)
     place-optimization-barriers{func in-loops tie-to-cotangent}
                                                      (only with prevent-cse=true)
     annotate-host-offload{func}
@@ -27,6 +28,7 @@ from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
 from remat_passes.passes.remat_partial_eval import PartialEvalOptions, RematPartialEval
 from remat_passes.passes.segment_scans import SegmentScans, parse_segments
+from remat_passes.policy.auto import AutoPolicy
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 
 
@@ -56,7 +58,8 @@ class Remat(PartialEvalOptions, PipelinePass):
         if self.scan_segments and self.mode == "split":
             raise RematError("error: scan-segments works on the joint form only so far "
                              "(mode=split was asked)")
-        if self.scan_segments:
+        if self.scan_segments or isinstance(self.policy, AutoPolicy):
+            # (0 under auto: the segment length auto chose, if its budget needs segments)
             steps.append(SegmentScans(segments=self.scan_segments, func=self.func))
         if self.prevent_cse:
             steps.append(PlaceOptimizationBarriers(func=self.func,

@@ -40,7 +40,7 @@ from remat_passes.passes.base import ModulePass, PassState, option, parse_int_li
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner.model import build_problem
-from remat_passes.planner.resolve import for_peak, has_auto, resolve
+from remat_passes.planner.resolve import BudgetBelowMinimum, for_peak, has_auto, resolve
 from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache
@@ -119,7 +119,15 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 kept0 = {}
                 for rule in rules.values():
                     kept0.update(rule.kept_whole(a0))
-                reports = resolve(policies, a0, self.region_regex, set(kept0))
+                try:
+                    reports = resolve(policies, a0, self.region_regex, set(kept0))
+                except BudgetBelowMinimum as e:   # scans in segments may still meet it
+                    if e.policy is not policies.module_policy or \
+                            not scan_pairs.find_pairs_in_block(block):
+                        raise
+                    policies.module_policy = self._segments_below_the_minimum(e, module_op,
+                                                                              state)
+                    reports = resolve(policies, a0, self.region_regex, set(kept0))
                 state.drop(self.func)
             groups = Groups()
             iteration_policy = _IterationPolicy(policies, self.region_regex)
@@ -205,6 +213,56 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             return (estimate_memory(copy, dim_symbols=st.dim_symbols)[self.func].peak_bytes,
                     st.plan_reports[self.func][0].solution.cost)
         return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
+
+    def _segments_below_the_minimum(self, below, module_op, state):
+        """auto with a budget below the least a per-iteration plan keeps (`below`), in a
+        function with scan loops: segment the scans too (segment-scans, the k that keeps the
+        fewest bytes). Plans 13 trial residual budgets from that least to no remat on copies
+        of the module, each followed by the segmentation, and takes the cheapest plan whose
+        activations after segmentation fit; its policy is returned, and segment-scans (next
+        in the remat pipeline) reads the decision from `state.planned_segments`."""
+        from remat_passes.passes.segment_scans import SegmentScans
+        from remat_passes.policy.auto import auto
+        policy, budget = below.policy, below.budget
+        lo, hi = below.minimum, below.no_remat
+        if self.mode == "split":
+            raise RematError(
+                f"error: {policy.spec}: the budget, {budget} B of activations, is below the "
+                f"least a per-iteration plan keeps, {lo} B; segmenting the scans would go "
+                "lower, but it works on the joint form only so far (mode=joint)")
+
+        def trial(rb):
+            candidate = auto(rb, offload=policy.offload, device=policy.device,
+                             solver=policy.solver)
+            copy = mlir.clone(module_op)
+            st = PassState(region_policies=state.region_policies, filename=state.filename)
+            st.dim_symbols = dict(state.dim_symbols or {})
+            options = {**self.partial_eval_options(), "policy": candidate, "mode": "joint"}
+            for step in (Inline(), RematPartialEval(**options),
+                         SegmentScans(segments="sqrt", func=self.func)):
+                step.apply(copy, st)
+                st.drop()
+            done = st.segmented.get(self.func, [])
+            kept = report.activation_bytes(st.residuals[self.func]) + sum(
+                d.carry_bytes + d.segment_bytes - d.removed_bytes for d in done)
+            return kept, st.plan_reports[self.func][0].solution.cost, rb, candidate
+        tried = [trial(int(lo + (hi - lo) * k / 12)) for k in range(13)]
+        fitting = [t for t in tried if t[0] <= budget]
+        if not fitting:
+            if min(t[0] for t in tried) >= lo:   # segments do not help this function
+                raise below
+            raise RematError(
+                f"error: {policy.spec}: the budget, {budget} B of activations, is below the "
+                f"least this function can keep with its scans in segments, "
+                f"{min(t[0] for t in tried)} B (per iteration: {lo} B; without remat {hi} B)")
+        kept, _, rb, candidate = min(fitting, key=lambda t: (t[1], t[0]))
+        candidate.spec = f"{policy.spec} (residual budget {rb} B, scans in segments)"
+        state.planned_segments[self.func] = "sqrt"
+        state.remarks.append(
+            f"@{self.func}: {policy.spec}: the budget is below the least a per-iteration plan "
+            f"keeps ({lo} B), so the scans run in segments: {kept} B of activations after "
+            "segmenting")
+        return candidate
 
     def _mark_cotangents(self, f, state: PassState) -> None:
         """`cotangent-args` is authoritative: it replaces the marks (remarked if they differ);

@@ -45,27 +45,36 @@ class SegmentScans(ModulePass):
     summary = ("Keep each scan's carry every k iterations; the backward recomputes a segment "
                "at a time (two-level checkpointing of loops, joint form)")
 
+    # (when it rewrites it drops every analysis itself; when it has nothing to do, the
+    # analyses the pipeline built stay valid for the passes after it)
+    preserves_analyses = True
+
     segments: int | str = option(
         0, "iterations per segment, or sqrt: per loop, the length that keeps the fewest bytes "
         "(about sqrt(n * carry / slot)) (0: leave scans alone)", parse_segments)
     func: str = option("main", "the function whose scan loop pairs to segment")
 
     def apply(self, module_op, state) -> None:
-        if self.segments == 0:
+        segments = self.segments or state.planned_segments.get(self.func, 0)
+        if segments == 0:
             return
         if graph.is_split(module_op, self.func):
             raise RematError(f"error: segment-scans: @{self.func} is in split form "
                              f"(@{self.func}_fwd, @{self.func}_bwd); segmenting scans works on "
                              "the joint form only so far")
         func = graph.find_func(module_op, self.func)
+        done = state.segmented.setdefault(self.func, [])
         with module_op.context, ir.Location.unknown():
             pairs = scan_pairs.find_pairs_in_block(graph.body_block(func))
-            found = [scan_segments.check(pair, self.segments) for pair in pairs]
+            found = [scan_segments.check(pair, segments) for pair in pairs]
             for pair, why in zip(pairs, found):   # (segmenting one pair leaves the others)
                 if isinstance(why, str):          # about the forward loop, where it is
                     state.remarks.append(Remark(f"@{self.func}: a scan loop was not "
                                                 f"segmented: {why}", pair.fwd.op.location))
-                else:
-                    scan_segments.segment(why)
+                    continue
+                location = pair.fwd.op.location
+                done.append(scan_segments.segment(why))
+                state.remarks.append(Remark(f"@{self.func}: {done[-1].text()}", location))
             if any(not isinstance(why, str) for why in found):   # the stacks' zero inits
                 graph.erase_unused_in_block(graph.body_block(func))
+                state.drop()

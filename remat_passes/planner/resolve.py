@@ -35,6 +35,14 @@ def _verdicts(p: Problem, sol: Solution, offload_kind) -> dict:
     return out
 
 
+class BudgetBelowMinimum(RematError):
+    """`auto`'s budget is below the least a plan of the function can keep."""
+
+    def __init__(self, message, policy, budget: int, minimum: int, no_remat: int):
+        super().__init__(message)
+        self.policy, self.budget, self.minimum, self.no_remat = policy, budget, minimum, no_remat
+
+
 def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
               compare_exact=False) -> tuple[dict, PlanReport]:
     """Solve `policy` for analysis `a`: ({op_id: verdict}, report)."""
@@ -45,11 +53,11 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     budget = policy.budget.resolve(no_remat)
     minimum = minimum_bytes(p)
     if budget < minimum:
-        raise RematError(
+        raise BudgetBelowMinimum(
             f"error: {policy.spec}: the budget, {budget} B of activations, is below the minimum "
             f"this function can keep, {minimum} B (outputs of side-effecting ops and values "
             "nothing may recompute; the function's arguments are not counted); without remat "
-            f"it keeps {no_remat} B")
+            f"it keeps {no_remat} B", policy, budget, minimum, no_remat)
     sol, exact = solve(p, budget, policy.solver, compare_exact=compare_exact)
     verdicts = _verdicts(p, sol, policy.offload)
     for op in b.free_ops:      # (the fallback, save, would stack what the model never does)

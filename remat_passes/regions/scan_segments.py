@@ -184,9 +184,36 @@ def _slice_of(values, block) -> list:
 
 
 # ----------------------------------------------------------------- rewrite --
-def segment(seg: Segmentable) -> None:
+@dataclasses.dataclass
+class Segmented:
+    """What one rewrite did: n iterations in segments of k; the stacks it removed and the
+    saved carries and segment buffers it added (bytes), and the loop's source position."""
+    n: int
+    k: int
+    removed_bytes: int
+    carry_bytes: int
+    segment_bytes: int
+    where: str
+
+    def text(self) -> str:
+        m = -(-self.n // self.k)
+        return (f"a scan loop of {self.n} iterations{self.where} runs in segments of {self.k}: "
+                f"it keeps {m} carries (+1 scratch, {self.carry_bytes:,} B) and {self.k} slots "
+                f"({self.segment_bytes:,} B) instead of {self.n} slots "
+                f"({self.removed_bytes:,} B), for one more run of its body per iteration")
+
+
+def segment(seg: Segmentable) -> Segmented:
     """Rewrite the pair (see the module docstring). `seg` comes from `check`."""
     pair, n, k = seg.pair, seg.n, seg.k
+    pos, _ = graph.source_position(pair.fwd.op)
+    report = Segmented(
+        n, k, sum(graph.type_bytes(pair.fwd.op.results[c].type) for c in pair.links.values()),
+        sum(graph.type_bytes(_stack_type(-(-n // k) + 1, pair.fwd.op.operands[c].type))
+            for c in seg.state),
+        sum(graph.type_bytes(_stack_type(k, pair.fwd.stacked[c].value.type))
+            for c in pair.links.values()),
+        f" at {pos}" if pos else "")
     fwd = pair.fwd
     m = -(-n // k)
     loc = fwd.op.location
@@ -283,3 +310,4 @@ def segment(seg: Segmentable) -> None:
     for v in placeholders:
         v.owner.erase()
     drop_unused_carries(new_fwd)
+    return report

@@ -223,3 +223,52 @@ def test_the_scans_benchmark_runs_and_its_checks_hold():
     failed = [text for text, ok in scans.checks(data) if not ok]
     assert not failed, failed
     assert "| 32 | 8 |" in scans.render(data)
+
+
+# ------------------------------------------------------------- the planner --
+def _kept(module) -> int:
+    """Activation bytes after segmentation: what partial-eval keeps, less the stacks that
+    segment-scans removed, plus the saved carries and segment buffers it added."""
+    from remat_passes.core.residuals import activation_bytes
+    return activation_bytes(module.residuals) + sum(
+        d.carry_bytes + d.segment_bytes - d.removed_bytes for d in module.segmented)
+
+
+def _long_rnn(n):
+    from tools.benchmarks import scans
+    k1, k2, k3 = jax.random.split(KEY, 3)
+    params = (jax.random.normal(k1, (64, 64)) * 0.1, jax.random.normal(k2, (32, 64)) * 0.1)
+    xs = jax.random.normal(k3, (n, 8, 32))
+    return scans, params, xs
+
+
+def test_auto_segments_a_scan_whose_budget_a_per_iteration_plan_cannot_meet():
+    """The issue's case: 256 steps of an 8x64 carry, a budget of 48 carries."""
+    from remat_passes.cost.flops import function_flops
+    scans, params, xs = _long_rnn(256)
+    module = rp.export_vjp(scans.rnn, params, xs)
+    carry = 8 * 64 * 4
+    out = rp.remat(module, f"auto(budget={48 * carry})")
+    assert out.segmented and _kept(out) <= 48 * carry
+    assert any("scans run in segments" in r for r in out.remarks)
+    _, ct, grads = reference_vjp(scans.rnn, (params, xs))
+    assert_trees_close(run_joint(out, (params, xs), ct)[1:], leaves(grads), what="auto 48")
+    hand = function_flops(rp.export_vjp(scans.two_level(16), params, xs))
+    assert function_flops(out) <= 1.01 * hand, (function_flops(out), hand)
+    with pytest.raises(RematError, match="with its scans in segments, 69632 B"):
+        rp.remat(module, f"auto(budget={20 * carry})")
+    with pytest.raises(RematError, match="joint form only"):
+        rp.remat(module, f"auto(budget={48 * carry})", mode="split")
+
+
+def test_auto_sweep_over_a_scan_keeps_within_budget_and_cost_falls_as_budget_grows():
+    from remat_passes.cost.flops import function_flops
+    scans, params, xs = _long_rnn(64)
+    module = rp.export_vjp(scans.rnn, params, xs)
+    lo, hi = 24 * 2048, 70 * 2048       # below the per-iteration least (65 carries) to above
+    points = []
+    for b in range(lo, hi + 1, (hi - lo) // 8):
+        out = rp.remat(module, f"auto(budget={b})")
+        assert _kept(out) <= b, (b, _kept(out))
+        points.append(function_flops(out))
+    assert all(a >= b for a, b in zip(points, points[1:])), points
