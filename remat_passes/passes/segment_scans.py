@@ -19,7 +19,7 @@ import dataclasses
 
 from remat_passes.analysis import scan_pairs
 from remat_passes.ir import graph
-from remat_passes.ir.mlir import RematError, ir
+from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.passes.base import ModulePass, option
 from remat_passes.passes.diagnostics import Remark
 from remat_passes.regions import scan_segments
@@ -66,6 +66,14 @@ class SegmentScans(ModulePass):
         done = state.segmented.setdefault(self.func, [])
         with module_op.context, ir.Location.unknown():
             pairs = scan_pairs.find_pairs_in_block(graph.body_block(func))
+            unpaired = _unpaired_forward_loops(func, pairs, state.analysis(func)) \
+                if len(pairs) < _while_count(func) else 0
+            if unpaired:
+                state.remarks.append(Remark(
+                    f"@{self.func}: {unpaired} scan loop(s) were not segmented: their stacks "
+                    "reach the backward loop through a shard_map boundary or other ops, or they "
+                    "sit inside a shard_map body (segment-scans takes the loop pairs at the "
+                    "function's top level)", func.location))
             found = [scan_segments.check(pair, segments) for pair in pairs]
             for pair, why in zip(pairs, found):   # (segmenting one pair leaves the others)
                 if isinstance(why, str):          # about the forward loop, where it is
@@ -78,3 +86,26 @@ class SegmentScans(ModulePass):
             if any(not isinstance(why, str) for why in found):   # the stacks' zero inits
                 graph.erase_unused_in_block(graph.body_block(func))
                 state.drop()
+
+
+def _while_count(func) -> int:
+    return sum(1 for op in graph.nested_ops(graph.body_block(func)) if op.name == scan_pairs.WHILE)
+
+
+def _unpaired_forward_loops(func, pairs, analysis) -> int:
+    """Forward scan loops of `func` that are in no top-level pair (a loop nested in another
+    loop's body is not counted: it is copied with that body)."""
+    paired = {op_id(p.fwd.op) for p in pairs}
+    count = 0
+    for op in graph.nested_ops(graph.body_block(func)):
+        if op.name != scan_pairs.WHILE or op_id(op) in paired:
+            continue
+        parent, in_loop = op.parent, False
+        while parent is not None and parent.name != "func.func":
+            in_loop = in_loop or parent.name == scan_pairs.WHILE
+            parent = parent.parent
+        if in_loop or analysis.is_backward(graph.top_level(op, func)):
+            continue
+        if scan_pairs.analyse_forward(op) is not None:
+            count += 1
+    return count

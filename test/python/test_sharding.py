@@ -444,3 +444,75 @@ def test_shard_map_with_a_side_effect_inside_is_atomic_with_a_remark():
     assert "output of manual_computation" in " ".join(str(r) for r in out.residuals)
     assert out.text().count("@effect") == 1
     rp.Module.parse(out.text())                  # verifies
+
+
+SEGMENTS_SCRIPT = r'''
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, jax.numpy as jnp, numpy as np
+from functools import partial
+jax.config.update("jax_use_shardy_partitioner", sys.argv[1] == "shardy")
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+try:
+    from jax import shard_map
+except ImportError:
+    from jax.experimental.shard_map import shard_map
+sys.path.insert(0, sys.argv[2])
+import remat_passes as rp
+from remat_testlib import with_shardy as calling
+
+mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+
+def rnn(W, xs):                          # batch over "data", hidden over "model" (jit shardings)
+    def step(h, x):
+        h = jnp.tanh(h @ W + x)
+        h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P("data", "model")))
+        return h, None
+    h, _ = jax.lax.scan(step, jnp.zeros((8, 16)), xs)
+    return jnp.sum(h * h)
+
+@partial(shard_map, mesh=mesh, in_specs=(P(), P(None, "data", None)), out_specs=P())
+def body_psum(W, xs):                    # a scan inside shard_map, a collective in its body
+    def step(h, x):
+        return jnp.tanh(h @ W + x + jax.lax.pmean(jnp.sin(h), "data")), None
+    h, _ = jax.lax.scan(step, jnp.tanh(xs[0]), xs)
+    return jax.lax.psum(jnp.sum(h * h), "data")
+
+def inside(W, xs):
+    return body_psum(W, xs)
+
+rng = np.random.default_rng(0)
+def put(shape, spec, scale=1.0):
+    return jax.device_put(jnp.asarray(rng.normal(size=shape) * scale, jnp.float32),
+                          NamedSharding(mesh, spec))
+out = {}
+for name, fn, args in (("jit", rnn, (put((16, 16), P(None, "model"), 0.3), put((12, 8, 16), P(None, "data", "model")))),
+                       ("shard_map", inside, (put((16, 16), P(), 0.3), put((12, 8, 16), P(None, "data", None))))):
+    m = rp.export_vjp(fn, *args)
+    value, vjp = jax.vjp(fn, *args)
+    ref = jax.tree_util.tree_leaves((value, vjp(jnp.float32(1.0))))
+    for pol in (None, "nothing_saveable"):
+        joint = rp.remat(m, pol, scan_segments=5)
+        got = jax.tree_util.tree_leaves(calling(joint.call, *args, jnp.float32(1.0)))
+        out[f"{name} {pol}"] = {
+            "segmented": len(joint.segmented),
+            "remarks": [r for r in joint.remarks if "segment" in r],
+            "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(got, ref)),
+            "on_mesh": all(len(a.sharding.device_set) == 8 for a in got if hasattr(a, "sharding"))}
+print("RESULT " + json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
+def test_scan_segments_on_the_mesh(partitioner):
+    """segment-scans on 8 host devices: a scan in a program with jit shardings is segmented
+    and keeps jax.vjp's results on the mesh; a scan inside a shard_map body (a collective in
+    it) is left as it was, with a remark that says why (issue 27)."""
+    r = run_script(SEGMENTS_SCRIPT, partitioner, HERE)
+    for pol in ("None", "nothing_saveable"):
+        jit, inside = r[f"jit {pol}"], r[f"shard_map {pol}"]
+        assert jit["segmented"] == 1 and jit["err"] <= 1e-5 and jit["on_mesh"], jit
+        assert "runs in segments of 5" in jit["remarks"][0]
+        assert inside["segmented"] == 0 and inside["err"] <= 1e-5 and inside["on_mesh"], inside
+        assert "1 scan loop(s) were not segmented" in inside["remarks"][0], inside
