@@ -412,7 +412,7 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
     what the forward keeps; `scan_segments=k` (or "sqrt") keeps each scan's carry every k
-    iterations (`rp.remat`'s, joint form). Usable as a decorator, with or without
+    iterations (as `rp.remat`'s). Usable as a decorator, with or without
     arguments. See the module docstring for the modes and `cache_dir`."""
     if fun is None:
         return functools.partial(jit, policy=policy, mode=mode, donate_argnums=donate_argnums,

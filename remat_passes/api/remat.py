@@ -23,8 +23,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     the cotangent by data (see place-optimization-barriers; rp.jit sets it when it compiles
     for CPU). `scan_segments=k` (or "sqrt": per loop, the k that keeps the fewest bytes):
     each scan keeps its carry every k iterations instead of its per-iteration residuals, and
-    the backward reruns a segment's forward iterations from it (joint form; see
-    segment-scans); `.residuals` still lists what the per-iteration policy keeps in a slot.
+    the backward reruns a segment's forward iterations from it (see segment-scans); `.residuals` still lists what the per-iteration policy keeps in a slot.
     The residuals partial-eval chose are on the result as `.residuals`, and what it wants
     the user to know (e.g. a while loop it treated as one atomic op) as
     `.remarks`; `.timings` has each step's seconds.

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
-from remat_passes.ir.mlir import RematError
 from remat_passes.passes.base import PipelinePass, option, parse_bool
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
@@ -50,14 +49,11 @@ class Remat(PartialEvalOptions, PipelinePass):
     scan_segments: int | str = option(
         0, "keep each scan's carry every k iterations (a count, or sqrt: the length that keeps "
         "the fewest bytes) and recompute a segment at a time in the backward (segment-scans; "
-        "joint form; 0: off)", parse_segments)
+        "0: off)", parse_segments)
 
     def expand(self) -> list:
         steps = [Inline(), RematPartialEval(**self.partial_eval_options()),
                  InsertReducePrecision(func=self.func, region_regex=self.region_regex)]
-        if self.scan_segments and self.mode == "split":
-            raise RematError("error: scan-segments works on the joint form only so far "
-                             "(mode=split was asked)")
         if self.scan_segments or isinstance(self.policy, AutoPolicy):
             # (0 under auto: the segment length auto chose, if its budget needs segments)
             steps.append(SegmentScans(segments=self.scan_segments, func=self.func))

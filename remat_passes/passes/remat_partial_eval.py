@@ -218,19 +218,13 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         """auto with a budget below the least a per-iteration plan keeps (`below`), in a
         function with scan loops: segment the scans too (segment-scans, the k that keeps the
         fewest bytes). Plans 13 trial residual budgets from that least to no remat on copies
-        of the module, each followed by the segmentation, and takes the cheapest plan whose
+        of the module (joint form), each followed by the segmentation, and takes the cheapest plan whose
         activations after segmentation fit; its policy is returned, and segment-scans (next
         in the remat pipeline) reads the decision from `state.planned_segments`."""
         from remat_passes.passes.segment_scans import SegmentScans
         from remat_passes.policy.auto import auto
         policy, budget = below.policy, below.budget
         lo, hi = below.minimum, below.no_remat
-        if self.mode == "split":
-            raise RematError(
-                f"error: {policy.spec}: the budget, {budget} B of activations, is below the "
-                f"least a per-iteration plan keeps, {lo} B; segmenting the scans would go "
-                "lower, but it works on the joint form only so far (mode=joint)")
-
         def trial(rb):
             candidate = auto(rb, offload=policy.offload, device=policy.device,
                              solver=policy.solver)

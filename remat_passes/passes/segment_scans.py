@@ -2,7 +2,7 @@
 
 A scan under a VJP keeps one residual slot per iteration (what the body's policy saves), so a
 256-step loop keeps 256 of them whatever the policy. With `segments=k` each scan loop pair
-of the function (joint form, as remat-partial-eval leaves it) is rewritten by
+of the function (as remat-partial-eval leaves it, joint or split) is rewritten by
 `regions.scan_segments`: the forward loop saves its carry state at the start of every k-th
 iteration (ceil(n/k) of them); the backward loop, on reaching a segment, reruns that
 segment's k forward iterations from the saved carry into k-slot buffers and reads its
@@ -10,14 +10,20 @@ residuals from them. Residual memory goes from n slots to ceil(n/k) carries + k 
 (least near k = sqrt(n) when a slot and a carry are alike) for one more run of the forward
 body per iteration: the two-level `jax.checkpoint` scheme, as a rewrite.
 
-Pairs the rewrite does not recognise (see `scan_segments.check`) are left as they are, with
-a remark saying why. Loops nested in a scan body are not segmented.
+In split form the pairs span <f>_fwd and <f>_bwd (`scan_segments.find_split_pairs`): the
+saved carries, and the loop invariants <f>_bwd lacks, cross as residuals instead of the stacks
+(`scan_segments.Crossing`). Under `auto` with a budget below the least a per-iteration plan
+keeps, remat-partial-eval chooses the segments (`state.planned_segments`) and this pass
+applies them. Pairs the rewrite does not recognise (see `scan_segments.check`) are left as
+they are, with a remark saying why. Loops nested in a scan body are copied with it, not
+segmented themselves.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from remat_passes.analysis import scan_pairs
+from remat_passes.core.residuals import describe_value
 from remat_passes.ir import graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.passes.base import ModulePass, option
@@ -43,7 +49,7 @@ def parse_segments(text) -> int | str:
 class SegmentScans(ModulePass):
     name = "segment-scans"
     summary = ("Keep each scan's carry every k iterations; the backward recomputes a segment "
-               "at a time (two-level checkpointing of loops, joint form)")
+               "at a time (two-level checkpointing of loops)")
 
     # (when it rewrites it drops every analysis itself; when it has nothing to do, the
     # analyses the pipeline built stay valid for the passes after it)
@@ -59,9 +65,9 @@ class SegmentScans(ModulePass):
         if segments == 0:
             return
         if graph.is_split(module_op, self.func):
-            raise RematError(f"error: segment-scans: @{self.func} is in split form "
-                             f"(@{self.func}_fwd, @{self.func}_bwd); segmenting scans works on "
-                             "the joint form only so far")
+            with module_op.context, ir.Location.unknown():
+                self._split(module_op, segments, state)
+            return
         func = graph.find_func(module_op, self.func)
         done = state.segmented.setdefault(self.func, [])
         with module_op.context, ir.Location.unknown():
@@ -86,6 +92,40 @@ class SegmentScans(ModulePass):
             if any(not isinstance(why, str) for why in found):   # the stacks' zero inits
                 graph.erase_unused_in_block(graph.body_block(func))
                 state.drop()
+
+
+    def _split(self, module_op, segments, state) -> None:
+        """Split form: the loop pairs span <f>_fwd and <f>_bwd; what the backward loop now
+        needs from the forward (the saved carries, the loop's invariants) crosses as
+        residuals, and the stacks stop crossing."""
+        fwd = graph.find_func(module_op, f"{self.func}_fwd")
+        bwd = graph.find_func(module_op, f"{self.func}_bwd")
+        done = state.segmented.setdefault(self.func, [])
+        pairs = scan_segments.find_split_pairs(fwd, bwd)
+        found = [scan_segments.check(pair, segments, split=True) for pair in pairs]
+        crossing = scan_segments.Crossing(fwd, bwd, state.residuals.get(self.func, []))
+        for pair, why in zip(pairs, found):
+            if isinstance(why, str):
+                state.remarks.append(Remark(f"@{self.func}: a scan loop was not segmented: "
+                                            f"{why}", pair.fwd.op.location))
+                continue
+            location = pair.fwd.op.location
+            done.append(scan_segments.segment(why, crossing))
+            state.remarks.append(Remark(f"@{self.func}: {done[-1].text()}", location))
+        if not done:
+            return
+
+        def describe(v):
+            if isinstance(v, ir.OpResult) and v.owner.name == scan_pairs.WHILE:
+                text = ("the carry at the start of every segment of a scan loop, saved by "
+                        "segment-scans")
+            else:
+                text = describe_value(v, fwd)
+            return text, graph.type_bytes(v.type)
+        state.residuals[self.func] = crossing.finish(describe)
+        for f in (fwd, bwd):
+            graph.erase_unused_in_block(graph.body_block(f))
+        state.drop()
 
 
 def _while_count(func) -> int:

@@ -24,9 +24,9 @@ import dataclasses
 
 from remat_passes.analysis import scan_pairs
 from remat_passes.analysis.scan_pairs import WHILE, Pair, const_int, owner, shape
-from remat_passes.ir import graph
+from remat_passes.ir import contract, graph
 from remat_passes.regions.loop_edit import LoopEdit, drop_unused_carries, int_const, zero_attr
-from remat_passes.ir.mlir import ir, op_id
+from remat_passes.ir.mlir import func, ir, op_id
 
 
 # ----------------------------------------------------------------- checks --
@@ -77,9 +77,10 @@ class Segmentable:
     counter: int         # the forward loop's counter carry
     t: ir.Value          # the backward loop's counter (it runs forward iteration n-1-t)
     state: list          # forward carries that are neither invariant, counter nor stacks
+    constants: list      # constants defined outside the forward loop that its body reads
 
 
-def check(pair: Pair, k) -> Segmentable | str:
+def check(pair: Pair, k, split: bool = False) -> Segmentable | str:
     """The pair as `segment` needs it, or why it cannot segment it; `k` is a segment length
     or "sqrt" (`least_bytes_k` of this loop). The forward loop writes
     iteration i's slot at i (a scan) or n-1-i (a reverse scan); the backward loop's step t
@@ -107,7 +108,8 @@ def check(pair: Pair, k) -> Segmentable | str:
     t = bwd.regions[1].blocks[0].arguments[back[0]]
     i = fwd.body.arguments[counter]
     for m, c in pair.links.items():
-        if bwd.operands[m] != fwd.op.results[c] or len(list(fwd.op.results[c].uses)) != 1:
+        if len(list(fwd.op.results[c].uses)) != 1 or len(list(bwd.operands[m].uses)) != 1 \
+                or (not split and bwd.operands[m] != fwd.op.results[c]):
             return "a stack reaches the backward loop through reshapes or has other readers"
         index = fwd.stacked[c].index
         if index == i:
@@ -120,7 +122,19 @@ def check(pair: Pair, k) -> Segmentable | str:
             return "the backward loop does not read forward iteration n-1-t in its step t"
     if any(next(iter(bwd.results[mm].uses), None) is not None for mm in pair.links):
         return "the backward loop's stacks are read after it"
-    return Segmentable(pair, k, n, counter, t, state)
+    constants = []
+    for op in graph.nested_ops(fwd.body):
+        for v in op.operands:
+            src = owner(v)
+            if isinstance(v, ir.BlockArgument):
+                if not scan_pairs.inside(v.owner.owner, fwd.op):
+                    return "the forward loop's body reads an argument of the function directly"
+            elif not scan_pairs.inside(src, fwd.op):
+                if src.name != "stablehlo.constant":
+                    return "the forward loop's body reads a value from outside the loop"
+                if not any(v == c for c in constants):
+                    constants.append(v)
+    return Segmentable(pair, k, n, counter, t, state, constants)
 
 
 # ---------------------------------------------------------------- builders --
@@ -203,8 +217,10 @@ class Segmented:
                 f"({self.removed_bytes:,} B), for one more run of its body per iteration")
 
 
-def segment(seg: Segmentable) -> Segmented:
-    """Rewrite the pair (see the module docstring). `seg` comes from `check`."""
+def segment(seg: Segmentable, crossing=None) -> Segmented:
+    """Rewrite the pair (see the module docstring). `seg` comes from `check`. In split form
+    `crossing` (a `Crossing`) carries the values the backward loop now needs from <f>_fwd
+    into <f>_bwd as residuals, and drops the stacks that crossed."""
     pair, n, k = seg.pair, seg.n, seg.k
     pos, _ = graph.source_position(pair.fwd.op)
     report = Segmented(
@@ -247,7 +263,11 @@ def segment(seg: Segmentable) -> Segmented:
     saved_at = [len(bedit.inits) + q for q in range(len(placeholders))]
     saved_args = [bedit.add(v, loc) for v in placeholders]
     invariant = sorted(fwd.invariant)
-    inv_args = [bedit.add(fwd.op.operands[c], loc) for c in invariant]
+    if crossing is None:
+        inv_args = [bedit.add(fwd.op.operands[c], loc) for c in invariant]
+    else:                     # (the forward's values reach the backward as residuals)
+        inv_args = [bedit.add(crossing.bring(fwd.op.operands[c], before_bwd), loc)
+                    for c in invariant]
     seg_args = [bedit.add(_zeros(_stack_type(k, values[c].type), before_bwd), loc)
                 for _, c in links]
     reads = [rd for mm, _ in links for rd in pair.reads[mm]]
@@ -278,6 +298,8 @@ def segment(seg: Segmentable) -> Segmented:
     mapping.update({fargs[c]: a[3 + q] for q, c in enumerate(seg.state)})
     mapping.update({fargs[c]: a[3 + ns + q] for q, c in enumerate(invariant)})
     bip = ir.InsertionPoint(body)
+    for v in seg.constants:       # constants the body reads from outside the loop: copied
+        mapping[v] = v.owner.clone(ip=bip).results[0]
     for op in inner_ops:
         clone = op.clone(ip=bip)
         graph.replace_reads_all([clone], mapping)
@@ -304,10 +326,144 @@ def segment(seg: Segmentable) -> Segmented:
     bedit.drop(keep)
     kept = sorted(keep)
     new_bwd = bedit.rebuild({x: kept.index(x) for x in kept if x < len(pair.bwd.results)})
+    stacks = [fwd.op.results[c] for _, c in links]
+    if crossing is not None:
+        crossing.drop_stacks(stacks)
     new_fwd = fedit.rebuild({r: r for r in range(old_count)})
     for x, v in zip(saved_at, list(new_fwd.results)[old_count:]):
-        new_bwd.operands[kept.index(x)] = v
+        if crossing is None:
+            new_bwd.operands[kept.index(x)] = v
+        else:
+            new_bwd.operands[kept.index(x)] = crossing.bring(v, ir.InsertionPoint(new_bwd))
     for v in placeholders:
         v.owner.erase()
     drop_unused_carries(new_fwd)
     return report
+
+
+# ------------------------------------------------------------- split form --
+def find_split_pairs(fwd_func, bwd_func) -> list[Pair]:
+    """Scan pairs across the halves: a forward loop of <f>_fwd whose stack <f>_fwd returns
+    as a residual, and a backward loop of <f>_bwd that takes that residual's argument."""
+    ret = graph.terminator(graph.body_block(fwd_func))
+    bargs = list(graph.body_block(bwd_func).arguments)
+    crossed = {bargs[k]: ret.operands[i]
+               for k, i in enumerate(contract.residual_results(fwd_func))}
+    loops = [scan_pairs.analyse_forward(op.operation)
+             for op in graph.body_block(fwd_func).operations if op.operation.name == WHILE]
+    stack_of = {}
+    for loop in loops:
+        for c in (loop.stacked if loop is not None else ()):
+            stack_of[loop.op.results[c]] = (loop, c)
+    pairs = []
+    for op in graph.body_block(bwd_func).operations:
+        bwd = op.operation
+        if bwd.name != WHILE:
+            continue
+        body = bwd.regions[1].blocks[0]
+        ret_b = graph.terminator(body)
+        links, reads, owner_loop = {}, {}, None
+        for m, init in enumerate(bwd.operands):
+            hit = stack_of.get(crossed.get(init)) if init in crossed else None
+            if hit is None or ret_b.operands[m] != body.arguments[m]:
+                continue
+            if owner_loop is not None and op_id(hit[0].op) != op_id(owner_loop.op):
+                continue                 # (one forward loop per backward loop)
+            r = scan_pairs._reads(body.arguments[m], ret_b)
+            if r is None:
+                continue
+            owner_loop = hit[0]
+            links[m], reads[m] = hit[1], r
+        if links:
+            pairs.append(Pair(owner_loop, bwd, links, reads))
+    return pairs
+
+
+class Crossing:
+    """The values <f>_bwd reads from <f>_fwd, as residuals: `bring` gives a stand-in in
+    <f>_bwd for a value of <f>_fwd, `drop_stacks` names residuals no longer needed, and
+    `finish` rewrites both signatures (residuals stay between <f>_fwd's outputs and
+    <f>_bwd's cotangent arguments) and the list of residual records."""
+
+    def __init__(self, fwd_func, bwd_func, residuals: list):
+        self.fwd, self.bwd = fwd_func, bwd_func
+        self.res_idx = contract.residual_results(fwd_func)
+        self.residuals = list(residuals)
+        self.wanted = []        # (stand-in in <f>_bwd, value of <f>_fwd)
+        self.dropped = set()    # residual numbers
+
+    def bring(self, value, ip):
+        """A stand-in in <f>_bwd for `value` of <f>_fwd. <f>_fwd returns the value at once, past
+        its declared results (so that its rewrites keep the value current) until `finish`."""
+        stand_in = _zeros(value.type, ip)
+        ret = graph.terminator(graph.body_block(self.fwd))
+        self.wanted.append((stand_in, len(ret.operands)))
+        func.ReturnOp(list(ret.operands) + [value], ip=ir.InsertionPoint(ret))
+        ret.erase()
+        return stand_in
+
+    def drop_stacks(self, values) -> None:
+        ret = graph.terminator(graph.body_block(self.fwd))
+        for k, i in enumerate(self.res_idx):
+            if any(ret.operands[i] == v for v in values):
+                self.dropped.add(k)
+
+    def finish(self, describe) -> list:
+        """Rewrite the signatures; `describe(value)` -> (description, bytes) of a new
+        residual. Returns the residual records in their new order."""
+        from remat_passes.core.residuals import Residual
+        fblock, bblock = graph.body_block(self.fwd), graph.body_block(self.bwd)
+        ret = graph.terminator(fblock)
+        n_declared = len(contract.all_entries(self.fwd, "res_attrs"))
+        wanted = [(stand_in, ret.operands[at]) for stand_in, at in self.wanted]
+        func.ReturnOp(list(ret.operands)[:n_declared], ip=ir.InsertionPoint(ret))
+        ret.erase()
+        ret = graph.terminator(fblock)
+        bargs = list(bblock.arguments)
+        kept = [k for k in range(len(self.res_idx)) if k not in self.dropped]
+        new_values, new_args = [], []
+        for stand_in, v in wanted:
+            k = next((k for k in kept if ret.operands[self.res_idx[k]] == v), None)
+            if k is None and not any(v == w for w in new_values):
+                new_values.append(v)
+            target = bargs[k] if k is not None else None
+            new_args.append((stand_in, target, v))
+        # <f>_fwd: outputs, kept residuals, new residuals
+        outputs = [x for i, x in enumerate(ret.operands) if i not in self.res_idx]
+        f_entries = contract.all_entries(self.fwd, "res_attrs")
+        out_entries = [e for i, e in enumerate(f_entries) if i not in self.res_idx]
+        kept_entries = [f_entries[self.res_idx[k]] for k in kept]
+        described = [describe(v) for v in new_values]
+        values = outputs + [ret.operands[self.res_idx[k]] for k in kept] + new_values
+        func.ReturnOp(values, ip=ir.InsertionPoint(ret))
+        ret.erase()
+        self.fwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [a.type for a in fblock.arguments], [v.type for v in values]))
+        contract.set_all_entries(self.fwd, "res_attrs", out_entries + kept_entries + [
+            contract.residual_entry(d, None) for d, _ in described])
+        # <f>_bwd: kept residual arguments, new ones, then the cotangents (moved to the end)
+        b_entries = contract.all_entries(self.bwd, "arg_attrs")
+        n_res = len(self.res_idx)
+        cot = list(range(n_res, len(bargs)))
+        added = [bblock.add_argument(v.type, ir.Location.unknown()) for v in new_values]
+        moved = [bblock.add_argument(bargs[i].type, bargs[i].location) for i in cot]
+        for i, new in zip(cot, moved):
+            bargs[i].replace_all_uses_with(new)
+        for stand_in, target, v in new_args:
+            if target is None:
+                target = added[next(j for j, w in enumerate(new_values) if w == v)]
+            stand_in.replace_all_uses_with(target)
+            stand_in.owner.erase()
+        for i in sorted(list(self.dropped) + cot, reverse=True):
+            assert next(iter(bargs[i].uses), None) is None
+            bblock.erase_argument(i)
+        self.bwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [a.type for a in bblock.arguments],
+            list(ir.FunctionType(ir.TypeAttr(self.bwd.operation.attributes["function_type"]).value).results)))
+        contract.set_all_entries(self.bwd, "arg_attrs", [b_entries[k] for k in kept]
+                                 + [{} for _ in new_values] + [b_entries[i] for i in cot])
+        records = [self.residuals[k] for k in kept if k < len(self.residuals)]
+        for v, (d, nbytes) in zip(new_values, described):
+            records.append(Residual(graph.jax_type_str(v.type), d, nbytes,
+                                    argument=isinstance(v, ir.BlockArgument)))
+        return records

@@ -3,6 +3,21 @@
 // reruns a segment's forward iterations in an inner while when it reaches the segment's
 // last iteration, into k-slot buffers it then reads instead of the [n] stacks.
 // RUN: remat-opt %s --split-input-file --verify-diagnostics --segment-scans=segments=2 | filecheck %s
+// RUN: remat-opt %s --split-input-file --remat-partial-eval=mode=split --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=SPLIT
+
+// In split form the saved carries cross as a residual in place of the stacks.
+// SPLIT-LABEL: func.func @main_fwd
+// SPLIT-SAME: tensor<4x2xf32> {remat.residual = "the carry at the start of every segment of a scan loop, saved by segment-scans"}
+// SPLIT-NOT: tensor<5x2xf32> {remat.residual = "f32[5,2]
+// SPLIT: stablehlo.remainder
+// SPLIT-LABEL: func.func @main_bwd
+// SPLIT-SAME: %arg2: tensor<4x2xf32>, %arg3: tensor<f32> {remat.cotangent}
+// SPLIT: stablehlo.while
+// SPLIT: stablehlo.while
+// SPLIT: stablehlo.sine
+// SPLIT-LABEL: func.func @main_fwd
+// SPLIT-NOT: stablehlo.remainder
+// SPLIT-LABEL: func.func @main_bwd
 
 // A 5-step scan in segments of 2: 3 saved carries (+1 scratch slot), segments 2, 2 and 1.
 // CHECK-LABEL: func.func public @main

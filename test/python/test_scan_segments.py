@@ -11,7 +11,7 @@ import pytest
 
 import remat_passes as rp
 from remat_passes.ir.mlir import RematError
-from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint
+from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
 
 KEY = jax.random.PRNGKey(0)
 
@@ -51,13 +51,19 @@ def lstm_args(n):
 
 
 def check_gradients(fun, args, policy, k, **kw):
+    """Joint and split form: the outputs and gradients of jax.vjp, every loop segmented."""
     module = rp.export_vjp(fun, *args)
     out, ct, grads = reference_vjp(fun, args)
+    expected = leaves(out) + leaves(grads)
     seg = rp.remat(module, policy, scan_segments=k, **kw)
-    assert_trees_close(run_joint(seg, args, ct), leaves(out) + leaves(grads),
-                       what=f"{policy} segments={k}")
-    assert not [r for r in seg.remarks if "not segmented" in r]
-    assert "stablehlo.remainder" in str(seg)           # (the forward's every-k-th test)
+    assert_trees_close(run_joint(seg, args, ct), expected, what=f"{policy} segments={k}")
+    split = rp.remat(module, policy, scan_segments=k, mode="split", **kw)
+    got, residuals = run_split(split, args, ct, len(leaves(out)))
+    assert_trees_close(got, expected, what=f"split {policy} segments={k}")
+    assert len(residuals) == len(split.residuals)
+    for module_ in (seg, split):
+        assert not [r for r in module_.remarks if "not segmented" in r]
+        assert "stablehlo.remainder" in str(module_)    # (the forward's every-k-th test)
     return seg
 
 
@@ -161,8 +167,6 @@ def test_refusals_say_why():
     assert any("not segmented: segments=12 is not less than the trip count 12" in r
                for r in out.remarks)
     assert str(out) == str(rp.remat(module, "nothing_saveable"))
-    with pytest.raises(RematError, match="joint form only"):
-        rp.remat(module, "nothing_saveable", scan_segments=4, mode="split")
 
 
 def test_cli_option(tmp_path):
@@ -257,8 +261,11 @@ def test_auto_segments_a_scan_whose_budget_a_per_iteration_plan_cannot_meet():
     assert function_flops(out) <= 1.01 * hand, (function_flops(out), hand)
     with pytest.raises(RematError, match="with its scans in segments, 69632 B"):
         rp.remat(module, f"auto(budget={20 * carry})")
-    with pytest.raises(RematError, match="joint form only"):
-        rp.remat(module, f"auto(budget={48 * carry})", mode="split")
+    split = rp.remat(module, f"auto(budget={48 * carry})", mode="split")
+    got, residuals = run_split(split, (params, xs), ct, 1)
+    assert_trees_close(got[1:], leaves(grads), what="auto 48 split")
+    assert sum(r.size * r.dtype.itemsize for r in residuals) - sum(
+        r.bytes for r in split.residuals if r.argument) <= 48 * carry
 
 
 def test_auto_sweep_over_a_scan_keeps_within_budget_and_cost_falls_as_budget_grows():
