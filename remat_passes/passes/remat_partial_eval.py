@@ -216,16 +216,19 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
     def _segments_below_the_minimum(self, below, module_op, state):
         """auto with a budget below the least a per-iteration plan keeps (`below`), in a
-        function with scan loops: segment the scans too (segment-scans, the k that keeps the
-        fewest bytes). Plans 13 trial residual budgets from that least to no remat on copies
-        of the module (joint form), each followed by the segmentation, and takes the cheapest plan whose
-        activations after segmentation fit; its policy is returned, and segment-scans (next
-        in the remat pipeline) reads the decision from `state.planned_segments`."""
+        function with scan loops: segment the scans too (segment-scans with the two levels
+        that keep the fewest bytes, `sqrt`; three, `cbrt`, only when two cannot meet the
+        budget). Plans 13 trial residual budgets from that least to no remat on copies of
+        the module (joint form), each followed by the segmentation, and takes the cheapest
+        plan whose activations after segmentation fit; its policy is returned, and
+        segment-scans (next in the remat pipeline) reads the decision from
+        `state.planned_segments`."""
         from remat_passes.passes.segment_scans import SegmentScans
         from remat_passes.policy.auto import auto
         policy, budget = below.policy, below.budget
         lo, hi = below.minimum, below.no_remat
-        def trial(rb):
+
+        def trial(rb, levels):
             candidate = auto(rb, offload=policy.offload, device=policy.device,
                              solver=policy.solver)
             copy = mlir.clone(module_op)
@@ -233,29 +236,35 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             st.dim_symbols = dict(state.dim_symbols or {})
             options = {**self.partial_eval_options(), "policy": candidate, "mode": "joint"}
             for step in (Inline(), RematPartialEval(**options),
-                         SegmentScans(segments="sqrt", func=self.func)):
+                         SegmentScans(segments=levels, func=self.func)):
                 step.apply(copy, st)
                 st.drop()
             done = st.segmented.get(self.func, [])
             kept = report.activation_bytes(st.residuals[self.func]) + sum(
                 d.carry_bytes + d.segment_bytes - d.removed_bytes for d in done)
             return kept, st.plan_reports[self.func][0].solution.cost, rb, candidate
-        tried = [trial(int(lo + (hi - lo) * k / 12)) for k in range(13)]
-        fitting = [t for t in tried if t[0] <= budget]
-        if not fitting:
-            if min(t[0] for t in tried) >= lo:   # segments do not help this function
+        least = None
+        for levels in ("sqrt", "cbrt"):
+            tried = [trial(int(lo + (hi - lo) * k / 12), levels) for k in range(13)]
+            least = min(t[0] for t in tried)
+            fitting = [t for t in tried if t[0] <= budget]
+            if fitting:
+                break
+            if least >= lo:                 # segments do not help this function
                 raise below
+        else:
             raise RematError(
                 f"error: {policy.spec}: the budget, {budget} B of activations, is below the "
-                f"least this function can keep with its scans in segments, "
-                f"{min(t[0] for t in tried)} B (per iteration: {lo} B; without remat {hi} B)")
+                f"least this function can keep with its scans in segments (three levels), "
+                f"{least} B (per iteration: {lo} B; without remat {hi} B)")
         kept, _, rb, candidate = min(fitting, key=lambda t: (t[1], t[0]))
         candidate.spec = f"{policy.spec} (residual budget {rb} B, scans in segments)"
-        state.planned_segments[self.func] = "sqrt"
+        state.planned_segments[self.func] = levels
         state.remarks.append(
             f"@{self.func}: {policy.spec}: the budget is below the least a per-iteration plan "
-            f"keeps ({lo} B), so the scans run in segments: {kept} B of activations after "
-            "segmenting")
+            f"keeps ({lo} B), so the scans run in segments "
+            f"({'two' if levels == 'sqrt' else 'three'} levels): {kept} B of activations "
+            "after segmenting")
         return candidate
 
     def _mark_cotangents(self, f, state: PassState) -> None:

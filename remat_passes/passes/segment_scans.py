@@ -31,18 +31,22 @@ from remat_passes.passes.diagnostics import Remark
 from remat_passes.regions import scan_segments
 
 
-def parse_segments(text) -> int | str:
-    """`segments=`: a count >= 0, or sqrt."""
+def parse_segments(text) -> int | str | list:
+    """`segments=`: a count >= 0, sqrt, or counts per level (`16x4`: segments of 16 steps,
+    each rerun in sub-segments of 4)."""
+    if isinstance(text, (list, tuple)):
+        text = "x".join(str(x) for x in text)
     text = str(text).strip()
-    if text == "sqrt":
+    if text in ("sqrt", "cbrt"):
         return text
     try:
-        k = int(text)
+        levels = [int(x) for x in text.split("x")]
     except ValueError:
-        k = -1
-    if k < 0:
-        raise ValueError(f"expected a count of iterations (0: off) or sqrt, got '{text}'")
-    return k
+        levels = [-1]
+    if any(x < 0 for x in levels) or (len(levels) > 1 and 0 in levels):
+        raise ValueError(f"expected a count of iterations (0: off), counts per level such as "
+                         f"16x4, sqrt or cbrt, got '{text}'")
+    return levels[0] if len(levels) == 1 else levels
 
 
 @dataclasses.dataclass
@@ -56,8 +60,10 @@ class SegmentScans(ModulePass):
     preserves_analyses = True
 
     segments: int | str = option(
-        0, "iterations per segment, or sqrt: per loop, the length that keeps the fewest bytes "
-        "(about sqrt(n * carry / slot)) (0: leave scans alone)", parse_segments)
+        0, "iterations per segment; counts per level such as 16x4 (segments of 16, rerun in "
+        "sub-segments of 4); or sqrt / cbrt: per loop, the two / three levels that keep the "
+        "fewest bytes (about sqrt(n * carry / slot) per segment) (0: leave scans alone)",
+        parse_segments)
     func: str = option("main", "the function whose scan loop pairs to segment")
 
     def apply(self, module_op, state) -> None:

@@ -63,6 +63,18 @@ def _reverse_slot(s, t, n) -> bool:
             and const_int(inner.operands[0]) == n and inner.operands[1] == t)
 
 
+def least_bytes_levels(n: int, carry_bytes: int, slot_bytes: int) -> list:
+    """Three levels (segments, sub-segments) that keep the fewest bytes: (ceil(n/k1) + 1) +
+    (ceil(k1/k2) + 1) carries plus k2 slots."""
+    best = None
+    for k1 in range(2, n):
+        k2 = least_bytes_k(k1, carry_bytes, slot_bytes)
+        cost = ((-(-n // k1) + 1) + (-(-k1 // k2) + 1)) * carry_bytes + k2 * slot_bytes
+        if best is None or cost < best[0]:
+            best = (cost, [k1, k2])
+    return best[1] if best else [1]
+
+
 def least_bytes_k(n: int, carry_bytes: int, slot_bytes: int) -> int:
     """The segment length that keeps the fewest bytes: (ceil(n/k) + 1) saved carries plus k
     slots, about sqrt(n * carry / slot)."""
@@ -72,7 +84,7 @@ def least_bytes_k(n: int, carry_bytes: int, slot_bytes: int) -> int:
 @dataclasses.dataclass
 class Segmentable:
     pair: Pair
-    k: int               # iterations per segment
+    levels: list         # iterations per segment, then per sub-segment, ... (decreasing)
     n: int               # trip count of both loops
     counter: int         # the forward loop's counter carry
     t: ir.Value          # the backward loop's counter (it runs forward iteration n-1-t)
@@ -94,14 +106,17 @@ def check(pair: Pair, k, split: bool = False) -> Segmentable | str:
         return "its forward loop's trip count differs from its stacks' length"
     state = [c for c in range(len(fwd.op.operands))
              if c not in fwd.invariant and c != counter and c not in fwd.stacked]
-    if k == "sqrt":
-        if n < 2:
-            return f"a trip count of {n} has no segments"
-        k = least_bytes_k(n, sum(graph.type_bytes(fwd.op.operands[c].type) for c in state),
-                          sum(graph.type_bytes(fwd.stacked[c].value.type)
-                              for c in pair.links.values()))
-    if not 1 <= k < n:
-        return f"segments={k} is not less than the trip count {n}"
+    if k in ("sqrt", "cbrt"):
+        if n < (2 if k == "sqrt" else 3):
+            return f"a trip count of {n} has no {'sub-' if k == 'cbrt' else ''}segments"
+        sizes = (sum(graph.type_bytes(fwd.op.operands[c].type) for c in state),
+                 sum(graph.type_bytes(fwd.stacked[c].value.type) for c in pair.links.values()))
+        k = least_bytes_k(n, *sizes) if k == "sqrt" else least_bytes_levels(n, *sizes)
+    levels = list(k) if isinstance(k, (list, tuple)) else [k]
+    if not 1 <= levels[0] < n:
+        return f"segments={levels[0]} is not less than the trip count {n}"
+    if any(not 1 <= b < a for a, b in zip(levels, levels[1:])):
+        return f"segments={'x'.join(map(str, levels))}: each level must be shorter than the one before"
     back = _counter(bwd)
     if back is None or back[1] != n:
         return "its backward loop does not count 0, 1, ... up to the same trip count"
@@ -134,7 +149,7 @@ def check(pair: Pair, k, split: bool = False) -> Segmentable | str:
                     return "the forward loop's body reads a value from outside the loop"
                 if not any(v == c for c in constants):
                     constants.append(v)
-    return Segmentable(pair, k, n, counter, t, state, constants)
+    return Segmentable(pair, levels, n, counter, t, state, constants)
 
 
 # ---------------------------------------------------------------- builders --
@@ -198,36 +213,81 @@ def _slice_of(values, block) -> list:
 
 
 # ----------------------------------------------------------------- rewrite --
+def _rerun(seg, ip, loc, lo, hi, starts, inv_args, bufs, ops, fargs, invariant, fill):
+    """An inner while, at `ip`, over forward iterations [lo, hi) from carry state `starts`:
+    a copy of `ops` of the forward body per iteration, and `fill(args, j, lo, mapping, ip,
+    buffers)` writing into the loop-carried `bufs`. Returns the buffers after the loop."""
+    init = [lo, hi, lo] + starts + inv_args + bufs
+    inner = ir.Operation.create(WHILE, results=[v.type for v in init], operands=init,
+                                regions=2, loc=loc, ip=ip)
+    cond = inner.regions[0].blocks.append(*[v.type for v in init])
+    body = inner.regions[1].blocks.append(*[v.type for v in init])
+    cip = ir.InsertionPoint(cond)
+    ir.Operation.create("stablehlo.return", operands=[
+        _compare("LT", cond.arguments[0], cond.arguments[1], cip)], ip=cip)
+    a = list(body.arguments)
+    j, j_hi, j_base = a[0], a[1], a[2]
+    ns, ni = len(seg.state), len(invariant)
+    mapping = {fargs[seg.counter]: j}
+    mapping.update({fargs[c]: a[3 + q] for q, c in enumerate(seg.state)})
+    mapping.update({fargs[c]: a[3 + ns + q] for q, c in enumerate(invariant)})
+    bip = ir.InsertionPoint(body)
+    for v in seg.constants:       # constants the body reads from outside the loop: copied
+        mapping[v] = v.owner.clone(ip=bip).results[0]
+    for op in ops:
+        clone = op.clone(ip=bip)
+        graph.replace_reads_all([clone], mapping)
+        for r_old, r_new in zip(op.results, clone.results):
+            mapping[r_old] = r_new
+    filled = fill(a, j, j_base, mapping, bip, a[3 + ns + ni:])
+    state_next = graph.terminator(fargs[0].owner).operands
+    ir.Operation.create("stablehlo.return", operands=(
+        [_arith("add", j, int_const(j.type, 1, bip), bip), j_hi, j_base]
+        + [mapping.get(state_next[c], state_next[c]) for c in seg.state]
+        + a[3 + ns:3 + ns + ni] + filled), ip=bip)
+    return list(inner.results)[3 + ns + ni:]
+
+
 @dataclasses.dataclass
 class Segmented:
     """What one rewrite did: n iterations in segments of k; the stacks it removed and the
     saved carries and segment buffers it added (bytes), and the loop's source position."""
     n: int
-    k: int
+    levels: list
     removed_bytes: int
     carry_bytes: int
     segment_bytes: int
     where: str
 
+    @property
+    def k(self) -> int:
+        return self.levels[0]
+
     def text(self) -> str:
-        m = -(-self.n // self.k)
-        return (f"a scan loop of {self.n} iterations{self.where} runs in segments of {self.k}: "
-                f"it keeps {m} carries (+1 scratch, {self.carry_bytes:,} B) and {self.k} slots "
-                f"({self.segment_bytes:,} B) instead of {self.n} slots "
-                f"({self.removed_bytes:,} B), for one more run of its body per iteration")
+        spans = [self.n] + self.levels
+        carries = " + ".join(f"{-(-a // b)}" for a, b in zip(spans, spans[1:]))
+        inner = "".join(f", then {b}" for b in self.levels[1:])
+        runs = "one more run" if len(self.levels) == 1 else f"{len(self.levels)} more runs"
+        return (f"a scan loop of {self.n} iterations{self.where} runs in segments of {self.k}"
+                f"{inner}: it keeps {carries} carries (+1 scratch each, "
+                f"{self.carry_bytes:,} B) and {self.levels[-1]} slots ({self.segment_bytes:,} B) "
+                f"instead of {self.n} slots ({self.removed_bytes:,} B), for {runs} of its body "
+                "per iteration")
 
 
 def segment(seg: Segmentable, crossing=None) -> Segmented:
     """Rewrite the pair (see the module docstring). `seg` comes from `check`. In split form
     `crossing` (a `Crossing`) carries the values the backward loop now needs from <f>_fwd
     into <f>_bwd as residuals, and drops the stacks that crossed."""
-    pair, n, k = seg.pair, seg.n, seg.k
+    pair, n, k = seg.pair, seg.n, seg.levels[0]
     pos, _ = graph.source_position(pair.fwd.op)
+    spans = [n] + seg.levels        # each level's carries: ceil(span / length) + 1
     report = Segmented(
-        n, k, sum(graph.type_bytes(pair.fwd.op.results[c].type) for c in pair.links.values()),
-        sum(graph.type_bytes(_stack_type(-(-n // k) + 1, pair.fwd.op.operands[c].type))
-            for c in seg.state),
-        sum(graph.type_bytes(_stack_type(k, pair.fwd.stacked[c].value.type))
+        n, list(seg.levels),
+        sum(graph.type_bytes(pair.fwd.op.results[c].type) for c in pair.links.values()),
+        sum(graph.type_bytes(_stack_type(-(-outer // inner) + 1, pair.fwd.op.operands[c].type))
+            for outer, inner in zip(spans, spans[1:]) for c in seg.state),
+        sum(graph.type_bytes(_stack_type(seg.levels[-1], pair.fwd.stacked[c].value.type))
             for c in pair.links.values()),
         f" at {pos}" if pos else "")
     fwd = pair.fwd
@@ -254,8 +314,8 @@ def segment(seg: Segmentable, crossing=None) -> Segmented:
     inner_ops = _slice_of(list(values.values()) + list(state_next.values()), fedit.body)
 
     # The backward loop: carries for the saved states (their initial values are the new
-    # forward loop's results, set once it is rebuilt), the forward's invariants, and one
-    # segment buffer per stack.
+    # forward loop's results, set once it is rebuilt), the forward's invariants, the saved
+    # states of the inner levels, and one segment buffer per stack.
     bedit = LoopEdit(pair.bwd)
     bbody = bedit.body
     before_bwd = ir.InsertionPoint(pair.bwd)
@@ -268,53 +328,58 @@ def segment(seg: Segmentable, crossing=None) -> Segmented:
     else:                     # (the forward's values reach the backward as residuals)
         inv_args = [bedit.add(crossing.bring(fwd.op.operands[c], before_bwd), loc)
                     for c in invariant]
-    seg_args = [bedit.add(_zeros(_stack_type(k, values[c].type), before_bwd), loc)
+    levels = seg.levels
+    level_args = []           # per inner level: its saved states (carries of the loop)
+    for outer, inner_k in zip(levels, levels[1:]):
+        m_l = -(-outer // inner_k)
+        level_args.append([bedit.add(_zeros(_stack_type(m_l + 1, fargs[c].type), before_bwd),
+                                     loc) for c in seg.state])
+    seg_args = [bedit.add(_zeros(_stack_type(levels[-1], values[c].type), before_bwd), loc)
                 for _, c in links]
     reads = [rd for mm, _ in links for rd in pair.reads[mm]]
     position = {op_id(o.operation): x for x, o in enumerate(bbody.operations)}
     first_read = min((rd.slice_op for rd in reads), key=lambda op: position[op_id(op)])
     ip = ir.InsertionPoint(first_read)
     t = seg.t
-    ck, cn, c1 = (int_const(t.type, x, ip) for x in (k, n, 1))
+    cn, c1 = int_const(t.type, n, ip), int_const(t.type, 1, ip)
     s = _arith("subtract", int_const(t.type, n - 1, ip), t, ip)   # the forward iteration
-    g = _arith("divide", s, ck, ip)
-    base = _arith("multiply", g, ck, ip)
-    end = _arith("minimum", _arith("add", base, ck, ip), cn, ip)
-    need = _compare("EQ", s, _arith("subtract", end, c1, ip), ip)
-    hi = _select(need, end, base, ip)       # the segment's iterations, or none
-    starts = [_read(a, g, fargs[c].type, ip) for a, c in zip(saved_args, seg.state)]
-    inner_init = [base, hi, base] + starts + inv_args + seg_args
-    inner = ir.Operation.create(WHILE, results=[v.type for v in inner_init],
-                                operands=inner_init, regions=2, loc=loc, ip=ip)
-    cond = inner.regions[0].blocks.append(*[v.type for v in inner_init])
-    body = inner.regions[1].blocks.append(*[v.type for v in inner_init])
-    cip = ir.InsertionPoint(cond)
-    ir.Operation.create("stablehlo.return", operands=[
-        _compare("LT", cond.arguments[0], cond.arguments[1], cip)], ip=cip)
-    a = list(body.arguments)
-    j, j_hi, j_base = a[0], a[1], a[2]
-    ns, ni = len(seg.state), len(invariant)
-    mapping = {fargs[seg.counter]: j}
-    mapping.update({fargs[c]: a[3 + q] for q, c in enumerate(seg.state)})
-    mapping.update({fargs[c]: a[3 + ns + q] for q, c in enumerate(invariant)})
-    bip = ir.InsertionPoint(body)
-    for v in seg.constants:       # constants the body reads from outside the loop: copied
-        mapping[v] = v.owner.clone(ip=bip).results[0]
-    for op in inner_ops:
-        clone = op.clone(ip=bip)
-        graph.replace_reads_all([clone], mapping)
-        for r_old, r_new in zip(op.results, clone.results):
-            mapping[r_old] = r_new
-    here = _arith("subtract", j, j_base, bip)
-    filled = [_write(a[3 + ns + ni + q], mapping.get(values[c], values[c]), here, bip)
-              for q, (_, c) in enumerate(links)]
-    ir.Operation.create("stablehlo.return", operands=(
-        [_arith("add", j, int_const(j.type, 1, bip), bip), j_hi, j_base]
-        + [mapping.get(state_next[c], state_next[c]) for c in seg.state]
-        + a[3 + ns:3 + ns + ni] + filled), ip=bip)
-    segs = list(inner.results)[3 + ns + ni:]
-    for q, seg_arg in enumerate(seg_args):
-        bedit.set_returned(len(bedit.inits) - len(seg_args) + q, segs[q])
+    lo, hi_span, buffers = int_const(t.type, 0, ip), cn, saved_args
+    state_ops = _slice_of(list(state_next.values()), fedit.body)
+    for level, k_l in enumerate(levels):
+        ck = int_const(t.type, k_l, ip)
+        g = _arith("divide", _arith("subtract", s, lo, ip), ck, ip)
+        base = _arith("add", lo, _arith("multiply", g, ck, ip), ip)
+        end = _arith("minimum", _arith("add", base, ck, ip), hi_span, ip)
+        need = _compare("EQ", s, _arith("subtract", end, c1, ip), ip)
+        hi = _select(need, end, base, ip)       # the segment's iterations, or none
+        starts = [_read(b, g, fargs[c].type, ip) for b, c in zip(buffers, seg.state)]
+        if level == len(levels) - 1:            # the last level fills the slots
+            def fill(a, j, j_base, mapping, bip, bufs):
+                here = _arith("subtract", j, j_base, bip)
+                return [_write(b, mapping.get(values[c], values[c]), here, bip)
+                        for b, (_, c) in zip(bufs, links)]
+            segs = _rerun(seg, ip, loc, base, hi, starts, inv_args, seg_args, inner_ops,
+                          fargs, invariant, fill)
+            for q in range(len(seg_args)):
+                bedit.set_returned(len(bedit.inits) - len(seg_args) + q, segs[q])
+        else:                                   # an outer level saves the next one's states
+            k_next = levels[level + 1]
+
+            def fill(a, j, j_base, mapping, bip, bufs, k_next=k_next):
+                m_next = -(-k_l // k_next)
+                rel = _arith("subtract", j, j_base, bip)
+                kn = int_const(j.type, k_next, bip)
+                first = _compare("EQ", _arith("remainder", rel, kn, bip),
+                                 int_const(j.type, 0, bip), bip)
+                slot = _select(first, _arith("divide", rel, kn, bip),
+                               int_const(j.type, m_next, bip), bip)
+                return [_write(b, a[3 + q], slot, bip) for q, b in enumerate(bufs)]
+            buffers = _rerun(seg, ip, loc, base, hi, starts, inv_args, level_args[level],
+                             state_ops, fargs, invariant, fill)
+            for q, b in enumerate(buffers):
+                arg = level_args[level][q]
+                bedit.set_returned(list(bbody.arguments).index(arg), b)
+        lo, hi_span = base, end
     rip = ir.InsertionPoint(first_read)
     offset = _arith("subtract", s, base, rip)
     for q, (mm, _) in enumerate(links):

@@ -45,7 +45,7 @@ func.func public @main(%arg0: tensor<2x2xf32>, %arg1: tensor<5x2xf32>, %arg2: te
   %0 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<2xf32>
   %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<5x2xf32>
   %2 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<5x2xf32>
-  // expected-remark @+1 {{runs in segments of 2: it keeps 3 carries (+1 scratch, 32 B) and 2 slots (32 B) instead of 5 slots (80 B), for one more run of its body per iteration}}
+  // expected-remark @+1 {{runs in segments of 2: it keeps 3 carries (+1 scratch each, 32 B) and 2 slots (32 B) instead of 5 slots (80 B), for one more run of its body per iteration}}
   %3:6 = stablehlo.while(%iterArg = %arg1, %iterArg_7 = %arg0, %iterArg_8 = %c_1, %iterArg_9 = %0, %iterArg_10 = %1, %iterArg_11 = %2) : tensor<5x2xf32>, tensor<2x2xf32>, tensor<i32>, tensor<2xf32>, tensor<5x2xf32>, tensor<5x2xf32>
   cond {
     %9 = stablehlo.compare LT, %iterArg_8, %c_0, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>

@@ -4,8 +4,9 @@ A recurrent scan (`h = tanh(h @ W + x @ U)`, an 8x64 carry) of n steps, per segm
 
 * ours: `rp.remat(export_vjp(rnn), scan_segments=k)` (no per-iteration policy: a slot keeps
   what the body's backward reads), compiled with XLA;
-* JAX's hand-written two-level scheme: an outer `lax.scan` over n/k segments of
-  `jax.checkpoint(inner lax.scan of k steps)`, `jax.jit(jax.grad(...))`.
+* JAX's hand-written scheme: an outer `lax.scan` over n/k segments of
+  `jax.checkpoint(inner lax.scan of k steps)` (with k1xk2, the inner scan is itself one of
+  checkpointed sub-segments), `jax.jit(jax.grad(...))`.
 
 Per row: XLA's scratch (temp) bytes of the gradient program, FLOPs as `remat_passes` counts
 them (`cost.flops.function_flops` of the exported VJP, loops times their trip counts; XLA's
@@ -22,7 +23,7 @@ from remat_passes.cost.flops import function_flops
 from tools.benchmarks import common
 
 CARRY, WIDTH, INPUT = 8, 64, 32
-CASES = {256: (4, 8, 16, 32, 64), 4096: (16, 64, 256)}
+CASES = {256: (4, 8, 16, 32, 64, (64, 8), (16, 4)), 4096: (16, 64, 256, (256, 16), (512, 64))}
 FLOPS_SLACK = 1.01      # ours <= the hand-written scheme's + 1%
 TEMP_SLACK = 1.02       # XLA scratch: ours <= the hand-written scheme's + 2%
 
@@ -41,15 +42,26 @@ def rnn(params, xs):
 
 def two_level(k):
     """The scheme one writes by hand: checkpointed segments of k steps, scanned."""
+    return hand_written([k])
+
+
+def hand_written(levels):
+    """Checkpointed segments of levels[0] steps, each a scan of checkpointed sub-segments of
+    levels[1] steps, ...: the nesting one writes by hand (lengths must divide)."""
     def loss(params, xs):
         W, U = params
 
-        @jax.checkpoint
-        def segment(h, block):
-            h, _ = jax.lax.scan(_step(W, U), h, block)
-            return h, None
-        blocks = xs.reshape(xs.shape[0] // k, k, *xs.shape[1:])
-        h, _ = jax.lax.scan(segment, jnp.zeros((CARRY, WIDTH)), blocks)
+        def run(h, block, depth):
+            if depth == len(levels):
+                return jax.lax.scan(_step(W, U), h, block)[0]
+            inner = levels[depth]
+
+            @jax.checkpoint
+            def segment(h, sub):
+                return run(h, sub, depth + 1), None
+            sub = block.reshape(block.shape[0] // inner, inner, *block.shape[1:])
+            return jax.lax.scan(segment, h, sub)[0]
+        h = run(jnp.zeros((CARRY, WIDTH)), xs, 0)
         return (h ** 2).sum()
     return loss
 
@@ -71,19 +83,20 @@ def measure(cases=CASES, log=print) -> dict:
         want = jax.grad(rnn)(params, xs)
         module = rp.export_vjp(rnn, params, xs)
         for k in (0,) + tuple(ks):
-            ours = rp.remat(module, scan_segments=k)
+            levels = list(k) if isinstance(k, tuple) else [k]
+            ours = rp.remat(module, scan_segments=levels if k else 0)
             compiled = rp.compile(ours, "main").lower(params, xs, ct).compile()
-            row = {"n": n, "k": k, "temp": compiled.memory_analysis().temp_size_in_bytes,
+            row = {"n": n, "k": "x".join(map(str, levels)), "temp": compiled.memory_analysis().temp_size_in_bytes,
                    "flops": function_flops(ours),
                    "error": _error(compiled(params, xs, ct)[1], want)}
             if k:
-                hand = two_level(k)
+                hand = hand_written(levels)
                 jc = jax.jit(jax.grad(hand)).lower(params, xs).compile()
                 row["jax"] = {"temp": jc.memory_analysis().temp_size_in_bytes,
                               "flops": function_flops(rp.export_vjp(hand, params, xs)),
                               "error": _error(jc(params, xs), want)}
             rows.append(row)
-            log(f"scans: n={n} k={k}: temp {row['temp']:,} B")
+            log(f"scans: n={n} k={row['k']}: temp {row['temp']:,} B")
     return {"meta": common.machine(), "carry": [CARRY, WIDTH], "rows": rows}
 
 
@@ -107,8 +120,9 @@ def render(data) -> str:
     c, w = data["carry"]
     parts = ["## Long scans: segments", "",
              f"A recurrent scan with a {c}x{w} carry, n steps, in segments of k (`rp.remat(module, "
-             "scan_segments=k)`) beside the two-level scheme written by hand (an outer "
-             "`lax.scan` of `jax.checkpoint`ed inner scans of k steps). XLA's scratch bytes of "
+             "scan_segments=k)`; k1xk2: segments rerun in sub-segments, three levels) beside "
+             "the same scheme written by hand (an outer `lax.scan` of `jax.checkpoint`ed "
+             "inner scans of k steps, nested once more for k1xk2). XLA's scratch bytes of "
              "the gradient program, FLOPs as `remat_passes` counts them (trip counts included), "
              f"the gradient's error against `jax.grad` ({meta['backend']}, jax {meta['jax']}, "
              f"commit {meta['commit']}). k = 0 is the scan without segments. Regenerate with "
