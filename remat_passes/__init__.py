@@ -16,7 +16,7 @@ _EXPORTS = {
     "policies": "policy.policies",
     **{name: "jax.bridge" for name in (
         "checkpoint", "checkpoint_name", "export", "export_vjp", "from_exported",
-        "names_as_markers")},
+        "names_as_markers", "scan")},
     "compile": "jax.run", "to_exported": "jax.run",
     **{name: "cost.memory" for name in (
         "FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory")},
@@ -33,7 +33,7 @@ _EXPORTS = {
 __all__ = [
     "Module", "load", "from_exported", "to_exported", "compile", "export", "export_vjp",
     "names_as_markers",
-    "checkpoint", "checkpoint_name", "policies", "remat", "run_pipeline", "parse_pipeline",
+    "checkpoint", "checkpoint_name", "scan", "policies", "remat", "run_pipeline", "parse_pipeline",
     "saved_residuals", "print_saved_residuals", "print_fwd_bwd", "Residual", "RematError",
     "estimate_memory", "format_memory", "MemoryEstimate", "FunctionMemory",
     "pareto", "ParetoPoint", "bounds", "recompute_seconds", "policy_points", "PolicyPoint",

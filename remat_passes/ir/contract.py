@@ -50,6 +50,7 @@ BARRIER = "remat.barrier"
 REGIONS = "remat.regions"
 REGIONS_NO_CSE = "remat.regions_no_cse"   # keys of regions made with prevent_cse=False
 NAME_TARGET = "remat.name"
+SEGMENTS_NAME = "remat.segments="   # a name marker in a scan body: segment-scans' length for it
 CASE_KEY = "remat.case"     # a forward stablehlo.case the case-pair rule rewrote: its key
 TWIN = "remat.twin"         # results equal to the keyed case's: [key, k, r, k, r, ...]
 CASE_SAVES = "remat.case_saves"   # results of a nested case that hold saved branch values

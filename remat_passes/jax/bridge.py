@@ -72,6 +72,28 @@ def names_as_markers():
         yield
 
 
+def scan(f, init, xs=None, length=None, reverse=False, unroll=1, *, segments):
+    """`jax.lax.scan` whose loop `segment-scans` cuts into segments of `segments` iterations
+    (a count, counts per level such as "16x4", or "sqrt" / "cbrt"), whatever the pipeline's
+    own `scan_segments` says. The body names its carry with a `remat.segments=...` marker
+    that the pass reads (and strip-checkpoint-names removes); under `jax.jit` it is
+    `lax.scan` itself."""
+    from remat_passes.passes.segment_scans import parse_segments
+    try:
+        levels = parse_segments(segments)
+    except ValueError as e:
+        raise RematError(f"error: rp.scan: segments: {e}") from None
+    text = levels if isinstance(levels, str) else (
+        "x".join(map(str, levels)) if isinstance(levels, list) else str(levels))
+
+    def body(carry, x):
+        leaves, tree = jax.tree_util.tree_flatten(carry)
+        if leaves:
+            leaves[0] = checkpoint_name(leaves[0], contract.SEGMENTS_NAME + text)
+        return f(jax.tree_util.tree_unflatten(tree, leaves), x)
+    return jax.lax.scan(body, init, xs, length=length, reverse=reverse, unroll=unroll)
+
+
 # ------------------------------------------------------------- regions --
 _region_ids = itertools.count(1)
 _REGION_POLICIES: dict[str, Policy] = {}

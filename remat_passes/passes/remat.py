@@ -5,8 +5,8 @@
     inline
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
     insert-reduce-precision{func region-regex}
-    segment-scans{segments func}                     (with scan-segments=k, or under auto:
-                                                      the segments its budget needs)
+    segment-scans{segments func}                     (scan-segments=k; loops rp.scan marked;
+                                                      under auto, the segments it needs)
     place-optimization-barriers{func in-loops tie-to-cotangent}
                                                      (only with prevent-cse=true)
     annotate-host-offload{func}
@@ -27,7 +27,6 @@ from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
 from remat_passes.passes.remat_partial_eval import PartialEvalOptions, RematPartialEval
 from remat_passes.passes.segment_scans import SegmentScans, parse_segments
-from remat_passes.policy.auto import AutoPolicy
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 
 
@@ -54,9 +53,9 @@ class Remat(PartialEvalOptions, PipelinePass):
     def expand(self) -> list:
         steps = [Inline(), RematPartialEval(**self.partial_eval_options()),
                  InsertReducePrecision(func=self.func, region_regex=self.region_regex)]
-        if self.scan_segments or isinstance(self.policy, AutoPolicy):
-            # (0 under auto: the segment length auto chose, if its budget needs segments)
-            steps.append(SegmentScans(segments=self.scan_segments, func=self.func))
+        # (with scan-segments=0: the loops rp.scan marked, and under auto the segments its
+        # budget needs; a module without loops costs it nothing)
+        steps.append(SegmentScans(segments=self.scan_segments, func=self.func))
         if self.prevent_cse:
             steps.append(PlaceOptimizationBarriers(func=self.func,
                                                    in_loops=self.prevent_cse_in_loops,

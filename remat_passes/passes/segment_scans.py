@@ -24,7 +24,7 @@ import dataclasses
 
 from remat_passes.analysis import scan_pairs
 from remat_passes.core.residuals import describe_value
-from remat_passes.ir import graph
+from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.passes.base import ModulePass, option
 from remat_passes.passes.diagnostics import Remark
@@ -68,37 +68,47 @@ class SegmentScans(ModulePass):
 
     def apply(self, module_op, state) -> None:
         segments = self.segments or state.planned_segments.get(self.func, 0)
-        if segments == 0:
-            return
-        if graph.is_split(module_op, self.func):
-            with module_op.context, ir.Location.unknown():
-                self._split(module_op, segments, state)
-            return
-        func = graph.find_func(module_op, self.func)
-        done = state.segmented.setdefault(self.func, [])
+        split = graph.is_split(module_op, self.func)
+        names = [f"{self.func}_fwd", f"{self.func}_bwd"] if split else [self.func]
+        if not segments and not any(_while_count(graph.find_func(module_op, n))
+                                    for n in names):
+            return                  # (nothing asked, no loop that could ask for itself)
         with module_op.context, ir.Location.unknown():
+            if split:
+                self._split(module_op, segments, state)
+                return
+            func = graph.find_func(module_op, self.func)
+            done = state.segmented.setdefault(self.func, [])
             pairs = scan_pairs.find_pairs_in_block(graph.body_block(func))
             unpaired = _unpaired_forward_loops(func, pairs, state.analysis(func)) \
-                if len(pairs) < _while_count(func) else 0
+                if segments and len(pairs) < _while_count(func) else 0
             if unpaired:
                 state.remarks.append(Remark(
                     f"@{self.func}: {unpaired} scan loop(s) were not segmented: their stacks "
                     "reach the backward loop through a shard_map boundary or other ops, or they "
                     "sit inside a shard_map body (segment-scans takes the loop pairs at the "
                     "function's top level)", func.location))
-            found = [scan_segments.check(pair, segments) for pair in pairs]
-            for pair, why in zip(pairs, found):   # (segmenting one pair leaves the others)
-                if isinstance(why, str):          # about the forward loop, where it is
-                    state.remarks.append(Remark(f"@{self.func}: a scan loop was not "
-                                                f"segmented: {why}", pair.fwd.op.location))
-                    continue
-                location = pair.fwd.op.location
-                done.append(scan_segments.segment(why))
-                state.remarks.append(Remark(f"@{self.func}: {done[-1].text()}", location))
-            if any(not isinstance(why, str) for why in found):   # the stacks' zero inits
+            self._segment_pairs(pairs, segments, state, done)
+            if done:                  # the stacks' zero initial values, now unread
                 graph.erase_unused_in_block(graph.body_block(func))
                 state.drop()
 
+    def _segment_pairs(self, pairs, segments, state, done, crossing=None) -> None:
+        """Segment each pair at its own length (`rp.scan(..., segments=)`), else at
+        `segments`; say why where a pair cannot be (segmenting one pair leaves the others'
+        ops as they are)."""
+        for pair in pairs:
+            k = _marked_length(pair) or segments
+            if not k:
+                continue
+            why = scan_segments.check(pair, k, split=crossing is not None)
+            location = pair.fwd.op.location         # (remarks are about the forward loop)
+            if isinstance(why, str):
+                state.remarks.append(Remark(f"@{self.func}: a scan loop was not segmented: "
+                                            f"{why}", location))
+                continue
+            done.append(scan_segments.segment(why, crossing))
+            state.remarks.append(Remark(f"@{self.func}: {done[-1].text()}", location))
 
     def _split(self, module_op, segments, state) -> None:
         """Split form: the loop pairs span <f>_fwd and <f>_bwd; what the backward loop now
@@ -108,17 +118,10 @@ class SegmentScans(ModulePass):
         bwd = graph.find_func(module_op, f"{self.func}_bwd")
         done = state.segmented.setdefault(self.func, [])
         pairs = scan_segments.find_split_pairs(fwd, bwd)
-        found = [scan_segments.check(pair, segments, split=True) for pair in pairs]
         crossing = scan_segments.Crossing(fwd, bwd, state.residuals.get(self.func, []))
-        for pair, why in zip(pairs, found):
-            if isinstance(why, str):
-                state.remarks.append(Remark(f"@{self.func}: a scan loop was not segmented: "
-                                            f"{why}", pair.fwd.op.location))
-                continue
-            location = pair.fwd.op.location
-            done.append(scan_segments.segment(why, crossing))
-            state.remarks.append(Remark(f"@{self.func}: {done[-1].text()}", location))
-        if not done:
+        before = len(done)
+        self._segment_pairs(pairs, segments, state, done, crossing)
+        if len(done) == before:
             return
 
         def describe(v):
@@ -132,6 +135,16 @@ class SegmentScans(ModulePass):
         for f in (fwd, bwd):
             graph.erase_unused_in_block(graph.body_block(f))
         state.drop()
+
+
+def _marked_length(pair):
+    """The segment length `rp.scan(..., segments=)` gave this loop (a name marker on its
+    carry, `remat.segments=<spec>`), else None."""
+    for op in pair.fwd.body.operations:
+        name = contract.checkpoint_name(op)
+        if name is not None and name.startswith(contract.SEGMENTS_NAME):
+            return parse_segments(name[len(contract.SEGMENTS_NAME):])
+    return None
 
 
 def _while_count(func) -> int:

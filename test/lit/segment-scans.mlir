@@ -4,6 +4,21 @@
 // last iteration, into k-slot buffers it then reads instead of the [n] stacks.
 // RUN: remat-opt %s --split-input-file --verify-diagnostics --segment-scans=segments=2 | filecheck %s
 // RUN: remat-opt %s --split-input-file --remat-partial-eval=mode=split --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=SPLIT
+// RUN: remat-opt %s --split-input-file --segment-scans=segments=3x2 2>/dev/null | filecheck %s --check-prefix=THREE
+
+// Three levels (segments=3x2): in the backward, a segment of 3 is rerun to save its carry
+// every 2 iterations (2 + 1 saved carries and a scratch slot), then a sub-segment of 2
+// into the slots.
+// THREE-LABEL: func.func public @main
+// THREE: stablehlo.while{{.*}} tensor<3x2xf32>
+// THREE: stablehlo.while
+// THREE: %[[SUB:.*]]:7 = stablehlo.while{{.*}} tensor<3x2xf32>
+// THREE: stablehlo.remainder
+// THREE: stablehlo.dynamic_update_slice %{{.*}} : (tensor<3x2xf32>, tensor<1x2xf32>, tensor<i32>, tensor<i32>) -> tensor<3x2xf32>
+// THREE: stablehlo.dynamic_slice %[[SUB]]#6
+// THREE: %[[SEG:.*]]:8 = stablehlo.while
+// THREE: stablehlo.sine
+// THREE: stablehlo.dynamic_slice %[[SEG]]#6
 
 // In split form the saved carries cross as a residual in place of the stacks.
 // SPLIT-LABEL: func.func @main_fwd

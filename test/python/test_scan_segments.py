@@ -292,3 +292,31 @@ def test_auto_sweep_over_a_scan_keeps_within_budget_and_cost_falls_as_budget_gro
         assert _kept(out) <= b, (b, _kept(out))
         points.append(function_flops(out))
     assert all(a >= b for a, b in zip(points, points[1:])), points
+
+
+def test_rp_scan_marks_one_loop():
+    """`rp.scan(..., segments=k)`: that loop is cut into segments whatever the pipeline's
+    own option; the other scan of the function is not; under jax.jit it is lax.scan."""
+    def f(params, xs):
+        W = params
+
+        def step(h, x):
+            return jnp.tanh(h @ W + x), h.sum()
+        h, ys = rp.scan(step, jnp.ones((2, 8)), xs, segments=3)
+        g, _ = jax.lax.scan(step, h, xs)
+        return g.sum() + ys.sum()
+    args = lstm_args(10)
+    assert jnp.allclose(jax.jit(f)(*args), f(*args))
+    module = rp.export_vjp(f, *args)
+    out, ct, grads = reference_vjp(f, args)
+    for mode in ("joint", "split"):
+        seg = rp.remat(module, "nothing_saveable", mode=mode)
+        assert [d.levels for d in seg.segmented] == [[3]], mode
+        got = run_joint(seg, args, ct) if mode == "joint" else \
+            run_split(seg, args, ct, len(leaves(out)))[0]
+        assert_trees_close(got, leaves(out) + leaves(grads), what=mode)
+        assert "remat.segments" not in str(seg)           # the marker is stripped
+    both = rp.remat(module, "nothing_saveable", scan_segments=2)
+    assert sorted(d.levels for d in both.segmented) == [[2], [3]]   # the mark wins for its loop
+    with pytest.raises(RematError, match="rp.scan: segments"):
+        rp.scan(lambda c, x: (c, None), 0.0, jnp.ones(3), segments="many")
