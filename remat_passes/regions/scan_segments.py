@@ -84,6 +84,7 @@ def least_bytes_k(n: int, carry_bytes: int, slot_bytes: int) -> int:
 @dataclasses.dataclass
 class Segmentable:
     pair: Pair
+    links: dict          # the backward carries it replaces -> their forward stacks
     levels: list         # iterations per segment, then per sub-segment, ... (decreasing)
     n: int               # trip count of both loops
     counter: int         # the forward loop's counter carry
@@ -106,11 +107,19 @@ def check(pair: Pair, k, split: bool = False) -> Segmentable | str:
         return "its forward loop's trip count differs from its stacks' length"
     state = [c for c in range(len(fwd.op.operands))
              if c not in fwd.invariant and c != counter and c not in fwd.stacked]
+    # the stacks only the backward loop reads; one the function also reads elsewhere (a
+    # per-iteration output, say) stays whole, and the backward reads it as before
+    links = {m: c for m, c in pair.links.items()
+             if len(list(fwd.op.results[c].uses)) == 1 and len(list(bwd.operands[m].uses)) == 1
+             and (split or bwd.operands[m] == fwd.op.results[c])
+             and next(iter(bwd.results[m].uses), None) is None}
+    if not links:
+        return "its stacks reach the backward loop through reshapes or have other readers"
     if k in ("sqrt", "cbrt"):
         if n < (2 if k == "sqrt" else 3):
             return f"a trip count of {n} has no {'sub-' if k == 'cbrt' else ''}segments"
         sizes = (sum(graph.type_bytes(fwd.op.operands[c].type) for c in state),
-                 sum(graph.type_bytes(fwd.stacked[c].value.type) for c in pair.links.values()))
+                 sum(graph.type_bytes(fwd.stacked[c].value.type) for c in links.values()))
         k = least_bytes_k(n, *sizes) if k == "sqrt" else least_bytes_levels(n, *sizes)
     levels = list(k) if isinstance(k, (list, tuple)) else [k]
     if not 1 <= levels[0] < n:
@@ -122,10 +131,7 @@ def check(pair: Pair, k, split: bool = False) -> Segmentable | str:
         return "its backward loop does not count 0, 1, ... up to the same trip count"
     t = bwd.regions[1].blocks[0].arguments[back[0]]
     i = fwd.body.arguments[counter]
-    for m, c in pair.links.items():
-        if len(list(fwd.op.results[c].uses)) != 1 or len(list(bwd.operands[m].uses)) != 1 \
-                or (not split and bwd.operands[m] != fwd.op.results[c]):
-            return "a stack reaches the backward loop through reshapes or has other readers"
+    for m, c in links.items():
         index = fwd.stacked[c].index
         if index == i:
             ok = all(_reverse_slot(rd.index, t, n) for rd in pair.reads[m])
@@ -135,8 +141,6 @@ def check(pair: Pair, k, split: bool = False) -> Segmentable | str:
             return "the forward loop writes a stack at a slot other than i or n-1-i"
         if not ok:
             return "the backward loop does not read forward iteration n-1-t in its step t"
-    if any(next(iter(bwd.results[mm].uses), None) is not None for mm in pair.links):
-        return "the backward loop's stacks are read after it"
     constants = []
     for op in graph.nested_ops(fwd.body):
         for v in op.operands:
@@ -149,7 +153,7 @@ def check(pair: Pair, k, split: bool = False) -> Segmentable | str:
                     return "the forward loop's body reads a value from outside the loop"
                 if not any(v == c for c in constants):
                     constants.append(v)
-    return Segmentable(pair, levels, n, counter, t, state, constants)
+    return Segmentable(pair, links, levels, n, counter, t, state, constants)
 
 
 # ---------------------------------------------------------------- builders --
@@ -284,16 +288,16 @@ def segment(seg: Segmentable, crossing=None) -> Segmented:
     spans = [n] + seg.levels        # each level's carries: ceil(span / length) + 1
     report = Segmented(
         n, list(seg.levels),
-        sum(graph.type_bytes(pair.fwd.op.results[c].type) for c in pair.links.values()),
+        sum(graph.type_bytes(pair.fwd.op.results[c].type) for c in seg.links.values()),
         sum(graph.type_bytes(_stack_type(-(-outer // inner) + 1, pair.fwd.op.operands[c].type))
             for outer, inner in zip(spans, spans[1:]) for c in seg.state),
         sum(graph.type_bytes(_stack_type(seg.levels[-1], pair.fwd.stacked[c].value.type))
-            for c in pair.links.values()),
+            for c in seg.links.values()),
         f" at {pos}" if pos else "")
     fwd = pair.fwd
     m = -(-n // k)
     loc = fwd.op.location
-    links = sorted(pair.links.items())                 # (backward carry, forward stack)
+    links = sorted(seg.links.items())                  # (backward carry, forward stack)
     values = {c: fwd.stacked[c].value for _, c in links}
     state_next = {c: graph.terminator(fwd.body).operands[c] for c in seg.state}
 
@@ -387,7 +391,7 @@ def segment(seg: Segmentable, crossing=None) -> Segmented:
             rd.slice_op.operands[0] = segs[q]
             rd.slice_op.operands[1] = offset
     # The stacks are no longer read: drop them from both loops.
-    keep = {x for x in range(len(bedit.inits)) if x not in pair.links}
+    keep = {x for x in range(len(bedit.inits)) if x not in seg.links}
     bedit.drop(keep)
     kept = sorted(keep)
     new_bwd = bedit.rebuild({x: kept.index(x) for x in kept if x < len(pair.bwd.results)})
