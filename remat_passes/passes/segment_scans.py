@@ -70,9 +70,10 @@ class SegmentScans(ModulePass):
         segments = self.segments or state.planned_segments.get(self.func, 0)
         split = graph.is_split(module_op, self.func)
         names = [f"{self.func}_fwd", f"{self.func}_bwd"] if split else [self.func]
-        if not segments and not any(_while_count(graph.find_func(module_op, n))
-                                    for n in names):
-            return                  # (nothing asked, no loop that could ask for itself)
+        if not segments and not any(   # (nothing asked, no loop that could ask for itself:
+                op.name == scan_pairs.WHILE  # read from the analysis the pipeline keeps)
+                for n in names for op in state.analysis(graph.find_func(module_op, n)).ops):
+            return
         with module_op.context, ir.Location.unknown():
             if split:
                 self._split(module_op, segments, state)
