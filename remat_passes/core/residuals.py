@@ -71,11 +71,13 @@ def residual_bytes(residuals) -> int:
     return sum(r.bytes for r in residuals)
 
 
-def activation_bytes(residuals) -> int:
+def activation_bytes(residuals, segmented=()) -> int:
     """What `auto`'s budgets count: residuals kept in device memory beyond the function's
-    own arguments."""
+    own arguments; with `segmented` (segment-scans' reports, `delta_bytes` each), as they
+    are after the scans were cut into segments."""
     return sum(r.bytes for r in residuals if not r.argument and
-               (r.offload is None or r.offload.dst not in ("pinned_host", "unpinned_host")))
+               (r.offload is None or r.offload.dst not in ("pinned_host", "unpinned_host"))) \
+        + sum(s.delta_bytes for s in segmented)
 
 
 def residual_bytes_text(residuals) -> str:

@@ -191,6 +191,19 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         state.remarks[first_remark:] = [Remark(r, location)
                                         for r in state.remarks[first_remark:]]
 
+    def _trial(self, candidate, module_op, state, after):
+        """A trial plan of `candidate` (an auto policy) on a copy of the module: inline,
+        remat-partial-eval in joint form, then the passes `after`. Returns (the copy, its
+        PassState)."""
+        copy = mlir.clone(module_op)
+        st = PassState(region_policies=state.region_policies, filename=state.filename)
+        st.dim_symbols = dict(state.dim_symbols or {})
+        options = {**self.partial_eval_options(), "policy": candidate, "mode": "joint"}
+        for step in [Inline(), RematPartialEval(**options)] + list(after):
+            step.apply(copy, st)
+            st.drop()
+        return copy, st
+
     def _residual_budget_for_peak(self, policy, module_op, state):
         """auto(objective=peak): plan trial residual budgets on copies of the module and
         measure each plan's joint peak estimate (`for_peak` chooses among them)."""
@@ -200,16 +213,9 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         problem = planning_problem(module_op, self.func, policy)
 
         def trial(candidate):   # the default pipeline, joint form, no barriers
-            copy = mlir.clone(module_op)
-            options = {**self.partial_eval_options(), "policy": candidate, "mode": "joint"}
-            steps = [Inline(), RematPartialEval(**options),
-                     InsertReducePrecision(func=self.func, region_regex=self.region_regex),
-                     AnnotateHostOffload(func=self.func), StripCheckpointNames()]
-            st = PassState(region_policies=state.region_policies, filename=state.filename)
-            st.dim_symbols = dict(state.dim_symbols or {})
-            for step in steps:
-                step.apply(copy, st)
-                st.drop()
+            copy, st = self._trial(candidate, module_op, state, [
+                InsertReducePrecision(func=self.func, region_regex=self.region_regex),
+                AnnotateHostOffload(func=self.func), StripCheckpointNames()])
             return (estimate_memory(copy, dim_symbols=st.dim_symbols)[self.func].peak_bytes,
                     st.plan_reports[self.func][0].solution.cost)
         return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
@@ -231,17 +237,10 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         def trial(rb, levels):
             candidate = auto(rb, offload=policy.offload, device=policy.device,
                              solver=policy.solver)
-            copy = mlir.clone(module_op)
-            st = PassState(region_policies=state.region_policies, filename=state.filename)
-            st.dim_symbols = dict(state.dim_symbols or {})
-            options = {**self.partial_eval_options(), "policy": candidate, "mode": "joint"}
-            for step in (Inline(), RematPartialEval(**options),
-                         SegmentScans(segments=levels, func=self.func)):
-                step.apply(copy, st)
-                st.drop()
-            done = st.segmented.get(self.func, [])
-            kept = report.activation_bytes(st.residuals[self.func]) + sum(
-                d.carry_bytes + d.segment_bytes - d.removed_bytes for d in done)
+            _, st = self._trial(candidate, module_op, state,
+                                [SegmentScans(segments=levels, func=self.func)])
+            kept = report.activation_bytes(st.residuals[self.func],
+                                           st.segmented.get(self.func, []))
             return kept, st.plan_reports[self.func][0].solution.cost, rb, candidate
         least = None
         for levels in ("sqrt", "cbrt"):

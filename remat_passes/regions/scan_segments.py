@@ -1,7 +1,7 @@
 """Segmenting a scan loop pair: keep one carry per k iterations, not one residual per iteration.
 
 A forward scan loop stacks what the backward loop reads, one slot per iteration
-(`scan_pairs`). `segment(pair, k)` rewrites the pair so that
+(`scan_pairs`). `segment` rewrites the pair so that
 
 * the forward loop writes, instead of those stacks, its carry state at the start of
   every k-th iteration into a buffer of ceil(n/k) (+1 scratch slot) entries;
@@ -14,9 +14,13 @@ This is the two-level scheme one writes by hand with `jax.checkpoint` around an 
 scan of inner scans: n residual slots become ceil(n/k) carries + k residual slots, for
 one more run of the forward body per iteration. A trip count k does not divide ends in
 a shorter last segment. The forward body's own per-iteration policy still decides what
-a slot holds (the rewrite runs after remat-partial-eval).
+a slot holds (the rewrite runs after remat-partial-eval). With more levels (k1 x k2 x ...),
+a segment is rerun first only to save its carry every k2 iterations, then each
+sub-segment into the slots. In split form the pair spans <f>_fwd and <f>_bwd
+(`find_split_pairs`) and `Crossing` carries what the backward now needs across.
 
-`check(pair, k)` says why a pair cannot be segmented (None if it can); `segment` does it.
+`check(pair, k)` gives the pair as `segment` needs it (`Segmentable`), or why it cannot be
+segmented; `segment` does it and says what it did (`Segmented`).
 """
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ import dataclasses
 from remat_passes.analysis import scan_pairs
 from remat_passes.analysis.scan_pairs import WHILE, Pair, const_int, owner, shape
 from remat_passes.ir import contract, graph
-from remat_passes.regions.loop_edit import LoopEdit, drop_unused_carries, int_const, zero_attr
 from remat_passes.ir.mlir import func, ir, op_id
+from remat_passes.regions.loop_edit import LoopEdit, drop_unused_carries, int_const, zero_attr
 
 
 # ----------------------------------------------------------------- checks --
@@ -63,22 +67,35 @@ def _reverse_slot(s, t, n) -> bool:
             and const_int(inner.operands[0]) == n and inner.operands[1] == t)
 
 
+def _lengths(n: int) -> list[int]:
+    """The segment lengths worth trying for n iterations: ceil(n/q) for every count q of
+    segments. Any other length k keeps as many segments as ceil(n/ceil(n/k)) <= k does, in
+    longer segments, so it is never better. O(sqrt(n)) of them, shortest first."""
+    root = int(n ** 0.5) + 1
+    return sorted({k for k in range(1, min(root, n - 1) + 1)}
+                  | {-(-n // q) for q in range(2, root + 1) if -(-n // q) < n})
+
+
+def least_bytes_k(n: int, carry_bytes: int, slot_bytes: int) -> int:
+    """The segment length that keeps the fewest bytes: (ceil(n/k) + 1) saved carries plus k
+    slots, about sqrt(n * carry / slot); the shortest of equals."""
+    return min(_lengths(n),
+               key=lambda k: ((-(-n // k) + 1) * carry_bytes + k * slot_bytes, k))
+
+
 def least_bytes_levels(n: int, carry_bytes: int, slot_bytes: int) -> list:
     """Three levels (segments, sub-segments) that keep the fewest bytes: (ceil(n/k1) + 1) +
-    (ceil(k1/k2) + 1) carries plus k2 slots."""
+    (ceil(k1/k2) + 1) carries plus k2 slots. (What a segment of k1 keeps grows with k1, so
+    the lengths of `_lengths` are again the only ones worth trying.)"""
     best = None
-    for k1 in range(2, n):
+    for k1 in _lengths(n):
+        if k1 < 2:
+            continue
         k2 = least_bytes_k(k1, carry_bytes, slot_bytes)
         cost = ((-(-n // k1) + 1) + (-(-k1 // k2) + 1)) * carry_bytes + k2 * slot_bytes
         if best is None or cost < best[0]:
             best = (cost, [k1, k2])
     return best[1] if best else [1]
-
-
-def least_bytes_k(n: int, carry_bytes: int, slot_bytes: int) -> int:
-    """The segment length that keeps the fewest bytes: (ceil(n/k) + 1) saved carries plus k
-    slots, about sqrt(n * carry / slot)."""
-    return min(range(1, n), key=lambda k: ((-(-n // k) + 1) * carry_bytes + k * slot_bytes, k))
 
 
 @dataclasses.dataclass
@@ -187,6 +204,14 @@ def _stack_type(n, value_type):
     return ir.RankedTensorType.get([n] + list(t.shape), t.element_type)
 
 
+def _every_kth_slot(i, k, scratch, ip):
+    """Where iteration `i` (counted from a segment's start) writes its carry: slot i/k when
+    i % k == 0, else the scratch slot `scratch` (so the loop needs no branch)."""
+    ck = int_const(i.type, k, ip)
+    first = _compare("EQ", _arith("remainder", i, ck, ip), int_const(i.type, 0, ip), ip)
+    return _select(first, _arith("divide", i, ck, ip), int_const(i.type, scratch, ip), ip)
+
+
 def _write(buf, value, index, ip):
     """dynamic_update_slice of `value` into slot `index` of `buf`."""
     t = ir.RankedTensorType(value.type)
@@ -267,6 +292,11 @@ class Segmented:
     def k(self) -> int:
         return self.levels[0]
 
+    @property
+    def delta_bytes(self) -> int:
+        """What segmenting changed in the activations kept (negative: saved)."""
+        return self.carry_bytes + self.segment_bytes - self.removed_bytes
+
     def text(self) -> str:
         spans = [self.n] + self.levels
         carries = " + ".join(f"{-(-a // b)}" for a, b in zip(spans, spans[1:]))
@@ -306,9 +336,7 @@ def segment(seg: Segmentable, crossing=None) -> Segmented:
     fargs = list(fedit.body.arguments)
     i = fargs[seg.counter]
     ip = ir.InsertionPoint(graph.terminator(fedit.body))
-    ck, cm = int_const(i.type, k, ip), int_const(i.type, m, ip)
-    first = _compare("EQ", _arith("remainder", i, ck, ip), int_const(i.type, 0, ip), ip)
-    slot = _select(first, _arith("divide", i, ck, ip), cm, ip)   # else the scratch slot m
+    slot = _every_kth_slot(i, k, m, ip)
     before_fwd = ir.InsertionPoint(fwd.op)
     for c in seg.state:
         init = _zeros(_stack_type(m + 1, fargs[c].type), before_fwd)
@@ -370,13 +398,8 @@ def segment(seg: Segmentable, crossing=None) -> Segmented:
             k_next = levels[level + 1]
 
             def fill(a, j, j_base, mapping, bip, bufs, k_next=k_next):
-                m_next = -(-k_l // k_next)
-                rel = _arith("subtract", j, j_base, bip)
-                kn = int_const(j.type, k_next, bip)
-                first = _compare("EQ", _arith("remainder", rel, kn, bip),
-                                 int_const(j.type, 0, bip), bip)
-                slot = _select(first, _arith("divide", rel, kn, bip),
-                               int_const(j.type, m_next, bip), bip)
+                slot = _every_kth_slot(_arith("subtract", j, j_base, bip), k_next,
+                                       -(-k_l // k_next), bip)
                 return [_write(b, a[3 + q], slot, bip) for q, b in enumerate(bufs)]
             buffers = _rerun(seg, ip, loc, base, hi, starts, inv_args, level_args[level],
                              state_ops, fargs, invariant, fill)

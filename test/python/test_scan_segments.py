@@ -196,8 +196,23 @@ def test_cli_option(tmp_path):
 
 
 def test_sqrt_picks_the_length_that_keeps_the_fewest_bytes():
-    from remat_passes.regions.scan_segments import least_bytes_k
+    from remat_passes.regions.scan_segments import least_bytes_k, least_bytes_levels
     assert least_bytes_k(256, 100, 100) == 16 and least_bytes_k(4096, 100, 100) == 64
+    # the O(sqrt n) search finds what trying every length finds
+    import random
+    rng = random.Random(0)
+
+    def kept(n, c, s, k):
+        return (-(-n // k) + 1) * c + k * s
+    for _ in range(200):
+        n, c, s = rng.randint(2, 300), rng.randint(1, 40), rng.randint(1, 40)
+        every = min(range(1, n), key=lambda k: (kept(n, c, s, k), k))
+        assert least_bytes_k(n, c, s) == every, (n, c, s)
+        if n >= 3:
+            k1, k2 = least_bytes_levels(n, c, s)
+            best = min(kept(n, c, 0, a) + kept(a, c, s, least_bytes_k(a, c, s))
+                       for a in range(2, n))
+            assert kept(n, c, 0, k1) + kept(k1, c, s, k2) == best, (n, c, s)
     assert least_bytes_k(100, 400, 100) == 20          # a carry 4x a slot: longer segments
     # under nothing_saveable a slot is the carry: of 97 steps, segments of 9, 10 and 11 keep
     # 20 carries' worth; the shortest wins the tie: 11 saved carries (+ scratch) and 9 slots
@@ -244,8 +259,7 @@ def _kept(module) -> int:
     """Activation bytes after segmentation: what partial-eval keeps, less the stacks that
     segment-scans removed, plus the saved carries and segment buffers it added."""
     from remat_passes.core.residuals import activation_bytes
-    return activation_bytes(module.residuals) + sum(
-        d.carry_bytes + d.segment_bytes - d.removed_bytes for d in module.segmented)
+    return activation_bytes(module.residuals, module.segmented)
 
 
 def _long_rnn(n):

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 import remat_passes as rp
+from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.flops import function_flops
 from tools.benchmarks import common
 
@@ -106,14 +107,6 @@ def measure(cases=CASES, log=print, sweeps: bool = True) -> dict:
             "sweeps": measure_sweeps(log) if sweeps else []}
 
 
-def _kept(module) -> int:
-    """Activation bytes after segmentation (partial-eval's, less the stacks segment-scans
-    removed, plus the carries and slots it added)."""
-    from remat_passes.core.residuals import activation_bytes
-    return activation_bytes(module.residuals) + sum(
-        d.carry_bytes + d.segment_bytes - d.removed_bytes for d in module.segmented)
-
-
 def sweep(name, fun, args, log=print, points=SWEEP_POINTS) -> dict:
     """`auto(budget=b)` from an eighth of the least a per-iteration plan keeps up to no
     remat: what each plan keeps, its FLOPs, its gradient error, how many levels."""
@@ -132,7 +125,7 @@ def sweep(name, fun, args, log=print, points=SWEEP_POINTS) -> dict:
                          "error_text": str(e).splitlines()[0].split(" (")[0]})
             continue
         got = rp.compile(plan, "main")(*args, ct)[1]
-        rows.append({"budget": b, "kept": _kept(plan), "flops": function_flops(plan),
+        rows.append({"budget": b, "kept": activation_bytes(plan.residuals, plan.segmented), "flops": function_flops(plan),
                      "levels": [d.levels for d in plan.segmented], "error": _error(got, want)})
         log(f"scans: sweep {name} budget {b:,}: keeps {rows[-1]['kept']:,} B")
     return {"name": name, "per_iteration_least": lo, "no_remat": hi, "points": rows}
