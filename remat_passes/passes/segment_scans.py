@@ -80,6 +80,8 @@ class SegmentScans(ModulePass):
                 return
             func = graph.find_func(module_op, self.func)
             done = state.segmented.setdefault(self.func, [])
+            # (found afresh, not the kept analysis's: insert-reduce-precision may have
+            # rounded a stacked value inside a body since, and the copy must write that)
             pairs = scan_pairs.find_pairs_in_block(graph.body_block(func))
             unpaired = _unpaired_forward_loops(func, pairs, state.analysis(func)) \
                 if segments and len(pairs) < _while_count(func) else 0
