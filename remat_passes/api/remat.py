@@ -6,14 +6,15 @@ from remat_passes.ir.mlir import RematError
 from remat_passes.jax.module import Module
 from remat_passes.passes.base import PassState, parse_regex
 from remat_passes.passes.manager import run_pipeline
+from remat_passes.passes.place_optimization_barriers import parse_groups
 from remat_passes.passes.remat import Remat
 from remat_passes.passes.segment_scans import parse_segments
 
 
 def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
           prevent_cse_in_loops: bool = False, tie_to_cotangent: bool = False,
-          scan_segments: int | str = 0, func: str = "main", cotangent_args=None, region_regex=None,
-          region_policy=None, verify: bool = True):
+          barrier_groups: str = "per-use", scan_segments: int | str = 0, func: str = "main",
+          cotangent_args=None, region_regex=None, region_policy=None, verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
     inline -> remat-partial-eval (policy, mode) -> insert-reduce-precision ->
@@ -21,9 +22,12 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     annotate-host-offload -> strip-checkpoint-names. `tie_to_cotangent`: for XLA:CPU,
     which deletes the barriers before it schedules, also make each recomputation wait for
     the cotangent by data (see place-optimization-barriers; rp.jit sets it when it compiles
-    for CPU). `scan_segments=k` (or "sqrt": per loop, the k that keeps the fewest bytes):
-    each scan keeps its carry every k iterations instead of its per-iteration residuals, and
-    the backward reruns a segment's forward iterations from it (see segment-scans); `.residuals` still lists what the per-iteration policy keeps in a slot.
+    for CPU). `barrier_groups="per-region"`: one barrier per checkpoint region, as
+    jax.checkpoint places them, instead of one per recomputation (place-optimization-barriers;
+    rp.jit compiles both on GPU and keeps the smaller). `scan_segments=k` (or "sqrt": per
+    loop, the k that keeps the fewest bytes): each scan keeps its carry every k iterations instead of its per-iteration residuals, and
+    the backward reruns a segment's forward iterations from it (see segment-scans);
+    `.residuals` still lists what the per-iteration policy keeps in a slot.
     The residuals partial-eval chose are on the result as `.residuals`, and what it wants
     the user to know (e.g. a while loop it treated as one atomic op) as
     `.remarks`; `.timings` has each step's seconds.
@@ -39,7 +43,11 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
         scan_segments = parse_segments(scan_segments)
     except ValueError as e:
         raise RematError(f"error: scan_segments: {e}") from None
-    options = dict(policy=policy, mode=mode,
+    try:
+        barrier_groups = parse_groups(barrier_groups)
+    except ValueError as e:
+        raise RematError(f"error: barrier_groups: {e}") from None
+    options = dict(policy=policy, mode=mode, barrier_groups=barrier_groups,
                    func=func, prevent_cse=prevent_cse,
                    prevent_cse_in_loops=prevent_cse_in_loops,
                    tie_to_cotangent=tie_to_cotangent, scan_segments=scan_segments,

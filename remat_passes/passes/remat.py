@@ -7,7 +7,7 @@
     insert-reduce-precision{func region-regex}
     segment-scans{segments func}                     (scan-segments=k; loops rp.scan marked;
                                                       under auto, the segments it needs)
-    place-optimization-barriers{func in-loops tie-to-cotangent}
+    place-optimization-barriers{func in-loops tie-to-cotangent groups}
                                                      (only with prevent-cse=true)
     annotate-host-offload{func}
     strip-checkpoint-names
@@ -24,7 +24,8 @@ from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
 from remat_passes.passes.base import PipelinePass, option, parse_bool
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
-from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
+from remat_passes.passes.place_optimization_barriers import (PlaceOptimizationBarriers,
+                                                             parse_groups)
 from remat_passes.passes.remat_partial_eval import PartialEvalOptions, RematPartialEval
 from remat_passes.passes.segment_scans import SegmentScans, parse_segments
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
@@ -45,6 +46,10 @@ class Remat(PartialEvalOptions, PipelinePass):
     tie_to_cotangent: bool = option(
         False, "make recomputation wait for the cotangent by data as well (for XLA:CPU, "
         "which deletes optimization barriers before it schedules)", parse_bool)
+    barrier_groups: str = option(
+        "per-use", "per-use: one barrier per recomputation, at its consumer; per-region: one "
+        "per checkpoint region, as jax.checkpoint (place-optimization-barriers groups=)",
+        parse_groups)
     scan_segments: int | str = option(
         0, "keep each scan's carry every k iterations (a count, or sqrt: the length that keeps "
         "the fewest bytes) and recompute a segment at a time in the backward (segment-scans; "
@@ -59,6 +64,7 @@ class Remat(PartialEvalOptions, PipelinePass):
         if self.prevent_cse:
             steps.append(PlaceOptimizationBarriers(func=self.func,
                                                    in_loops=self.prevent_cse_in_loops,
-                                                   tie_to_cotangent=self.tie_to_cotangent))
+                                                   tie_to_cotangent=self.tie_to_cotangent,
+                                                   groups=self.barrier_groups))
         steps += [AnnotateHostOffload(func=self.func), StripCheckpointNames()]
         return steps

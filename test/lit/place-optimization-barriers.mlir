@@ -8,6 +8,11 @@
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TWICE
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers | filecheck %s --check-prefix=NOTIE
 // RUN: sed -n '/^module @no_activation/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=NOACT
+// groups=per-region (one barrier per checkpoint region, as jax.checkpoint), on @two_groups
+// and @late_input:
+// RUN: sed -n '/^module @two_groups/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=REGION
+// RUN: sed -n '/^module @two_groups/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=REGION
+// RUN: sed -n '/^module @late_input/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=LATE
 
 // The input is what remat-partial-eval leaves: recomputed ops carry
 // remat.recompute = <group>, one group per backward op that needed them,
@@ -73,6 +78,17 @@ module @cotangent_argument {
 // CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[B2]]#0 {remat.recompute = 2 : i64}
 // CHECK-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G1]], %[[C]]
 // CHECK-NEXT: return
+// With groups=per-region both groups are one region (no rp.checkpoint scopes: the
+// function's own policy): one barrier before the first, and the cosine clone reads the
+// sine clone directly. Run twice, it stays one.
+// REGION-LABEL: module @two_groups
+// REGION: %[[B:.*]]:2 = stablehlo.optimization_barrier {{[^%]*}}%arg0, %arg1 :
+// REGION-NEXT: %[[S:.*]] = stablehlo.sine %[[B]]#0 {remat.recompute = 1 : i64}
+// REGION-NEXT: %[[G1:.*]] = stablehlo.multiply %arg1, %[[S]]
+// REGION-NEXT: %[[C:.*]] = stablehlo.cosine %[[S]] {remat.recompute = 2 : i64}
+// REGION-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G1]], %[[C]]
+// REGION-NEXT: return
+// REGION-NOT: optimization_barrier
 module @two_groups {
   func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
     %s = stablehlo.sine %x : tensor<4xf32>
@@ -440,5 +456,31 @@ module @scan_pair {
       stablehlo.return %bws, %b0, %b1, %b2, %b3, %j1, %gx, %ngws : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>
     }
     return %fw#2, %bw#6, %bw#7 : tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x4x4xf32>
+  }
+}
+
+// -----
+
+// groups=per-region, but the second group reads %t, a forward value made after the first
+// group's recomputation: one barrier before the first group cannot take it, so the second
+// group gets its own.
+// LATE-LABEL: module @late_input
+// LATE: %[[B1:.*]]:2 = stablehlo.optimization_barrier {{[^%]*}}%arg0, %arg1 :
+// LATE-NEXT: %[[S:.*]] = stablehlo.sine %[[B1]]#0 {remat.recompute = 1 : i64}
+// LATE-NEXT: %[[G1:.*]] = stablehlo.multiply %arg1, %[[S]]
+// LATE-NEXT: %[[T:.*]] = stablehlo.tanh %arg0
+// LATE-NEXT: %[[B2:.*]]:3 = stablehlo.optimization_barrier {{[^%]*}}%[[S]], %[[T]], %[[G1]] :
+// LATE-NEXT: stablehlo.add %[[B2]]#0, %[[B2]]#1 {remat.recompute = 2 : i64}
+module @late_input {
+  func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+    %s = stablehlo.sine %x : tensor<4xf32>
+    %c = stablehlo.cosine %s : tensor<4xf32>
+    %s2 = stablehlo.sine %x {remat.recompute = 1 : i64} : tensor<4xf32>
+    %g1 = stablehlo.multiply %ct, %s2 : tensor<4xf32>
+    %t = stablehlo.tanh %x : tensor<4xf32>
+    %a2 = stablehlo.add %s2, %t {remat.recompute = 2 : i64} : tensor<4xf32>
+    %g2 = stablehlo.multiply %g1, %a2 : tensor<4xf32>
+    %o = stablehlo.add %c, %t : tensor<4xf32>
+    return %o, %g2 : tensor<4xf32>, tensor<4xf32>
   }
 }

@@ -161,10 +161,12 @@
 // LIST-NEXT: func
 // LIST-NEXT: in-loops {{.*}}(default: False)
 // LIST-NEXT: tie-to-cotangent {{.*}}XLA:CPU{{.*}}(default: False)
+// LIST-NEXT: groups {{.*}}per-region{{.*}}(default: per-use)
 // LIST-NEXT: remat {{.*}}default pipeline
 // LIST: prevent-cse {{.*}}(default: True)
 // LIST-NEXT: prevent-cse-in-loops {{.*}}(default: False)
 // LIST-NEXT: tie-to-cotangent {{.*}}(default: False)
+// LIST-NEXT: barrier-groups {{.*}}(default: per-use)
 // LIST-NEXT: scan-segments {{.*}}(default: 0)
 // LIST-NEXT: remat-partial-eval {{.*}}checkpoint policy
 // LIST-NEXT: policy {{.*}}save_only_these_names

@@ -69,3 +69,20 @@ def test_failed_runs_are_kept_and_retried_on_request(tmp_path):
                           dry_run=True, retry_failed=True)
     assert not any("error" in r for r in retried["rows"])
     assert len(retried["rows"]) == len(data["rows"])
+
+
+def test_barriers_dry_run_measures_both_groupings_and_renders(tmp_path):
+    """The barrier-groupings benchmark on a tiny MLP: both groupings and JAX's program per
+    form, XLA's memory of each executable, checks per row, a page section."""
+    from tools.benchmarks import barriers
+    out = tmp_path / "barriers.json"
+    data = barriers.measure(path=out, log=lambda _: None, dry_run=True)
+    assert data["complete"] and {r["form"] for r in data["rows"]} == {"joint", "split"}
+    for r in data["rows"]:
+        assert "error" not in r
+        halves = 2 if r["form"] == "split" else 1
+        assert all(len(r[w]) == halves for w in ("per-use", "per-region", "jax"))
+        assert all(m["args"] > 0 for w in ("per-use", "per-region") for m in r[w])
+    assert len(barriers.checks(data)) == 1 + 3   # joint: footprint; split: it and each half
+    text = barriers.render(data)
+    assert "## Where the barriers go" in text and "| mlp | `nothing` | joint |" in text

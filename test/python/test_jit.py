@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import remat_passes as rp
+from remat_passes.api import jit as rp_jit
 from remat_passes.core.residuals import activation_bytes
 from tools.benchmarks import common
 
@@ -215,6 +216,46 @@ def test_on_cpu_the_tie_keeps_what_remat_saves(mode):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_barrier_groups_by_default_per_use_on_cpu_and_smaller_where_barriers_decide():
+    """On CPU (the tie decides there) rp.jit builds once, per-use; without the tie, as on a
+    backend that keeps barriers, it builds both groupings, records XLA's footprint of each
+    and runs the smaller, with a remark that says so."""
+    params = init(jax.random.key(0))
+    sample = (params, OPT.init(params), next(batches(1)))
+    policy = "save_only_these_names('act')"
+    if jax.default_backend() == "cpu":
+        lowered = rp.jit(step, policy=policy).lower(*sample)
+        assert lowered.barrier_groups == "per-use" and lowered.footprints == {}
+    lowered = rp.jit(step, policy=policy, tie_to_cotangent=False).lower(*sample)
+    assert set(lowered.footprints) == {"per-use", "per-region"}
+    assert lowered.footprints[lowered.barrier_groups] == min(lowered.footprints.values())
+    assert lowered.footprint() == lowered.footprints[lowered.barrier_groups]
+    assert any("optimization barriers " + lowered.barrier_groups in r
+               for r in lowered.remarks)
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_barrier_groups_smaller_runs_the_one_xla_says_is_smaller(monkeypatch, reference, mode):
+    """Whichever grouping XLA reports as smaller is the one that runs (here per-region made
+    to look smaller), and it trains as jax.jit does; per-region has one barrier for the
+    step's one region where per-use has several."""
+    def fake(self):
+        return {"per-use": 2000, "per-region": 1000}[self.barrier_groups]
+    monkeypatch.setattr(rp_jit.Lowered, "footprint", fake)
+    jitted = rp.jit(step, policy="nothing_saveable", mode=mode, barrier_groups="smaller",
+                    tie_to_cotangent=False)
+    params = init(jax.random.key(0))
+    lowered = jitted.lower(params, OPT.init(params), next(batches(1)))
+    assert lowered.barrier_groups == "per-region"
+    assert lowered.footprints == {"per-use": 2000, "per-region": 1000}
+    assert lowered.module.text().count("stablehlo.optimization_barrier") == 1
+    assert_trained_alike(train(jitted, n=5), train(jax.jit(step), n=5), atol=1e-6)
+    per_use = rp.jit(step, policy="nothing_saveable", mode=mode, barrier_groups="per-use",
+                     tie_to_cotangent=False).lower(params, OPT.init(params),
+                                                   next(batches(1)))
+    assert per_use.module.text().count("stablehlo.optimization_barrier") > 1
+
+
 def test_decorator_form():
     @rp.jit(policy="dots_saveable", mode="joint")
     def grad_fn(w, x):
@@ -233,6 +274,8 @@ def test_a_function_without_a_backward_pass_is_a_clear_error():
 def test_bad_options_are_clear_errors():
     with pytest.raises(ValueError, match="mode must be one of"):
         rp.jit(step, mode="fast")
+    with pytest.raises(ValueError, match="barrier_groups must be one of per-use"):
+        rp.jit(step, barrier_groups="per-layer")
     with pytest.raises(ValueError, match="both static and donated"):
         rp.jit(step, static_argnums=1, donate_argnums=1)
     with pytest.raises(TypeError, match="must be hashable"):

@@ -555,6 +555,41 @@ def test_region_prevent_cse_false_places_no_barrier_as_jax():
             np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_per_region_barriers_one_per_checkpoint_region(mode):
+    """barrier_groups="per-region" places one barrier per checkpoint region, as
+    jax.checkpoint's lowering has one per remat call: a module policy is one region (one
+    barrier where per-use places one per recomputation), three rp.checkpoint layers are
+    three. The gradients are jax.vjp's either way."""
+    def layer(W, x):
+        return jnp.sin(jnp.tanh(x @ W) @ W)
+
+    def plain(Ws, x):
+        h = x
+        for W in Ws:
+            h = layer(W, h)
+        return jnp.sum(h)
+
+    def layered(Ws, x):
+        h = x
+        for W in Ws:
+            h = rp.checkpoint(layer)(W, h)
+        return jnp.sum(h)
+    args = LAYERED_ARGS
+    for fun, policy, regions in ((plain, P.nothing_saveable, 1), (layered, None, 3)):
+        module = rp.export_vjp(fun, *args)
+        out, ct, grads = reference_vjp(fun, args)
+        per_use = rp.remat(module, policy, mode=mode)
+        per_region = rp.remat(module, policy, mode=mode, barrier_groups="per-region")
+        assert _barriers(str(per_region)) == regions < _barriers(str(per_use))
+        for m in (per_use, per_region):
+            got = run_joint(m, args, ct) if mode == "joint" else \
+                run_split(m, args, ct, len(leaves(out)))[0]
+            assert_trees_close(got, leaves(out) + leaves(grads))
+    with pytest.raises(rp.RematError, match="barrier_groups: expected one of per-use"):
+        rp.remat(rp.export_vjp(plain, *args), barrier_groups="per-layer")
+
+
 def test_typed_prng_key_in_split_calls():
     """A typed key (jax.random.key) is an argument of the joint module and of main_fwd:
     the split halves take it as they take any array, and the gradients equal jax.vjp's."""

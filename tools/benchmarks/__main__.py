@@ -1,4 +1,4 @@
-"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,gpu,zoo,scans,render,all} [options]
+"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,gpu,barriers,zoo,scans,render,all} [options]
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
@@ -8,6 +8,7 @@
   startup  remat-opt start-up time against `import jax`      -> results/startup.json
   train    a training step through rp.jit beside jax.jit     -> results/train.json
   gpu      XLA memory and step time of every plan (on a GPU)  -> results/gpu.json
+  barriers per-use against per-region barriers (on a GPU) -> results/barriers_<backend>.json
   zoo      models from other libraries (installs them, pinned) -> results/zoo.json
   scans    long scans in segments beside the hand-written scheme -> results/scans.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
@@ -128,6 +129,25 @@ def run_gpu(argv) -> None:
     _log(f"gpu: {len(data['rows'])} rows, {'complete' if data.get('complete') else 'incomplete'}")
 
 
+def run_barriers(argv) -> None:
+    from tools.benchmarks import barriers
+    from tools.benchmarks.models import MODELS
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks barriers",
+                                 description=barriers.__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model keys")
+    ap.add_argument("--time-limit", type=float, default=540.0,
+                    help="stop after this many seconds; run again to resume (default 540)")
+    ap.add_argument("--out", default=None, help="results file")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="a tiny MLP on whatever backend: checks the harness")
+    args = ap.parse_args(argv)
+    data = barriers.measure(args.models.split(","), args.out, args.time_limit, _log,
+                            args.dry_run)
+    for text, ok in barriers.checks(data):
+        if not ok:
+            _log(f"check failed: {text}")
+
+
 def run_zoo(argv) -> None:
     from tools.benchmarks import common, zoo
     ap = argparse.ArgumentParser(prog="python -m tools.benchmarks zoo",
@@ -155,7 +175,7 @@ def run_scans(argv) -> None:
 
 def main(argv: list[str]) -> int:
     commands = ("models", "budgets", "scaling", "memory", "xla", "startup", "train", "gpu",
-                "zoo", "scans", "render", "all")
+                "barriers", "zoo", "scans", "render", "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -179,6 +199,8 @@ def main(argv: list[str]) -> int:
         run_scans(rest if command == "scans" else [])
     if command == "gpu":          # (not part of `all`: it is for the device machine)
         run_gpu(rest)
+    if command == "barriers":     # (not part of `all`: it is for the device machine)
+        run_barriers(rest)
     if command == "zoo":          # (not part of `all`: it installs other libraries)
         run_zoo(rest)
     if command in ("render", "all"):

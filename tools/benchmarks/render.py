@@ -428,6 +428,10 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     if zoo_results is not None:
         from tools.benchmarks import zoo
         parts.append(zoo.render(zoo_results))
+    groupings = common.read_json("barriers_gpu")   # (optional: `barriers` on the device)
+    if groupings is not None:
+        from tools.benchmarks import barriers
+        parts.append(barriers.render(groupings))
     device = common.read_json("gpu")          # (optional: measured on the device machine)
     if device is not None:
         from tools.benchmarks import gpu
