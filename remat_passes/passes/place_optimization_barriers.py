@@ -243,21 +243,21 @@ def per_region(groups: list, position: dict) -> list:
     the region gets one barrier before its first recomputation, as jax.checkpoint places
     it. A group that reads a value made after that first recomputation (which the barrier
     could not take) starts a new one. `position`: op id -> index in the block."""
-    open_by_region: dict = {}
+    open_by_region: dict = {}  # region -> (merged group, its first op's position, its results)
     out = []
     for g in groups:
         # (a clone of a constant carries no name stack: the first op with one says)
         region = next((chain[0] for chain in map(graph.scope_chain, g.ops) if chain), None)
-        m = open_by_region.get(region)
-        if m is not None:
-            start = position[op_id(m.ops[0])]
-            inside = {r for op in m.ops for r in op.results}
-            if all(v in inside or not isinstance(v, ir.OpResult)
+        if region in open_by_region:
+            m, start, made = open_by_region[region]
+            if all(not isinstance(v, ir.OpResult) or v in made
                    or position.get(op_id(v.owner), start) < start for v in g.inputs()):
                 m.ops.extend(g.ops)
+                made.update(r for op in g.ops for r in op.results)
                 continue
-        m = open_by_region[region] = RecomputeGroup(list(g.ops), g.consumer,
-                                                    g.latest_backward)
+        m = RecomputeGroup(list(g.ops), g.consumer, g.latest_backward)
+        open_by_region[region] = (m, position[op_id(g.ops[0])],
+                                  {r for op in g.ops for r in op.results})
         out.append(m)
     return out
 

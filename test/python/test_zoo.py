@@ -5,13 +5,22 @@ from __future__ import annotations
 from tools.benchmarks import zoo
 
 
-def _data(ours_bytes=100, grad_error=1e-7, footprint=(100, 100), activations=10):
+def _data(ours_bytes=100, grad_error=1e-7, footprint=(100, 100), activations=10,
+          cli=None, bf16_difference=(0.0, 0.0)):
     return {"meta": {"backend": "cpu", "cpus": 2, "jax": "x", "commit": "c"},
-            "models": {"m": {"library": "lib==1", "model": "tiny"}},
+            "models": {"m": {"library": "lib==1", "model": "tiny"},
+                       "m-bf16": {"library": "lib==1", "model": "tiny, bf16"}},
             "tie_to_cotangent": True,
-            "rows": [{"model": "m", "policy": "dots_saveable", "ours": [3, ours_bytes],
-                      "jax": [4, 100], "grad_error": grad_error, "remat_s": 0.1,
+            "rows": [{"model": "m", "policy": "dots_saveable", "form": "joint",
+                      "ours": [3, ours_bytes], "jax": [4, 100], "cli": cli or [3, ours_bytes],
+                      "grad_error": grad_error, "no_policy_difference": grad_error,
+                      "jax_difference": 0.0, "remat_s": 0.1,
                       "footprint": list(footprint), "activations": activations},
+                     {"model": "m-bf16", "policy": "dots_saveable", "form": "split",
+                      "ours": [3, 100], "jax": [4, 100], "cli": [3, 100], "grad_error": 1e-2,
+                      "no_policy_difference": bf16_difference[0],
+                      "jax_difference": bf16_difference[1], "remat_s": 0.1,
+                      "activations": activations},
                      {"model": "m", "policy": "auto(budget=10)", "budget": 10, "ours": [3, 90],
                       "activations": activations, "grad_error": grad_error}],
             "own": [{"model": "m", "setting": "remat=True", "jax_saves": [5, 50],
@@ -26,10 +35,23 @@ def test_checks_pass_on_a_good_result_and_name_each_miss():
     assert any("residual bytes 101" in t for t in missed)
     assert any("joint footprint 103" in t for t in missed)
     assert any("within the budget" in t for t in missed)
+    assert any("difference from the module with no policy 1.0e-03" in t for t in missed)
+
+
+def test_bf16_is_held_to_the_last_bit_where_jax_is_exact_and_remat_opt_must_agree():
+    """A bf16 row's gradient error against jax.grad is not checked (bf16 rounding), but its
+    difference from the module with no policy must be 0 where JAX's checkpoint is exact, and
+    no larger than JAX's where it is not; remat-opt must report the Python API's residuals."""
+    assert all(ok for _, ok in zoo.checks(_data(bf16_difference=(2e-3, 2e-3))))
+    missed = [t for t, ok in zoo.checks(_data(bf16_difference=(2e-3, 0.0))) if not ok]
+    assert len(missed) == 1 and "m-bf16 dots_saveable split" in missed[0]
+    missed = [t for t, ok in zoo.checks(_data(cli=[4, 132])) if not ok]
+    assert len(missed) == 1 and "remat-opt reports 4 residuals, 132 B" in missed[0]
 
 
 def test_render_lists_every_row_and_the_library_pin():
     text = zoo.render(_data(grad_error=1e-3))
     assert "## Model zoo" in text and "`lib==1`" in text
-    assert "| `dots_saveable` | 3 / 4 |" in text and "auto(budget=10)" in text
+    assert "| `dots_saveable` | joint | 3 / 4 / 3 |" in text and "auto(budget=10)" in text
+    assert "| `dots_saveable` | split | 3 / 4 / 3 |" in text
     assert "remat=True" in text and "Missed:" in text and "gradient error" in text
