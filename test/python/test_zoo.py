@@ -55,3 +55,21 @@ def test_render_lists_every_row_and_the_library_pin():
     assert "| `dots_saveable` | joint | 3 / 4 / 3 |" in text and "auto(budget=10)" in text
     assert "| `dots_saveable` | split | 3 / 4 / 3 |" in text
     assert "remat=True" in text and "Missed:" in text and "gradient error" in text
+
+
+def test_a_subset_run_replaces_its_models_and_keeps_the_others():
+    """`zoo --models m` measures m alone: m's rows are the new ones, every other model's
+    rows, own-remat entries and description stay, each model saying its commit."""
+    old = _data()
+    old["meta"]["commit"] = "old"
+    new = {"meta": {"backend": "cpu", "cpus": 2, "jax": "y", "commit": "new"},
+           "models": {"m": {"library": "lib==2", "model": "tiny again"}},
+           "tie_to_cotangent": True,
+           "rows": [dict(old["rows"][0], grad_error=5e-8)], "own": []}
+    merged = zoo.merge(old, new)
+    assert set(merged["models"]) == {"m", "m-bf16"}
+    assert merged["models"]["m"]["commit"] == "new" and merged["models"]["m-bf16"]["commit"] \
+        == "old"
+    assert [r["model"] for r in merged["rows"]] == ["m-bf16", "m"]
+    assert merged["rows"][1]["grad_error"] == 5e-8 and merged["own"] == []
+    assert "measured at commit old" in zoo.render(merged)

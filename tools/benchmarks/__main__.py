@@ -159,7 +159,8 @@ def run_zoo(argv) -> None:
     unknown = [k for k in keys if k not in zoo.MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(zoo.MODELS)}")
-    _log(f"wrote {common.write_json('zoo', zoo.measure(keys, _log))}")
+    data = zoo.merge(common.read_json("zoo"), zoo.measure(keys, _log))
+    _log(f"wrote {common.write_json('zoo', data)}")
 
 
 def run_scans(argv) -> None:

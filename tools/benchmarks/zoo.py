@@ -28,8 +28,9 @@ Libraries today: RecurrentGemma (`recurrentgemma[jax]==1.0.1`, a tiny Griffin wi
 `lax.scan` recurrence) and Gemma 3 (`gemma==3.3.0`, a two-layer `gm.nn` transformer with
 local sliding and global attention, f32 and bf16; installed `--no-deps` with the pins below,
 as `gemma` pulls TensorFlow through `kauldron`, and built from its modules, since its model
-classes import a checkpoint loader that needs a kauldron for an older jax). Not yet here:
-keras-hub and MaxText (Python 3.12).
+classes import a checkpoint loader that needs a kauldron for an older jax), and keras-hub
+(`keras-hub==0.32.0` with keras 3.15, `GPT2Backbone` and `LlamaBackbone` on the JAX backend,
+through `stateless_call`). Not yet here: MaxText (Python 3.12).
 """
 from __future__ import annotations
 
@@ -58,7 +59,12 @@ LIBRARIES = {"recurrentgemma": ["recurrentgemma[jax]==1.0.1"],
                        "certifi==2026.10.19.post1", "lark==1.3.1", "typeguard==4.6.1",
                        "immutabledict==4.3.1", "chex==0.1.92", "toolz==1.2.0",
                        "tqdm==4.70.1", "humanize==4.17.0", "tensorstore==0.1.86",
-                       "simplejson==4.3.0", "ml_collections==1.1.0"]}
+                       "simplejson==4.3.0", "ml_collections==1.1.0"],
+             # keras-hub's requirements pull tensorflow-text and kagglehub, which these
+             # backbones do not use
+             "keras-hub": ["--no-deps", "keras-hub==0.32.0", "keras==3.15.0", "namex==0.1.0",
+                           "optree==0.20.0", "h5py==3.16.0", "regex==2026.11.19",
+                           "tokenizers==0.23.3"]}
 POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
             "dots_with_no_batch_dims_saveable")
 GRAD_TOL = 1e-5           # max |ours - jax.grad| / max |jax.grad|
@@ -141,7 +147,41 @@ def gemma3_model(dtype: str = "float32"):
                           f"{dtype}")
 
 
+def keras_hub_model(kind: str = "gpt2"):
+    """(loss, params, description): a tiny keras-hub backbone (`GPT2Backbone` or
+    `LlamaBackbone`, KERAS_BACKEND=jax) through `stateless_call` with its trainable
+    variables as the parameters; mean squared error of its final hidden states against
+    fixed random targets."""
+    import os
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    import keras_hub
+    batch, seq, vocab, hidden = 2, 16, 128, 32
+    if kind == "gpt2":
+        backbone = keras_hub.models.GPT2Backbone(
+            vocabulary_size=vocab, num_layers=2, num_heads=2, hidden_dim=hidden,
+            intermediate_dim=64, max_sequence_length=seq)
+        what = "GPT2Backbone, 2 layers, 2 heads"
+    else:
+        backbone = keras_hub.models.LlamaBackbone(
+            vocabulary_size=vocab, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+            hidden_dim=hidden, intermediate_dim=64)
+        what = "LlamaBackbone, 2 layers, 4 query and 2 KV heads"
+    tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, vocab)
+    inputs = {"token_ids": tokens, "padding_mask": jnp.ones((batch, seq), jnp.int32)}
+    target = jax.random.normal(jax.random.key(1), (batch, seq, hidden))
+    params = [v.value for v in backbone.trainable_variables]
+    fixed = [v.value for v in backbone.non_trainable_variables]
+
+    def loss(params):
+        out, _ = backbone.stateless_call(params, fixed, inputs)
+        return jnp.mean((out - target) ** 2)
+    return loss, params, (f"keras-hub {what}, hidden {hidden}, MLP 64, batch {batch}, "
+                          f"{seq} tokens, f32, MSE of the hidden states")
+
+
 MODELS = {"recurrentgemma": ("recurrentgemma", recurrentgemma_model),
+          "keras-gpt2": ("keras-hub", lambda: keras_hub_model("gpt2")),
+          "keras-llama": ("keras-hub", lambda: keras_hub_model("llama")),
           "gemma3": ("gemma", lambda: gemma3_model("float32")),
           "gemma3-bf16": ("gemma", lambda: gemma3_model("bfloat16"))}
 OWN_REMAT = {"recurrentgemma": (lambda: recurrentgemma_model(gradient_checkpointing=True),
@@ -264,6 +304,23 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
             "rows": rows, "own": own}
 
 
+def merge(old: dict | None, new: dict) -> dict:
+    """`new`'s models, and `old`'s other models as they were measured (`--models` measures
+    a subset); each model keeps the commit and jax it was measured with."""
+    for m in new["models"].values():
+        m.setdefault("commit", new["meta"]["commit"])
+        m.setdefault("jax", new["meta"]["jax"])
+    if not old:
+        return new
+    kept = {k: v for k, v in old["models"].items() if k not in new["models"]}
+    for m in kept.values():
+        m.setdefault("commit", old["meta"]["commit"])
+        m.setdefault("jax", old["meta"]["jax"])
+    return dict(new, models={**kept, **new["models"]},
+                rows=[r for r in old["rows"] if r["model"] in kept] + new["rows"],
+                own=[e for e in old["own"] if e["model"] in kept] + new["own"])
+
+
 def checks(data) -> list[tuple[str, bool]]:
     """Gradients within GRAD_TOL of jax.grad; residual bytes at most JAX's; the joint
     footprint at most JAX's + 2%; auto within its budget; the library's own remat, made
@@ -316,7 +373,9 @@ def render(data) -> str:
              + ", JAX's `jax.jit` of `jax.vjp` of the checkpointed loss. Regenerate with "
              "`python -m tools.benchmarks zoo`.", ""]
     for key, m in data["models"].items():
-        parts += [f"### {key}: {m['model']}", "", f"`{m['library']}`", "",
+        parts += [f"### {key}: {m['model']}", "", f"`{m['library']}`"
+                  + (f" (measured at commit {m['commit']}, jax {m['jax']})" if "commit" in m
+                     else ""), "",
                   "| policy | form | residuals ours / JAX / remat-opt | bytes ours / JAX | "
                   "gradient error | from no policy / JAX's | joint footprint ours / JAX | "
                   "rp.remat |", "|---|---|---:|---:|---:|---:|---:|---:|"]
