@@ -239,12 +239,30 @@ def plot_pareto(points: list[ParetoPoint], fixed: list[PolicyPoint] | None = Non
     return ax
 
 
+def lower_peak_above(points: list[ParetoPoint]) -> list:
+    """Per point, the point of a larger budget with the lowest joint peak where that peak is
+    below this point's (else None): a smaller budget can need a larger peak, since what is
+    recomputed is held at once (docs/policies.md, `auto`); `objective=peak` bounds the peak."""
+    out, best = [None] * len(points), None
+    for k in range(len(points) - 1, -1, -1):
+        q = points[k]
+        if best is not None and best.joint_peak < q.joint_peak:
+            out[k] = best
+        if best is None or q.joint_peak <= best.joint_peak:
+            best = q
+    return out
+
+
 def format_pareto(points: list[ParetoPoint]) -> str:
     lines = ["budget | activations (device) | host | extra FLOPs | joint peak | solve",
              "---|---|---|---|---|---"]
-    for q in points:
+    points = sorted(points, key=lambda q: q.budget)
+    for q, lower in zip(points, lower_peak_above(points)):
+        note = "" if lower is None else \
+            f" (a larger budget peaks lower: {format_bytes(lower.joint_peak)} at " \
+            f"{format_bytes(lower.budget)})"
         lines.append(f"{format_bytes(q.budget)} | {format_bytes(q.activation_bytes)} | "
                      f"{format_bytes(q.host_bytes)} | {format_flop(q.extra_flops)} "
-                     f"({q.extra_pct:+.1f}%) | {format_bytes(q.joint_peak)} | "
+                     f"({q.extra_pct:+.1f}%) | {format_bytes(q.joint_peak)}{note} | "
                      f"{q.solve_seconds:.3f} s {q.method}")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ against the exact integer program.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 
@@ -17,6 +18,7 @@ import pytest
 from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
 
 import remat_passes as rp
+from remat_passes.api import sweeps as rp_sweeps
 from remat_passes.api.sweeps import bounds, format_pareto, pareto, recompute_seconds
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost import flops
@@ -270,6 +272,27 @@ def test_pareto_is_monotone():
         assert b.extra_flops <= a.extra_flops + 1e-6
         assert a.activation_bytes <= a.budget
     assert "budget | activations (device)" in format_pareto(points)
+
+
+def test_pareto_says_where_a_larger_budget_peaks_lower():
+    """A smaller activation budget can need a larger joint peak (at budget 0 the backward
+    recomputes the whole forward at once); the sweep's table says which larger budget
+    peaks lower, and says nothing where none does. Checked on the sweep's own numbers."""
+    _, _, m = case("block")
+    points = pareto(m, points=6)
+    lower = rp_sweeps.lower_peak_above(points)
+    for k, q in enumerate(points):
+        later = [p.joint_peak for p in points[k + 1:]]
+        assert (lower[k] is not None) == (bool(later) and min(later) < q.joint_peak)
+        if lower[k] is not None:
+            assert lower[k].joint_peak == min(later) and lower[k].budget > q.budget
+    made = [dataclasses.replace(points[0], budget=0, joint_peak=300),
+            dataclasses.replace(points[0], budget=10, joint_peak=200),
+            dataclasses.replace(points[0], budget=20, joint_peak=250)]
+    assert [p and p.budget for p in rp_sweeps.lower_peak_above(made)] == [10, None, None]
+    text = format_pareto(made)
+    assert text.count("a larger budget peaks lower") == 1
+    assert "300 B (a larger budget peaks lower: 200 B at 10 B)" in text
 
 
 def test_policy_points_and_the_plot(tmp_path, monkeypatch):
