@@ -164,8 +164,8 @@ class Jitted:
                  donate_argnums: int | Sequence[int] = (),
                  static_argnums: int | Sequence[int] = (), prevent_cse: bool = True,
                  tie_to_cotangent: bool | None = None, jax_checkpoint: str = "jax",
-                 scan_segments: int | str = 0, barrier_groups: str | None = None,
-                 cache_dir=None):
+                 scan_segments: int | str = 0, scan_segments_offload: str | None = None,
+                 barrier_groups: str | None = None, cache_dir=None):
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         if barrier_groups is not None and barrier_groups not in BARRIER_GROUPS:
@@ -178,6 +178,7 @@ class Jitted:
         self.prevent_cse = prevent_cse
         self.tie_to_cotangent = tie_to_cotangent
         self.scan_segments = scan_segments
+        self.scan_segments_offload = scan_segments_offload
         if jax_checkpoint not in JAX_CHECKPOINT:
             raise ValueError(f"rp.jit: jax_checkpoint must be one of "
                              f"{', '.join(JAX_CHECKPOINT)}, got {jax_checkpoint!r}")
@@ -271,6 +272,8 @@ class Jitted:
             options["barrier_groups"] = groups
         if self.scan_segments:
             options["scan_segments"] = self.scan_segments
+        if self.scan_segments_offload:
+            options["scan_segments_offload"] = self.scan_segments_offload
         entry = cache.key(exported, options) if self.cache_dir else None
         if entry is not None:
             module = cache.load(self.cache_dir, entry, exported)
@@ -477,21 +480,24 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         donate_argnums: int | Sequence[int] = (), static_argnums: int | Sequence[int] = (),
         prevent_cse: bool = True, tie_to_cotangent: bool | None = None,
         jax_checkpoint: str = "jax", scan_segments: int | str = 0,
-        barrier_groups: str | None = None, cache_dir=None) -> Any:
+        scan_segments_offload: str | None = None, barrier_groups: str | None = None,
+        cache_dir=None) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
     what the forward keeps; `scan_segments=k` (or "sqrt") keeps each scan's carry every k
-    iterations (as `rp.remat`'s). Usable as a decorator, with or without
+    iterations (as `rp.remat`'s; `scan_segments_offload="pinned_host"` keeps those carries
+    in host memory). Usable as a decorator, with or without
     arguments. See the module docstring for the modes, `barrier_groups` and `cache_dir`."""
     if fun is None:
         return functools.partial(jit, policy=policy, mode=mode, donate_argnums=donate_argnums,
                                  static_argnums=static_argnums, prevent_cse=prevent_cse,
                                  tie_to_cotangent=tie_to_cotangent,
                                  jax_checkpoint=jax_checkpoint, scan_segments=scan_segments,
+                                 scan_segments_offload=scan_segments_offload,
                                  barrier_groups=barrier_groups, cache_dir=cache_dir)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
                   static_argnums=static_argnums, prevent_cse=prevent_cse,
                   tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
-                  scan_segments=scan_segments, barrier_groups=barrier_groups,
-                  cache_dir=cache_dir)
+                  scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
+                  barrier_groups=barrier_groups, cache_dir=cache_dir)

@@ -8,12 +8,13 @@ from remat_passes.passes.base import PassState, parse_regex
 from remat_passes.passes.manager import run_pipeline
 from remat_passes.passes.place_optimization_barriers import parse_groups
 from remat_passes.passes.remat import Remat
-from remat_passes.passes.segment_scans import parse_segments
+from remat_passes.passes.segment_scans import parse_offload, parse_segments
 
 
 def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
           prevent_cse_in_loops: bool = False, tie_to_cotangent: bool = False,
-          barrier_groups: str = "per-use", scan_segments: int | str = 0, func: str = "main",
+          barrier_groups: str = "per-use", scan_segments: int | str = 0,
+          scan_segments_offload: str | None = None, func: str = "main",
           cotangent_args=None, region_regex=None, region_policy=None, verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
@@ -28,6 +29,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     loop, the k that keeps the fewest bytes): each scan keeps its carry every k iterations instead of its per-iteration residuals, and
     the backward reruns a segment's forward iterations from it (see segment-scans);
     `.residuals` still lists what the per-iteration policy keeps in a slot.
+    `scan_segments_offload="pinned_host"` keeps those saved carries in host memory.
     The residuals partial-eval chose are on the result as `.residuals`, and what it wants
     the user to know (e.g. a while loop it treated as one atomic op) as
     `.remarks`; `.timings` has each step's seconds.
@@ -44,6 +46,10 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     except ValueError as e:
         raise RematError(f"error: scan_segments: {e}") from None
     try:
+        scan_segments_offload = parse_offload(scan_segments_offload)
+    except ValueError as e:
+        raise RematError(f"error: scan_segments_offload: {e}") from None
+    try:
         barrier_groups = parse_groups(barrier_groups)
     except ValueError as e:
         raise RematError(f"error: barrier_groups: {e}") from None
@@ -51,6 +57,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
                    func=func, prevent_cse=prevent_cse,
                    prevent_cse_in_loops=prevent_cse_in_loops,
                    tie_to_cotangent=tie_to_cotangent, scan_segments=scan_segments,
+                   scan_segments_offload=scan_segments_offload,
                    cotangent_args=cotangent_args)
     if region_regex is not None:
         try:

@@ -38,7 +38,7 @@ user of it is backward.
 """
 from __future__ import annotations
 
-from remat_passes.ir.mlir import ir
+from remat_passes.ir.mlir import ir, stablehlo
 from remat_passes.ir.verdicts import Offloadable, Saveable
 
 COTANGENT = "remat.cotangent"
@@ -220,6 +220,17 @@ def placement(op) -> str | None:
 def placement_attrs(kind: str) -> dict:
     """The attributes of an annotate_device_placement op that moves to `kind`."""
     return {"mhlo.frontend_attributes": ir.DictAttr.get({PLACEMENT_KEY: ir.StringAttr.get(kind)})}
+
+
+def annotate_placement(value, kind: str, ip, loc):
+    """`stablehlo.custom_call @annotate_device_placement(value)` (a side effect, so it is
+    kept) that moves `value` to memory `kind`, as JAX emits it for an offload policy;
+    returns the moved value."""
+    op = stablehlo.CustomCallOp([value.type], [value], PLACEMENT_TARGET,
+                                has_side_effect=True, ip=ip, loc=loc)
+    for name, attr in placement_attrs(kind).items():
+        op.operation.attributes[name] = attr
+    return op.result
 
 
 # ------------------------------------------------- argument/result entries --

@@ -5,7 +5,7 @@
     inline
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
     insert-reduce-precision{func region-regex}
-    segment-scans{segments func}                     (scan-segments=k; loops rp.scan marked;
+    segment-scans{segments func offload}                     (scan-segments=k; loops rp.scan marked;
                                                       under auto, the segments it needs)
     place-optimization-barriers{func in-loops tie-to-cotangent groups}
                                                      (only with prevent-cse=true)
@@ -27,7 +27,7 @@ from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.place_optimization_barriers import (PlaceOptimizationBarriers,
                                                              parse_groups)
 from remat_passes.passes.remat_partial_eval import PartialEvalOptions, RematPartialEval
-from remat_passes.passes.segment_scans import SegmentScans, parse_segments
+from remat_passes.passes.segment_scans import SegmentScans, parse_offload, parse_segments
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 
 
@@ -55,12 +55,17 @@ class Remat(PartialEvalOptions, PipelinePass):
         "the fewest bytes) and recompute a segment at a time in the backward (segment-scans; "
         "0: off)", parse_segments)
 
+    scan_segments_offload: str | None = option(
+        None, "pinned_host or unpinned_host: the carries segment-scans saves wait in that "
+        "memory (segment-scans offload=; default: on the device)", parse_offload)
+
     def expand(self) -> list:
         steps = [Inline(), RematPartialEval(**self.partial_eval_options()),
                  InsertReducePrecision(func=self.func, region_regex=self.region_regex)]
         # (with scan-segments=0: the loops rp.scan marked, and under auto the segments its
         # budget needs; a module without loops costs it nothing)
-        steps.append(SegmentScans(segments=self.scan_segments, func=self.func))
+        steps.append(SegmentScans(segments=self.scan_segments, func=self.func,
+                                  offload=self.scan_segments_offload))
         if self.prevent_cse:
             steps.append(PlaceOptimizationBarriers(func=self.func,
                                                    in_loops=self.prevent_cse_in_loops,

@@ -12,7 +12,8 @@ body per iteration: the two-level `jax.checkpoint` scheme, as a rewrite.
 
 In split form the pairs span <f>_fwd and <f>_bwd (`scan_segments.find_split_pairs`): the
 saved carries, and the loop invariants <f>_bwd lacks, cross as residuals instead of the stacks
-(`scan_segments.Crossing`). Under `auto` with a budget below the least a per-iteration plan
+(`scan_segments.Crossing`). With `offload=pinned_host` the saved carries wait in host memory:
+each goes there as the forward loop writes it and comes back as the backward reads it. Under `auto` with a budget below the least a per-iteration plan
 keeps, remat-partial-eval chooses the segments (`state.planned_segments`) and this pass
 applies them. Pairs the rewrite does not recognise (see `scan_segments.check`) are left as
 they are, with a remark saying why. Loops nested in a scan body are copied with it, not
@@ -29,6 +30,16 @@ from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.passes.base import ModulePass, option
 from remat_passes.passes.diagnostics import Remark
 from remat_passes.regions import scan_segments
+
+
+def parse_offload(text) -> str | None:
+    """`offload=`: where the saved carries wait for the backward (None, or empty: on the
+    device)."""
+    text = "" if text is None else str(text).strip()
+    if text not in ("", *contract.HOST_KINDS):
+        raise ValueError(f"expected {' or '.join(contract.HOST_KINDS)} (or nothing), "
+                         f"got '{text}'")
+    return text or None
 
 
 def parse_segments(text) -> int | str | list:
@@ -65,6 +76,9 @@ class SegmentScans(ModulePass):
         "fewest bytes (about sqrt(n * carry / slot) per segment) (0: leave scans alone)",
         parse_segments)
     func: str = option("main", "the function whose scan loop pairs to segment")
+    offload: str | None = option(None, "pinned_host or unpinned_host: keep the saved carries "
+                                 "in that memory between the loops (default: on the device)",
+                                 parse_offload)
 
     def apply(self, module_op, state) -> None:
         segments = self.segments or state.planned_segments.get(self.func, 0)
@@ -110,7 +124,7 @@ class SegmentScans(ModulePass):
                 state.remarks.append(Remark(f"@{self.func}: a scan loop was not segmented: "
                                             f"{why}", location))
                 continue
-            done.append(scan_segments.segment(why, crossing))
+            done.append(scan_segments.segment(why, crossing, self.offload))
             state.remarks.append(Remark(f"@{self.func}: {done[-1].text()}", location))
 
     def _split(self, module_op, segments, state) -> None:

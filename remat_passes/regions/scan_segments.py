@@ -309,10 +309,13 @@ class Segmented:
                 "per iteration")
 
 
-def segment(seg: Segmentable, crossing=None) -> Segmented:
+def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segmented:
     """Rewrite the pair (see the module docstring). `seg` comes from `check`. In split form
     `crossing` (a `Crossing`) carries the values the backward loop now needs from <f>_fwd
-    into <f>_bwd as residuals, and drops the stacks that crossed."""
+    into <f>_bwd as residuals, and drops the stacks that crossed. `offload` (pinned_host or
+    unpinned_host): each saved carry goes to that memory as the forward loop writes it into
+    its buffer, and comes back to the device as the backward loop reads it, as JAX emits an
+    offloaded residual inside a scan; in split form the buffers cross in that memory."""
     pair, n, k = seg.pair, seg.n, seg.levels[0]
     pos, _ = graph.source_position(pair.fwd.op)
     spans = [n] + seg.levels        # each level's carries: ceil(span / length) + 1
@@ -341,7 +344,9 @@ def segment(seg: Segmentable, crossing=None) -> Segmented:
     for c in seg.state:
         init = _zeros(_stack_type(m + 1, fargs[c].type), before_fwd)
         arg = fedit.add(init, loc)
-        fedit.set_returned(len(fedit.inits) - 1, _write(arg, fargs[c], slot, ip))
+        saved = fargs[c] if offload is None else \
+            contract.annotate_placement(fargs[c], offload, ip, loc)
+        fedit.set_returned(len(fedit.inits) - 1, _write(arg, saved, slot, ip))
     old_count = len(fwd.op.results)
     inner_ops = _slice_of(list(values.values()) + list(state_next.values()), fedit.body)
 
@@ -385,6 +390,8 @@ def segment(seg: Segmentable, crossing=None) -> Segmented:
         need = _compare("EQ", s, _arith("subtract", end, c1, ip), ip)
         hi = _select(need, end, base, ip)       # the segment's iterations, or none
         starts = [_read(b, g, fargs[c].type, ip) for b, c in zip(buffers, seg.state)]
+        if offload is not None and level == 0:        # (the saved carries: back to the device)
+            starts = [contract.annotate_placement(v, "device", ip, loc) for v in starts]
         if level == len(levels) - 1:            # the last level fills the slots
             def fill(a, j, j_base, mapping, bip, bufs):
                 here = _arith("subtract", j, j_base, bip)
@@ -426,7 +433,8 @@ def segment(seg: Segmentable, crossing=None) -> Segmented:
         if crossing is None:
             new_bwd.operands[kept.index(x)] = v
         else:
-            new_bwd.operands[kept.index(x)] = crossing.bring(v, ir.InsertionPoint(new_bwd))
+            new_bwd.operands[kept.index(x)] = crossing.bring(v, ir.InsertionPoint(new_bwd),
+                                                             memory_kind=offload)
     for v in placeholders:
         v.owner.erase()
     drop_unused_carries(new_fwd)
@@ -483,11 +491,15 @@ class Crossing:
         self.residuals = list(residuals)
         self.wanted = []        # (stand-in in <f>_bwd, value of <f>_fwd)
         self.dropped = set()    # residual numbers
+        self.kinds = {}         # stand-in -> the memory kind it crosses in (offloaded)
 
-    def bring(self, value, ip):
+    def bring(self, value, ip, memory_kind: str | None = None):
         """A stand-in in <f>_bwd for `value` of <f>_fwd. <f>_fwd returns the value at once, past
-        its declared results (so that its rewrites keep the value current) until `finish`."""
+        its declared results (so that its rewrites keep the value current) until `finish`.
+        `memory_kind`: it crosses in that memory (the result and the argument say so)."""
         stand_in = _zeros(value.type, ip)
+        if memory_kind is not None:
+            self.kinds[stand_in] = memory_kind
         ret = graph.terminator(graph.body_block(self.fwd))
         self.wanted.append((stand_in, len(ret.operands)))
         func.ReturnOp(list(ret.operands) + [value], ip=ir.InsertionPoint(ret))
@@ -513,11 +525,12 @@ class Crossing:
         ret = graph.terminator(fblock)
         bargs = list(bblock.arguments)
         kept = [k for k in range(len(self.res_idx)) if k not in self.dropped]
-        new_values, new_args = [], []
+        new_values, new_args, new_kinds = [], [], []
         for stand_in, v in wanted:
             k = next((k for k in kept if ret.operands[self.res_idx[k]] == v), None)
             if k is None and not any(v == w for w in new_values):
                 new_values.append(v)
+                new_kinds.append(self.kinds.get(stand_in))
             target = bargs[k] if k is not None else None
             new_args.append((stand_in, target, v))
         # <f>_fwd: outputs, kept residuals, new residuals
@@ -532,7 +545,8 @@ class Crossing:
         self.fwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
             [a.type for a in fblock.arguments], [v.type for v in values]))
         contract.set_all_entries(self.fwd, "res_attrs", out_entries + kept_entries + [
-            contract.residual_entry(d, None) for d, _ in described])
+            dict(contract.residual_entry(d, None), **_kind_entry(kind))
+            for (d, _), kind in zip(described, new_kinds)])
         # <f>_bwd: kept residual arguments, new ones, then the cotangents (moved to the end)
         b_entries = contract.all_entries(self.bwd, "arg_attrs")
         n_res = len(self.res_idx)
@@ -553,9 +567,15 @@ class Crossing:
             [a.type for a in bblock.arguments],
             list(ir.FunctionType(ir.TypeAttr(self.bwd.operation.attributes["function_type"]).value).results)))
         contract.set_all_entries(self.bwd, "arg_attrs", [b_entries[k] for k in kept]
-                                 + [{} for _ in new_values] + [b_entries[i] for i in cot])
+                                 + [_kind_entry(kind) for kind in new_kinds]
+                                 + [b_entries[i] for i in cot])
         records = [self.residuals[k] for k in kept if k < len(self.residuals)]
         for v, (d, nbytes) in zip(new_values, described):
             records.append(Residual(graph.jax_type_str(v.type), d, nbytes,
                                     argument=isinstance(v, ir.BlockArgument)))
         return records
+
+
+def _kind_entry(kind: str | None) -> dict:
+    """The argument/result entry of a value that crosses in memory `kind` (None: none)."""
+    return {} if kind is None else {contract.MEMORY_KIND: ir.StringAttr.get(kind)}

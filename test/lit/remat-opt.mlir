@@ -168,6 +168,7 @@
 // LIST-NEXT: tie-to-cotangent {{.*}}(default: False)
 // LIST-NEXT: barrier-groups {{.*}}(default: per-use)
 // LIST-NEXT: scan-segments {{.*}}(default: 0)
+// LIST-NEXT: scan-segments-offload {{.*}}pinned_host{{.*}}
 // LIST-NEXT: remat-partial-eval {{.*}}checkpoint policy
 // LIST-NEXT: policy {{.*}}save_only_these_names
 // LIST-NEXT: mode {{.*}}(default: joint)
@@ -178,6 +179,7 @@
 // LIST-NEXT: segment-scans {{.*}}every k iterations
 // LIST-NEXT: segments {{.*}}(default: 0)
 // LIST-NEXT: func {{.*}}(default: main)
+// LIST-NEXT: offload {{.*}}pinned_host{{.*}}
 // LIST-NEXT: strip-checkpoint-names {{.*}}markers
 // LIST-NEXT: Core MLIR passes
 // LIST-DAG: canonicalize

@@ -5,6 +5,7 @@
 // RUN: remat-opt %s --split-input-file --verify-diagnostics --segment-scans=segments=2 | filecheck %s
 // RUN: remat-opt %s --split-input-file --remat-partial-eval=mode=split --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=SPLIT
 // RUN: remat-opt %s --split-input-file --segment-scans=segments=3x2 2>/dev/null | filecheck %s --check-prefix=THREE
+// RUN: remat-opt %s --split-input-file --remat-partial-eval=mode=split --segment-scans='segments=2 offload=pinned_host' 2>/dev/null | filecheck %s --check-prefix=OFFLOAD
 
 // Three levels (segments=3x2): in the backward, a segment of 3 is rerun to save its carry
 // every 2 iterations (2 + 1 saved carries and a scratch slot), then a sub-segment of 2
@@ -33,6 +34,19 @@
 // SPLIT-LABEL: func.func @main_fwd
 // SPLIT-NOT: stablehlo.remainder
 // SPLIT-LABEL: func.func @main_bwd
+
+// offload=pinned_host: the forward loop moves each saved carry to host memory as it writes
+// it, the buffer crosses in host memory, and the backward moves a saved carry back to the
+// device as it reads it.
+// OFFLOAD-LABEL: func.func @main_fwd
+// OFFLOAD-SAME: tensor<4x2xf32> {mhlo.memory_kind = "pinned_host", remat.residual = "the carry at the start of every segment
+// OFFLOAD: %[[HOST:.*]] = stablehlo.custom_call @annotate_device_placement(%{{.*}}) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "pinned_host"}}
+// OFFLOAD: stablehlo.reshape %[[HOST]]
+// OFFLOAD-LABEL: func.func @main_bwd
+// OFFLOAD-SAME: %arg2: tensor<4x2xf32> {mhlo.memory_kind = "pinned_host"}
+// OFFLOAD: stablehlo.dynamic_slice
+// OFFLOAD-NEXT: %[[SLOT:.*]] = stablehlo.reshape
+// OFFLOAD-NEXT: stablehlo.custom_call @annotate_device_placement(%[[SLOT]]) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "device"}}
 
 // A 5-step scan in segments of 2: 3 saved carries (+1 scratch slot), segments 2, 2 and 1.
 // CHECK-LABEL: func.func public @main

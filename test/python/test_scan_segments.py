@@ -78,6 +78,35 @@ def test_gradients_equal_jax(n, k, policy):
     assert whiles(seg) == 3          # forward, backward, and the segment loop inside it
 
 
+@pytest.mark.parametrize("levels", [4, "5x2"])
+def test_saved_carries_offloaded_to_host(levels):
+    """scan_segments_offload: each saved carry goes to host memory as the forward loop
+    writes it into its buffer and comes back as the backward reads it (JAX's offload inside
+    a scan: annotate_device_placement on the written and the read slot); in split form the
+    buffer crosses in host memory (the result of main_fwd and the argument of main_bwd say
+    so). Gradients are jax.vjp's (XLA:CPU ignores the placements); a bad memory is an
+    error that names the option."""
+    args = rnn_args(12)
+    seg = check_gradients(rnn, args, "nothing_saveable", levels,
+                          scan_segments_offload="pinned_host")
+    text = str(seg)
+    assert text.count('_xla_buffer_placement = "pinned_host"') == 1     # the write
+    assert text.count('_xla_buffer_placement = "device"') == 1          # the outer read
+    module = rp.export_vjp(rnn, *args)
+    split = rp.remat(module, "nothing_saveable", mode="split", scan_segments=levels,
+                     scan_segments_offload="pinned_host")
+    from remat_passes.jax.run import memory_kinds
+    carries = [i for i, r in enumerate(split.residuals) if "every segment" in r.description]
+    assert len(carries) == 1
+    n_out = len(memory_kinds(split, "main_fwd", "res_attrs")) - len(split.residuals)
+    assert memory_kinds(split, "main_fwd", "res_attrs")[n_out + carries[0]] == "pinned_host"
+    assert memory_kinds(split, "main_bwd", "arg_attrs")[carries[0]] == "pinned_host"
+    plain = str(rp.remat(module, "nothing_saveable", scan_segments=levels))
+    assert "_xla_buffer_placement" not in plain
+    with pytest.raises(rp.RematError, match="scan_segments_offload: expected pinned_host"):
+        rp.remat(module, scan_segments=4, scan_segments_offload="disk")
+
+
 def test_segment_loop_is_inside_the_backward_and_stacks_are_gone():
     args = rnn_args(12)
     module = rp.export_vjp(rnn, *args)
