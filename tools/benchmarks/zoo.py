@@ -11,10 +11,10 @@ that runs. Per model:
   program (ours as `rp.jit` builds it on this backend, tied on CPU; JAX's `jax.jit` of
   `jax.vjp` of `jax.checkpoint(loss, policy)`), and the pass time (`rp.remat`);
 * `auto` at the budget of `dots_saveable`'s activations: within it, exact gradients;
-* the library's own remat setting (RecurrentGemma's `gradient_checkpointing=True`, which
-  wraps its blocks in `jax.checkpoint`): JAX's residuals beside ours with the model's
-  checkpoints applied by JAX at export (`jax_checkpoint="jax"`) and made regions our passes
-  apply (`jax_checkpoint="regions"`).
+* the library's own remat setting (RecurrentGemma's `gradient_checkpointing=True` and
+  Flax's `nn.remat`, both wrapping blocks in `jax.checkpoint`): JAX's residuals beside ours
+  with the model's checkpoints applied by JAX at export (`jax_checkpoint="jax"`) and made
+  regions our passes apply (`jax_checkpoint="regions"`).
 
 Every fixed policy runs in both forms, joint and split, and each row also has the largest
 difference from the module with no policy (`rp.remat(module)`): in bf16 that is the "to the
@@ -30,7 +30,8 @@ local sliding and global attention, f32 and bf16; installed `--no-deps` with the
 as `gemma` pulls TensorFlow through `kauldron`, and built from its modules, since its model
 classes import a checkpoint loader that needs a kauldron for an older jax), and keras-hub
 (`keras-hub==0.32.0` with keras 3.15, `GPT2Backbone` and `LlamaBackbone` on the JAX backend,
-through `stateless_call`). Not yet here: MaxText (Python 3.12).
+through `stateless_call`), and Flax (`flax==0.12.8` linen blocks, plain and under
+`nn.remat`). Not yet here: MaxText (Python 3.12).
 """
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ LIBRARIES = {"recurrentgemma": ["recurrentgemma[jax]==1.0.1"],
                        "immutabledict==4.3.1", "chex==0.1.92", "toolz==1.2.0",
                        "tqdm==4.70.1", "humanize==4.17.0", "tensorstore==0.1.86",
                        "simplejson==4.3.0", "ml_collections==1.1.0"],
+             "flax": ["--no-deps", "flax==0.12.8", "msgpack==1.2.4", "treescope==0.1.10",
+                      "typing_extensions==4.16.0", "pyyaml==6.0.4"],
              # keras-hub's requirements pull tensorflow-text and kagglehub, which these
              # backbones do not use
              "keras-hub": ["--no-deps", "keras-hub==0.32.0", "keras==3.15.0", "namex==0.1.0",
@@ -179,13 +182,45 @@ def keras_hub_model(kind: str = "gpt2"):
                           f"{seq} tokens, f32, MSE of the hidden states")
 
 
+def flax_model(remat: bool = False):
+    """(loss, params, description): three Flax linen residual MLP blocks (LayerNorm, Dense
+    128, GELU, Dense 64), each `nn.remat(Block)` with `remat`; mean squared error against
+    fixed random targets."""
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.gelu(nn.Dense(128)(nn.LayerNorm()(x)))
+            return x + nn.Dense(64)(h)
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            block = nn.remat(Block) if remat else Block
+            for _ in range(3):
+                x = block()(x)
+            return x
+    model = Model()
+    x = jax.random.normal(jax.random.key(0), (8, 16, 64))
+    y = jax.random.normal(jax.random.key(1), (8, 16, 64))
+    params = model.init(jax.random.key(2), x)
+
+    def loss(params):
+        return jnp.mean((model.apply(params, x) - y) ** 2)
+    return loss, params, ("Flax linen, 3 residual blocks (LayerNorm, Dense 128, GELU, Dense "
+                          "64), batch 8 x 16 x 64, f32, MSE")
+
+
 MODELS = {"recurrentgemma": ("recurrentgemma", recurrentgemma_model),
+          "flax": ("flax", flax_model),
           "keras-gpt2": ("keras-hub", lambda: keras_hub_model("gpt2")),
           "keras-llama": ("keras-hub", lambda: keras_hub_model("llama")),
           "gemma3": ("gemma", lambda: gemma3_model("float32")),
           "gemma3-bf16": ("gemma", lambda: gemma3_model("bfloat16"))}
 OWN_REMAT = {"recurrentgemma": (lambda: recurrentgemma_model(gradient_checkpointing=True),
-                                "gradient_checkpointing=True")}
+                                "gradient_checkpointing=True"),
+             "flax": (lambda: flax_model(remat=True), "nn.remat(Block)")}
 FORMS = ("joint", "split")
 
 
