@@ -50,7 +50,7 @@ import jax
 import numpy as np
 
 from remat_passes.api import cache
-from remat_passes.api.remat import remat
+from remat_passes.api.remat import remat_groupings
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
@@ -243,9 +243,11 @@ class Jitted:
         exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint)
         mode = default_mode() if self.mode == "auto" else self.mode
         donated = self._donated_positions(static)
+        groupings = self._groupings()
         built = []
-        for groups in self._groupings():
-            module, hit = self._remat(exported, mode, dynamic_fun.__name__, groups)
+        for groups, (module, hit) in zip(groupings, self._remat(exported, mode,
+                                                                 dynamic_fun.__name__,
+                                                                 groupings)):
             if built and module.bytecode() == built[0].module.bytecode():
                 break          # one barrier per region either way: nothing to compare
             build = self._build_joint if mode == "joint" else self._build_split
@@ -263,34 +265,44 @@ class Jitted:
             return ("per-use",)              # no barriers at all
         return ("per-use", "per-region") if chosen == "smaller" else (chosen,)
 
-    def _remat(self, exported, mode, name, groups="per-use") -> tuple:
-        """The rewritten module, from the disk cache when it has it; (module, was it)."""
+    def _remat(self, exported, mode, name, groupings) -> list:
+        """The rewritten module per barrier grouping, from the disk cache when it has it:
+        [(module, was it)]. The ones it lacks are rewritten together (`remat_groupings`: the
+        plan is made once)."""
         tie = self.tie_to_cotangent
         options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse,
                        tie_to_cotangent=needs_tie() if tie is None else tie)
-        if groups != "per-use":
-            options["barrier_groups"] = groups
         if self.scan_segments:
             options["scan_segments"] = self.scan_segments
         if self.scan_segments_offload:
             options["scan_segments_offload"] = self.scan_segments_offload
-        entry = cache.key(exported, options) if self.cache_dir else None
-        if entry is not None:
-            module = cache.load(self.cache_dir, entry, exported)
-            if module is not None:
-                return module, True
-        try:
-            module = remat(exported, **options)
-        except RematError as e:
-            if "cannot tell forward from backward" not in str(e):
-                raise
-            raise RematError(
-                f"error: rp.jit: {name} has no backward pass (no jax.grad, "
-                "jax.value_and_grad or jax.vjp inside): there is nothing to rematerialize; "
-                "use jax.jit") from None
-        if entry is not None:
-            cache.store(self.cache_dir, entry, module)
-        return module, False
+
+        def key(groups):
+            if not self.cache_dir:
+                return None
+            # (per-use, the default, keeps the keys written before the option existed)
+            return cache.key(exported, options if groups == "per-use"
+                             else dict(options, barrier_groups=groups))
+        keys = {g: key(g) for g in groupings}      # (None: not cached, a Python policy)
+        found = {g: None if keys[g] is None else cache.load(self.cache_dir, keys[g], exported)
+                 for g in groupings}
+        missing = [g for g in groupings if found[g] is None]
+        made = {}
+        if missing:
+            try:
+                made = dict(zip(missing, remat_groupings(exported, missing, **options)))
+            except RematError as e:
+                if "cannot tell forward from backward" not in str(e):
+                    raise
+                raise RematError(
+                    f"error: rp.jit: {name} has no backward pass (no jax.grad, "
+                    "jax.value_and_grad or jax.vjp inside): there is nothing to "
+                    "rematerialize; use jax.jit") from None
+            for g, module in made.items():
+                if keys[g] is not None:
+                    cache.store(self.cache_dir, keys[g], module)
+        return [(found[g], True) if found[g] is not None else (made[g], False)
+                for g in groupings]
 
     def _donated_positions(self, static) -> tuple:
         """Donated arguments as positions among the dynamic ones."""

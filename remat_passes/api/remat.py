@@ -1,12 +1,16 @@
 """`rp.remat`: the default pipeline on a copy of a Module, with the results read back."""
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 from remat_passes.ir import mlir
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.module import Module
 from remat_passes.passes.base import PassState, parse_regex
-from remat_passes.passes.manager import run_pipeline
-from remat_passes.passes.place_optimization_barriers import parse_groups
+from remat_passes.passes.manager import expand, run_pipeline
+from remat_passes.passes.place_optimization_barriers import (PlaceOptimizationBarriers,
+                                                             parse_groups)
 from remat_passes.passes.remat import Remat
 from remat_passes.passes.segment_scans import parse_offload, parse_segments
 
@@ -26,8 +30,9 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     for CPU). `barrier_groups="per-region"`: one barrier per checkpoint region, as
     jax.checkpoint places them, instead of one per recomputation (place-optimization-barriers;
     rp.jit compiles both on GPU and keeps the smaller). `scan_segments=k` (or "sqrt": per
-    loop, the k that keeps the fewest bytes): each scan keeps its carry every k iterations instead of its per-iteration residuals, and
-    the backward reruns a segment's forward iterations from it (see segment-scans);
+    loop, the k that keeps the fewest bytes): each scan keeps its carry every k iterations
+    instead of its per-iteration residuals, and the backward reruns a segment's forward
+    iterations from it (see segment-scans);
     `.residuals` still lists what the per-iteration policy keeps in a slot.
     `scan_segments_offload="pinned_host"` keeps those saved carries in host memory.
     The residuals partial-eval chose are on the result as `.residuals`, and what it wants
@@ -36,29 +41,35 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     `verify` runs the MLIR verifier on the result (`remat-opt --verify-each`
     verifies after every step instead).
     """
+    options = _options(module, policy, mode=mode, prevent_cse=prevent_cse,
+                       prevent_cse_in_loops=prevent_cse_in_loops,
+                       tie_to_cotangent=tie_to_cotangent, barrier_groups=barrier_groups,
+                       scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
+                       func=func, cotangent_args=cotangent_args, region_regex=region_regex,
+                       region_policy=region_policy)
+    return _run(module, options, (options["barrier_groups"],), verify)[0]
+
+
+def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_cotangent,
+             barrier_groups, scan_segments, scan_segments_offload, func, cotangent_args,
+             region_regex, region_policy) -> dict:
+    """rp.remat's arguments checked and read, as the options of the `remat` pipeline."""
     if not isinstance(module, Module):
         raise TypeError("rp.remat takes a remat_passes.Module (from rp.export_vjp, rp.export, "
                         f"rp.load or rp.Module.parse), got {type(module).__name__}")
     if mode not in ("joint", "split"):
         raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
-    try:
-        scan_segments = parse_segments(scan_segments)
-    except ValueError as e:
-        raise RematError(f"error: scan_segments: {e}") from None
-    try:
-        scan_segments_offload = parse_offload(scan_segments_offload)
-    except ValueError as e:
-        raise RematError(f"error: scan_segments_offload: {e}") from None
-    try:
-        barrier_groups = parse_groups(barrier_groups)
-    except ValueError as e:
-        raise RematError(f"error: barrier_groups: {e}") from None
-    options = dict(policy=policy, mode=mode, barrier_groups=barrier_groups,
-                   func=func, prevent_cse=prevent_cse,
+    parsed = {}
+    for name, parse, value in (("scan_segments", parse_segments, scan_segments),
+                               ("scan_segments_offload", parse_offload, scan_segments_offload),
+                               ("barrier_groups", parse_groups, barrier_groups)):
+        try:
+            parsed[name] = parse(value)
+        except ValueError as e:
+            raise RematError(f"error: {name}: {e}") from None
+    options = dict(policy=policy, mode=mode, func=func, prevent_cse=prevent_cse,
                    prevent_cse_in_loops=prevent_cse_in_loops,
-                   tie_to_cotangent=tie_to_cotangent, scan_segments=scan_segments,
-                   scan_segments_offload=scan_segments_offload,
-                   cotangent_args=cotangent_args)
+                   tie_to_cotangent=tie_to_cotangent, cotangent_args=cotangent_args, **parsed)
     if region_regex is not None:
         try:
             options["region_regex"] = parse_regex(region_regex) \
@@ -67,16 +78,51 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
             raise RematError(f"error: bad region_regex: {e}") from None
     if region_policy is not None:
         options["region_policy"] = region_policy
+    return options
+
+
+def remat_groupings(module, groupings, policy=None, **kwargs) -> list:
+    """`rp.remat(module, policy, barrier_groups=g, **kwargs)` for each g of `groupings`, in
+    that order; the steps before place-optimization-barriers (the plan among them) run once,
+    and the rest once per grouping, on a copy each (rp.jit builds both groupings where the
+    barriers decide)."""
+    bound = inspect.signature(remat).bind(module, policy, **kwargs)   # (its checks, defaults)
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    verify = args.pop("verify")
+    options = _options(**args)
+    try:
+        groupings = tuple(parse_groups(g) for g in groupings)
+    except ValueError as e:
+        raise RematError(f"error: barrier_groups: {e}") from None
+    return _run(module, options, groupings, verify)
+
+
+def _run(module, options: dict, groupings: tuple, verify: bool) -> list:
+    """The default pipeline on a copy of `module`, once per barrier grouping (see
+    `remat_groupings`)."""
+    func = options["func"]
     out = module.clone()
     state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
     state.dim_symbols = dict(module.dim_symbols)
-    run_pipeline(out.op, [Remat(**options)], state, verify_each=False)
-    if verify:   # the result, once (the CLI's --verify-each checks after every step)
-        mlir.verify(out.op.operation, module.filename, after="remat")
-    out.residuals = state.residuals.get(func, [])
-    out.remarks = list(state.remarks)
-    out.timings = list(state.timings)
-    out.plan_reports = state.plan_reports.get(func, [])
-    out.segmented = state.segmented.get(func, [])    # scan loops segment-scans rewrote
-    out.dim_symbols = state.dim_symbols
-    return out
+    steps = expand([Remat(**options)])
+    cut = next((i for i, p in enumerate(steps) if isinstance(p, PlaceOptimizationBarriers)),
+               len(steps))
+    run_pipeline(out.op, steps[:cut], state, verify_each=False)
+    # (the first grouping goes on with the original and the analyses the steps kept)
+    copies = [(out, state)] + [(out.clone(), state.fork()) for _ in groupings[1:]]
+    results = []
+    for groups, (mod, st) in zip(groupings, copies):
+        rest = [dataclasses.replace(p, groups=groups)
+                if isinstance(p, PlaceOptimizationBarriers) else p for p in steps[cut:]]
+        run_pipeline(mod.op, rest, st, verify_each=False)
+        if verify:   # the result, once (the CLI's --verify-each checks after every step)
+            mlir.verify(mod.op.operation, module.filename, after="remat")
+        mod.residuals = st.residuals.get(func, [])
+        mod.remarks = list(st.remarks)
+        mod.timings = list(st.timings)
+        mod.plan_reports = st.plan_reports.get(func, [])
+        mod.segmented = st.segmented.get(func, [])    # scan loops segment-scans rewrote
+        mod.dim_symbols = st.dim_symbols
+        results.append(mod)
+    return results

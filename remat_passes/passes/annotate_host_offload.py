@@ -22,6 +22,7 @@ import dataclasses
 
 from remat_passes.analysis import scan_pairs
 from remat_passes.ir import contract, graph
+from remat_passes.ir.contract import annotate_placement as annotate
 from remat_passes.ir.mlir import ir
 from remat_passes.passes.base import ModulePass, option
 from remat_passes.regions.rules import result_placements
@@ -54,8 +55,8 @@ def offload_joint(a) -> int:
             if not bwd_uses:
                 continue
             first = min((top for _, top in bwd_uses), key=a.position_key)
-            host = contract.annotate_placement(v, placement.dst, ir.InsertionPoint.after(v.owner), op.location)
-            device = contract.annotate_placement(host, placement.src, ir.InsertionPoint(first), first.location)
+            host = annotate(v, placement.dst, ir.InsertionPoint.after(v.owner), op.location)
+            device = annotate(host, placement.src, ir.InsertionPoint(first), first.location)
             a.note_inserted(host.owner.operation, backward=False, after=v.owner)
             a.note_inserted(device.owner.operation, backward=True, before=first)
             for use, _ in bwd_uses:
@@ -81,12 +82,12 @@ def offload_loops(pairs) -> int:
             if placement is None:
                 continue
             wrap = s.dus.operands[1].owner.operation
-            host = contract.annotate_placement(v, placement.dst, ir.InsertionPoint(wrap), wrap.location)
+            host = annotate(v, placement.dst, ir.InsertionPoint(wrap), wrap.location)
             wrap.operands[0] = host
             for rd in pair.reads[m]:
                 value = rd.value
                 uses = list(value.uses)
-                device = contract.annotate_placement(value, placement.src, ir.InsertionPoint.after(rd.reshape_op),
+                device = annotate(value, placement.src, ir.InsertionPoint.after(rd.reshape_op),
                                   rd.reshape_op.location)
                 for use in uses:
                     use.owner.operands[use.operand_number] = device
@@ -107,7 +108,7 @@ def offload_split(fa, ba) -> int:
         v = ret.operands[i]
         ip = ir.InsertionPoint(ret) if isinstance(v, ir.BlockArgument) else \
             ir.InsertionPoint.after(v.owner)
-        host = contract.annotate_placement(v, placement.dst, ip, ret.location)
+        host = annotate(v, placement.dst, ip, ret.location)
         ret.operands[i] = host
         contract.set_entry(fwd, "res_attrs", i, contract.MEMORY_KIND,
                            ir.StringAttr.get(placement.dst))
@@ -117,7 +118,7 @@ def offload_split(fa, ba) -> int:
         uses = list(arg.uses)
         if uses:
             first = min((ba.top_level(u.owner.operation) for u in uses), key=ba.position_key)
-            device = contract.annotate_placement(arg, placement.src, ir.InsertionPoint(first), first.location)
+            device = annotate(arg, placement.src, ir.InsertionPoint(first), first.location)
             ba.note_inserted(device.owner.operation, backward=True, before=first)
             for use in uses:
                 use.owner.operands[use.operand_number] = device

@@ -100,6 +100,18 @@ class PassState:
         from remat_passes.ir.mlir import op_id
         self._analyses[graph.func_name(func_op)] = (op_id(func_op), analysis)
 
+    def fork(self) -> "PassState":
+        """A copy for a clone of the module, to run the rest of a pipeline on: what the
+        passes recorded so far, copied; no analyses (they describe the original's ops)."""
+        other = PassState(self.region_policies, self.filename)
+        other.residuals = {k: list(v) for k, v in self.residuals.items()}
+        other.remarks, other.timings = list(self.remarks), list(self.timings)
+        other.plan_reports = {k: list(v) for k, v in self.plan_reports.items()}
+        other.dim_symbols = None if self.dim_symbols is None else dict(self.dim_symbols)
+        other.planned_segments = dict(self.planned_segments)
+        other.segmented = {k: list(v) for k, v in self.segmented.items()}
+        return other
+
     def drop(self, name: str | None = None) -> None:
         """Forget the analysis of function `name` (all of them by default)."""
         if name is None:

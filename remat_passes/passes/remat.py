@@ -5,7 +5,7 @@
     inline
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
     insert-reduce-precision{func region-regex}
-    segment-scans{segments func offload}                     (scan-segments=k; loops rp.scan marked;
+    segment-scans{segments func offload}             (scan-segments=k; loops rp.scan marked;
                                                       under auto, the segments it needs)
     place-optimization-barriers{func in-loops tie-to-cotangent groups}
                                                      (only with prevent-cse=true)
@@ -54,7 +54,6 @@ class Remat(PartialEvalOptions, PipelinePass):
         0, "keep each scan's carry every k iterations (a count, or sqrt: the length that keeps "
         "the fewest bytes) and recompute a segment at a time in the backward (segment-scans; "
         "0: off)", parse_segments)
-
     scan_segments_offload: str | None = option(
         None, "pinned_host or unpinned_host: the carries segment-scans saves wait in that "
         "memory (segment-scans offload=; default: on the device)", parse_offload)

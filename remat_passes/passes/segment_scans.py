@@ -13,11 +13,11 @@ body per iteration: the two-level `jax.checkpoint` scheme, as a rewrite.
 In split form the pairs span <f>_fwd and <f>_bwd (`scan_segments.find_split_pairs`): the
 saved carries, and the loop invariants <f>_bwd lacks, cross as residuals instead of the stacks
 (`scan_segments.Crossing`). With `offload=pinned_host` the saved carries wait in host memory:
-each goes there as the forward loop writes it and comes back as the backward reads it. Under `auto` with a budget below the least a per-iteration plan
-keeps, remat-partial-eval chooses the segments (`state.planned_segments`) and this pass
-applies them. Pairs the rewrite does not recognise (see `scan_segments.check`) are left as
-they are, with a remark saying why. Loops nested in a scan body are copied with it, not
-segmented themselves.
+each goes there as the forward loop writes it and comes back as the backward reads it.
+Under `auto` with a budget below the least a per-iteration plan keeps, remat-partial-eval
+chooses the segments (`state.planned_segments`) and this pass applies them. Pairs the
+rewrite does not recognise (see `scan_segments.check`) are left as they are, with a remark
+saying why. Loops nested in a scan body are copied with it, not segmented themselves.
 """
 from __future__ import annotations
 

@@ -327,7 +327,7 @@ def test_disk_cache_serves_a_new_jitted_without_the_pipeline(tmp_path, monkeypat
 
     def no_pipeline(*args, **kwargs):
         raise AssertionError("the pipeline ran although the cache has the program")
-    monkeypatch.setattr("remat_passes.api.jit.remat", no_pipeline)
+    monkeypatch.setattr("remat_passes.api.jit.remat_groupings", no_pipeline)
     got, cached = run(rp.jit(_grad_step, policy="nothing_saveable", mode=mode,
                              cache_dir=tmp_path))
     np.testing.assert_allclose(got, want, rtol=1e-6)

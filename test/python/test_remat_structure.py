@@ -590,6 +590,32 @@ def test_per_region_barriers_one_per_checkpoint_region(mode):
         rp.remat(rp.export_vjp(plain, *args), barrier_groups="per-layer")
 
 
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_remat_groupings_plans_once_and_gives_what_remat_gives(mode):
+    """rp.jit's build of both barrier groupings: the same modules as two rp.remat calls,
+    with the steps up to place-optimization-barriers (the auto plan among them) run once:
+    both results carry the very same timings for those steps."""
+    from remat_passes.api.remat import remat_groupings
+    def loss(Ws, x):
+        for W in Ws:
+            x = jnp.sin(jnp.tanh(x @ W) @ W)
+        return jnp.sum(x)
+    module = rp.export_vjp(loss, *LAYERED_ARGS)
+    policy = P.auto("50%")
+    per_use, per_region = remat_groupings(module, ("per-use", "per-region"), policy,
+                                          mode=mode)
+    assert str(per_use) == str(rp.remat(module, policy, mode=mode))
+    assert str(per_region) == str(rp.remat(module, policy, mode=mode,
+                                           barrier_groups="per-region"))
+    names = [name for name, _ in per_use.timings]
+    cut = names.index("place-optimization-barriers")
+    assert names.count("remat-partial-eval") == 1
+    assert per_use.timings[:cut] == per_region.timings[:cut]
+    assert [str(r) for r in per_use.residuals] == [str(r) for r in per_region.residuals]
+    with pytest.raises(rp.RematError, match="barrier_groups: expected one of"):
+        remat_groupings(module, ("per-use", "everywhere"))
+
+
 def test_typed_prng_key_in_split_calls():
     """A typed key (jax.random.key) is an argument of the joint module and of main_fwd:
     the split halves take it as they take any array, and the gradients equal jax.vjp's."""
