@@ -220,6 +220,45 @@ def find_pairs(whiles) -> list[Pair]:
     return pairs
 
 
+def loop_source(v):
+    """(forward loop, stacked carry) when `v` is, through reshapes, a stacked result of a
+    forward scan loop (a split forward returns its stacks that way), else None."""
+    while owner(v) is not None and owner(v).name == "stablehlo.reshape":
+        v = owner(v).operands[0]
+    if not isinstance(v, ir.OpResult) or v.owner.name != WHILE:
+        return None
+    loop = analyse_forward(v.owner)
+    k = v.result_number
+    return (loop, k) if loop is not None and k in loop.stacked else None
+
+
+def slot_reads(v) -> list[Read] | None:
+    """The slot reads of `v` when every use of it (through reshapes) is an invariant
+    carry of a while whose body reads it one slot per iteration (how a split backward's
+    scan reads a stack the forward handed over), else None."""
+    reads = []
+    for use in v.uses:
+        op = use.owner.operation
+        if op.name == "stablehlo.reshape":
+            inner = slot_reads(op.results[0])
+            if inner is None:
+                return None
+            reads += inner
+            continue
+        if op.name != WHILE:
+            return None
+        m = use.operand_number
+        body = op.regions[1].blocks[0]
+        ret = graph.terminator(body)
+        if ret.operands[m] != body.arguments[m]:
+            return None
+        r = _reads(body.arguments[m], ret)
+        if r is None:
+            return None
+        reads += r
+    return reads
+
+
 def find_pairs_in_block(block) -> list[Pair]:
     return find_pairs([op for op in block.operations if op.operation.name == WHILE])
 

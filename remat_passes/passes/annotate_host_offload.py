@@ -13,7 +13,9 @@ when lowering for GPU/TPU:
 Inside scan loop pairs (joint form) the same per iteration, as JAX emits it for
 `jax.checkpoint` inside `lax.scan`. In split form the `@<f>_fwd` result and the
 `@<f>_bwd` argument that carry the residual also get `mhlo.memory_kind =
-"<dst>"`. XLA:CPU ignores the annotations (the module still runs there); on
+"<dst>"`; a scan's stack is moved slot by slot there too (the forward loop writes each
+slot to host, the backward loop brings back the slot it reads), so neither half holds
+the whole stack in device memory. XLA:CPU ignores the annotations (the module still runs there); on
 GPU/TPU the residual lives in host memory.
 """
 from __future__ import annotations
@@ -96,8 +98,56 @@ def offload_loops(pairs) -> int:
     return count
 
 
+def _only_returned(v, ret) -> bool:
+    """`v` (or the reshapes of it) is read by nothing but the function's return."""
+    for use in v.uses:
+        op = use.owner.operation
+        if op == ret:
+            continue
+        if op.name != "stablehlo.reshape" or not _only_returned(op.results[0], ret):
+            return False
+    return True
+
+
+def _stack_slots_to_host(v, ret, dst) -> bool:
+    """When `v` is a forward scan's stack (one slot per iteration) that only the return
+    reads, move each slot to host as the loop writes it (JAX's split form of an offloading
+    scan: the loop fills a buffer in host memory) and say True; else False."""
+    src = scan_pairs.loop_source(v)
+    if src is None:
+        return False
+    loop, k = src
+    if not _only_returned(loop.op.results[k], ret):
+        return False
+    s = loop.stacked[k]
+    wrap = s.dus.operands[1].owner.operation
+    if wrap.operands[0] != s.value:
+        return False
+    wrap.operands[0] = annotate(s.value, dst, ir.InsertionPoint(wrap), wrap.location)
+    return True
+
+
+def _slots_to_device(arg, src) -> bool:
+    """When every backward use of the host stack `arg` is a scan reading one slot per
+    iteration, bring each slot back as it is read (the stack stays in host memory) and
+    say True; else False."""
+    reads = scan_pairs.slot_reads(arg)
+    if not reads:
+        return False
+    for rd in reads:
+        uses = list(rd.value.uses)
+        device = annotate(rd.value, src, ir.InsertionPoint.after(rd.reshape_op),
+                          rd.reshape_op.location)
+        for use in uses:
+            use.owner.operands[use.operand_number] = device
+    return True
+
+
 def offload_split(fa, ba) -> int:
-    """Split form: `fa`/`ba` are the analyses of <f>_fwd and <f>_bwd."""
+    """Split form: `fa`/`ba` are the analyses of <f>_fwd and <f>_bwd. A residual goes to
+    host at the return of <f>_fwd and comes back before its first use in <f>_bwd; a
+    scan's stack instead slot by slot, inside the loops (the whole stack would otherwise
+    be built, and read back, in device memory)."""
     fwd, bwd = fa.func_op, ba.func_op
     ret = fa.terminator
     count = 0
@@ -106,17 +156,17 @@ def offload_split(fa, ba) -> int:
         if placement is None:
             continue
         v = ret.operands[i]
-        ip = ir.InsertionPoint(ret) if isinstance(v, ir.BlockArgument) else \
-            ir.InsertionPoint.after(v.owner)
-        host = annotate(v, placement.dst, ip, ret.location)
-        ret.operands[i] = host
+        if not _stack_slots_to_host(v, ret, placement.dst):
+            ip = ir.InsertionPoint(ret) if isinstance(v, ir.BlockArgument) else \
+                ir.InsertionPoint.after(v.owner)
+            ret.operands[i] = annotate(v, placement.dst, ip, ret.location)
         contract.set_entry(fwd, "res_attrs", i, contract.MEMORY_KIND,
                            ir.StringAttr.get(placement.dst))
         arg = ba.args[k]
         if contract.offload_entry(bwd, "arg_attrs", k) is None:
             continue
         uses = list(arg.uses)
-        if uses:
+        if uses and not _slots_to_device(arg, placement.src):
             first = min((ba.top_level(u.owner.operation) for u in uses), key=ba.position_key)
             device = annotate(arg, placement.src, ir.InsertionPoint(first), first.location)
             ba.note_inserted(device.owner.operation, backward=True, before=first)

@@ -1,6 +1,8 @@
 // RUN: remat-opt %s --annotate-host-offload --split-input-file | filecheck %s
 // The scan loop pair, through remat-partial-eval first (its input is the raw export):
 // RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=save_and_offload_only_these_names(names_which_can_be_saved=[], names_which_can_be_offloaded=[h], offload_src=device, offload_dst=pinned_host)' --annotate-host-offload | filecheck %s --check-prefix=SCAN
+// The same loop pair in split form:
+// RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=save_and_offload_only_these_names(names_which_can_be_saved=[], names_which_can_be_offloaded=[h], offload_src=device, offload_dst=pinned_host) mode=split' --annotate-host-offload | filecheck %s --check-prefix=SPLIT
 
 // The input is what remat-partial-eval (and the passes between) leave: the
 // producer of an Offloadable residual carries remat.offload = "src:dst"
@@ -247,6 +249,35 @@ module @split_rounded {
 // SCAN: stablehlo.return
 // SCAN-NOT: annotate_device_placement
 // SCAN: return
+//
+// Split form: the stack of h crosses between the halves in host memory, and
+// is moved slot by slot as JAX's split of an offloading scan does: the forward
+// loop sends each slot to pinned_host as it writes it, so the stack is built in
+// host memory and returned as it is (no annotation at the return); the backward
+// loop brings back the one slot each iteration reads. Neither half moves, or
+// holds on the device, the whole stack.
+// SPLIT-LABEL: module @scan_pair
+// SPLIT: func.func @main_fwd({{.*}}, tensor<3x2x4xf32> {mhlo.memory_kind = "pinned_host", remat.offload = "device:pinned_host", remat.residual = "f32[3,2,4] named 'h'
+// SPLIT: %[[FW:.*]]:5 = stablehlo.while(
+// SPLIT-NOT: annotate_device_placement
+// SPLIT: %[[H:.*]] = stablehlo.custom_call @remat.name(
+// SPLIT: %[[HH:.*]] = stablehlo.custom_call @annotate_device_placement(%[[H]]) {{.*}}_xla_buffer_placement = "pinned_host"
+// SPLIT-NEXT: %[[UH:.*]] = stablehlo.reshape %[[HH]] : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+// SPLIT-NOT: stablehlo.return
+// SPLIT: stablehlo.dynamic_update_slice %{{[^ ]+}}, %[[UH]],
+// SPLIT-NEXT: stablehlo.return
+// SPLIT-NOT: annotate_device_placement
+// SPLIT: return %[[FW]]#2, %arg1, %[[FW]]#3, %[[FW]]#4 :
+// SPLIT: func.func @main_bwd({{.*}}, %arg2: tensor<3x2x4xf32> {mhlo.memory_kind = "pinned_host", remat.offload = "device:pinned_host"}
+// SPLIT-NOT: annotate_device_placement
+// SPLIT: stablehlo.while({{.*}}, %[[BH:[^ ]+]] = %arg2) :
+// SPLIT-NOT: annotate_device_placement
+// SPLIT: %[[RH:.*]] = stablehlo.dynamic_slice %[[BH]], %{{[^ ]+}}, %{{[^ ]+}}, %{{[^ ]+}}, sizes = [1, 2, 4]
+// SPLIT-NEXT: %[[HK:.*]] = stablehlo.reshape %[[RH]] : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+// SPLIT-NEXT: %[[V:.*]] = stablehlo.custom_call @annotate_device_placement(%[[HK]]) {{.*}}_xla_buffer_placement = "device"
+// SPLIT-NEXT: stablehlo.cosine %[[V]] {remat.recompute
+// SPLIT-NOT: annotate_device_placement
+// SPLIT: return
 module @scan_pair {
   func.func @main(%x: tensor<2x4xf32>, %ws: tensor<3x4x4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x4x4xf32>) {
     %c0 = stablehlo.constant dense<0> : tensor<i32>
