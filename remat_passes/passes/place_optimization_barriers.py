@@ -37,7 +37,9 @@ training step: per-use 5,512,796 B against per-region 3,861,084 B for Equinox un
 `nothing_saveable`, where the per-use barriers split fusions XLA could otherwise make;
 3,285,932 B against 3,734,388 B under `dots_saveable`); per-region reproduces
 `jax.checkpoint`'s footprint to within bytes. rp.jit compiles both on a backend that keeps
-barriers and runs the smaller.
+barriers and runs the smaller. With `function-region=true` (a module policy; `remat` sets it)
+the per-region barrier is JAX's whole one: it takes everything the backward reads from the
+forward and is placed even when nothing is recomputed (`place_over_residuals`).
 
 Run it in joint form on @<f>, in split form on @<f>_bwd. Inside scan loop bodies
 it places barriers only with `in-loops=true`: there the loop already keeps each
@@ -58,7 +60,7 @@ import dataclasses
 from remat_passes.analysis.function import RecomputeGroup, recompute_groups
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id, stablehlo
-from remat_passes.passes.base import ModulePass, option
+from remat_passes.passes.base import ModulePass, option, parse_bool
 
 
 def _incoming(group: RecomputeGroup, is_backward, cotangents) -> ir.Value | None:
@@ -262,6 +264,14 @@ def per_region(groups: list, position: dict) -> list:
     return out
 
 
+def _inputs_to_hide(group, is_shape) -> list:
+    """What a barrier for `group` would take: its inputs but shape values; none for a
+    shape computation (dimension sizes), where there is nothing to hide."""
+    if all(is_shape(r) for op in group.ops for r in op.results):
+        return []
+    return [v for v in group.inputs() if not is_shape(v)]
+
+
 def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None,
           is_shape=None, tie=None) -> int:
     """One barrier per group (but those `skip(group)` names); returns how many were placed.
@@ -282,9 +292,7 @@ def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None,
     for group in groups:
         if skip is not None and skip(group):
             continue
-        if all(is_shape(r) for op in group.ops for r in op.results):
-            continue        # a shape computation (dimension sizes): nothing to hide
-        inputs = [v for v in group.inputs() if not is_shape(v)]
+        inputs = _inputs_to_hide(group, is_shape)
         if not inputs or _already_placed(inputs):
             continue  # constants only: nothing to hide from CSE (or placed before)
         ct = _incoming(group, is_backward, cotangents)
@@ -316,6 +324,56 @@ def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None,
         graph.replace_reads_all(group.ops, mapping)
         placed += 1
     return placed
+
+
+def place_over_residuals(a, block, groups, is_shape, note=None) -> int:
+    """`groups=per-region` under a module policy (the whole function one checkpoint region,
+    no `rp.checkpoint` regions): one barrier before the region's backward begins (its first
+    op that reads the forward, or its first recomputation) over every forward value the
+    backward and the recompute `groups` read, with the incoming cotangent, as
+    `jax.checkpoint(f, policy)` lowers the backward of its region, even when nothing is
+    recomputed. It keeps XLA from fusing forward ops into the backward: the forward hands
+    over what the policy saves (a relu's mask as a `pred`, say) instead of the larger values
+    those are computed from (measured on an H200: conv net under everything_saveable,
+    joint, 2,469,964 B with it against 2,924,764 B without; JAX 2,469,972 B). Values made
+    after that point (an interleaved program, a group's late input) are read as they are;
+    place() then gives a group that reads one its own barrier. Returns 1 if placed."""
+    cotangents = {a.args[i] for i in a.cotangent_indices}
+    ops = [op.operation for op in block.operations][:-1]        # (not the return)
+    clone_ids = {op_id(op) for g in groups for op in g.ops}
+    forward, readers, first = set(), [], None
+    for op in ops:
+        if op_id(op) in clone_ids:
+            first = first or op
+            continue
+        if not a.is_backward(op):
+            if first is None and not contract.is_recompute_clone(op):
+                forward.update(op.results)
+            continue
+        reads = [v for v in graph.read_values(op) if v not in cotangents and (
+            v in forward or (isinstance(v, ir.BlockArgument) and v.owner == block))]
+        if any(not is_shape(v) for v in reads):
+            first = first or op
+            readers.append(op)
+    if first is None or contract.is_barrier(first):
+        return 0        # nothing read from the forward (or placed by an earlier run)
+    args = set(block.arguments)
+    values = []
+    for op in readers + [op for g in groups for op in g.ops]:
+        values += [v for v in graph.read_values(op) if not is_shape(v) and v not in cotangents
+                   and (v in forward or v in args)]
+    values = list(dict.fromkeys(values))
+    if not values or _already_placed(values):
+        return 0
+    ct = next((c for c in (a.args[i] for i in a.cotangent_indices) if _tieable(c)), None)
+    barrier = stablehlo.OptimizationBarrierOp(values + ([ct] if ct is not None else []),
+                                              ip=ir.InsertionPoint(first), loc=first.location)
+    contract.mark_barrier(barrier)
+    if note is not None:
+        note(barrier.operation, first)
+    graph.replace_reads_all(readers + [op for g in groups for op in g.ops],
+                            dict(zip(values, barrier.results)))
+    return 1
 
 
 def place_in_loops(func_op, tie=None) -> int:
@@ -388,6 +446,10 @@ class PlaceOptimizationBarriers(ModulePass):
     groups: str = option("per-use", "per-use: one barrier per recomputation, at its "
                          "consumer; per-region: one per checkpoint region, as jax.checkpoint",
                          parse_groups)
+    function_region: bool = option(
+        False, "the whole function is one checkpoint region (a module policy): with "
+        "groups=per-region and nothing recomputed, its backward still reads the forward "
+        "through one barrier, as jax.checkpoint(f, policy)", parse_bool)
 
     def apply(self, module_op, state) -> None:
         name = self.func
@@ -402,9 +464,17 @@ class PlaceOptimizationBarriers(ModulePass):
             if self.groups == "per-region":
                 groups = per_region(groups, {op_id(op): i for i, op in
                                              enumerate(graph.body_block(f).operations)})
-            place(groups, a.is_backward, [a.args[i] for i in a.cotangent_indices],
-                  lambda barrier, first: a.note_inserted(barrier, backward=True, before=first),
-                  _in_regions_without_barrier(module_op), _manual_test(a), _shape_test(a),
-                  tie=tie)
+
+            def note(barrier, first):
+                a.note_inserted(barrier, backward=True, before=first)
+            is_shape = _shape_test(a)
+            if self.groups == "per-region" and self.function_region and target == name \
+                    and tie is None and _manual_test(a) is None and not any(
+                        graph.scope_chain(op) for g in groups for op in g.ops):
+                place_over_residuals(a, graph.body_block(f),
+                                     [g for g in groups if _inputs_to_hide(g, is_shape)],
+                                     is_shape, note)
+            place(groups, a.is_backward, [a.args[i] for i in a.cotangent_indices], note,
+                  _in_regions_without_barrier(module_op), _manual_test(a), is_shape, tie=tie)
             if self.in_loops:
                 place_in_loops(f, tie=tie)

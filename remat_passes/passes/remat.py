@@ -69,6 +69,7 @@ class Remat(PartialEvalOptions, PipelinePass):
             steps.append(PlaceOptimizationBarriers(func=self.func,
                                                    in_loops=self.prevent_cse_in_loops,
                                                    tie_to_cotangent=self.tie_to_cotangent,
-                                                   groups=self.barrier_groups))
+                                                   groups=self.barrier_groups,
+                                                   function_region=self.policy is not None))
         steps += [AnnotateHostOffload(func=self.func), StripCheckpointNames()]
         return steps

@@ -13,6 +13,11 @@
 // RUN: sed -n '/^module @two_groups/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=REGION
 // RUN: sed -n '/^module @two_groups/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=REGION
 // RUN: sed -n '/^module @late_input/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=LATE
+// function-region=true (a module policy) on @saved_all, which recomputes nothing; without it
+// (and per-use) no barrier:
+// RUN: sed -n '/^module @saved_all/,/^}/p' %s | remat-opt --place-optimization-barriers='groups=per-region function-region=true' | filecheck %s --check-prefix=ALL
+// RUN: sed -n '/^module @saved_all/,/^}/p' %s | remat-opt --place-optimization-barriers='groups=per-region function-region=true' --place-optimization-barriers='groups=per-region function-region=true' | filecheck %s --check-prefix=ALL
+// RUN: sed -n '/^module @saved_all/,/^}/p' %s | remat-opt --place-optimization-barriers='groups=per-region' --place-optimization-barriers='function-region=true' | filecheck %s --check-prefix=NOBARRIER
 
 // The input is what remat-partial-eval leaves: recomputed ops carry
 // remat.recompute = <group>, one group per backward op that needed them,
@@ -482,5 +487,37 @@ module @late_input {
     %g2 = stablehlo.multiply %g1, %a2 : tensor<4xf32>
     %o = stablehlo.add %c, %t : tensor<4xf32>
     return %o, %g2 : tensor<4xf32>, tensor<4xf32>
+  }
+}
+
+// -----
+
+// groups=per-region under a module policy (function-region=true) that recomputes nothing:
+// as jax.checkpoint(f, everything_saveable) lowers it, the backward reads the forward
+// through one barrier with the cotangent, placed before the first backward op that reads
+// the forward: the relu mask (i1), the argument and the constant-free values. Backward ops
+// that read only the cotangent come before it; %late, made after that op, is read as it is.
+// ALL-LABEL: module @saved_all
+// ALL: %[[M:.*]] = stablehlo.compare GT, %arg0, %{{.*}}
+// ALL: %[[G0:.*]] = stablehlo.negate %arg1
+// ALL-NEXT: %[[B:.*]]:3 = stablehlo.optimization_barrier {{[^%]*}}%[[M]], %arg0, %arg1 : tensor<4xi1>, tensor<4xf32>, tensor<4xf32>
+// ALL-NEXT: %[[S:.*]] = stablehlo.select %[[B]]#0, %[[G0]], %{{.*}}
+// ALL-NEXT: %[[G1:.*]] = stablehlo.multiply %[[S]], %[[B]]#1
+// ALL-NEXT: %[[L:.*]] = stablehlo.tanh %arg0
+// ALL-NEXT: stablehlo.add %[[G1]], %[[L]]
+// ALL-NOT: optimization_barrier
+// NOBARRIER-LABEL: module @saved_all
+// NOBARRIER-NOT: optimization_barrier
+module @saved_all {
+  func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+    %z = stablehlo.constant dense<0.000000e+00> : tensor<4xf32>
+    %m = stablehlo.compare GT, %x, %z : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %r = stablehlo.select %m, %x, %z : tensor<4xi1>, tensor<4xf32>
+    %g0 = stablehlo.negate %ct : tensor<4xf32>
+    %s = stablehlo.select %m, %g0, %z : tensor<4xi1>, tensor<4xf32>
+    %g1 = stablehlo.multiply %s, %x : tensor<4xf32>
+    %late = stablehlo.tanh %x : tensor<4xf32>
+    %g2 = stablehlo.add %g1, %late : tensor<4xf32>
+    return %r, %g2 : tensor<4xf32>, tensor<4xf32>
   }
 }

@@ -86,3 +86,4 @@ def test_barriers_dry_run_measures_both_groupings_and_renders(tmp_path):
     assert len(barriers.checks(data)) == 1 + 3   # joint: footprint; split: it and each half
     text = barriers.render(data)
     assert "## Where the barriers go" in text and "| mlp | `nothing` | joint |" in text
+    assert "Temp bytes alone" in text       # the halves' temp, beside the footprint checks

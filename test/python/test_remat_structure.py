@@ -590,6 +590,42 @@ def test_per_region_barriers_one_per_checkpoint_region(mode):
         rp.remat(rp.export_vjp(plain, *args), barrier_groups="per-layer")
 
 
+def _barrier_operands(text: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(
+        r"stablehlo\.optimization_barrier(?: \{[^}]*\})? ([^:]*) :", text)]
+
+
+def test_per_region_under_module_policy_routes_every_residual_like_jax():
+    """Under a module policy, per-region's barrier takes everything the backward reads from
+    the forward (what the policy saves, the arguments it reads) with the cotangent, as JAX's
+    `jit(grad(checkpoint(f, policy)))` has it, also when nothing is recomputed
+    (everything_saveable: JAX still places that barrier; our per-use has none). No policy:
+    no region, no barrier. Gradients: jax.vjp's."""
+    def f(W, x):
+        h = jax.nn.relu(x @ W)
+        return jnp.sum(jnp.sin(h @ W))
+    W = jnp.linspace(-1.0, 1.0, 16).reshape(4, 4)
+    x = jnp.linspace(-2.0, 2.0, 8).reshape(2, 4)
+    module = rp.export_vjp(f, W, x)
+    out, ct, grads = reference_vjp(f, (W, x))
+    jax_text = jax.jit(jax.grad(jax.checkpoint(
+        f, policy=jax.checkpoint_policies.everything_saveable))).lower(
+        W, x).as_text()
+    assert _barriers(jax_text) == 1
+    for policy in (P.everything_saveable, P.dots_saveable):
+        ours = rp.remat(module, policy, barrier_groups="per-region")
+        [operands] = _barrier_operands(str(ours))
+        names = [o.strip() for o in operands.split(",")]
+        # the arguments the backward reads, at least one saved value, the cotangent last
+        assert {"%arg0", "%arg1"} <= set(names) and names[-1] == "%arg2"
+        assert any(not n.startswith("%arg") for n in names)
+        assert_trees_close(run_joint(ours, (W, x), ct), leaves(out) + leaves(grads))
+    assert _barriers(str(rp.remat(module, P.everything_saveable))) == 0       # per-use
+    assert _barriers(str(rp.remat(module, None, barrier_groups="per-region"))) == 0
+    split = rp.remat(module, P.everything_saveable, mode="split", barrier_groups="per-region")
+    assert _barriers(str(split)) == 0     # split: the halves already keep the forward apart
+
+
 @pytest.mark.parametrize("mode", ["joint", "split"])
 def test_remat_groupings_plans_once_and_gives_what_remat_gives(mode):
     """rp.jit's build of both barrier groupings: the same modules as two rp.remat calls,

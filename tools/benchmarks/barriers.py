@@ -86,7 +86,11 @@ def measure(models=tuple(MODELS), path: Path | None = None, time_limit: float | 
 
 def checks(data) -> list[tuple[str, bool]]:
     """The smaller grouping (rp.jit's default there) within JAX's footprint + 2%, and in
-    split form each half's temp bytes within JAX's + 2%, per row."""
+    split form each half's footprint within JAX's + 2%, per row. (Not each half's temp
+    bytes alone: JAX's forward also returns the parameters the backward reads, as copies,
+    and its backward the batch's cotangent; XLA puts scratch values and loop-carried copies
+    in those output buffers before it writes them, so its temp is smaller while its
+    footprint is larger; see `temp_note`.)"""
     out = []
     for r in data["rows"]:
         if "error" in r:
@@ -98,9 +102,34 @@ def checks(data) -> list[tuple[str, bool]]:
                     f"({best}) <= JAX's {jax_:,} B + 2%", ours <= jax_ * SLACK))
         if r["form"] == "split":
             for half, (o, j) in zip(("forward", "backward"), zip(r[best], r["jax"])):
-                out.append((f"{r['model']} {r['policy']} split {half} temp {o['temp']:,} B "
-                            f"<= JAX's {j['temp']:,} B + 2%", o["temp"] <= j["temp"] * SLACK))
+                mine, theirs = common.xla_footprint(o), common.xla_footprint(j)
+                out.append((f"{r['model']} {r['policy']} split {half} footprint {mine:,} B "
+                            f"<= JAX's {theirs:,} B + 2%", mine <= theirs * SLACK))
     return out
+
+
+def temp_note(data) -> str:
+    """The split halves whose temp bytes alone are above JAX's, and what JAX's half returns
+    beyond ours there."""
+    above, extra = 0, []
+    halves = 0
+    for r in data["rows"]:
+        if r["form"] != "split" or "error" in r:
+            continue
+        best = min(GROUPINGS, key=lambda w: common.xla_peak(r[w]))
+        for o, j in zip(r[best], r["jax"]):
+            halves += 1
+            if o["temp"] > j["temp"] * SLACK:
+                above += 1
+                extra.append(j["out"] - o["out"])
+    if not above:
+        return f"Temp bytes alone: every split half within JAX's + 2% ({halves} halves)."
+    return (f"Temp bytes alone are above JAX's + 2% in {above} of {halves} split halves, "
+            f"but in each of them JAX's half returns {min(extra):,} to {max(extra):,} B more "
+            "than ours (JAX's forward returns the parameters the backward reads, as copies; "
+            "its backward also returns the batch's cotangent), and XLA keeps scratch values "
+            "and loop-carried copies in those output buffers before it writes them; the "
+            "footprint check above counts both.")
 
 
 def render(data) -> str:
@@ -129,7 +158,8 @@ def render(data) -> str:
         lines.append(f"| {r['model']} | `{r['policy']}` | {r['form']} | " + " | ".join(cells)
                      + f" | {sizes['jax']:,} | {sizes[best] / sizes['jax']:.2f}x |")
     failed = [t for t, ok in checks(data) if not ok]
-    lines += ["", f"Checks (footprint, and split temp per half, within JAX's + 2%): "
-              f"{len(checks(data)) - len(failed)} of {len(checks(data))} hold"
-              + (": not " + "; not ".join(failed) if failed else "") + ".", ""]
+    lines += ["", f"Checks (footprint, and in split form each half's footprint, within "
+              f"JAX's + 2%): {len(checks(data)) - len(failed)} of {len(checks(data))} hold"
+              + (": not " + "; not ".join(failed) if failed else "") + ".", "",
+              temp_note(data), ""]
     return "\n".join(lines) + "\n"
