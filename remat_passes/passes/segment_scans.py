@@ -97,15 +97,24 @@ class SegmentScans(ModulePass):
             # (found afresh, not the kept analysis's: insert-reduce-precision may have
             # rounded a stacked value inside a body since, and the copy must write that)
             pairs = scan_pairs.find_pairs_in_block(graph.body_block(func))
-            unpaired = _unpaired_forward_loops(func, pairs, state.analysis(func)) \
-                if segments and len(pairs) < _while_count(func) else 0
+            manual = scan_segments.find_manual_pairs(graph.body_block(func))
+            found = pairs + [p for _, _, ps in manual for p in ps]
+            unpaired = _unpaired_forward_loops(func, found, state.analysis(func)) \
+                if segments and len(found) < _while_count(func) else 0
             if unpaired:
                 state.remarks.append(Remark(
                     f"@{self.func}: {unpaired} scan loop(s) were not segmented: their stacks "
-                    "reach the backward loop through a shard_map boundary or other ops, or they "
-                    "sit inside a shard_map body (segment-scans takes the loop pairs at the "
-                    "function's top level)", func.location))
+                    "reach the backward loop through other ops than a return (a GSPMD "
+                    "shard_map boundary, say); segment-scans takes the loop pairs at the "
+                    "function's top level and those of a shard_map's forward and backward "
+                    "bodies", func.location))
             self._segment_pairs(pairs, segments, state, done)
+            for fwd_mc, bwd_mc, in_bodies in manual:    # a scan inside a shard_map body
+                crossing = scan_segments.ManualCrossing(fwd_mc, bwd_mc)
+                before = len(done)
+                self._segment_pairs(in_bodies, segments, state, done, crossing)
+                if len(done) > before:
+                    crossing.finish()
             if done:                  # the stacks' zero initial values, now unread
                 graph.erase_unused_in_block(graph.body_block(func))
                 state.drop()
@@ -124,7 +133,9 @@ class SegmentScans(ModulePass):
                 state.remarks.append(Remark(f"@{self.func}: a scan loop was not segmented: "
                                             f"{why}", location))
                 continue
-            done.append(scan_segments.segment(why, crossing, self.offload))
+            offload = None if isinstance(crossing, scan_segments.ManualCrossing) \
+                else self.offload   # (in a shard_map body the saved carries stay on the device)
+            done.append(scan_segments.segment(why, crossing, offload))
             state.remarks.append(Remark(f"@{self.func}: {done[-1].text()}", location))
 
     def _split(self, module_op, segments, state) -> None:

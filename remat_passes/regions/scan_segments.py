@@ -449,14 +449,21 @@ def find_split_pairs(fwd_func, bwd_func) -> list[Pair]:
     bargs = list(graph.body_block(bwd_func).arguments)
     crossed = {bargs[k]: ret.operands[i]
                for k, i in enumerate(contract.residual_results(fwd_func))}
+    return _pairs_across(graph.body_block(fwd_func), graph.body_block(bwd_func), crossed)
+
+
+def _pairs_across(fwd_block, bwd_block, crossed: dict) -> list[Pair]:
+    """Scan pairs between two blocks: a forward loop of `fwd_block` whose stack crosses
+    (`crossed`: a block argument of `bwd_block` -> the value of `fwd_block` it stands for)
+    and a backward loop of `bwd_block` that reads it."""
     loops = [scan_pairs.analyse_forward(op.operation)
-             for op in graph.body_block(fwd_func).operations if op.operation.name == WHILE]
+             for op in fwd_block.operations if op.operation.name == WHILE]
     stack_of = {}
     for loop in loops:
         for c in (loop.stacked if loop is not None else ()):
             stack_of[loop.op.results[c]] = (loop, c)
     pairs = []
-    for op in graph.body_block(bwd_func).operations:
+    for op in bwd_block.operations:
         bwd = op.operation
         if bwd.name != WHILE:
             continue
@@ -574,6 +581,105 @@ class Crossing:
             records.append(Residual(graph.jax_type_str(v.type), d, nbytes,
                                     argument=isinstance(v, ir.BlockArgument)))
         return records
+
+
+# ------------------------------------------------- inside shard_map bodies --
+def find_manual_pairs(block) -> list[tuple]:
+    """(forward manual computation, backward one, their scan pairs): a shard_map under a
+    VJP is two `sdy.manual_computation`s, the forward one returning the stacks of the scan
+    in its body, the backward one taking them as operands for the scan in its own."""
+    mcs = [op.operation for op in block.operations
+           if op.operation.name == graph.MANUAL_COMPUTATION]
+    found = []
+    for a in mcs:
+        yields = graph.terminator(a.regions[0].blocks[0]).operands
+        for b in mcs:
+            body = b.regions[0].blocks[0]
+            crossed = {body.arguments[j]: yields[v.result_number]
+                       for j, v in enumerate(b.operands)
+                       if isinstance(v, ir.OpResult) and op_id(v.owner) == op_id(a)}
+            pairs = _pairs_across(a.regions[0].blocks[0], body, crossed) if crossed else []
+            if pairs:
+                found.append((a, b, pairs))
+    return found
+
+
+class ManualCrossing:
+    """`Crossing` between two manual computations (a shard_map's forward and backward
+    bodies): `bring` gives a stand-in in the backward body for a value of the forward body;
+    `finish` makes each a new result of the forward computation and a new operand of the
+    backward one, laid out as JAX lays out shard_map residuals (its first dimension sharded
+    over the manual axes it varies over, `residual_layout`), and drops the stacks nothing
+    reads any more. The memory kind of an offloaded value is not carried across (the
+    saved carries stay on the device there)."""
+
+    def __init__(self, fwd_mc, bwd_mc):
+        self.fwd, self.bwd = fwd_mc, bwd_mc
+        self.wanted = []        # (stand-in in the backward body, its slot in the return)
+
+    def bring(self, value, ip, memory_kind: str | None = None):
+        """A stand-in in the backward body; the forward body returns `value` at once, past
+        the computation's results (so that later rewrites keep it current) until
+        `finish`."""
+        stand_in = _zeros(value.type, ip)
+        ret = graph.terminator(self.fwd.regions[0].blocks[0])
+        self.wanted.append((stand_in, len(ret.operands)))
+        ir.Operation.create("sdy.return", operands=list(ret.operands) + [value],
+                            loc=ret.location, ip=ir.InsertionPoint(ret))
+        ret.erase()
+        return stand_in
+
+    def drop_stacks(self, values) -> None:
+        """(The stacks go in `finish`, with every result nothing reads.)"""
+
+    def finish(self) -> None:
+        from remat_passes.regions.shard_map_rewrite import new_manual, shrunk
+        from remat_passes.sharding.sdy import (manual_axes, mesh_of, residual_layout,
+                                               shardings, varying_axes)
+        a, b = self.fwd, self.bwd
+        body_a, body_b = a.regions[0].blocks[0], b.regions[0].blocks[0]
+        ret = graph.terminator(body_a)
+        n_old = len(a.results)
+        values = list(ret.operands)[n_old:]
+        mesh_ref, mesh = mesh_of(a)
+        varying = varying_axes(a, mesh)
+        every = frozenset(manual_axes(a))
+        layouts = [residual_layout(v, varying.get(v, every), mesh, mesh_ref) for v in values]
+        ip = ir.InsertionPoint(ret)
+        returned = list(ret.operands)[:n_old] + [
+            v if local == v.type else _op("stablehlo.reshape", [v], local, ip)
+            for v, (local, _, _) in zip(values, layouts)]
+        ir.Operation.create("sdy.return", operands=returned, loc=ret.location, ip=ip)
+        ret.erase()
+        new_a = new_manual(a, list(a.operands),
+                           [r.type for r in a.results] + [g for _, g, _ in layouts],
+                           shardings(a, "in_shardings"),
+                           shardings(a, "out_shardings") + [s for _, _, s in layouts],
+                           ir.InsertionPoint(a), a.location)
+        body_a.append_to(new_a.regions[0])
+        for k, r in enumerate(a.results):
+            r.replace_all_uses_with(new_a.results[k])
+        a.erase()
+        args = [body_b.add_argument(local, b.location) for local, _, _ in layouts]
+        top = ir.InsertionPoint.at_block_begin(body_b)
+        for stand_in, at in self.wanted:
+            arg = args[at - n_old]
+            stand_in.replace_all_uses_with(
+                arg if arg.type == stand_in.type else
+                _op("stablehlo.reshape", [arg], stand_in.type, top))
+            stand_in.owner.erase()
+        new_b = new_manual(b, list(b.operands) + list(new_a.results)[n_old:],
+                           [r.type for r in b.results],
+                           shardings(b, "in_shardings") + [s for _, _, s in layouts],
+                           shardings(b, "out_shardings"), ir.InsertionPoint(b), b.location)
+        body_b.append_to(new_b.regions[0])
+        for k, r in enumerate(b.results):
+            r.replace_all_uses_with(new_b.results[k])
+        b.erase()
+        # the stacks the backward body no longer reads, and the results that carried them
+        shrunk(new_b, list(range(len(new_b.results))), drop_unused_args=True)
+        shrunk(new_a, [k for k, r in enumerate(new_a.results)
+                       if next(iter(r.uses), None) is not None], drop_unused_args=False)
 
 
 def _kind_entry(kind: str | None) -> dict:

@@ -245,7 +245,7 @@ def plan_pair(pair: ShardMapPair, verdict) -> ShardMapPairPlan:
 
 
 # -------------------------------------------------------------- rewriting --
-def _new_manual(like, operands, result_types, ins, outs, ip, loc):
+def new_manual(like, operands, result_types, ins, outs, ip, loc):
     """A manual computation with `like`'s attributes but the given shardings (regions
     are filled by the caller)."""
     attrs = {name: like.attributes[name] for name in list(like.attributes)}
@@ -300,7 +300,7 @@ def materialize_pair(plan: ShardMapPairPlan, mark_clone, next_group):
                         ip=ir.InsertionPoint(ret))
     ret.erase()
     types = [old.results[k].type for k in plan.primal] + [g for _, g, _ in layouts]
-    new = _new_manual(old, list(old.operands), types, ins,
+    new = new_manual(old, list(old.operands), types, ins,
                       [outs[k] for k in plan.primal] + [s for _, _, s in layouts],
                       ir.InsertionPoint(old), loc)
     body.append_to(new.regions[0])
@@ -355,7 +355,7 @@ def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc
             r_ins.append(sharding)
             local_types.append(local)
     r_types = [pair.fwd.results[k].type for k in plan.r_results]
-    r = _new_manual(new, operands, r_types, r_ins, [outs[k] for k in plan.r_results],
+    r = new_manual(new, operands, r_types, r_ins, [outs[k] for k in plan.r_results],
                     ir.InsertionPoint(_r_position(plan)), loc)
     block = r.regions[0].blocks.append(*local_types,
                                        arg_locs=[loc] * len(local_types))
@@ -453,17 +453,17 @@ def tidy(analysis, twins_read: set, rewritten: list) -> bool:
         changed = True
         renumber = {old: new for new, old in enumerate(keep)}
         rw.twins = [(n, renumber[i]) for n, i in read_twins]
-        rw.recompute = _shrunk(r, keep, drop_unused_args=True)
+        rw.recompute = shrunk(r, keep, drop_unused_args=True)
         fwd_keep = [i for i, v in enumerate(rw.fwd.results)
                     if i < rw.primal or next(iter(v.uses), None) is not None]
         if len(fwd_keep) < len(rw.fwd.results):
-            rw.fwd = _shrunk(rw.fwd, fwd_keep, drop_unused_args=False)
+            rw.fwd = shrunk(rw.fwd, fwd_keep, drop_unused_args=False)
         if rw.recompute is not None and not rw.twins:
             _move_before_first_user(rw.recompute, block)
     return changed
 
 
-def _shrunk(op, keep: list, drop_unused_args: bool):
+def shrunk(op, keep: list, drop_unused_args: bool):
     """Replace manual computation `op` by one returning only the results `keep` (and,
     with `drop_unused_args`, taking only the operands its body still reads); None if
     nothing is kept (it is erased)."""
@@ -479,7 +479,7 @@ def _shrunk(op, keep: list, drop_unused_args: bool):
     args = [i for i, a in enumerate(body.arguments)
             if not drop_unused_args or next(iter(a.uses), None) is not None]
     ins, outs = shardings(op, "in_shardings"), shardings(op, "out_shardings")
-    new = _new_manual(op, [op.operands[i] for i in args], [op.results[i].type for i in keep],
+    new = new_manual(op, [op.operands[i] for i in args], [op.results[i].type for i in keep],
                       [ins[i] for i in args], [outs[i] for i in keep],
                       ir.InsertionPoint(op), op.location)
     for i in reversed(range(len(body.arguments))):

@@ -6,6 +6,7 @@
 // RUN: remat-opt %s --split-input-file --remat-partial-eval=mode=split --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=SPLIT
 // RUN: remat-opt %s --split-input-file --segment-scans=segments=3x2 2>/dev/null | filecheck %s --check-prefix=THREE
 // RUN: remat-opt %s --split-input-file --remat-partial-eval=mode=split --segment-scans='segments=2 offload=pinned_host' 2>/dev/null | filecheck %s --check-prefix=OFFLOAD
+// RUN: sed -n '/^module @shard_map_scan/,/^}/p' %s | remat-opt --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=MANUAL
 
 // Three levels (segments=3x2): in the backward, a segment of 3 is rerun to save its carry
 // every 2 iterations (2 + 1 saved carries and a scratch slot), then a sub-segment of 2
@@ -201,4 +202,165 @@ func.func public @main(%arg0: tensor<2x2xf32>, %arg1: tensor<2x2xf32>, %arg2: te
     stablehlo.return %iterArg, %iterArg_7, %iterArg_8, %22, %18, %19, %21 : tensor<2x2xf32>, tensor<2x2xf32>, tensor<2x2xf32>, tensor<i32>, tensor<2x2xf32>, tensor<2xf32>, tensor<2x2xf32>
   }
   return %4, %8#4, %8#6 : tensor<f32>, tensor<2x2xf32>, tensor<2x2xf32>
+}
+
+// -----
+
+// A scan inside a shard_map body (Shardy): the VJP's forward manual computation runs the
+// forward loop and returns its stacks, the backward one takes them for the backward loop
+// (jax.export of a pmean-in-the-body scan over 2 devices, 4 iterations, after remat). The
+// forward loop now keeps its carry every 2 iterations; the forward computation returns
+// those saved carries ([3,1,4] per device, [6,1,4] sharded over "data" on its first
+// dimension, as JAX lays out shard_map residuals) and the loop's invariants instead of the
+// four [4,1,4] stacks, and the backward computation reruns each segment in a loop of its
+// own inside the backward loop.
+// MANUAL-LABEL: module @shard_map_scan
+// MANUAL: sdy.manual_computation(%arg0, %arg1)
+// MANUAL: stablehlo.remainder
+// MANUAL: sdy.return {{.*}}, tensor<3x1x4xf32>{{$}}
+// MANUAL-NEXT: } : (tensor<4x4xf32>, tensor<4x2x4xf32>) -> (tensor<f32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<8x1x4xf32>, tensor<f32>, tensor<4x4xf32>, tensor<6x1x4xf32>)
+// MANUAL: %[[B:.*]]:2 = sdy.manual_computation({{.*}}) in_shardings=[{{.*}}, <@mesh, [{"data"}, {}, {}]>]
+// MANUAL: stablehlo.while
+// MANUAL: stablehlo.while
+// MANUAL: } : ({{.*}}, tensor<6x1x4xf32>) -> (tensor<4x4xf32>, tensor<4x2x4xf32>)
+// MANUAL: return %{{.*}}, %[[B]]#0, %[[B]]#1
+module @shard_map_scan attributes {jax.uses_shape_polymorphism = false, mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["data"=2]> {stablehlo.mesh = {axes = [{name = "data", size = 2 : i64}]}}
+  sdy.mesh @empty_mesh = <[]> {stablehlo.mesh = {axes = []}}
+  func.func public @main(%arg0: tensor<4x4xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {}]>}, %arg1: tensor<4x2x4xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"data"}, {}]>}, %arg2: tensor<f32> {remat.cotangent, sdy.sharding = #sdy.sharding<@empty_mesh, []>}) -> (tensor<f32> {jax.result_info = "result[0]"}, tensor<4x4xf32> {jax.result_info = "result[1][0]", remat.gradient}, tensor<4x2x4xf32> {jax.result_info = "result[1][1]", remat.gradient}) {
+    %0:9 = sdy.manual_computation(%arg0, %arg1) in_shardings=[<@mesh, [{}, {}]>, <@mesh, [{}, {"data"}, {}]>] out_shardings=[<@mesh, []>, <@mesh, [{"data"}, {}]>, <@mesh, [{"data"}, {}]>, <@mesh, [{"data"}, {}, {}]>, <@mesh, [{"data"}, {}, {}]>, <@mesh, [{"data"}, {}, {}]>, <@mesh, [{"data"}, {}, {}]>, <@mesh, [{"data"}, {}]>, <@mesh, []>] manual_axes={"data"} (%arg3: tensor<4x4xf32>, %arg4: tensor<4x1x4xf32>) {
+      %c = stablehlo.constant dense<1> : tensor<i32>
+      %c_0 = stablehlo.constant dense<4> : tensor<i32>
+      %c_1 = stablehlo.constant dense<0> : tensor<i32>
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %cst_2 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+      %3 = stablehlo.slice %arg4 [0:1, 0:1, 0:4] : (tensor<4x1x4xf32>) -> tensor<1x1x4xf32>
+      %4 = stablehlo.reshape %3 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+      %5 = stablehlo.tanh %4 : tensor<1x4xf32>
+      %6 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+      %7 = stablehlo.subtract %6, %5 : tensor<1x4xf32>
+      %8 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+      %9 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+      %10 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+      %11 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+      // expected-remark @+1 {{runs in segments of 2: it keeps 2 carries (+1 scratch each, 48 B) and 2 slots (128 B) instead of 4 slots (256 B), for one more run of its body per iteration}}
+      %12:9 = stablehlo.while(%iterArg = %arg4, %iterArg_3 = %cst_2, %iterArg_4 = %arg3, %iterArg_5 = %c_1, %iterArg_6 = %5, %iterArg_7 = %8, %iterArg_8 = %9, %iterArg_9 = %10, %iterArg_10 = %11) : tensor<4x1x4xf32>, tensor<f32>, tensor<4x4xf32>, tensor<i32>, tensor<1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>
+      cond {
+        %16 = stablehlo.compare LT, %iterArg_5, %c_0, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+        stablehlo.return %16 : tensor<i1>
+      } do {
+        %c_11 = stablehlo.constant dense<0> : tensor<i32>
+        %16 = stablehlo.dynamic_slice %iterArg, %iterArg_5, %c_11, %c_11, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+        %17 = stablehlo.reshape %16 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+        %cst_12 = stablehlo.constant dense<2.000000e+00> : tensor<f32>
+        %18 = stablehlo.dot_general %iterArg_6, %iterArg_4, contracting_dims = [1] x [0] : (tensor<1x4xf32>, tensor<4x4xf32>) -> tensor<1x4xf32>
+        %19 = stablehlo.add %18, %17 : tensor<1x4xf32>
+        %20 = stablehlo.sine %iterArg_6 : tensor<1x4xf32>
+        %21 = stablehlo.cosine %iterArg_6 : tensor<1x4xf32>
+        %22 = "stablehlo.all_reduce"(%20) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+        ^bb0(%arg5: tensor<f32>, %arg6: tensor<f32>):
+          %38 = stablehlo.add %arg5, %arg6 : tensor<f32>
+          stablehlo.return %38 : tensor<f32>
+        }) : (tensor<1x4xf32>) -> tensor<1x4xf32>
+        %23 = stablehlo.broadcast_in_dim %cst_12, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+        %24 = stablehlo.divide %22, %23 : tensor<1x4xf32>
+        %25 = stablehlo.add %19, %24 : tensor<1x4xf32>
+        %26 = stablehlo.tanh %25 : tensor<1x4xf32>
+        %27 = stablehlo.broadcast_in_dim %iterArg_3, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+        %28 = stablehlo.subtract %27, %26 : tensor<1x4xf32>
+        %c_13 = stablehlo.constant dense<0> : tensor<i32>
+        %29 = stablehlo.broadcast_in_dim %iterArg_6, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+        %30 = stablehlo.dynamic_update_slice %iterArg_7, %29, %iterArg_5, %c_13, %c_13 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+        %c_14 = stablehlo.constant dense<0> : tensor<i32>
+        %31 = stablehlo.broadcast_in_dim %21, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+        %32 = stablehlo.dynamic_update_slice %iterArg_8, %31, %iterArg_5, %c_14, %c_14 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+        %c_15 = stablehlo.constant dense<0> : tensor<i32>
+        %33 = stablehlo.broadcast_in_dim %26, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+        %34 = stablehlo.dynamic_update_slice %iterArg_9, %33, %iterArg_5, %c_15, %c_15 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+        %c_16 = stablehlo.constant dense<0> : tensor<i32>
+        %35 = stablehlo.broadcast_in_dim %28, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+        %36 = stablehlo.dynamic_update_slice %iterArg_10, %35, %iterArg_5, %c_16, %c_16 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+        %37 = stablehlo.add %iterArg_5, %c : tensor<i32>
+        stablehlo.return %iterArg, %iterArg_3, %iterArg_4, %37, %26, %30, %32, %34, %36 : tensor<4x1x4xf32>, tensor<f32>, tensor<4x4xf32>, tensor<i32>, tensor<1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>
+      }
+      %13 = stablehlo.multiply %12#4, %12#4 : tensor<1x4xf32>
+      %14 = stablehlo.reduce(%13 init: %cst) applies stablehlo.add across dimensions = [0, 1] : (tensor<1x4xf32>, tensor<f32>) -> tensor<f32>
+      %15 = "stablehlo.all_reduce"(%14) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+      ^bb0(%arg5: tensor<f32>, %arg6: tensor<f32>):
+        %16 = stablehlo.add %arg5, %arg6 : tensor<f32>
+        stablehlo.return %16 : tensor<f32>
+      }) : (tensor<f32>) -> tensor<f32>
+      sdy.return %15, %5, %7, %12#5, %12#6, %12#7, %12#8, %12#4, %15 : tensor<f32>, tensor<1x4xf32>, tensor<1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<1x4xf32>, tensor<f32>
+    } : (tensor<4x4xf32>, tensor<4x2x4xf32>) -> (tensor<f32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<8x1x4xf32>, tensor<8x1x4xf32>, tensor<8x1x4xf32>, tensor<8x1x4xf32>, tensor<2x4xf32>, tensor<f32>)
+    %1 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{}, {}]>] out_shardings=[<@mesh, [{"data"}, {}]>] manual_axes={"data"} (%arg3: tensor<4x4xf32>) {
+      sdy.return %arg3 : tensor<4x4xf32>
+    } : (tensor<4x4xf32>) -> tensor<8x4xf32>
+    %2:2 = sdy.manual_computation(%arg2, %0#1, %0#2, %1, %0#3, %0#4, %0#5, %0#6, %0#7) in_shardings=[<@mesh, []>, <@mesh, [{"data"}, {}]>, <@mesh, [{"data"}, {}]>, <@mesh, [{"data"}, {}]>, <@mesh, [{"data"}, {}, {}]>, <@mesh, [{"data"}, {}, {}]>, <@mesh, [{"data"}, {}, {}]>, <@mesh, [{"data"}, {}, {}]>, <@mesh, [{"data"}, {}]>] out_shardings=[<@mesh, [{}, {}]>, <@mesh, [{}, {"data"}, {}]>] manual_axes={"data"} (%arg3: tensor<f32>, %arg4: tensor<1x4xf32>, %arg5: tensor<1x4xf32>, %arg6: tensor<4x4xf32>, %arg7: tensor<4x1x4xf32>, %arg8: tensor<4x1x4xf32>, %arg9: tensor<4x1x4xf32>, %arg10: tensor<4x1x4xf32>, %arg11: tensor<1x4xf32>) {
+      %c = stablehlo.constant dense<1> : tensor<i32>
+      %c_0 = stablehlo.constant dense<4> : tensor<i32>
+      %c_1 = stablehlo.constant dense<0> : tensor<i32>
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+      %4 = stablehlo.multiply %arg11, %3 : tensor<1x4xf32>
+      %5 = stablehlo.multiply %3, %arg11 : tensor<1x4xf32>
+      %6 = stablehlo.add %4, %5 : tensor<1x4xf32>
+      %7 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x4xf32>
+      %8 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+      %9:9 = stablehlo.while(%iterArg = %arg7, %iterArg_2 = %arg8, %iterArg_3 = %arg9, %iterArg_4 = %arg10, %iterArg_5 = %arg6, %iterArg_6 = %c_1, %iterArg_7 = %7, %iterArg_8 = %6, %iterArg_9 = %8) : tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x4xf32>, tensor<i32>, tensor<4x4xf32>, tensor<1x4xf32>, tensor<4x1x4xf32>
+      cond {
+        %16 = stablehlo.compare LT, %iterArg_6, %c_0, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+        stablehlo.return %16 : tensor<i1>
+      } do {
+        %16 = stablehlo.subtract %c_0, %iterArg_6 : tensor<i32>
+        %17 = stablehlo.subtract %16, %c : tensor<i32>
+        %c_10 = stablehlo.constant dense<0> : tensor<i32>
+        %18 = stablehlo.dynamic_slice %iterArg, %17, %c_10, %c_10, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+        %19 = stablehlo.reshape %18 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+        %c_11 = stablehlo.constant dense<0> : tensor<i32>
+        %20 = stablehlo.dynamic_slice %iterArg_2, %17, %c_11, %c_11, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+        %21 = stablehlo.reshape %20 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+        %c_12 = stablehlo.constant dense<0> : tensor<i32>
+        %22 = stablehlo.dynamic_slice %iterArg_3, %17, %c_12, %c_12, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+        %23 = stablehlo.reshape %22 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+        %c_13 = stablehlo.constant dense<0> : tensor<i32>
+        %24 = stablehlo.dynamic_slice %iterArg_4, %17, %c_13, %c_13, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+        %25 = stablehlo.reshape %24 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+        %cst_14 = stablehlo.constant dense<2.000000e+00> : tensor<f32>
+        %26 = stablehlo.multiply %iterArg_8, %25 : tensor<1x4xf32>
+        %27 = stablehlo.multiply %26, %23 : tensor<1x4xf32>
+        %28 = stablehlo.add %26, %27 : tensor<1x4xf32>
+        %29 = "stablehlo.all_reduce"(%28) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+        ^bb0(%arg12: tensor<f32>, %arg13: tensor<f32>):
+          %42 = stablehlo.add %arg12, %arg13 : tensor<f32>
+          stablehlo.return %42 : tensor<f32>
+        }) : (tensor<1x4xf32>) -> tensor<1x4xf32>
+        %30 = stablehlo.broadcast_in_dim %cst_14, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+        %31 = stablehlo.divide %29, %30 : tensor<1x4xf32>
+        %32 = stablehlo.multiply %31, %21 : tensor<1x4xf32>
+        %33 = stablehlo.dot_general %28, %19, contracting_dims = [0] x [0] : (tensor<1x4xf32>, tensor<1x4xf32>) -> tensor<4x4xf32>
+        %34 = stablehlo.transpose %33, dims = [1, 0] : (tensor<4x4xf32>) -> tensor<4x4xf32>
+        %35 = stablehlo.dot_general %28, %iterArg_5, contracting_dims = [1] x [1] : (tensor<1x4xf32>, tensor<4x4xf32>) -> tensor<1x4xf32>
+        %36 = stablehlo.add %32, %35 : tensor<1x4xf32>
+        %37 = "stablehlo.all_reduce"(%34) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+        ^bb0(%arg12: tensor<f32>, %arg13: tensor<f32>):
+          %42 = stablehlo.add %arg12, %arg13 : tensor<f32>
+          stablehlo.return %42 : tensor<f32>
+        }) : (tensor<4x4xf32>) -> tensor<4x4xf32>
+        %38 = stablehlo.add %iterArg_7, %37 : tensor<4x4xf32>
+        %c_15 = stablehlo.constant dense<0> : tensor<i32>
+        %39 = stablehlo.broadcast_in_dim %28, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+        %40 = stablehlo.dynamic_update_slice %iterArg_9, %39, %17, %c_15, %c_15 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+        %41 = stablehlo.add %iterArg_6, %c : tensor<i32>
+        stablehlo.return %iterArg, %iterArg_2, %iterArg_3, %iterArg_4, %iterArg_5, %41, %38, %36, %40 : tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x4xf32>, tensor<i32>, tensor<4x4xf32>, tensor<1x4xf32>, tensor<4x1x4xf32>
+      }
+      %10 = stablehlo.multiply %9#7, %arg5 : tensor<1x4xf32>
+      %11 = stablehlo.multiply %10, %arg4 : tensor<1x4xf32>
+      %12 = stablehlo.add %10, %11 : tensor<1x4xf32>
+      %13 = stablehlo.broadcast_in_dim %12, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+      %14 = stablehlo.pad %13, %cst, low = [0, 0, 0], high = [3, 0, 0], interior = [0, 0, 0] : (tensor<1x1x4xf32>, tensor<f32>) -> tensor<4x1x4xf32>
+      %15 = stablehlo.add %9#8, %14 : tensor<4x1x4xf32>
+      sdy.return %9#6, %15 : tensor<4x4xf32>, tensor<4x1x4xf32>
+    } : (tensor<f32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<8x4xf32>, tensor<8x1x4xf32>, tensor<8x1x4xf32>, tensor<8x1x4xf32>, tensor<8x1x4xf32>, tensor<2x4xf32>) -> (tensor<4x4xf32>, tensor<4x2x4xf32>)
+    return %0#0, %2#0, %2#1 : tensor<f32>, tensor<4x4xf32>, tensor<4x2x4xf32>
+  }
 }

@@ -507,12 +507,20 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
 def test_scan_segments_on_the_mesh(partitioner):
     """segment-scans on 8 host devices: a scan in a program with jit shardings is segmented
-    and keeps jax.vjp's results on the mesh; a scan inside a shard_map body (a collective in
-    it) is left as it was, with a remark that says why (issue 27)."""
+    and keeps jax.vjp's results on the mesh. A scan inside a shard_map body (a collective in
+    it) is segmented there under Shardy: the forward manual computation returns the saved
+    carries and the loop's invariants, the backward one takes them (issue 27). Under GSPMD,
+    where the stacks cross through the shard_map's custom calls, it is left as it was, with
+    a remark that says why."""
     r = run_script(SEGMENTS_SCRIPT, partitioner, HERE)
     for pol in ("None", "nothing_saveable"):
         jit, inside = r[f"jit {pol}"], r[f"shard_map {pol}"]
         assert jit["segmented"] == 1 and jit["err"] <= 1e-5 and jit["on_mesh"], jit
         assert "runs in segments of 5" in jit["remarks"][0]
-        assert inside["segmented"] == 0 and inside["err"] <= 1e-5 and inside["on_mesh"], inside
-        assert "1 scan loop(s) were not segmented" in inside["remarks"][0], inside
+        assert inside["err"] <= 1e-5 and inside["on_mesh"], inside
+        if partitioner == "shardy":
+            assert inside["segmented"] == 1, inside
+            assert "runs in segments of 5" in inside["remarks"][0], inside
+        else:
+            assert inside["segmented"] == 0, inside
+            assert "1 scan loop(s) were not segmented" in inside["remarks"][0], inside
