@@ -31,6 +31,9 @@ from remat_passes.analysis.scan_pairs import WHILE, Pair, const_int, owner, shap
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import func, ir, op_id
 from remat_passes.regions.loop_edit import LoopEdit, drop_unused_carries, int_const, zero_attr
+from remat_passes.regions.shard_map_rewrite import new_manual, shrunk
+from remat_passes.sharding.sdy import (manual_axes, mesh_of, residual_layout, shardings,
+                                       varying_axes)
 
 
 # ----------------------------------------------------------------- checks --
@@ -633,9 +636,6 @@ class ManualCrossing:
         """(The stacks go in `finish`, with every result nothing reads.)"""
 
     def finish(self) -> None:
-        from remat_passes.regions.shard_map_rewrite import new_manual, shrunk
-        from remat_passes.sharding.sdy import (manual_axes, mesh_of, residual_layout,
-                                               shardings, varying_axes)
         a, b = self.fwd, self.bwd
         body_a, body_b = a.regions[0].blocks[0], b.regions[0].blocks[0]
         ret = graph.terminator(body_a)
