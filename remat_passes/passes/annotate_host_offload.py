@@ -15,8 +15,8 @@ Inside scan loop pairs (joint form) the same per iteration, as JAX emits it for
 `@<f>_bwd` argument that carry the residual also get `mhlo.memory_kind =
 "<dst>"`; a scan's stack is moved slot by slot there too (the forward loop writes each
 slot to host, the backward loop brings back the slot it reads), so neither half holds
-the whole stack in device memory. XLA:CPU ignores the annotations (the module still runs there); on
-GPU/TPU the residual lives in host memory.
+the whole stack in device memory. XLA:CPU ignores the annotations (the module still runs
+there); on GPU/TPU the residual lives in host memory.
 """
 from __future__ import annotations
 
@@ -67,6 +67,23 @@ def offload_joint(a) -> int:
     return count
 
 
+def _slot_to_host(s, dst) -> None:
+    """The value forward loop stack `s` writes each iteration goes to memory `dst` right
+    before it is wrapped into its slot (the stack then fills in that memory)."""
+    wrap = s.dus.operands[1].owner.operation
+    wrap.operands[0] = annotate(s.value, dst, ir.InsertionPoint(wrap), wrap.location)
+
+
+def _read_to_device(rd, src) -> None:
+    """Backward loop slot read `rd` comes back to memory `src` right after it, and its
+    readers read that."""
+    uses = list(rd.value.uses)
+    device = annotate(rd.value, src, ir.InsertionPoint.after(rd.reshape_op),
+                      rd.reshape_op.location)
+    for use in uses:
+        use.owner.operands[use.operand_number] = device
+
+
 def offload_loops(pairs) -> int:
     """Per-iteration offload inside scan loop pairs (joint form): the stacked value goes
     to host before it is written into its buffer; each backward read comes back to the
@@ -83,16 +100,9 @@ def offload_loops(pairs) -> int:
             placement = contract.offload_of(producer) if producer is not None else None
             if placement is None:
                 continue
-            wrap = s.dus.operands[1].owner.operation
-            host = annotate(v, placement.dst, ir.InsertionPoint(wrap), wrap.location)
-            wrap.operands[0] = host
+            _slot_to_host(s, placement.dst)
             for rd in pair.reads[m]:
-                value = rd.value
-                uses = list(value.uses)
-                device = annotate(value, placement.src, ir.InsertionPoint.after(rd.reshape_op),
-                                  rd.reshape_op.location)
-                for use in uses:
-                    use.owner.operands[use.operand_number] = device
+                _read_to_device(rd, placement.src)
             count += 1
         count += offload_loops(scan_pairs.find_pairs_in_block(pair.bwd_body))
     return count
@@ -120,10 +130,9 @@ def _stack_slots_to_host(v, ret, dst) -> bool:
     if not _only_returned(loop.op.results[k], ret):
         return False
     s = loop.stacked[k]
-    wrap = s.dus.operands[1].owner.operation
-    if wrap.operands[0] != s.value:
+    if s.dus.operands[1].owner.operation.operands[0] != s.value:
         return False
-    wrap.operands[0] = annotate(s.value, dst, ir.InsertionPoint(wrap), wrap.location)
+    _slot_to_host(s, dst)
     return True
 
 
@@ -135,11 +144,7 @@ def _slots_to_device(arg, src) -> bool:
     if not reads:
         return False
     for rd in reads:
-        uses = list(rd.value.uses)
-        device = annotate(rd.value, src, ir.InsertionPoint.after(rd.reshape_op),
-                          rd.reshape_op.location)
-        for use in uses:
-            use.owner.operands[use.operand_number] = device
+        _read_to_device(rd, src)
     return True
 
 

@@ -133,8 +133,7 @@ class SegmentScans(ModulePass):
                 state.remarks.append(Remark(f"@{self.func}: a scan loop was not segmented: "
                                             f"{why}", location))
                 continue
-            offload = None if isinstance(crossing, scan_segments.ManualCrossing) \
-                else self.offload   # (in a shard_map body the saved carries stay on the device)
+            offload = self.offload if crossing is None or crossing.keeps_memory_kind else None
             done.append(scan_segments.segment(why, crossing, offload))
             state.remarks.append(Remark(f"@{self.func}: {done[-1].text()}", location))
 

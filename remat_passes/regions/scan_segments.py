@@ -495,6 +495,8 @@ class Crossing:
     `finish` rewrites both signatures (residuals stay between <f>_fwd's outputs and
     <f>_bwd's cotangent arguments) and the list of residual records."""
 
+    keeps_memory_kind = True    # an offloaded value crosses in host memory
+
     def __init__(self, fwd_func, bwd_func, residuals: list):
         self.fwd, self.bwd = fwd_func, bwd_func
         self.res_idx = contract.residual_results(fwd_func)
@@ -615,6 +617,8 @@ class ManualCrossing:
     over the manual axes it varies over, `residual_layout`), and drops the stacks nothing
     reads any more. The memory kind of an offloaded value is not carried across (the
     saved carries stay on the device there)."""
+
+    keeps_memory_kind = False   # so segment-scans keeps the saved carries on the device
 
     def __init__(self, fwd_mc, bwd_mc):
         self.fwd, self.bwd = fwd_mc, bwd_mc
