@@ -137,6 +137,31 @@ def to_exported(module, function: str = "main"):
     )
 
 
+def compiled_cost(module_op, functions) -> float:
+    """XLA's count (flops + transcendentals of `cost_analysis()`) of `functions` of an
+    ir.Module, each compiled for the default backend from its argument types alone (what
+    `auto(..., score=xla)` compares)."""
+    from remat_passes.jax.module import Module
+    module = Module(module_op)
+    total = 0.0
+    for name in functions:
+        exported = to_exported(module, name)
+        if exported.nr_devices != 1:
+            raise RematError(f"error: score=xla compiles each plan for one device; @{name} "
+                             f"runs on {exported.nr_devices}")
+        if any(d < 0 for a in exported.in_avals for d in a.shape):
+            raise RematError(f"error: score=xla compiles each plan and needs static shapes; "
+                             f"@{name} has dynamic dimensions (export it for one shape)")
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
+        compiled = jax.jit(lambda *args, e=exported: e.call(*args)).lower(*avals).compile()
+        analysis = compiled.cost_analysis()
+        if isinstance(analysis, (list, tuple)):
+            analysis = analysis[0] if analysis else {}
+        analysis = analysis or {}
+        total += float(analysis.get("flops", 0.0)) + float(analysis.get("transcendentals", 0.0))
+    return total
+
+
 def memory_kinds(module, function: str, which: str) -> list:
     """`mhlo.memory_kind` of each result (`which="res_attrs"`) or argument ("arg_attrs")
     of `function` (annotate-host-offload sets it on offloaded residuals); None: default."""

@@ -40,7 +40,8 @@ from remat_passes.passes.base import ModulePass, PassState, option, parse_int_li
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner.model import build_problem
-from remat_passes.planner.resolve import BudgetBelowMinimum, for_peak, has_auto, resolve
+from remat_passes.planner.resolve import (BudgetBelowMinimum, by_compiled_cost, for_peak,
+                                          has_auto, resolve)
 from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache
@@ -108,6 +109,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             policy = self.policy
             if isinstance(policy, AutoPolicy) and policy.objective == "peak":
                 policy = self._residual_budget_for_peak(policy, module_op, state)
+            if isinstance(policy, AutoPolicy) and policy.score == "xla":
+                policy = self._by_compiled_cost(policy, module_op, state)
             rules = new_rules()   # (each run its own: rules keep what they learn)
             policies = ScopePolicies(
                 policy,
@@ -191,14 +194,14 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         state.remarks[first_remark:] = [Remark(r, location)
                                         for r in state.remarks[first_remark:]]
 
-    def _trial(self, candidate, module_op, state, after):
-        """A trial plan of `candidate` (an auto policy) on a copy of the module: inline,
-        remat-partial-eval in joint form, then the passes `after`. Returns (the copy, its
+    def _trial(self, candidate, module_op, state, after, mode="joint"):
+        """A trial plan of `candidate` (a policy) on a copy of the module: inline,
+        remat-partial-eval in form `mode`, then the passes `after`. Returns (the copy, its
         PassState)."""
         copy = mlir.clone(module_op)
         st = PassState(region_policies=state.region_policies, filename=state.filename)
         st.dim_symbols = dict(state.dim_symbols or {})
-        options = {**self.partial_eval_options(), "policy": candidate, "mode": "joint"}
+        options = {**self.partial_eval_options(), "policy": candidate, "mode": mode}
         for step in [Inline(), RematPartialEval(**options)] + list(after):
             step.apply(copy, st)
             st.drop()
@@ -219,6 +222,50 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             return (estimate_memory(copy, dim_symbols=st.dim_symbols)[self.func].peak_bytes,
                     st.plan_reports[self.func][0].solution.cost)
         return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
+
+    def _by_compiled_cost(self, policy, module_op, state):
+        """auto(score=xla): plan each candidate (`by_compiled_cost` names them) on a copy of
+        the module in split form with the rest of the default pipeline, compile its two
+        halves with XLA and keep the one with the fewest FLOPs in XLA's count. In a function
+        with loops, the count is `remat_passes.flops` of the same programs instead: XLA's
+        cost analysis counts a loop body once whatever its trip count."""
+        import jax
+
+        from remat_passes.cost import flops
+        from remat_passes.jax.run import compiled_cost
+        from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
+        from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
+        from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
+        from remat_passes.passes.segment_scans import SegmentScans
+        from remat_passes.planner.report import format_flop
+        halves = (f"{self.func}_fwd", f"{self.func}_bwd")
+        with module_op.context:
+            loops = any(op.operation.name == "stablehlo.while" for op in graph.nested_ops(
+                graph.body_block(graph.find_func(module_op, self.func))))
+
+        def trial(candidate):
+            copy, st = self._trial(candidate, module_op, state, [
+                InsertReducePrecision(func=self.func, region_regex=self.region_regex),
+                SegmentScans(func=self.func), PlaceOptimizationBarriers(func=self.func),
+                AnnotateHostOffload(func=self.func), StripCheckpointNames()], mode="split")
+            kept = report.activation_bytes(st.residuals[self.func],
+                                           st.segmented.get(self.func, []))
+            cost = sum(flops.function_flops(copy, h) for h in halves) if loops else \
+                compiled_cost(copy, halves)
+            plans = st.plan_reports.get(self.func)
+            return kept, cost, plans[0].budget if plans else None
+        chosen, scored, budget = by_compiled_cost(policy, trial)
+        first = scored[0].cost
+        count = "remat_passes.flops (loops: XLA counts a loop body once)" if loops else \
+            f"XLA's compiled count ({jax.default_backend()})"
+        rows = "; ".join(f"{s.label}: {s.kept} B, {format_flop(s.cost)}"
+                         + (f" ({(s.cost - first) / first:+.2%})" if first else "")
+                         for s in scored)
+        kept = next(s for s in scored if s.policy is chosen)
+        state.remarks.append(
+            f"@{self.func}: {policy.spec}: {len(scored)} plans within the budget ({budget} B) "
+            f"scored by FLOPs in {count}: {rows}. Kept {kept.label}")
+        return chosen
 
     def _segments_below_the_minimum(self, below, module_op, state):
         """auto with a budget below the least a per-iteration plan keeps (`below`), in a

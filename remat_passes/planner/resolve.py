@@ -3,8 +3,11 @@ analysis and puts a `PlannedPolicy` (its per-op verdicts) in its place.
 
 `for_peak` chooses, for `objective=peak`, among plans for trial residual budgets that
 the caller (the pipeline runner) makes and measures: the planner itself runs no pass.
+`by_compiled_cost` chooses, for `score=xla`, among candidate plans the caller compiles.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -16,7 +19,8 @@ from remat_passes.planner.model import Problem, Solution, build_problem
 from remat_passes.planner.report import PlanReport
 from remat_passes.planner.solvers import minimum_bytes, solve
 from remat_passes.policy.auto import AutoPolicy, PlannedPolicy, auto
-from remat_passes.policy.policies import everything_saveable
+from remat_passes.policy.policies import (dots_saveable, dots_with_no_batch_dims_saveable,
+                                          everything_saveable, nothing_saveable)
 
 _SAVE = everything_saveable   # for the ops a plan leaves undecided (free ones, say)
 
@@ -133,3 +137,61 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
             f"error: {policy.spec}: the peak budget, {budget} B, is below the lowest joint "
             f"peak the plans reach, {lowest} B (without remat: {measure(hi)[0]} B)")
     return min(fits, key=lambda t: t[1])[2]
+
+
+# score=xla's other candidates: JAX's policies that need no names (the ones a user reaches
+# for first), and the planner's own solutions at their byte counts
+FIXED_CANDIDATES = (everything_saveable, dots_saveable, dots_with_no_batch_dims_saveable,
+                    nothing_saveable)
+
+
+@dataclasses.dataclass
+class Scored:
+    """One candidate of `by_compiled_cost`: its policy, the activation bytes its plan keeps
+    and XLA's compiled FLOPs + transcendentals of its split form."""
+    policy: object
+    kept: int
+    cost: float
+    label: str
+
+
+def by_compiled_cost(policy: AutoPolicy, trial) -> tuple[object, list[Scored], int]:
+    """score=xla: the candidate whose compiled programs XLA counts the fewest FLOPs in,
+    among those within the budget. XLA's optimizer fuses and duplicates cheap producers in
+    ways the planner's model does not see (a saved elementwise value can be computed once
+    for the output and again inside each consumer's fusion), so the model's cheapest plan
+    is not always XLA's. Candidates: the planner's solution for `policy` (score=model),
+    the same at `device=flops` (its cost is the FLOP count itself), JAX's fixed policies
+    that need no names (`FIXED_CANDIDATES`) where they fit, and the planner's solution at
+    each fitting fixed policy's byte count. `trial(candidate)` plans and compiles a copy of
+    the module and returns (activation bytes, compiled cost, the budget in bytes or None).
+    Returns (the chosen policy, every candidate scored, the budget); ties keep the
+    planner's solution."""
+    def planned(budget, device, label):
+        candidate = auto(budget, device=device, solver=policy.solver)
+        candidate.spec = policy.spec if label == "plan" else f"{policy.spec} ({label})"
+        return candidate
+    first = planned(policy.budget, policy.device, "plan")
+    kept, cost, budget = trial(first)
+    scored = [Scored(first, kept, cost, "the planner's solution")]
+    tried = {(policy.device, kept)}
+
+    def add(candidate, label):
+        try:
+            kept, cost, _ = trial(candidate)
+        except RematError:      # (a fixed policy the function cannot take)
+            return None
+        if kept > budget:
+            return None
+        scored.append(Scored(candidate, kept, cost, label))
+        return kept
+    if (policy.device or "") != "flops":
+        add(planned(budget, "flops", "device=flops"), "the planner's solution at device=flops")
+    for fixed in FIXED_CANDIDATES:
+        kept = add(fixed, fixed.spec)
+        if kept is not None and (policy.device, kept) not in tried:
+            tried.add((policy.device, kept))
+            add(planned(kept, policy.device, f"budget {kept} B"),
+                f"the planner's solution at {fixed.spec}'s {kept} B")
+    best = min(range(len(scored)), key=lambda i: (scored[i].cost, i))
+    return scored[best].policy, scored, budget

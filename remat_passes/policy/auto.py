@@ -64,13 +64,17 @@ def parse_budget(value) -> Budget:
 
 
 class AutoPolicy(Policy):
-    """`auto(budget=..., offload=None, device=None, objective='residuals', solver='auto')`.
+    """`auto(budget=..., offload=None, device=None, objective='residuals', solver='auto',
+    score='model')`.
 
     Not an op-by-op policy: remat-partial-eval replaces it by the solution of the
-    planner before it decides anything (`resolve`)."""
+    planner before it decides anything (`resolve`). `score='xla'`: among the planner's
+    solution and JAX's fixed policies that fit the budget, keep the plan XLA's compiled
+    programs count the fewest FLOPs in (remat-partial-eval compiles each; see
+    `planner.resolve.by_compiled_cost`)."""
 
     def __init__(self, budget, offload=None, device=None, objective="residuals",
-                 solver="auto"):
+                 solver="auto", score="model"):
         self.budget = parse_budget(budget)
         if offload not in (None, "pinned_host", "unpinned_host"):
             raise ValueError(f"offload must be pinned_host or unpinned_host, got {offload!r}")
@@ -81,7 +85,13 @@ class AutoPolicy(Policy):
         if not callable(solver) and solver not in ("auto", "exact", "lagrangian"):
             raise ValueError(f"solver must be auto, exact, lagrangian or a function, "
                              f"got {solver!r}")
+        if score not in ("model", "xla"):
+            raise ValueError(f"score must be model or xla, got {score!r}")
+        if score == "xla" and (offload is not None or objective != "residuals"):
+            raise ValueError("score=xla compares XLA's FLOP counts, which leave out transfers "
+                             "and peak memory: it takes neither offload nor objective=peak")
         self.offload, self.device, self.objective, self.solver = offload, device, objective, solver
+        self.score = score
         parts = [f"budget={self.budget}"]
         if offload:
             parts.append(f"offload={offload}")
@@ -91,6 +101,8 @@ class AutoPolicy(Policy):
             parts.append(f"objective={objective}")
         if solver != "auto":
             parts.append(f"solver={getattr(solver, '__name__', solver)}")
+        if score != "model":
+            parts.append(f"score={score}")
         super().__init__(self._unresolved, f"auto({', '.join(parts)})")
 
     def _unresolved(self, op):
@@ -102,10 +114,11 @@ class AutoPolicy(Policy):
         return PROFILES[self.device or default_device()]
 
 
-def auto(budget, offload=None, device=None, objective="residuals", solver="auto"):
+def auto(budget, offload=None, device=None, objective="residuals", solver="auto",
+         score="model"):
     """The memory-budget planner as a policy: see remat_passes.planner."""
     try:
-        return AutoPolicy(budget, offload, device, objective, solver)
+        return AutoPolicy(budget, offload, device, objective, solver, score)
     except ValueError as e:
         raise RematError(f"error: {e}") from None
 
