@@ -46,6 +46,7 @@ from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable, parse_policy
+from remat_passes.regions import scan_segments
 from remat_passes.regions.rules import Groups, new_rules
 from remat_passes.sharding import gspmd
 
@@ -125,8 +126,9 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 try:
                     reports = resolve(policies, a0, self.region_regex, set(kept0))
                 except BudgetBelowMinimum as e:   # scans in segments may still meet it
-                    if e.policy is not policies.module_policy or \
-                            not scan_pairs.find_pairs_in_block(block):
+                    if e.policy is not policies.module_policy or not (
+                            scan_pairs.find_pairs_in_block(block)
+                            or scan_segments.find_manual_pairs(block)):
                         raise
                     policies.module_policy = self._segments_below_the_minimum(e, module_op,
                                                                               state)

@@ -499,6 +499,20 @@ for name, fn, args in (("jit", rnn, (put((16, 16), P(None, "model"), 0.3), put((
             "remarks": [r for r in joint.remarks if "segment" in r],
             "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(got, ref)),
             "on_mesh": all(len(a.sharding.device_set) == 8 for a in got if hasattr(a, "sharding"))}
+    # auto below the least a per-iteration plan keeps: the scans in segments meet it
+    lo, hi = rp.bounds(m)
+    budget = int(lo * 0.85)
+    try:
+        joint = rp.remat(m, rp.policies.auto(budget))
+    except rp.RematError as e:
+        out[f"{name} auto"] = {"error": str(e)}
+        continue
+    got = jax.tree_util.tree_leaves(calling(joint.call, *args, jnp.float32(1.0)))
+    from remat_passes.core.residuals import activation_bytes
+    out[f"{name} auto"] = {
+        "segmented": len(joint.segmented), "budget": budget,
+        "kept": activation_bytes(joint.residuals, joint.segmented),
+        "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(got, ref))}
 print("RESULT " + json.dumps(out))
 '''
 
@@ -511,7 +525,8 @@ def test_scan_segments_on_the_mesh(partitioner):
     it) is segmented there under Shardy: the forward manual computation returns the saved
     carries and the loop's invariants, the backward one takes them (issue 27). Under GSPMD,
     where the stacks cross through the shard_map's custom calls, it is left as it was, with
-    a remark that says why."""
+    a remark that says why. `auto` below the least a per-iteration plan keeps segments
+    them too (not inside a shard_map body under GSPMD)."""
     r = run_script(SEGMENTS_SCRIPT, partitioner, HERE)
     for pol in ("None", "nothing_saveable"):
         jit, inside = r[f"jit {pol}"], r[f"shard_map {pol}"]
@@ -524,3 +539,10 @@ def test_scan_segments_on_the_mesh(partitioner):
         else:
             assert inside["segmented"] == 0, inside
             assert "1 scan loop(s) were not segmented" in inside["remarks"][0], inside
+    # auto at 85% of the least a per-iteration plan keeps: met by segmenting the scan
+    for name in ("jit", "shard_map"):
+        a = r[f"{name} auto"]
+        if name == "shard_map" and partitioner == "gspmd":
+            assert "below the minimum" in a["error"], a
+            continue
+        assert a.get("segmented") == 1 and a["kept"] <= a["budget"] and a["err"] <= 1e-5, a
