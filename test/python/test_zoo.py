@@ -73,3 +73,22 @@ def test_a_subset_run_replaces_its_models_and_keeps_the_others():
     assert [r["model"] for r in merged["rows"]] == ["m-bf16", "m"]
     assert merged["rows"][1]["grad_error"] == 5e-8 and merged["own"] == []
     assert "measured at commit old" in zoo.render(merged)
+
+
+def test_a_preset_spelled_as_our_policy_is_held_to_jax_s_bytes():
+    """MaxText's presets: our `maxtext(preset)` on the model without its checkpoints must keep
+    at most what JAX keeps for the model with them; the page says what it kept."""
+    good = _data()
+    good["own"][0].update(spelling="maxtext(full)", ours_spelled=[3, 50])
+    assert all(ok for _, ok in zoo.checks(good))
+    assert "`maxtext(full)` on the model without them keeps 3 (50 B)" in zoo.render(good)
+    good["own"][0]["ours_spelled"] = [3, 51]
+    missed = [t for t, ok in zoo.checks(good) if not ok]
+    assert len(missed) == 1 and "maxtext(full)" in missed[0] and "51 B" in missed[0]
+
+
+def test_a_library_for_a_newer_python_is_skipped_with_a_line(monkeypatch):
+    said = []
+    monkeypatch.setitem(zoo.NEEDS_PYTHON, "maxtext", (99, 0))
+    data = zoo.measure(["maxtext-llama2"], said.append)
+    assert data["rows"] == [] and "maxtext-llama2 skipped: maxtext needs Python 99.0" in said[0]

@@ -11,10 +11,12 @@ that runs. Per model:
   program (ours as `rp.jit` builds it on this backend, tied on CPU; JAX's `jax.jit` of
   `jax.vjp` of `jax.checkpoint(loss, policy)`), and the pass time (`rp.remat`);
 * `auto` at the budget of `dots_saveable`'s activations: within it, exact gradients;
-* the library's own remat setting (RecurrentGemma's `gradient_checkpointing=True` and
-  Flax's `nn.remat`, both wrapping blocks in `jax.checkpoint`): JAX's residuals beside ours
-  with the model's checkpoints applied by JAX at export (`jax_checkpoint="jax"`) and made
-  regions our passes apply (`jax_checkpoint="regions"`).
+* the library's own remat setting (RecurrentGemma's `gradient_checkpointing=True`,
+  Flax's `nn.remat` and MaxText's `remat_policy` presets, all wrapping blocks in
+  `jax.checkpoint`): JAX's residuals beside ours with the model's checkpoints applied by
+  JAX at export (`jax_checkpoint="jax"`) and made regions our passes apply
+  (`jax_checkpoint="regions"`); for MaxText also our spelling of the preset,
+  `maxtext(preset)`, as the policy of the model without its checkpoints.
 
 Every fixed policy runs in both forms, joint and split, and each row also has the largest
 difference from the module with no policy (`rp.remat(module)`): in bf16 that is the "to the
@@ -31,7 +33,10 @@ as `gemma` pulls TensorFlow through `kauldron`, and built from its modules, sinc
 classes import a checkpoint loader that needs a kauldron for an older jax), and keras-hub
 (`keras-hub==0.32.0` with keras 3.15, `GPT2Backbone` and `LlamaBackbone` on the JAX backend,
 through `stateless_call`), and Flax (`flax==0.12.8` linen blocks, plain and under
-`nn.remat`). Not yet here: MaxText (Python 3.12).
+`nn.remat`), and MaxText (`maxtext==0.2.5`, Python 3.12 only: a tiny llama2 decoder, its
+presets `full`, `minimal`, `save_qkv_proj` and `save_dot_except_mlp` beside our
+`maxtext(preset)` spelling on the same model with its layers' `jax.checkpoint` left out;
+on an older Python it is skipped with a line saying so).
 """
 from __future__ import annotations
 
@@ -63,6 +68,32 @@ LIBRARIES = {"recurrentgemma": ["recurrentgemma[jax]==1.0.1"],
                        "simplejson==4.3.0", "ml_collections==1.1.0"],
              "flax": ["--no-deps", "flax==0.12.8", "msgpack==1.2.4", "treescope==0.1.10",
                       "typing_extensions==4.16.0", "pyyaml==6.0.4"],
+             # MaxText (Python 3.12) lists its requirements only under extras (cuda12, tpu), a
+             # whole training stack; installed without them, with what the decoder's modules
+             # import, pinned
+             "maxtext": ["--no-deps",
+                        "maxtext==0.2.5", "annotated_doc==0.0.7", "annotated_types==0.8.0",
+                        "anyio==4.16.0", "aqtp==0.9.0", "array_record==0.8.6",
+                        "certifi==2026.10.19.post1", "click==8.5.1", "cloudpickle==3.1.3",
+                        "drjax==0.2.1", "einshape==1.0", "etils==1.15.0", "fastapi==0.165.0",
+                        "filelock==4.3.1", "fire==0.7.1", "flax==0.12.12", "grain==0.2.18",
+                        "h11==0.16.0", "httpcore2==2.16.2", "httpx2==2.16.2",
+                        "huggingface_hub==2.4.0", "humanize==4.17.0", "idna==3.20",
+                        "immutabledict==4.3.1", "jaxtyping==0.3.11", "jinja2==3.1.6",
+                        "markupsafe==3.0.4", "mpmath==1.4.1", "msgpack==1.2.4",
+                        "omegaconf==2.4.0", "opentelemetry_api==1.45.2",
+                        "orbax_checkpoint==0.12.8", "pathwaysutils==0.1.13",
+                        "portpicker==1.6.0", "protobuf==7.36.2", "psutil==7.2.2",
+                        "pydantic==2.14.4", "pydantic_core==2.50.5", "pyyaml==6.0.4",
+                        "qwix==0.1.8", "regex==2026.11.19", "requests==2.34.2",
+                        "safetensors==0.8.0", "sentencepiece==0.2.3", "simplejson==4.3.0",
+                        "six==1.17.0", "starlette==1.10.0", "sympy==1.14.0",
+                        "tensorstore==0.1.86", "termcolor==3.3.0", "tiktoken==0.14.0",
+                        "tokamax==0.0.17", "tokenizers==0.23.3", "tqdm==4.70.1",
+                        "transformers==5.24.0", "treescope==0.1.10", "truststore==0.10.5",
+                        "typing_extensions==4.16.0", "typing_inspection==0.4.5",
+                        "urllib3==2.8.0", "uvicorn==0.54.0", "wadler_lindig==0.1.8",
+                        "xprof==2.24.2"],
              # keras-hub's requirements pull tensorflow-text and kagglehub, which these
              # backbones do not use
              "keras-hub": ["--no-deps", "keras-hub==0.32.0", "keras==3.15.0", "namex==0.1.0",
@@ -212,15 +243,74 @@ def flax_model(remat: bool = False):
                           "64), batch 8 x 16 x 64, f32, MSE")
 
 
+def maxtext_model(remat_policy: str | None = None):
+    """(loss, params, description): a tiny MaxText llama2 decoder (`transformer_as_linen`
+    from a `pyconfig` of `llama2-7b` shrunk: two layers, embed 64, 4 heads of 16, MLP 128,
+    vocabulary 256, not scanned), next-token loss on fixed random tokens. MaxText wraps
+    every decoder layer in `jax.checkpoint` with the policy of its `remat_policy` preset;
+    with `remat_policy=None` the harness calls each layer without it (`NNXDecoder.
+    _apply_layer_with_remat` replaced while the loss is traced), so that, as for the other
+    libraries, the policies under test apply to the whole model."""
+    import os
+    from maxtext.configs import pyconfig
+    from maxtext.layers import nnx_decoders
+    from maxtext.models import models as mt_models
+    from maxtext.utils import maxtext_utils
+    batch, seq, vocab = 2, 16, 256
+    cfg = pyconfig.initialize(
+        [None, os.path.join(os.path.dirname(pyconfig.__file__), "base.yml")],
+        model_name="llama2-7b", override_model_config=True, base_emb_dim=64,
+        base_num_query_heads=4, base_num_kv_heads=4, base_mlp_dim=128,
+        base_num_decoder_layers=2, head_dim=16, vocab_size=vocab, max_target_length=seq,
+        per_device_batch_size=batch, attention="dot_product", enable_checkpointing=False,
+        remat_policy=remat_policy or "full", scan_layers=False, dtype="float32",
+        weight_dtype="float32", run_name="zoo", skip_jax_distributed_system=True,
+        enable_dropout=False)
+    model = mt_models.transformer_as_linen(cfg, maxtext_utils.get_mesh_from_config(cfg),
+                                           quant=None)
+    tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, vocab)
+    positions = jnp.broadcast_to(jnp.arange(seq), (batch, seq))
+    segments = jnp.ones((batch, seq), jnp.int32)
+    params = model.init({"params": jax.random.key(1), "dropout": jax.random.key(2)}, tokens,
+                        positions, decoder_segment_ids=segments,
+                        enable_dropout=False)["params"]
+    with_remat = nnx_decoders.NNXDecoder._apply_layer_with_remat
+
+    def plain(self, layer, y, policy, prevent_cse, **kwargs):   # the layer, no checkpoint
+        return layer(y, **kwargs)
+
+    def loss(params):
+        if remat_policy is None:
+            nnx_decoders.NNXDecoder._apply_layer_with_remat = plain
+        try:
+            logits = model.apply({"params": params}, tokens, positions,
+                                 decoder_segment_ids=segments, enable_dropout=False)
+        finally:
+            nnx_decoders.NNXDecoder._apply_layer_with_remat = with_remat
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], -1))
+    what = (f"its layers in `jax.checkpoint` (`remat_policy={remat_policy}`)" if remat_policy
+            else "its layers called without `jax.checkpoint`")
+    return loss, params, ("MaxText llama2 decoder, 2 layers, embed 64, 4 heads of 16, MLP 128, "
+                          f"vocabulary 256, batch {batch}, {seq} tokens, f32, {what}")
+
+
 MODELS = {"recurrentgemma": ("recurrentgemma", recurrentgemma_model),
           "flax": ("flax", flax_model),
           "keras-gpt2": ("keras-hub", lambda: keras_hub_model("gpt2")),
           "keras-llama": ("keras-hub", lambda: keras_hub_model("llama")),
           "gemma3": ("gemma", lambda: gemma3_model("float32")),
-          "gemma3-bf16": ("gemma", lambda: gemma3_model("bfloat16"))}
-OWN_REMAT = {"recurrentgemma": (lambda: recurrentgemma_model(gradient_checkpointing=True),
-                                "gradient_checkpointing=True"),
-             "flax": (lambda: flax_model(remat=True), "nn.remat(Block)")}
+          "gemma3-bf16": ("gemma", lambda: gemma3_model("bfloat16")),
+          "maxtext-llama2": ("maxtext", maxtext_model)}
+NEEDS_PYTHON = {"maxtext": (3, 12)}
+# the library's own remat settings: (make the model with it, the setting's text, our
+# spelling of the same policy for the model without it, or None)
+MAXTEXT_OWN = ("full", "minimal", "save_qkv_proj", "save_dot_except_mlp")
+OWN_REMAT = {"recurrentgemma": [(lambda: recurrentgemma_model(gradient_checkpointing=True),
+                                 "gradient_checkpointing=True", None)],
+             "flax": [(lambda: flax_model(remat=True), "nn.remat(Block)", None)],
+             "maxtext-llama2": [(lambda p=p: maxtext_model(p), f"remat_policy={p}",
+                                 f"maxtext({p})") for p in MAXTEXT_OWN]}
 FORMS = ("joint", "split")
 
 
@@ -288,6 +378,11 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
     rows, own, meta_models = [], [], {}
     for key in keys:
         library, make = MODELS[key]
+        if sys.version_info < NEEDS_PYTHON.get(library, (0,)):
+            log(f"zoo: {key} skipped: {library} needs Python "
+                f"{'.'.join(map(str, NEEDS_PYTHON[library]))} (this is "
+                f"{sys.version_info.major}.{sys.version_info.minor})")
+            continue
         install(library, log)
         loss, params, description = make()
         meta_models[key] = {"library": " ".join(p for p in LIBRARIES[library]
@@ -325,16 +420,18 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
                      "ours": _ours(out.residuals), "activations": activation_bytes(out.residuals),
                      "grad_error": _grad_error(out, (params,), reference)})
         log(f"zoo: {key} auto")
-        if key in OWN_REMAT:
-            make_own, setting = OWN_REMAT[key]
+        for make_own, setting, spelling in OWN_REMAT.get(key, []):
             gloss, gparams, _ = make_own()
             entry = {"model": key, "setting": setting,
                      "jax_saves": _jax_residuals(gloss, gparams)}
             for how in ("jax", "regions"):
                 m = rp.remat(rp.export_vjp(gloss, gparams, jax_checkpoint=how))
                 entry[f"export_{how}"] = _ours(m.residuals)
+            if spelling:   # our spelling of the setting, on the model without it
+                entry["spelling"] = spelling
+                entry["ours_spelled"] = _ours(rp.remat(module, spelling).residuals)
             own.append(entry)
-            log(f"zoo: {key} own remat")
+            log(f"zoo: {key} own remat {setting}")
     return {"meta": common.machine(), "models": meta_models, "tie_to_cotangent": tie,
             "rows": rows, "own": own}
 
@@ -390,6 +487,10 @@ def checks(data) -> list[tuple[str, bool]]:
         out.append((f"{e['model']} {e['setting']}, made regions: {e['export_regions'][1]:,} B "
                     f"vs JAX's {e['jax_saves'][1]:,} B",
                     e["export_regions"][1] <= e["jax_saves"][1]))
+        if "spelling" in e:
+            out.append((f"{e['model']} {e['setting']}, as the policy `{e['spelling']}` on the "
+                        f"model without it: {e['ours_spelled'][1]:,} B vs JAX's "
+                        f"{e['jax_saves'][1]:,} B", e["ours_spelled"][1] <= e["jax_saves"][1]))
     return out
 
 
@@ -398,8 +499,11 @@ def render(data) -> str:
     parts = ["## Model zoo", "",
              "Models from libraries nobody here wrote, installed pinned into their own folder "
              "(`.zoo/`) by the benchmark itself, on the "
-             f"{meta['backend']} backend ({meta['cpus']} CPUs, jax {meta['jax']}, commit "
-             f"{meta['commit']}). Residuals are ours beside `jax.checkpoint(loss, policy)`'s "
+             f"{meta['backend']} backend ({meta['cpus']} CPUs, " + (
+                 f"jax {meta['jax']}, commit {meta['commit']}" if len(
+                     {(m.get("jax"), m.get("commit")) for m in data["models"].values()}) <= 1
+                 else "jax and commit per model below: MaxText needs Python 3.12, so its "
+                      "run is the jax of that environment") + "). Residuals are ours beside `jax.checkpoint(loss, policy)`'s "
              "in the installed JAX (count, bytes); the gradient error is the largest "
              "difference from `jax.grad` of the model as the library wrote it, over the "
              "largest gradient; the footprint is XLA's (temp + arguments + outputs - aliased) "
@@ -440,7 +544,10 @@ def render(data) -> str:
                           f"`jax.checkpoint`): JAX saves {j[0]} values ({j[1]:,} B). The "
                           f"passes keep {x[0]} ({x[1]:,} B) when JAX applies those checkpoints "
                           f"at export (`jax_checkpoint=\"jax\"`), and {g[0]} ({g[1]:,} B) when "
-                          "they are regions the passes apply (`jax_checkpoint=\"regions\"`)."]
+                          "they are regions the passes apply (`jax_checkpoint=\"regions\"`)"
+                          + (f"; the policy `{e['spelling']}` on the model without them keeps "
+                             f"{e['ours_spelled'][0]} ({e['ours_spelled'][1]:,} B)."
+                             if "spelling" in e else ".")]
         parts.append("")
     results = checks(data)
     missed = [text for text, ok in results if not ok]
