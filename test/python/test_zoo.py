@@ -2,6 +2,8 @@
 itself installs other libraries, so it runs outside the test suite)."""
 from __future__ import annotations
 
+import pytest
+
 from tools.benchmarks import zoo
 
 
@@ -92,3 +94,18 @@ def test_a_library_for_a_newer_python_is_skipped_with_a_line(monkeypatch):
     monkeypatch.setitem(zoo.NEEDS_PYTHON, "maxtext", (99, 0))
     data = zoo.measure(["maxtext-llama2"], said.append)
     assert data["rows"] == [] and "maxtext-llama2 skipped: maxtext needs Python 99.0" in said[0]
+
+
+@pytest.mark.slow
+def test_the_flax_rows_hold():
+    """The zoo's Flax model (linen blocks, plain and under `nn.remat`) measured live, with
+    the flax this environment has (a test dependency, pinned as the zoo pins it): for every
+    fixed policy in both forms, gradients within the zoo's tolerance of `jax.grad`, residual
+    bytes at most `jax.checkpoint`'s, remat-opt's residuals the Python API's, `auto`
+    within its budget, and `nn.remat` made regions at most JAX's bytes. (XLA:CPU's joint
+    footprint is a figure of the benchmark page, not held here.)"""
+    pytest.importorskip("flax")
+    data = zoo.measure(["flax"], lambda *a: None, use_environment=True)
+    results = [(t, ok) for t, ok in zoo.checks(data) if "joint footprint" not in t]
+    assert len(results) >= 4 * 2 * 4, results
+    assert all(ok for _, ok in results), [t for t, ok in results if not ok]

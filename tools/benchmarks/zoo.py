@@ -18,6 +18,9 @@ that runs. Per model:
   (`jax_checkpoint="regions"`); for MaxText also our spelling of the preset,
   `maxtext(preset)`, as the policy of the model without its checkpoints.
 
+The Flax rows run in the test suite too (flax is a test dependency), so in CI; the other
+libraries (TensorFlow through `gemma`, MaxText's stack) are gigabytes and stay here.
+
 Every fixed policy runs in both forms, joint and split, and each row also has the largest
 difference from the module with no policy (`rp.remat(module)`): in bf16 that is the "to the
 last bit" check, set beside JAX's own difference between `jax.grad` of
@@ -370,7 +373,10 @@ def _joint_footprints(module, loss, policy, args) -> tuple[int, int]:
             common.xla_footprint(common.xla_memory(theirs)))
 
 
-def measure(keys=tuple(MODELS), log=print) -> dict:
+def measure(keys=tuple(MODELS), log=print, use_environment: bool = False) -> dict:
+    """The rows of `keys`. `use_environment`: the libraries as this environment has them,
+    none installed into `.zoo` (the test suite runs the Flax rows so: flax is a test
+    dependency)."""
     import remat_passes as rp
     from remat_passes.api.jit import needs_tie
     from remat_passes.core.residuals import activation_bytes
@@ -383,7 +389,8 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
                 f"{'.'.join(map(str, NEEDS_PYTHON[library]))} (this is "
                 f"{sys.version_info.major}.{sys.version_info.minor})")
             continue
-        install(library, log)
+        if not use_environment:
+            install(library, log)
         loss, params, description = make()
         meta_models[key] = {"library": " ".join(p for p in LIBRARIES[library]
                                                 if not p.startswith("-")),
@@ -510,7 +517,9 @@ def render(data) -> str:
              "of the joint program: ours as `rp.jit` builds it here"
              + (" (tied to the cotangent on CPU)" if data.get("tie_to_cotangent") else "")
              + ", JAX's `jax.jit` of `jax.vjp` of the checkpointed loss. Regenerate with "
-             "`python -m tools.benchmarks zoo`.", ""]
+             "`python -m tools.benchmarks zoo`. The Flax rows also run in the test suite, and "
+             "so in CI (`test_zoo.py::test_the_flax_rows_hold`, with the flax of the test "
+             "environment; the other libraries are gigabytes).", ""]
     for key, m in data["models"].items():
         parts += [f"### {key}: {m['model']}", "", f"`{m['library']}`"
                   + (f" (measured at commit {m['commit']}, jax {m['jax']})" if "commit" in m
