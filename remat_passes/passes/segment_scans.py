@@ -102,12 +102,7 @@ class SegmentScans(ModulePass):
             unpaired = _unpaired_forward_loops(func, found, state.analysis(func)) \
                 if segments and len(found) < _while_count(func) else 0
             if unpaired:
-                state.remarks.append(Remark(
-                    f"@{self.func}: {unpaired} scan loop(s) were not segmented: their stacks "
-                    "reach the backward loop through other ops than a return (a GSPMD "
-                    "shard_map boundary, say); segment-scans takes the loop pairs at the "
-                    "function's top level and those of a shard_map's forward and backward "
-                    "bodies", func.location))
+                self._unpaired_remark(unpaired, state, func)
             self._segment_pairs(pairs, segments, state, done)
             for fwd_mc, bwd_mc, in_bodies in manual:    # a scan inside a shard_map body
                 crossing = scan_segments.ManualCrossing(fwd_mc, bwd_mc)
@@ -118,6 +113,14 @@ class SegmentScans(ModulePass):
             if done:                  # the stacks' zero initial values, now unread
                 graph.erase_unused_in_block(graph.body_block(func))
                 state.drop()
+
+    def _unpaired_remark(self, unpaired, state, func) -> None:
+        state.remarks.append(Remark(
+            f"@{self.func}: {unpaired} scan loop(s) were not segmented: their stacks "
+            "reach the backward loop through other ops than a return (a GSPMD "
+            "shard_map boundary, say); segment-scans takes the loop pairs at the "
+            "function's top level and those of a shard_map's forward and backward "
+            "bodies", func.location))
 
     def _segment_pairs(self, pairs, segments, state, done, crossing=None) -> None:
         """Segment each pair at its own length (`rp.scan(..., segments=)`), else at
@@ -145,20 +148,37 @@ class SegmentScans(ModulePass):
         bwd = graph.find_func(module_op, f"{self.func}_bwd")
         done = state.segmented.setdefault(self.func, [])
         pairs = scan_segments.find_split_pairs(fwd, bwd)
+        manual = scan_segments.find_split_manual_pairs(fwd, bwd)
+        found = pairs + [p for _, _, ps in manual for p in ps]
+        unpaired = _unpaired_forward_loops(fwd, found) \
+            if segments and len(found) < _while_count(fwd) else 0
+        if unpaired:
+            self._unpaired_remark(unpaired, state, fwd)
         crossing = scan_segments.Crossing(fwd, bwd, state.residuals.get(self.func, []))
         before = len(done)
         self._segment_pairs(pairs, segments, state, done, crossing)
-        if len(done) == before:
-            return
 
-        def describe(v):
+        def describe(v, residual=None):
             if isinstance(v, ir.OpResult) and v.owner.name == scan_pairs.WHILE:
                 text = ("the carry at the start of every segment of a scan loop, saved by "
                         "segment-scans")
             else:
                 text = describe_value(v, fwd)
-            return text, graph.type_bytes(v.type)
-        state.residuals[self.func] = crossing.finish(describe)
+            return text, graph.type_bytes((v if residual is None else residual).type)
+        if len(done) > before:
+            state.residuals[self.func] = crossing.finish(describe)
+        # a scan inside a shard_map body: its forward computation is in <f>_fwd, its
+        # backward one in <f>_bwd (one at a time: each rewrites both signatures)
+        for fwd_mc, bwd_mc, in_bodies in manual:
+            crossing = scan_segments.SplitManualCrossing(
+                fwd_mc, bwd_mc,
+                scan_segments.Crossing(fwd, bwd, state.residuals.get(self.func, [])))
+            at = len(done)
+            self._segment_pairs(in_bodies, segments, state, done, crossing)
+            if len(done) > at:
+                state.residuals[self.func] = crossing.finish(describe)
+        if len(done) == before:
+            return
         for f in (fwd, bwd):
             graph.erase_unused_in_block(graph.body_block(f))
         state.drop()
@@ -178,9 +198,10 @@ def _while_count(func) -> int:
     return sum(1 for op in graph.nested_ops(graph.body_block(func)) if op.name == scan_pairs.WHILE)
 
 
-def _unpaired_forward_loops(func, pairs, analysis) -> int:
+def _unpaired_forward_loops(func, pairs, analysis=None) -> int:
     """Forward scan loops of `func` that are in no top-level pair (a loop nested in another
-    loop's body is not counted: it is copied with that body)."""
+    loop's body is not counted: it is copied with that body). `analysis`: of a joint
+    function, to leave its backward loops out (None: `func` is a forward half)."""
     paired = {op_id(p.fwd.op) for p in pairs}
     count = 0
     for op in graph.nested_ops(graph.body_block(func)):
@@ -190,7 +211,8 @@ def _unpaired_forward_loops(func, pairs, analysis) -> int:
         while parent is not None and parent.name != "func.func":
             in_loop = in_loop or parent.name == scan_pairs.WHILE
             parent = parent.parent
-        if in_loop or analysis.is_backward(graph.top_level(op, func)):
+        if in_loop or (analysis is not None
+                       and analysis.is_backward(graph.top_level(op, func))):
             continue
         if scan_pairs.analyse_forward(op) is not None:
             count += 1

@@ -17,7 +17,10 @@ a shorter last segment. The forward body's own per-iteration policy still decide
 a slot holds (the rewrite runs after remat-partial-eval). With more levels (k1 x k2 x ...),
 a segment is rerun first only to save its carry every k2 iterations, then each
 sub-segment into the slots. In split form the pair spans <f>_fwd and <f>_bwd
-(`find_split_pairs`) and `Crossing` carries what the backward now needs across.
+(`find_split_pairs`) and `Crossing` carries what the backward now needs across. A scan in
+a shard_map body pairs across the VJP's two manual computations (`find_manual_pairs`,
+`ManualCrossing`), in split form across <f>_fwd and <f>_bwd too
+(`find_split_manual_pairs`, `SplitManualCrossing`).
 
 `check(pair, k)` gives the pair as `segment` needs it (`Segmentable`), or why it cannot be
 segmented; `segment` does it and says what it did (`Segmented`).
@@ -290,6 +293,7 @@ class Segmented:
     carry_bytes: int
     segment_bytes: int
     where: str
+    crossing_bytes: int = 0   # the loop's invariants, now new results of a shard_map body
 
     @property
     def k(self) -> int:
@@ -298,7 +302,7 @@ class Segmented:
     @property
     def delta_bytes(self) -> int:
         """What segmenting changed in the activations kept (negative: saved)."""
-        return self.carry_bytes + self.segment_bytes - self.removed_bytes
+        return self.carry_bytes + self.segment_bytes + self.crossing_bytes - self.removed_bytes
 
     def text(self) -> str:
         spans = [self.n] + self.levels
@@ -309,7 +313,8 @@ class Segmented:
                 f"{inner}: it keeps {carries} carries (+1 scratch each, "
                 f"{self.carry_bytes:,} B) and {self.levels[-1]} slots ({self.segment_bytes:,} B) "
                 f"instead of {self.n} slots ({self.removed_bytes:,} B), for {runs} of its body "
-                "per iteration")
+                "per iteration" + (f"; its invariants now leave the shard_map body too "
+                                   f"({self.crossing_bytes:,} B)" if self.crossing_bytes else ""))
 
 
 def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segmented:
@@ -322,13 +327,17 @@ def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segm
     pair, n, k = seg.pair, seg.n, seg.levels[0]
     pos, _ = graph.source_position(pair.fwd.op)
     spans = [n] + seg.levels        # each level's carries: ceil(span / length) + 1
+    scale = crossing.scale if crossing is not None else (lambda v: 1)
+    crossed = crossing.residual_bytes if crossing is not None else \
+        (lambda v: graph.type_bytes(v.type))
     report = Segmented(
         n, list(seg.levels),
-        sum(graph.type_bytes(pair.fwd.op.results[c].type) for c in seg.links.values()),
+        sum(crossed(pair.fwd.op.results[c]) for c in seg.links.values()),
         sum(graph.type_bytes(_stack_type(-(-outer // inner) + 1, pair.fwd.op.operands[c].type))
+            * scale(pair.fwd.op.operands[c])
             for outer, inner in zip(spans, spans[1:]) for c in seg.state),
         sum(graph.type_bytes(_stack_type(seg.levels[-1], pair.fwd.stacked[c].value.type))
-            for c in seg.links.values()),
+            * scale(pair.fwd.op.results[c]) for c in seg.links.values()),
         f" at {pos}" if pos else "")
     fwd = pair.fwd
     m = -(-n // k)
@@ -366,6 +375,7 @@ def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segm
     if crossing is None:
         inv_args = [bedit.add(fwd.op.operands[c], loc) for c in invariant]
     else:                     # (the forward's values reach the backward as residuals)
+        report.crossing_bytes = crossing.new_bytes([fwd.op.operands[c] for c in invariant])
         inv_args = [bedit.add(crossing.bring(fwd.op.operands[c], before_bwd), loc)
                     for c in invariant]
     levels = seg.levels
@@ -497,6 +507,21 @@ class Crossing:
 
     keeps_memory_kind = True    # an offloaded value crosses in host memory
 
+    @staticmethod
+    def scale(value) -> int:
+        """A new residual's bytes over its bytes as a value: the same here."""
+        return 1
+
+    @staticmethod
+    def residual_bytes(value) -> int:
+        """The bytes of the residual that carries `value` (a stack) now."""
+        return graph.type_bytes(value.type)
+
+    @staticmethod
+    def new_bytes(values) -> int:
+        """(Split form: the residual records `finish` returns count what crosses.)"""
+        return 0
+
     def __init__(self, fwd_func, bwd_func, residuals: list):
         self.fwd, self.bwd = fwd_func, bwd_func
         self.res_idx = contract.residual_results(fwd_func)
@@ -623,6 +648,33 @@ class ManualCrossing:
     def __init__(self, fwd_mc, bwd_mc):
         self.fwd, self.bwd = fwd_mc, bwd_mc
         self.wanted = []        # (stand-in in the backward body, its slot in the return)
+        self._layout = None
+
+    def residual_bytes(self, value) -> int:
+        """The bytes of the computation's result that carries `value` of the forward body
+        out now (its global type, as residuals are counted); as a new residual if none."""
+        ret = graph.terminator(self.fwd.regions[0].blocks[0])
+        for r, v in zip(self.fwd.results, ret.operands):
+            if v == value:
+                return graph.type_bytes(r.type)
+        return graph.type_bytes(value.type) * self.scale(value)
+
+    def new_bytes(self, values) -> int:
+        """The bytes of `values` of the forward body as new results of the computation: what
+        the activations gain when they cross (joint form; in split form the records count)."""
+        return sum(graph.type_bytes(v.type) * self.scale(v) for v in values)
+
+    def scale(self, value) -> int:
+        """A value of the forward body's bytes as a new residual of the computation (its
+        global type in the layout `finish` gives it: the devices' copies side by side, as
+        residuals are counted) over its bytes in the body (one device's)."""
+        if self._layout is None:
+            mesh_ref, mesh = mesh_of(self.fwd)
+            self._layout = (mesh_ref, mesh, varying_axes(self.fwd, mesh),
+                            frozenset(manual_axes(self.fwd)))
+        mesh_ref, mesh, varying, every = self._layout
+        local, whole, _ = residual_layout(value, varying.get(value, every), mesh, mesh_ref)
+        return graph.type_bytes(whole) // max(graph.type_bytes(local), 1)
 
     def bring(self, value, ip, memory_kind: str | None = None):
         """A stand-in in the backward body; the forward body returns `value` at once, past
@@ -640,11 +692,19 @@ class ManualCrossing:
         """(The stacks go in `finish`, with every result nothing reads.)"""
 
     def finish(self) -> None:
-        a, b = self.fwd, self.bwd
-        body_a, body_b = a.regions[0].blocks[0], b.regions[0].blocks[0]
+        new_a, layouts, n_old = self.finish_forward()
+        self.finish_backward(list(new_a.results)[n_old:], layouts, n_old)
+        shrink_results(new_a)
+
+    def finish_forward(self):
+        """The forward computation rebuilt with the brought values as new results, in
+        JAX's shard_map residual layout. Returns (it, the layouts, its old result count)."""
+        a = self.fwd
+        body_a = a.regions[0].blocks[0]
         ret = graph.terminator(body_a)
         n_old = len(a.results)
         values = list(ret.operands)[n_old:]
+        self.inner = values     # (the values of the forward body, in the new results' order)
         mesh_ref, mesh = mesh_of(a)
         varying = varying_axes(a, mesh)
         every = frozenset(manual_axes(a))
@@ -664,6 +724,15 @@ class ManualCrossing:
         for k, r in enumerate(a.results):
             r.replace_all_uses_with(new_a.results[k])
         a.erase()
+        self.fwd = new_a
+        return new_a, layouts, n_old
+
+    def finish_backward(self, operands, layouts, n_old):
+        """The backward computation rebuilt with `operands` (the new results of the forward
+        one, or what stands for them) as new operands, its body reading them in place of
+        the stand-ins, and without the stacks it no longer reads."""
+        b = self.bwd
+        body_b = b.regions[0].blocks[0]
         args = [body_b.add_argument(local, b.location) for local, _, _ in layouts]
         top = ir.InsertionPoint.at_block_begin(body_b)
         for stand_in, at in self.wanted:
@@ -672,7 +741,7 @@ class ManualCrossing:
                 arg if arg.type == stand_in.type else
                 _op("stablehlo.reshape", [arg], stand_in.type, top))
             stand_in.owner.erase()
-        new_b = new_manual(b, list(b.operands) + list(new_a.results)[n_old:],
+        new_b = new_manual(b, list(b.operands) + list(operands),
                            [r.type for r in b.results],
                            shardings(b, "in_shardings") + [s for _, _, s in layouts],
                            shardings(b, "out_shardings"), ir.InsertionPoint(b), b.location)
@@ -680,10 +749,80 @@ class ManualCrossing:
         for k, r in enumerate(b.results):
             r.replace_all_uses_with(new_b.results[k])
         b.erase()
-        # the stacks the backward body no longer reads, and the results that carried them
+        # the stacks the backward body no longer reads
         shrunk(new_b, list(range(len(new_b.results))), drop_unused_args=True)
-        shrunk(new_a, [k for k, r in enumerate(new_a.results)
-                       if next(iter(r.uses), None) is not None], drop_unused_args=False)
+        self.bwd = new_b
+
+
+def shrink_results(mc) -> None:
+    """Drop the results of manual computation `mc` nothing reads (the stacks that crossed)."""
+    shrunk(mc, [k for k, r in enumerate(mc.results) if next(iter(r.uses), None) is not None],
+           drop_unused_args=False)
+
+
+# ------------------------------- inside shard_map bodies, split form --
+def find_split_manual_pairs(fwd_func, bwd_func) -> list[tuple]:
+    """(forward manual computation of <f>_fwd, backward one of <f>_bwd, their scan pairs):
+    in split form the stacks of a scan in a shard_map body leave the forward computation
+    as its results, <f>_fwd returns them as residuals, and the backward computation takes
+    <f>_bwd's arguments for them."""
+    ret = graph.terminator(graph.body_block(fwd_func))
+    bargs = list(graph.body_block(bwd_func).arguments)
+    returned = {bargs[k]: ret.operands[i]
+                for k, i in enumerate(contract.residual_results(fwd_func))}
+
+    def manual(f):
+        return [op.operation for op in graph.body_block(f).operations
+                if op.operation.name == graph.MANUAL_COMPUTATION]
+    found = []
+    for a in manual(fwd_func):
+        yields = graph.terminator(a.regions[0].blocks[0]).operands
+        for b in manual(bwd_func):
+            body = b.regions[0].blocks[0]
+            crossed = {}
+            for j, v in enumerate(b.operands):
+                r = returned.get(v) if isinstance(v, ir.BlockArgument) else None
+                if isinstance(r, ir.OpResult) and op_id(r.owner) == op_id(a):
+                    crossed[body.arguments[j]] = yields[r.result_number]
+            pairs = _pairs_across(a.regions[0].blocks[0], body, crossed) if crossed else []
+            if pairs:
+                found.append((a, b, pairs))
+    return found
+
+
+class SplitManualCrossing(ManualCrossing):
+    """`ManualCrossing` in split form: the forward computation is in <f>_fwd and the
+    backward one in <f>_bwd, so its new results also cross as residuals (`Crossing`), and
+    the residuals that carried the stacks go."""
+
+    def __init__(self, fwd_mc, bwd_mc, crossing: Crossing):
+        super().__init__(fwd_mc, bwd_mc)
+        self.crossing = crossing
+
+    def new_bytes(self, values) -> int:
+        """(Split form: the residual records `finish` returns count what crosses.)"""
+        return 0
+
+    def finish(self, describe) -> list:
+        """`describe(value of the forward body, the residual that carries it)` ->
+        (description, bytes). Returns the residual records in their new order."""
+        bargs = list(graph.body_block(self.crossing.bwd).arguments)
+        unused = {k for k, arg in enumerate(bargs) if next(iter(arg.uses), None) is None}
+        new_a, layouts, n_old = self.finish_forward()
+        results = list(new_a.results)[n_old:]
+        before = ir.InsertionPoint(self.bwd)
+        self.finish_backward([self.crossing.bring(r, before) for r in results], layouts, n_old)
+        # the residuals that carried the stacks: their arguments are read no more
+        ret = graph.terminator(graph.body_block(self.crossing.fwd))
+        self.crossing.drop_stacks([ret.operands[i] for k, i in enumerate(self.crossing.res_idx)
+                                   if k not in unused and next(iter(bargs[k].uses), None) is None])
+        inner = list(zip(results, self.inner))
+
+        def described(value):
+            return describe(next((v for r, v in inner if r == value), value), value)
+        records = self.crossing.finish(described)
+        shrink_results(new_a)
+        return records
 
 
 def _kind_entry(kind: str | None) -> dict:

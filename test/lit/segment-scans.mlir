@@ -7,6 +7,7 @@
 // RUN: remat-opt %s --split-input-file --segment-scans=segments=3x2 2>/dev/null | filecheck %s --check-prefix=THREE
 // RUN: remat-opt %s --split-input-file --remat-partial-eval=mode=split --segment-scans='segments=2 offload=pinned_host' 2>/dev/null | filecheck %s --check-prefix=OFFLOAD
 // RUN: sed -n '/^module @shard_map_scan/,/^}/p' %s | remat-opt --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=MANUAL
+// RUN: sed -n '/^module @shard_map_scan/,/^}/p' %s | remat-opt --remat-partial-eval=mode=split --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=MANUALSPLIT
 
 // Three levels (segments=3x2): in the backward, a segment of 3 is rerun to save its carry
 // every 2 iterations (2 + 1 saved carries and a scratch slot), then a sub-segment of 2
@@ -48,6 +49,22 @@
 // OFFLOAD: stablehlo.dynamic_slice
 // OFFLOAD-NEXT: %[[SLOT:.*]] = stablehlo.reshape
 // OFFLOAD-NEXT: stablehlo.custom_call @annotate_device_placement(%[[SLOT]]) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "device"}}
+
+// A scan inside a shard_map body in split form: the forward manual computation (in
+// @main_fwd) returns the saved carries, @main_fwd returns them as a residual in place of the
+// four stacks, and the backward manual computation (in @main_bwd) takes @main_bwd's argument
+// for them and reruns each segment.
+// MANUALSPLIT-LABEL: func.func @main_fwd
+// MANUALSPLIT-NOT: "f32[8,1,4] output of manual_computation
+// MANUALSPLIT-SAME: tensor<6x1x4xf32> {remat.residual = "the carry at the start of every segment of a scan loop, saved by segment-scans"}
+// MANUALSPLIT: sdy.manual_computation
+// MANUALSPLIT: stablehlo.remainder
+// MANUALSPLIT-LABEL: func.func @main_bwd
+// MANUALSPLIT-SAME: %arg{{[0-9]+}}: tensor<6x1x4xf32>
+// MANUALSPLIT: sdy.manual_computation
+// MANUALSPLIT: stablehlo.while
+// MANUALSPLIT: stablehlo.while
+// MANUALSPLIT: stablehlo.all_reduce
 
 // A 5-step scan in segments of 2: 3 saved carries (+1 scratch slot), segments 2, 2 and 1.
 // CHECK-LABEL: func.func public @main
@@ -243,7 +260,9 @@ module @shard_map_scan attributes {jax.uses_shape_polymorphism = false, mhlo.num
       %9 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
       %10 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
       %11 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
-      // expected-remark @+1 {{runs in segments of 2: it keeps 2 carries (+1 scratch each, 48 B) and 2 slots (128 B) instead of 4 slots (256 B), for one more run of its body per iteration}}
+      // (bytes as the residuals of the computation count them: its results, the two devices of
+      // "data" side by side)
+      // expected-remark @+1 {{runs in segments of 2: it keeps 2 carries (+1 scratch each, 96 B) and 2 slots (256 B) instead of 4 slots (512 B), for one more run of its body per iteration}}
       %12:9 = stablehlo.while(%iterArg = %arg4, %iterArg_3 = %cst_2, %iterArg_4 = %arg3, %iterArg_5 = %c_1, %iterArg_6 = %5, %iterArg_7 = %8, %iterArg_8 = %9, %iterArg_9 = %10, %iterArg_10 = %11) : tensor<4x1x4xf32>, tensor<f32>, tensor<4x4xf32>, tensor<i32>, tensor<1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>
       cond {
         %16 = stablehlo.compare LT, %iterArg_5, %c_0, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>

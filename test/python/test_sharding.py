@@ -499,6 +499,14 @@ for name, fn, args in (("jit", rnn, (put((16, 16), P(None, "model"), 0.3), put((
             "remarks": [r for r in joint.remarks if "segment" in r],
             "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(got, ref)),
             "on_mesh": all(len(a.sharding.device_set) == 8 for a in got if hasattr(a, "sharding"))}
+        split = rp.remat(m, pol, mode="split", scan_segments=5)
+        fwd = jax.tree_util.tree_leaves(calling(split.call, *args, function="main_fwd"))
+        got = [fwd[0]] + jax.tree_util.tree_leaves(
+            calling(split.call, *fwd[1:], jnp.float32(1.0), function="main_bwd"))
+        out[f"{name} {pol} split"] = {
+            "segmented": len(split.segmented),
+            "remarks": [r for r in split.remarks if "segment" in r],
+            "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(got, ref))}
     # auto below the least a per-iteration plan keeps: the scans in segments meet it
     lo, hi = rp.bounds(m)
     budget = int(lo * 0.85)
@@ -523,7 +531,8 @@ def test_scan_segments_on_the_mesh(partitioner):
     """segment-scans on 8 host devices: a scan in a program with jit shardings is segmented
     and keeps jax.vjp's results on the mesh. A scan inside a shard_map body (a collective in
     it) is segmented there under Shardy: the forward manual computation returns the saved
-    carries and the loop's invariants, the backward one takes them (issue 27). Under GSPMD,
+    carries and the loop's invariants, the backward one takes them (issue 27), in split
+    form across main_fwd and main_bwd as residuals. Under GSPMD,
     where the stacks cross through the shard_map's custom calls, it is left as it was, with
     a remark that says why. `auto` below the least a per-iteration plan keeps segments
     them too (not inside a shard_map body under GSPMD)."""
@@ -533,6 +542,16 @@ def test_scan_segments_on_the_mesh(partitioner):
         assert jit["segmented"] == 1 and jit["err"] <= 1e-5 and jit["on_mesh"], jit
         assert "runs in segments of 5" in jit["remarks"][0]
         assert inside["err"] <= 1e-5 and inside["on_mesh"], inside
+        if partitioner == "shardy":
+            assert inside["segmented"] == 1, inside
+            assert "runs in segments of 5" in inside["remarks"][0], inside
+        else:
+            assert inside["segmented"] == 0, inside
+            assert "1 scan loop(s) were not segmented" in inside["remarks"][0], inside
+        # split form: the forward computation in main_fwd, the backward one in main_bwd
+        jit, inside = r[f"jit {pol} split"], r[f"shard_map {pol} split"]
+        assert jit["segmented"] == 1 and jit["err"] <= 1e-5, jit
+        assert inside["err"] <= 1e-5, inside
         if partitioner == "shardy":
             assert inside["segmented"] == 1, inside
             assert "runs in segments of 5" in inside["remarks"][0], inside
