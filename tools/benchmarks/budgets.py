@@ -224,34 +224,14 @@ def checks(data) -> list[str]:
             if a[what] > cheapest[what] * (1 + 1e-6) + 1e-15:
                 bad.append(f"{key}: auto at {r['short']} costs {a[what]:.4g} ({what}) > "
                            f"{r['cheapest']} {cheapest[what]:.4g}")
-            af = r.get("auto_flops")
-            if af is not None:   # device=flops, in XLA's FLOP count of the split as handed
-                # to XLA (its optimizer then folds constants and duplicates cheap producers
-                # into fusions, which no plan decides: the page shows that count beside it)
-                fewest = next(f for f in m["fixed"] if f["short"] == r["cheapest_flops"])
-                if "error" in af:
-                    bad.append(f"{key}: auto(device=flops) at {r['short']}: {af['error']}")
-                elif af["dev"] > r["budget"]:
-                    bad.append(f"{key}: auto(device=flops) at {r['short']} keeps {af['dev']} B "
-                               f"> {r['budget']} B")
-                elif af["cost_lowered"] > fewest["cost_lowered"] * (1 + 1e-6):
-                    bad.append(f"{key}: auto(device=flops) at {r['short']}: XLA counts "
-                               f"{af['cost_lowered']:.6g} FLOPs > {fewest['short']} "
-                               f"{fewest['cost_lowered']:.6g}")
-            ax = r.get("auto_xla")
-            if ax is not None:   # score=xla, in XLA's count of the compiled programs
-                fewest = next(f for f in m["fixed"] if f["short"] == r["cheapest_compiled"])
-                if "error" in ax:
-                    bad.append(f"{key}: auto(score=xla) at {r['short']}: {ax['error']}")
-                elif ax["dev"] > r["budget"]:
-                    bad.append(f"{key}: auto(score=xla) at {r['short']} keeps {ax['dev']} B "
-                               f"> {r['budget']} B")
-                elif ax["cost"] > fewest["cost"] * 1.001:
-                    bad.append(f"{key}: auto(score=xla) at {r['short']}: {ax['cost']:.6g} "
-                               f"compiled FLOPs > {fewest['short']} {fewest['cost']:.6g} + 0.1%")
-                elif ax["err"] > 1e-4:
-                    bad.append(f"{key}: auto(score=xla) at {r['short']}: gradient error "
-                               f"{ax['err']:.2g}")
+            # device=flops, in XLA's count of the split as handed to XLA (its optimizer then
+            # folds constants and duplicates cheap producers into fusions, which no plan
+            # decides: the page shows that count beside it)
+            _against_fewest(bad, key, m, r, "auto_flops", "auto(device=flops)",
+                            "cheapest_flops", "cost_lowered", 1e-6)
+            # score=xla, in XLA's count of the compiled programs
+            _against_fewest(bad, key, m, r, "auto_xla", "auto(score=xla)",
+                            "cheapest_compiled", "cost", 1e-3)
         costs = [r["auto"]["model_s"] for r in m["sweep"]]
         for r in m["sweep"]:
             if r["auto"]["dev"] > r["budget"]:
@@ -275,6 +255,24 @@ def checks(data) -> list[str]:
             if q["auto_s"] > limit:
                 bad.append(f"solver: {row['n_ops']} ops took {q['auto_s']:.1f} s > {limit} s")
     return bad
+
+
+def _against_fewest(bad, key, m, r, which, label, fewest_key, cost, tolerance) -> None:
+    """The check of row `r`'s `which` plan: within the budget, exact gradients, and its
+    `cost` at most the fixed policy's with the fewest within the budget, + `tolerance`."""
+    got = r.get(which)
+    if got is None:
+        return
+    fewest = next(f for f in m["fixed"] if f["short"] == r[fewest_key])
+    if "error" in got:
+        bad.append(f"{key}: {label} at {r['short']}: {got['error']}")
+    elif got["dev"] > r["budget"]:
+        bad.append(f"{key}: {label} at {r['short']} keeps {got['dev']} B > {r['budget']} B")
+    elif got[cost] > fewest[cost] * (1 + tolerance):
+        bad.append(f"{key}: {label} at {r['short']}: XLA counts {got[cost]:.6g} FLOPs > "
+                   f"{fewest['short']} {fewest[cost]:.6g} + {tolerance:.1%}")
+    elif got["err"] > 1e-4:
+        bad.append(f"{key}: {label} at {r['short']}: gradient error {got['err']:.2g}")
 
 
 def relative(x: float, base: float) -> float:
