@@ -183,3 +183,11 @@ def load(path: str) -> Module:
     except OSError as e:
         raise RematError(f"error: cannot read '{path}': {e.strerror}") from None
     return Module.parse(data, filename=path)
+
+
+def compiled_cost(module_op, functions) -> tuple[float, str]:
+    """XLA's FLOP count of `functions` of an ir.Module and the backend's name
+    (`run.compiled_cost`): what rp.remat and remat-opt give the passes as
+    `PassState.compiled_cost`, for `auto(score=xla)`."""
+    from remat_passes.jax import run
+    return run.compiled_cost(Module(module_op), functions)

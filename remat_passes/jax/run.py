@@ -137,12 +137,10 @@ def to_exported(module, function: str = "main"):
     )
 
 
-def compiled_cost(module_op, functions) -> float:
-    """XLA's count (flops + transcendentals of `cost_analysis()`) of `functions` of an
-    ir.Module, each compiled for the default backend from its argument types alone (what
-    `auto(..., score=xla)` compares)."""
-    from remat_passes.jax.module import Module
-    module = Module(module_op)
+def compiled_cost(module, functions) -> tuple[float, str]:
+    """XLA's count (flops + transcendentals of `cost_analysis()`) of `functions` of a
+    Module, each compiled for the default backend from its argument types alone (what
+    `auto(..., score=xla)` compares), and that backend's name."""
     total = 0.0
     for name in functions:
         exported = to_exported(module, name)
@@ -159,7 +157,7 @@ def compiled_cost(module_op, functions) -> float:
             analysis = analysis[0] if analysis else {}
         analysis = analysis or {}
         total += float(analysis.get("flops", 0.0)) + float(analysis.get("transcendentals", 0.0))
-    return total
+    return total, jax.default_backend()
 
 
 def memory_kinds(module, function: str, which: str) -> list:

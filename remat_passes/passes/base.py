@@ -67,7 +67,10 @@ class PassState:
       read by the runner before the first pass, as `inline` erases them);
     * results: residuals per function (remat-partial-eval), the segment length auto chose
       for scans (`planned_segments`) and what segment-scans did (`segmented`), remarks,
-      timings.
+      timings;
+    * `compiled_cost`: what `auto(score=xla)` compiles its candidates with,
+      `(module_op, functions) -> (XLA's FLOP count, backend name)` (rp.remat and remat-opt
+      give `remat_passes.jax.run.compiled_cost`; a bare pipeline has none).
     """
 
     def __init__(self, region_policies=None, filename=None):
@@ -80,6 +83,7 @@ class PassState:
         self.dim_symbols: dict | None = None
         self.planned_segments: dict = {}   # function -> segment-scans' k that auto chose
         self.segmented: dict = {}          # function -> [scan_segments.Segmented]
+        self.compiled_cost = None
         self._analyses: dict = {}
 
     def analysis(self, func_op, cotangent_indices=None):
@@ -110,6 +114,7 @@ class PassState:
         other.dim_symbols = None if self.dim_symbols is None else dict(self.dim_symbols)
         other.planned_segments = dict(self.planned_segments)
         other.segmented = {k: list(v) for k, v in self.segmented.items()}
+        other.compiled_cost = self.compiled_cost
         return other
 
     def drop(self, name: str | None = None) -> None:

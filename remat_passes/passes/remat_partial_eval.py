@@ -46,7 +46,7 @@ from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable, parse_policy
-from remat_passes.regions import scan_segments
+from remat_passes.regions import manual_crossing
 from remat_passes.regions.rules import Groups, new_rules
 from remat_passes.sharding import gspmd
 
@@ -128,7 +128,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 except BudgetBelowMinimum as e:   # scans in segments may still meet it
                     if e.policy is not policies.module_policy or not (
                             scan_pairs.find_pairs_in_block(block)
-                            or scan_segments.find_manual_pairs(block)):
+                            or manual_crossing.find_manual_pairs(block)):
                         raise
                     policies.module_policy = self._segments_below_the_minimum(e, module_op,
                                                                               state)
@@ -231,16 +231,18 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         halves with XLA and keep the one with the fewest FLOPs in XLA's count. In a function
         with loops, the count is `remat_passes.flops` of the same programs instead: XLA's
         cost analysis counts a loop body once whatever its trip count."""
-        import jax
-
         from remat_passes.cost import flops
-        from remat_passes.jax.run import compiled_cost
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
         from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
         from remat_passes.passes.segment_scans import SegmentScans
         from remat_passes.planner.report import format_flop
+        if state.compiled_cost is None:
+            raise RematError(f"error: {policy.spec} compiles its candidate plans with XLA, and "
+                             "this pipeline was given no compiler: run it through rp.remat, "
+                             "rp.jit or remat-opt")
         halves = (f"{self.func}_fwd", f"{self.func}_bwd")
+        backend = []
         with module_op.context:
             loops = any(op.operation.name == "stablehlo.while" for op in graph.nested_ops(
                 graph.body_block(graph.find_func(module_op, self.func))))
@@ -252,14 +254,17 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 AnnotateHostOffload(func=self.func), StripCheckpointNames()], mode="split")
             kept = report.activation_bytes(st.residuals[self.func],
                                            st.segmented.get(self.func, []))
-            cost = sum(flops.function_flops(copy, h) for h in halves) if loops else \
-                compiled_cost(copy, halves)
+            if loops:
+                cost = sum(flops.function_flops(copy, h) for h in halves)
+            else:
+                cost, name = state.compiled_cost(copy, halves)
+                backend[:] = [name]
             plans = st.plan_reports.get(self.func)
             return kept, cost, plans[0].budget if plans else None
         chosen, scored, budget = by_compiled_cost(policy, trial)
         first = scored[0].cost
         count = "remat_passes.flops (loops: XLA counts a loop body once)" if loops else \
-            f"XLA's compiled count ({jax.default_backend()})"
+            f"XLA's compiled count ({backend[0] if backend else 'default backend'})"
         rows = "; ".join(f"{s.label}: {s.kept} B, {format_flop(s.cost)}"
                          + (f" ({(s.cost - first) / first:+.2%})" if first else "")
                          for s in scored)

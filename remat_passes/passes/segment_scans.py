@@ -29,7 +29,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.passes.base import ModulePass, option
 from remat_passes.passes.diagnostics import Remark
-from remat_passes.regions import scan_segments
+from remat_passes.regions import manual_crossing, scan_segments
 
 
 def parse_offload(text) -> str | None:
@@ -97,7 +97,7 @@ class SegmentScans(ModulePass):
             # (found afresh, not the kept analysis's: insert-reduce-precision may have
             # rounded a stacked value inside a body since, and the copy must write that)
             pairs = scan_pairs.find_pairs_in_block(graph.body_block(func))
-            manual = scan_segments.find_manual_pairs(graph.body_block(func))
+            manual = manual_crossing.find_manual_pairs(graph.body_block(func))
             found = pairs + [p for _, _, ps in manual for p in ps]
             unpaired = _unpaired_forward_loops(func, found, state.analysis(func)) \
                 if segments and len(found) < _while_count(func) else 0
@@ -105,7 +105,7 @@ class SegmentScans(ModulePass):
                 self._unpaired_remark(unpaired, state, func)
             self._segment_pairs(pairs, segments, state, done)
             for fwd_mc, bwd_mc, in_bodies in manual:    # a scan inside a shard_map body
-                crossing = scan_segments.ManualCrossing(fwd_mc, bwd_mc)
+                crossing = manual_crossing.ManualCrossing(fwd_mc, bwd_mc)
                 before = len(done)
                 self._segment_pairs(in_bodies, segments, state, done, crossing)
                 if len(done) > before:
@@ -148,7 +148,7 @@ class SegmentScans(ModulePass):
         bwd = graph.find_func(module_op, f"{self.func}_bwd")
         done = state.segmented.setdefault(self.func, [])
         pairs = scan_segments.find_split_pairs(fwd, bwd)
-        manual = scan_segments.find_split_manual_pairs(fwd, bwd)
+        manual = manual_crossing.find_split_manual_pairs(fwd, bwd)
         found = pairs + [p for _, _, ps in manual for p in ps]
         unpaired = _unpaired_forward_loops(fwd, found) \
             if segments and len(found) < _while_count(fwd) else 0
@@ -170,7 +170,7 @@ class SegmentScans(ModulePass):
         # a scan inside a shard_map body: its forward computation is in <f>_fwd, its
         # backward one in <f>_bwd (one at a time: each rewrites both signatures)
         for fwd_mc, bwd_mc, in_bodies in manual:
-            crossing = scan_segments.SplitManualCrossing(
+            crossing = manual_crossing.SplitManualCrossing(
                 fwd_mc, bwd_mc,
                 scan_segments.Crossing(fwd, bwd, state.residuals.get(self.func, [])))
             at = len(done)

@@ -18,9 +18,7 @@ a slot holds (the rewrite runs after remat-partial-eval). With more levels (k1 x
 a segment is rerun first only to save its carry every k2 iterations, then each
 sub-segment into the slots. In split form the pair spans <f>_fwd and <f>_bwd
 (`find_split_pairs`) and `Crossing` carries what the backward now needs across. A scan in
-a shard_map body pairs across the VJP's two manual computations (`find_manual_pairs`,
-`ManualCrossing`), in split form across <f>_fwd and <f>_bwd too
-(`find_split_manual_pairs`, `SplitManualCrossing`).
+a shard_map body pairs across the VJP's two manual computations (`manual_crossing`).
 
 `check(pair, k)` gives the pair as `segment` needs it (`Segmentable`), or why it cannot be
 segmented; `segment` does it and says what it did (`Segmented`).
@@ -34,9 +32,6 @@ from remat_passes.analysis.scan_pairs import WHILE, Pair, const_int, owner, shap
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import func, ir, op_id
 from remat_passes.regions.loop_edit import LoopEdit, drop_unused_carries, int_const, zero_attr
-from remat_passes.regions.shard_map_rewrite import new_manual, shrunk
-from remat_passes.sharding.sdy import (manual_axes, mesh_of, residual_layout, shardings,
-                                       varying_axes)
 
 
 # ----------------------------------------------------------------- checks --
@@ -180,28 +175,28 @@ def check(pair: Pair, k, split: bool = False) -> Segmentable | str:
 
 
 # ---------------------------------------------------------------- builders --
-def _op(name, operands, result_type, ip, **attrs):
+def new_op(name, operands, result_type, ip, **attrs):
     return ir.Operation.create(name, results=[result_type], operands=list(operands),
                                attributes=attrs, ip=ip).results[0]
 
 
 def _arith(name, a, b, ip):
-    return _op(f"stablehlo.{name}", [a, b], a.type, ip)
+    return new_op(f"stablehlo.{name}", [a, b], a.type, ip)
 
 
 def _compare(direction, a, b, ip):
-    return _op("stablehlo.compare", [a, b], ir.RankedTensorType.get([], ir.IntegerType.get_signless(1)),
+    return new_op("stablehlo.compare", [a, b], ir.RankedTensorType.get([], ir.IntegerType.get_signless(1)),
                ip, comparison_direction=ir.Attribute.parse(
                    f"#stablehlo<comparison_direction {direction}>"))
 
 
 def _select(pred, a, b, ip):
-    return _op("stablehlo.select", [pred, a, b], a.type, ip)
+    return new_op("stablehlo.select", [pred, a, b], a.type, ip)
 
 
-def _zeros(t, ip):
+def zeros(t, ip):
     t = ir.RankedTensorType(t)
-    return _op("stablehlo.constant", [], t, ip,
+    return new_op("stablehlo.constant", [], t, ip,
                value=ir.DenseElementsAttr.get_splat(t, zero_attr(t.element_type)))
 
 
@@ -221,17 +216,17 @@ def _every_kth_slot(i, k, scratch, ip):
 def _write(buf, value, index, ip):
     """dynamic_update_slice of `value` into slot `index` of `buf`."""
     t = ir.RankedTensorType(value.type)
-    one = _op("stablehlo.reshape", [value], _stack_type(1, value.type), ip)
+    one = new_op("stablehlo.reshape", [value], _stack_type(1, value.type), ip)
     zeros = [int_const(index.type, 0, ip) for _ in t.shape]
-    return _op("stablehlo.dynamic_update_slice", [buf, one, index] + zeros, buf.type, ip)
+    return new_op("stablehlo.dynamic_update_slice", [buf, one, index] + zeros, buf.type, ip)
 
 
 def _read(buf, index, value_type, ip):
     t = ir.RankedTensorType(value_type)
     zeros = [int_const(index.type, 0, ip) for _ in t.shape]
-    one = _op("stablehlo.dynamic_slice", [buf, index] + zeros, _stack_type(1, value_type), ip,
+    one = new_op("stablehlo.dynamic_slice", [buf, index] + zeros, _stack_type(1, value_type), ip,
               slice_sizes=ir.DenseI64ArrayAttr.get([1] + list(t.shape)))
-    return _op("stablehlo.reshape", [one], value_type, ip)
+    return new_op("stablehlo.reshape", [one], value_type, ip)
 
 
 def _slice_of(values, block) -> list:
@@ -354,7 +349,7 @@ def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segm
     slot = _every_kth_slot(i, k, m, ip)
     before_fwd = ir.InsertionPoint(fwd.op)
     for c in seg.state:
-        init = _zeros(_stack_type(m + 1, fargs[c].type), before_fwd)
+        init = zeros(_stack_type(m + 1, fargs[c].type), before_fwd)
         arg = fedit.add(init, loc)
         saved = fargs[c] if offload is None else \
             contract.annotate_placement(fargs[c], offload, ip, loc)
@@ -368,7 +363,7 @@ def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segm
     bedit = LoopEdit(pair.bwd)
     bbody = bedit.body
     before_bwd = ir.InsertionPoint(pair.bwd)
-    placeholders = [_zeros(v.type, before_bwd) for v in fedit.inits[old_count:]]
+    placeholders = [zeros(v.type, before_bwd) for v in fedit.inits[old_count:]]
     saved_at = [len(bedit.inits) + q for q in range(len(placeholders))]
     saved_args = [bedit.add(v, loc) for v in placeholders]
     invariant = sorted(fwd.invariant)
@@ -382,9 +377,9 @@ def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segm
     level_args = []           # per inner level: its saved states (carries of the loop)
     for outer, inner_k in zip(levels, levels[1:]):
         m_l = -(-outer // inner_k)
-        level_args.append([bedit.add(_zeros(_stack_type(m_l + 1, fargs[c].type), before_bwd),
+        level_args.append([bedit.add(zeros(_stack_type(m_l + 1, fargs[c].type), before_bwd),
                                      loc) for c in seg.state])
-    seg_args = [bedit.add(_zeros(_stack_type(levels[-1], values[c].type), before_bwd), loc)
+    seg_args = [bedit.add(zeros(_stack_type(levels[-1], values[c].type), before_bwd), loc)
                 for _, c in links]
     reads = [rd for mm, _ in links for rd in pair.reads[mm]]
     position = {op_id(o.operation): x for x, o in enumerate(bbody.operations)}
@@ -462,10 +457,10 @@ def find_split_pairs(fwd_func, bwd_func) -> list[Pair]:
     bargs = list(graph.body_block(bwd_func).arguments)
     crossed = {bargs[k]: ret.operands[i]
                for k, i in enumerate(contract.residual_results(fwd_func))}
-    return _pairs_across(graph.body_block(fwd_func), graph.body_block(bwd_func), crossed)
+    return pairs_across(graph.body_block(fwd_func), graph.body_block(bwd_func), crossed)
 
 
-def _pairs_across(fwd_block, bwd_block, crossed: dict) -> list[Pair]:
+def pairs_across(fwd_block, bwd_block, crossed: dict) -> list[Pair]:
     """Scan pairs between two blocks: a forward loop of `fwd_block` whose stack crosses
     (`crossed`: a block argument of `bwd_block` -> the value of `fwd_block` it stands for)
     and a backward loop of `bwd_block` that reads it."""
@@ -534,7 +529,7 @@ class Crossing:
         """A stand-in in <f>_bwd for `value` of <f>_fwd. <f>_fwd returns the value at once, past
         its declared results (so that its rewrites keep the value current) until `finish`.
         `memory_kind`: it crosses in that memory (the result and the argument say so)."""
-        stand_in = _zeros(value.type, ip)
+        stand_in = zeros(value.type, ip)
         if memory_kind is not None:
             self.kinds[stand_in] = memory_kind
         ret = graph.terminator(graph.body_block(self.fwd))
@@ -610,218 +605,6 @@ class Crossing:
         for v, (d, nbytes) in zip(new_values, described):
             records.append(Residual(graph.jax_type_str(v.type), d, nbytes,
                                     argument=isinstance(v, ir.BlockArgument)))
-        return records
-
-
-# ------------------------------------------------- inside shard_map bodies --
-def find_manual_pairs(block) -> list[tuple]:
-    """(forward manual computation, backward one, their scan pairs): a shard_map under a
-    VJP is two `sdy.manual_computation`s, the forward one returning the stacks of the scan
-    in its body, the backward one taking them as operands for the scan in its own."""
-    mcs = [op.operation for op in block.operations
-           if op.operation.name == graph.MANUAL_COMPUTATION]
-    found = []
-    for a in mcs:
-        yields = graph.terminator(a.regions[0].blocks[0]).operands
-        for b in mcs:
-            body = b.regions[0].blocks[0]
-            crossed = {body.arguments[j]: yields[v.result_number]
-                       for j, v in enumerate(b.operands)
-                       if isinstance(v, ir.OpResult) and op_id(v.owner) == op_id(a)}
-            pairs = _pairs_across(a.regions[0].blocks[0], body, crossed) if crossed else []
-            if pairs:
-                found.append((a, b, pairs))
-    return found
-
-
-class ManualCrossing:
-    """`Crossing` between two manual computations (a shard_map's forward and backward
-    bodies): `bring` gives a stand-in in the backward body for a value of the forward body;
-    `finish` makes each a new result of the forward computation and a new operand of the
-    backward one, laid out as JAX lays out shard_map residuals (its first dimension sharded
-    over the manual axes it varies over, `residual_layout`), and drops the stacks nothing
-    reads any more. The memory kind of an offloaded value is not carried across (the
-    saved carries stay on the device there)."""
-
-    keeps_memory_kind = False   # so segment-scans keeps the saved carries on the device
-
-    def __init__(self, fwd_mc, bwd_mc):
-        self.fwd, self.bwd = fwd_mc, bwd_mc
-        self.wanted = []        # (stand-in in the backward body, its slot in the return)
-        self._layout = None
-
-    def residual_bytes(self, value) -> int:
-        """The bytes of the computation's result that carries `value` of the forward body
-        out now (its global type, as residuals are counted); as a new residual if none."""
-        ret = graph.terminator(self.fwd.regions[0].blocks[0])
-        for r, v in zip(self.fwd.results, ret.operands):
-            if v == value:
-                return graph.type_bytes(r.type)
-        return graph.type_bytes(value.type) * self.scale(value)
-
-    def new_bytes(self, values) -> int:
-        """The bytes of `values` of the forward body as new results of the computation: what
-        the activations gain when they cross (joint form; in split form the records count)."""
-        return sum(graph.type_bytes(v.type) * self.scale(v) for v in values)
-
-    def scale(self, value) -> int:
-        """A value of the forward body's bytes as a new residual of the computation (its
-        global type in the layout `finish` gives it: the devices' copies side by side, as
-        residuals are counted) over its bytes in the body (one device's)."""
-        if self._layout is None:
-            mesh_ref, mesh = mesh_of(self.fwd)
-            self._layout = (mesh_ref, mesh, varying_axes(self.fwd, mesh),
-                            frozenset(manual_axes(self.fwd)))
-        mesh_ref, mesh, varying, every = self._layout
-        local, whole, _ = residual_layout(value, varying.get(value, every), mesh, mesh_ref)
-        return graph.type_bytes(whole) // max(graph.type_bytes(local), 1)
-
-    def bring(self, value, ip, memory_kind: str | None = None):
-        """A stand-in in the backward body; the forward body returns `value` at once, past
-        the computation's results (so that later rewrites keep it current) until
-        `finish`."""
-        stand_in = _zeros(value.type, ip)
-        ret = graph.terminator(self.fwd.regions[0].blocks[0])
-        self.wanted.append((stand_in, len(ret.operands)))
-        ir.Operation.create("sdy.return", operands=list(ret.operands) + [value],
-                            loc=ret.location, ip=ir.InsertionPoint(ret))
-        ret.erase()
-        return stand_in
-
-    def drop_stacks(self, values) -> None:
-        """(The stacks go in `finish`, with every result nothing reads.)"""
-
-    def finish(self) -> None:
-        new_a, layouts, n_old = self.finish_forward()
-        self.finish_backward(list(new_a.results)[n_old:], layouts, n_old)
-        shrink_results(new_a)
-
-    def finish_forward(self):
-        """The forward computation rebuilt with the brought values as new results, in
-        JAX's shard_map residual layout. Returns (it, the layouts, its old result count)."""
-        a = self.fwd
-        body_a = a.regions[0].blocks[0]
-        ret = graph.terminator(body_a)
-        n_old = len(a.results)
-        values = list(ret.operands)[n_old:]
-        self.inner = values     # (the values of the forward body, in the new results' order)
-        mesh_ref, mesh = mesh_of(a)
-        varying = varying_axes(a, mesh)
-        every = frozenset(manual_axes(a))
-        layouts = [residual_layout(v, varying.get(v, every), mesh, mesh_ref) for v in values]
-        ip = ir.InsertionPoint(ret)
-        returned = list(ret.operands)[:n_old] + [
-            v if local == v.type else _op("stablehlo.reshape", [v], local, ip)
-            for v, (local, _, _) in zip(values, layouts)]
-        ir.Operation.create("sdy.return", operands=returned, loc=ret.location, ip=ip)
-        ret.erase()
-        new_a = new_manual(a, list(a.operands),
-                           [r.type for r in a.results] + [g for _, g, _ in layouts],
-                           shardings(a, "in_shardings"),
-                           shardings(a, "out_shardings") + [s for _, _, s in layouts],
-                           ir.InsertionPoint(a), a.location)
-        body_a.append_to(new_a.regions[0])
-        for k, r in enumerate(a.results):
-            r.replace_all_uses_with(new_a.results[k])
-        a.erase()
-        self.fwd = new_a
-        return new_a, layouts, n_old
-
-    def finish_backward(self, operands, layouts, n_old):
-        """The backward computation rebuilt with `operands` (the new results of the forward
-        one, or what stands for them) as new operands, its body reading them in place of
-        the stand-ins, and without the stacks it no longer reads."""
-        b = self.bwd
-        body_b = b.regions[0].blocks[0]
-        args = [body_b.add_argument(local, b.location) for local, _, _ in layouts]
-        top = ir.InsertionPoint.at_block_begin(body_b)
-        for stand_in, at in self.wanted:
-            arg = args[at - n_old]
-            stand_in.replace_all_uses_with(
-                arg if arg.type == stand_in.type else
-                _op("stablehlo.reshape", [arg], stand_in.type, top))
-            stand_in.owner.erase()
-        new_b = new_manual(b, list(b.operands) + list(operands),
-                           [r.type for r in b.results],
-                           shardings(b, "in_shardings") + [s for _, _, s in layouts],
-                           shardings(b, "out_shardings"), ir.InsertionPoint(b), b.location)
-        body_b.append_to(new_b.regions[0])
-        for k, r in enumerate(b.results):
-            r.replace_all_uses_with(new_b.results[k])
-        b.erase()
-        # the stacks the backward body no longer reads
-        shrunk(new_b, list(range(len(new_b.results))), drop_unused_args=True)
-        self.bwd = new_b
-
-
-def shrink_results(mc) -> None:
-    """Drop the results of manual computation `mc` nothing reads (the stacks that crossed)."""
-    shrunk(mc, [k for k, r in enumerate(mc.results) if next(iter(r.uses), None) is not None],
-           drop_unused_args=False)
-
-
-# ------------------------------- inside shard_map bodies, split form --
-def find_split_manual_pairs(fwd_func, bwd_func) -> list[tuple]:
-    """(forward manual computation of <f>_fwd, backward one of <f>_bwd, their scan pairs):
-    in split form the stacks of a scan in a shard_map body leave the forward computation
-    as its results, <f>_fwd returns them as residuals, and the backward computation takes
-    <f>_bwd's arguments for them."""
-    ret = graph.terminator(graph.body_block(fwd_func))
-    bargs = list(graph.body_block(bwd_func).arguments)
-    returned = {bargs[k]: ret.operands[i]
-                for k, i in enumerate(contract.residual_results(fwd_func))}
-
-    def manual(f):
-        return [op.operation for op in graph.body_block(f).operations
-                if op.operation.name == graph.MANUAL_COMPUTATION]
-    found = []
-    for a in manual(fwd_func):
-        yields = graph.terminator(a.regions[0].blocks[0]).operands
-        for b in manual(bwd_func):
-            body = b.regions[0].blocks[0]
-            crossed = {}
-            for j, v in enumerate(b.operands):
-                r = returned.get(v) if isinstance(v, ir.BlockArgument) else None
-                if isinstance(r, ir.OpResult) and op_id(r.owner) == op_id(a):
-                    crossed[body.arguments[j]] = yields[r.result_number]
-            pairs = _pairs_across(a.regions[0].blocks[0], body, crossed) if crossed else []
-            if pairs:
-                found.append((a, b, pairs))
-    return found
-
-
-class SplitManualCrossing(ManualCrossing):
-    """`ManualCrossing` in split form: the forward computation is in <f>_fwd and the
-    backward one in <f>_bwd, so its new results also cross as residuals (`Crossing`), and
-    the residuals that carried the stacks go."""
-
-    def __init__(self, fwd_mc, bwd_mc, crossing: Crossing):
-        super().__init__(fwd_mc, bwd_mc)
-        self.crossing = crossing
-
-    def new_bytes(self, values) -> int:
-        """(Split form: the residual records `finish` returns count what crosses.)"""
-        return 0
-
-    def finish(self, describe) -> list:
-        """`describe(value of the forward body, the residual that carries it)` ->
-        (description, bytes). Returns the residual records in their new order."""
-        bargs = list(graph.body_block(self.crossing.bwd).arguments)
-        unused = {k for k, arg in enumerate(bargs) if next(iter(arg.uses), None) is None}
-        new_a, layouts, n_old = self.finish_forward()
-        results = list(new_a.results)[n_old:]
-        before = ir.InsertionPoint(self.bwd)
-        self.finish_backward([self.crossing.bring(r, before) for r in results], layouts, n_old)
-        # the residuals that carried the stacks: their arguments are read no more
-        ret = graph.terminator(graph.body_block(self.crossing.fwd))
-        self.crossing.drop_stacks([ret.operands[i] for k, i in enumerate(self.crossing.res_idx)
-                                   if k not in unused and next(iter(bargs[k].uses), None) is None])
-        inner = list(zip(results, self.inner))
-
-        def described(value):
-            return describe(next((v for r, v in inner if r == value), value), value)
-        records = self.crossing.finish(described)
-        shrink_results(new_a)
         return records
 
 

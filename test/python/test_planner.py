@@ -487,3 +487,16 @@ def test_score_xla_from_the_command_line(tmp_path):
     assert rc == 0
     kept = next(r for r in api.remarks if "score=xla" in r).split(". Kept ")[1]
     assert f". Kept {kept}" in buf.getvalue() and f"{len(api.residuals)} value" in buf.getvalue()
+
+
+def test_score_xla_in_a_pipeline_without_a_compiler_says_so():
+    """The passes compile nothing themselves: rp.remat and remat-opt give them XLA
+    (`PassState.compiled_cost`); a pipeline run without it gets a clear error."""
+    from remat_passes.passes.base import PassState
+    from remat_passes.passes.manager import expand, run_pipeline
+    from remat_passes.passes.remat import Remat
+    _, _, m = case("mlp")
+    copy = m.clone()
+    with pytest.raises(rp.RematError, match="given no compiler: run it through rp.remat"):
+        run_pipeline(copy.op, expand([Remat(policy=P.auto(budget=1000, score="xla"),
+                                            mode="split")]), PassState())

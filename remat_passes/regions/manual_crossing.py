@@ -1,0 +1,229 @@
+"""Segmenting a scan inside a shard_map body: its loop pair crosses the VJP's two manual
+computations (`sdy.manual_computation`s), the forward one returning the stacks of the scan
+in its body and the backward one taking them.
+
+`find_manual_pairs` finds such pairs in one function (joint form) and `ManualCrossing`
+carries what the backward loop now needs out of the forward body and into the backward
+one; in split form the forward computation is in <f>_fwd and the backward one in <f>_bwd
+(`find_split_manual_pairs`, `SplitManualCrossing`), so what crosses is a residual too.
+`scan_segments.segment` does the rewrite with either.
+"""
+from __future__ import annotations
+
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import ir, op_id
+from remat_passes.regions.scan_segments import Crossing, new_op, pairs_across, zeros
+from remat_passes.regions.shard_map_rewrite import new_manual, shrunk
+from remat_passes.sharding.sdy import (manual_axes, mesh_of, residual_layout, shardings,
+                                       varying_axes)
+
+
+def find_manual_pairs(block) -> list[tuple]:
+    """(forward manual computation, backward one, their scan pairs): a shard_map under a
+    VJP is two `sdy.manual_computation`s, the forward one returning the stacks of the scan
+    in its body, the backward one taking them as operands for the scan in its own."""
+    mcs = [op.operation for op in block.operations
+           if op.operation.name == graph.MANUAL_COMPUTATION]
+    found = []
+    for a in mcs:
+        yields = graph.terminator(a.regions[0].blocks[0]).operands
+        for b in mcs:
+            body = b.regions[0].blocks[0]
+            crossed = {body.arguments[j]: yields[v.result_number]
+                       for j, v in enumerate(b.operands)
+                       if isinstance(v, ir.OpResult) and op_id(v.owner) == op_id(a)}
+            pairs = pairs_across(a.regions[0].blocks[0], body, crossed) if crossed else []
+            if pairs:
+                found.append((a, b, pairs))
+    return found
+
+
+class ManualCrossing:
+    """`Crossing` between two manual computations (a shard_map's forward and backward
+    bodies): `bring` gives a stand-in in the backward body for a value of the forward body;
+    `finish` makes each a new result of the forward computation and a new operand of the
+    backward one, laid out as JAX lays out shard_map residuals (its first dimension sharded
+    over the manual axes it varies over, `residual_layout`), and drops the stacks nothing
+    reads any more. The memory kind of an offloaded value is not carried across (the
+    saved carries stay on the device there)."""
+
+    keeps_memory_kind = False   # so segment-scans keeps the saved carries on the device
+
+    def __init__(self, fwd_mc, bwd_mc):
+        self.fwd, self.bwd = fwd_mc, bwd_mc
+        self.wanted = []        # (stand-in in the backward body, its slot in the return)
+        self._layout = None
+
+    def residual_bytes(self, value) -> int:
+        """The bytes of the computation's result that carries `value` of the forward body
+        out now (its global type, as residuals are counted); as a new residual if none."""
+        ret = graph.terminator(self.fwd.regions[0].blocks[0])
+        for r, v in zip(self.fwd.results, ret.operands):
+            if v == value:
+                return graph.type_bytes(r.type)
+        return graph.type_bytes(value.type) * self.scale(value)
+
+    def new_bytes(self, values) -> int:
+        """The bytes of `values` of the forward body as new results of the computation: what
+        the activations gain when they cross (joint form; in split form the records count)."""
+        return sum(graph.type_bytes(v.type) * self.scale(v) for v in values)
+
+    def scale(self, value) -> int:
+        """A value of the forward body's bytes as a new residual of the computation (its
+        global type in the layout `finish` gives it: the devices' copies side by side, as
+        residuals are counted) over its bytes in the body (one device's)."""
+        if self._layout is None:
+            mesh_ref, mesh = mesh_of(self.fwd)
+            self._layout = (mesh_ref, mesh, varying_axes(self.fwd, mesh),
+                            frozenset(manual_axes(self.fwd)))
+        mesh_ref, mesh, varying, every = self._layout
+        local, whole, _ = residual_layout(value, varying.get(value, every), mesh, mesh_ref)
+        return graph.type_bytes(whole) // max(graph.type_bytes(local), 1)
+
+    def bring(self, value, ip, memory_kind: str | None = None):
+        """A stand-in in the backward body; the forward body returns `value` at once, past
+        the computation's results (so that later rewrites keep it current) until
+        `finish`."""
+        stand_in = zeros(value.type, ip)
+        ret = graph.terminator(self.fwd.regions[0].blocks[0])
+        self.wanted.append((stand_in, len(ret.operands)))
+        ir.Operation.create("sdy.return", operands=list(ret.operands) + [value],
+                            loc=ret.location, ip=ir.InsertionPoint(ret))
+        ret.erase()
+        return stand_in
+
+    def drop_stacks(self, values) -> None:
+        """(The stacks go in `finish`, with every result nothing reads.)"""
+
+    def finish(self) -> None:
+        new_a, layouts, n_old = self.finish_forward()
+        self.finish_backward(list(new_a.results)[n_old:], layouts, n_old)
+        shrink_results(new_a)
+
+    def finish_forward(self):
+        """The forward computation rebuilt with the brought values as new results, in
+        JAX's shard_map residual layout. Returns (it, the layouts, its old result count)."""
+        a = self.fwd
+        body_a = a.regions[0].blocks[0]
+        ret = graph.terminator(body_a)
+        n_old = len(a.results)
+        values = list(ret.operands)[n_old:]
+        self.inner = values     # (the values of the forward body, in the new results' order)
+        mesh_ref, mesh = mesh_of(a)
+        varying = varying_axes(a, mesh)
+        every = frozenset(manual_axes(a))
+        layouts = [residual_layout(v, varying.get(v, every), mesh, mesh_ref) for v in values]
+        ip = ir.InsertionPoint(ret)
+        returned = list(ret.operands)[:n_old] + [
+            v if local == v.type else new_op("stablehlo.reshape", [v], local, ip)
+            for v, (local, _, _) in zip(values, layouts)]
+        ir.Operation.create("sdy.return", operands=returned, loc=ret.location, ip=ip)
+        ret.erase()
+        new_a = new_manual(a, list(a.operands),
+                           [r.type for r in a.results] + [g for _, g, _ in layouts],
+                           shardings(a, "in_shardings"),
+                           shardings(a, "out_shardings") + [s for _, _, s in layouts],
+                           ir.InsertionPoint(a), a.location)
+        body_a.append_to(new_a.regions[0])
+        for k, r in enumerate(a.results):
+            r.replace_all_uses_with(new_a.results[k])
+        a.erase()
+        self.fwd = new_a
+        return new_a, layouts, n_old
+
+    def finish_backward(self, operands, layouts, n_old):
+        """The backward computation rebuilt with `operands` (the new results of the forward
+        one, or what stands for them) as new operands, its body reading them in place of
+        the stand-ins, and without the stacks it no longer reads."""
+        b = self.bwd
+        body_b = b.regions[0].blocks[0]
+        args = [body_b.add_argument(local, b.location) for local, _, _ in layouts]
+        top = ir.InsertionPoint.at_block_begin(body_b)
+        for stand_in, at in self.wanted:
+            arg = args[at - n_old]
+            stand_in.replace_all_uses_with(
+                arg if arg.type == stand_in.type else
+                new_op("stablehlo.reshape", [arg], stand_in.type, top))
+            stand_in.owner.erase()
+        new_b = new_manual(b, list(b.operands) + list(operands),
+                           [r.type for r in b.results],
+                           shardings(b, "in_shardings") + [s for _, _, s in layouts],
+                           shardings(b, "out_shardings"), ir.InsertionPoint(b), b.location)
+        body_b.append_to(new_b.regions[0])
+        for k, r in enumerate(b.results):
+            r.replace_all_uses_with(new_b.results[k])
+        b.erase()
+        # the stacks the backward body no longer reads
+        shrunk(new_b, list(range(len(new_b.results))), drop_unused_args=True)
+        self.bwd = new_b
+
+
+def shrink_results(mc) -> None:
+    """Drop the results of manual computation `mc` nothing reads (the stacks that crossed)."""
+    shrunk(mc, [k for k, r in enumerate(mc.results) if next(iter(r.uses), None) is not None],
+           drop_unused_args=False)
+
+
+# ------------------------------- inside shard_map bodies, split form --
+def find_split_manual_pairs(fwd_func, bwd_func) -> list[tuple]:
+    """(forward manual computation of <f>_fwd, backward one of <f>_bwd, their scan pairs):
+    in split form the stacks of a scan in a shard_map body leave the forward computation
+    as its results, <f>_fwd returns them as residuals, and the backward computation takes
+    <f>_bwd's arguments for them."""
+    ret = graph.terminator(graph.body_block(fwd_func))
+    bargs = list(graph.body_block(bwd_func).arguments)
+    returned = {bargs[k]: ret.operands[i]
+                for k, i in enumerate(contract.residual_results(fwd_func))}
+
+    def manual(f):
+        return [op.operation for op in graph.body_block(f).operations
+                if op.operation.name == graph.MANUAL_COMPUTATION]
+    found = []
+    for a in manual(fwd_func):
+        yields = graph.terminator(a.regions[0].blocks[0]).operands
+        for b in manual(bwd_func):
+            body = b.regions[0].blocks[0]
+            crossed = {}
+            for j, v in enumerate(b.operands):
+                r = returned.get(v) if isinstance(v, ir.BlockArgument) else None
+                if isinstance(r, ir.OpResult) and op_id(r.owner) == op_id(a):
+                    crossed[body.arguments[j]] = yields[r.result_number]
+            pairs = pairs_across(a.regions[0].blocks[0], body, crossed) if crossed else []
+            if pairs:
+                found.append((a, b, pairs))
+    return found
+
+
+class SplitManualCrossing(ManualCrossing):
+    """`ManualCrossing` in split form: the forward computation is in <f>_fwd and the
+    backward one in <f>_bwd, so its new results also cross as residuals (`Crossing`), and
+    the residuals that carried the stacks go."""
+
+    def __init__(self, fwd_mc, bwd_mc, crossing: Crossing):
+        super().__init__(fwd_mc, bwd_mc)
+        self.crossing = crossing
+
+    def new_bytes(self, values) -> int:
+        """(Split form: the residual records `finish` returns count what crosses.)"""
+        return 0
+
+    def finish(self, describe) -> list:
+        """`describe(value of the forward body, the residual that carries it)` ->
+        (description, bytes). Returns the residual records in their new order."""
+        bargs = list(graph.body_block(self.crossing.bwd).arguments)
+        unused = {k for k, arg in enumerate(bargs) if next(iter(arg.uses), None) is None}
+        new_a, layouts, n_old = self.finish_forward()
+        results = list(new_a.results)[n_old:]
+        before = ir.InsertionPoint(self.bwd)
+        self.finish_backward([self.crossing.bring(r, before) for r in results], layouts, n_old)
+        # the residuals that carried the stacks: their arguments are read no more
+        ret = graph.terminator(graph.body_block(self.crossing.fwd))
+        self.crossing.drop_stacks([ret.operands[i] for k, i in enumerate(self.crossing.res_idx)
+                                   if k not in unused and next(iter(bargs[k].uses), None) is None])
+        inner = list(zip(results, self.inner))
+
+        def described(value):
+            return describe(next((v for r, v in inner if r == value), value), value)
+        records = self.crossing.finish(described)
+        shrink_results(new_a)
+        return records
