@@ -44,14 +44,17 @@ class ManualCrossing:
     `finish` makes each a new result of the forward computation and a new operand of the
     backward one, laid out as JAX lays out shard_map residuals (its first dimension sharded
     over the manual axes it varies over, `residual_layout`), and drops the stacks nothing
-    reads any more. The memory kind of an offloaded value is not carried across (the
-    saved carries stay on the device there)."""
+    reads any more. A value that is an argument of the forward body (a weight the loop
+    reads, say) is not copied out: the backward computation takes the forward one's
+    operand for it as well; a constant is made again in the backward body. The memory kind of an offloaded value is not carried across
+    (the saved carries stay on the device there)."""
 
     keeps_memory_kind = False   # so segment-scans keeps the saved carries on the device
 
     def __init__(self, fwd_mc, bwd_mc):
         self.fwd, self.bwd = fwd_mc, bwd_mc
         self.wanted = []        # (stand-in in the backward body, its slot in the return)
+        self.passed = []        # (stand-in in the backward body, forward body argument no.)
         self._layout = None
 
     def residual_bytes(self, value) -> int:
@@ -65,8 +68,16 @@ class ManualCrossing:
 
     def new_bytes(self, values) -> int:
         """The bytes of `values` of the forward body as new results of the computation: what
-        the activations gain when they cross (joint form; in split form the records count)."""
-        return sum(graph.type_bytes(v.type) * self.scale(v) for v in values)
+        the activations gain when they cross (joint form; in split form the records count).
+        An argument of the forward body is passed, not copied, and a constant made again:
+        nothing."""
+        return sum(graph.type_bytes(v.type) * self.scale(v) for v in values
+                   if not self._argument(v) and not (isinstance(v, ir.OpResult)
+                                                     and v.owner.name == "stablehlo.constant"))
+
+    def _argument(self, value) -> bool:
+        return isinstance(value, ir.BlockArgument) and \
+            value.owner == self.fwd.regions[0].blocks[0]
 
     def scale(self, value) -> int:
         """A value of the forward body's bytes as a new residual of the computation (its
@@ -84,7 +95,12 @@ class ManualCrossing:
         """A stand-in in the backward body; the forward body returns `value` at once, past
         the computation's results (so that later rewrites keep it current) until
         `finish`."""
+        if isinstance(value, ir.OpResult) and value.owner.name == "stablehlo.constant":
+            return value.owner.clone(ip=ip).results[0]     # (a literal: made again there)
         stand_in = zeros(value.type, ip)
+        if self._argument(value):     # (the forward computation's operand goes across)
+            self.passed.append((stand_in, value.arg_number))
+            return stand_in
         ret = graph.terminator(self.fwd.regions[0].blocks[0])
         self.wanted.append((stand_in, len(ret.operands)))
         ir.Operation.create("sdy.return", operands=list(ret.operands) + [value],
@@ -97,7 +113,8 @@ class ManualCrossing:
 
     def finish(self) -> None:
         new_a, layouts, n_old = self.finish_forward()
-        self.finish_backward(list(new_a.results)[n_old:], layouts, n_old)
+        self.finish_backward(list(new_a.results)[n_old:], layouts, n_old,
+                             [new_a.operands[k] for _, k in self.passed])
         shrink_results(new_a)
 
     def finish_forward(self):
@@ -131,10 +148,12 @@ class ManualCrossing:
         self.fwd = new_a
         return new_a, layouts, n_old
 
-    def finish_backward(self, operands, layouts, n_old):
+    def finish_backward(self, operands, layouts, n_old, passed):
         """The backward computation rebuilt with `operands` (the new results of the forward
-        one, or what stands for them) as new operands, its body reading them in place of
-        the stand-ins, and without the stacks it no longer reads."""
+        one, or what stands for them) and `passed` (the forward one's operands for the
+        forward body's arguments it reads, or what stands for them) as new operands, its
+        body reading them in place of the stand-ins, and without the stacks it no longer
+        reads."""
         b = self.bwd
         body_b = b.regions[0].blocks[0]
         args = [body_b.add_argument(local, b.location) for local, _, _ in layouts]
@@ -145,9 +164,14 @@ class ManualCrossing:
                 arg if arg.type == stand_in.type else
                 new_op("stablehlo.reshape", [arg], stand_in.type, top))
             stand_in.owner.erase()
-        new_b = new_manual(b, list(b.operands) + list(operands),
+        fwd_in = shardings(self.fwd, "in_shardings")
+        for stand_in, _ in self.passed:
+            stand_in.replace_all_uses_with(body_b.add_argument(stand_in.type, b.location))
+            stand_in.owner.erase()
+        new_b = new_manual(b, list(b.operands) + list(operands) + list(passed),
                            [r.type for r in b.results],
-                           shardings(b, "in_shardings") + [s for _, _, s in layouts],
+                           shardings(b, "in_shardings") + [s for _, _, s in layouts]
+                           + [fwd_in[k] for _, k in self.passed],
                            shardings(b, "out_shardings"), ir.InsertionPoint(b), b.location)
         body_b.append_to(new_b.regions[0])
         for k, r in enumerate(b.results):
@@ -215,7 +239,9 @@ class SplitManualCrossing(ManualCrossing):
         new_a, layouts, n_old = self.finish_forward()
         results = list(new_a.results)[n_old:]
         before = ir.InsertionPoint(self.bwd)
-        self.finish_backward([self.crossing.bring(r, before) for r in results], layouts, n_old)
+        self.finish_backward([self.crossing.bring(r, before) for r in results], layouts, n_old,
+                             [self.crossing.bring(new_a.operands[k], before)
+                              for _, k in self.passed])
         # the residuals that carried the stacks: their arguments are read no more
         ret = graph.terminator(graph.body_block(self.crossing.fwd))
         self.crossing.drop_stacks([ret.operands[i] for k, i in enumerate(self.crossing.res_idx)

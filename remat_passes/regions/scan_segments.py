@@ -331,8 +331,11 @@ def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segm
         sum(graph.type_bytes(_stack_type(-(-outer // inner) + 1, pair.fwd.op.operands[c].type))
             * scale(pair.fwd.op.operands[c])
             for outer, inner in zip(spans, spans[1:]) for c in seg.state),
+        # (the slots, on the scale of the stack they replace)
         sum(graph.type_bytes(_stack_type(seg.levels[-1], pair.fwd.stacked[c].value.type))
-            * scale(pair.fwd.op.results[c]) for c in seg.links.values()),
+            * crossed(pair.fwd.op.results[c])
+            // max(graph.type_bytes(pair.fwd.op.results[c].type), 1)
+            for c in seg.links.values()),
         f" at {pos}" if pos else "")
     fwd = pair.fwd
     m = -(-n // k)

@@ -228,18 +228,20 @@ func.func public @main(%arg0: tensor<2x2xf32>, %arg1: tensor<2x2xf32>, %arg2: te
 // (jax.export of a pmean-in-the-body scan over 2 devices, 4 iterations, after remat). The
 // forward loop now keeps its carry every 2 iterations; the forward computation returns
 // those saved carries ([3,1,4] per device, [6,1,4] sharded over "data" on its first
-// dimension, as JAX lays out shard_map residuals) and the loop's invariants instead of the
-// four [4,1,4] stacks, and the backward computation reruns each segment in a loop of its
-// own inside the backward loop.
+// dimension, as JAX lays out shard_map residuals) instead of the four [4,1,4] stacks. The
+// loop's invariants that are arguments of the forward body (the weight, the inputs) are not
+// copied out: the backward computation takes the forward one's operands for them, with
+// their shardings; a constant is made again. The backward computation reruns each segment
+// in a loop of its own inside the backward loop.
 // MANUAL-LABEL: module @shard_map_scan
 // MANUAL: sdy.manual_computation(%arg0, %arg1)
 // MANUAL: stablehlo.remainder
 // MANUAL: sdy.return {{.*}}, tensor<3x1x4xf32>{{$}}
-// MANUAL-NEXT: } : (tensor<4x4xf32>, tensor<4x2x4xf32>) -> (tensor<f32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<8x1x4xf32>, tensor<f32>, tensor<4x4xf32>, tensor<6x1x4xf32>)
-// MANUAL: %[[B:.*]]:2 = sdy.manual_computation({{.*}}) in_shardings=[{{.*}}, <@mesh, [{"data"}, {}, {}]>]
+// MANUAL-NEXT: } : (tensor<4x4xf32>, tensor<4x2x4xf32>) -> (tensor<f32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<6x1x4xf32>)
+// MANUAL: %[[B:.*]]:2 = sdy.manual_computation({{.*}}, %arg1, %arg0) in_shardings=[{{.*}}, <@mesh, [{"data"}, {}, {}]>, <@mesh, [{}, {"data"}, {}]>, <@mesh, [{}, {}]>]
 // MANUAL: stablehlo.while
 // MANUAL: stablehlo.while
-// MANUAL: } : ({{.*}}, tensor<6x1x4xf32>) -> (tensor<4x4xf32>, tensor<4x2x4xf32>)
+// MANUAL: } : ({{.*}}, tensor<6x1x4xf32>, tensor<4x2x4xf32>, tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x2x4xf32>)
 // MANUAL: return %{{.*}}, %[[B]]#0, %[[B]]#1
 module @shard_map_scan attributes {jax.uses_shape_polymorphism = false, mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["data"=2]> {stablehlo.mesh = {axes = [{name = "data", size = 2 : i64}]}}
