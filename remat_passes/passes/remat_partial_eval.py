@@ -247,17 +247,25 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             loops = any(op.operation.name == "stablehlo.while" for op in graph.nested_ops(
                 graph.body_block(graph.find_func(module_op, self.func))))
 
+        compiled: dict = {}      # the program's text -> its count (candidates may coincide)
+
         def trial(candidate):
             copy, st = self._trial(candidate, module_op, state, [
                 InsertReducePrecision(func=self.func, region_regex=self.region_regex),
                 SegmentScans(func=self.func), PlaceOptimizationBarriers(func=self.func),
                 AnnotateHostOffload(func=self.func), StripCheckpointNames()], mode="split")
-            kept = report.activation_bytes(st.residuals[self.func],
-                                           st.segmented.get(self.func, []))
+            # (in split form the residual records already are what crosses, saved carries
+            # included; a segmented loop's slots are added as the joint form counts them)
+            segmented = st.segmented.get(self.func, [])
+            kept = report.activation_bytes(st.residuals[self.func]) + sum(
+                s.segment_bytes for s in segmented)
             if loops:
                 cost = sum(flops.function_flops(copy, h) for h in halves)
             else:
-                cost, name = state.compiled_cost(copy, halves)
+                text = str(copy)
+                if text not in compiled:
+                    compiled[text] = state.compiled_cost(copy, halves)
+                cost, name = compiled[text]
                 backend[:] = [name]
             plans = st.plan_reports.get(self.func)
             return kept, cost, plans[0].budget if plans else None
