@@ -192,8 +192,11 @@ def _through_reshapes(v):
     return src if src.type == v.type else v
 
 
-def find_pairs(whiles) -> list[Pair]:
-    """Forward/backward scan pairs among `whiles` (the while ops of one block, in order)."""
+def find_pairs(whiles, source=None) -> list[Pair]:
+    """Forward/backward scan pairs among `whiles` (the while ops of one block, in order).
+    `source(v)`: what a backward loop's operand `v` is the stack of (default: `v` through
+    reshapes that end in its own type)."""
+    source = source or _through_reshapes
     whiles = [w.operation for w in whiles]
     pairs = []
     for fw in whiles:
@@ -208,7 +211,7 @@ def find_pairs(whiles) -> list[Pair]:
             body = bw.regions[1].blocks[0]
             ret = graph.terminator(body)
             for m, init in enumerate(bw.operands):
-                k = results.get(_through_reshapes(init))
+                k = results.get(source(init))
                 if k is None or ret.operands[m] != body.arguments[m]:
                     continue
                 r = _reads(body.arguments[m], ret)
@@ -259,8 +262,8 @@ def slot_reads(v) -> list[Read] | None:
     return reads
 
 
-def find_pairs_in_block(block) -> list[Pair]:
-    return find_pairs([op for op in block.operations if op.operation.name == WHILE])
+def find_pairs_in_block(block, source=None) -> list[Pair]:
+    return find_pairs([op for op in block.operations if op.operation.name == WHILE], source)
 
 
 def reshapes_argument_for_loops(op) -> bool:

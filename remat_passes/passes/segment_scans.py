@@ -30,6 +30,7 @@ from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.passes.base import ModulePass, option
 from remat_passes.passes.diagnostics import Remark
 from remat_passes.regions import manual_crossing, scan_segments
+from remat_passes.sharding import gspmd
 
 
 def parse_offload(text) -> str | None:
@@ -97,6 +98,13 @@ class SegmentScans(ModulePass):
             # (found afresh, not the kept analysis's: insert-reduce-precision may have
             # rounded a stacked value inside a body since, and the copy must write that)
             pairs = scan_pairs.find_pairs_in_block(graph.body_block(func))
+            # a scan in a GSPMD shard_map body, inlined: its stacks leave the manual region
+            # and come back in; the segmented loops pass the saved carries directly (both
+            # loops are in the region: `{manual}` values on either side)
+            paired = {op_id(p.bwd) for p in pairs}
+            pairs += [p for p in scan_pairs.find_pairs_in_block(graph.body_block(func),
+                                                                gspmd.round_trip_source)
+                      if op_id(p.bwd) not in paired]
             manual = manual_crossing.find_manual_pairs(graph.body_block(func))
             found = pairs + [p for _, _, ps in manual for p in ps]
             unpaired = _unpaired_forward_loops(func, found, state.analysis(func)) \

@@ -31,6 +31,7 @@ from remat_passes.analysis import scan_pairs
 from remat_passes.analysis.scan_pairs import WHILE, Pair, const_int, owner, shape
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import func, ir, op_id
+from remat_passes.sharding import gspmd
 from remat_passes.regions.loop_edit import LoopEdit, drop_unused_carries, int_const, zero_attr
 
 
@@ -129,7 +130,7 @@ def check(pair: Pair, k, split: bool = False) -> Segmentable | str:
     # per-iteration output, say) stays whole, and the backward reads it as before
     links = {m: c for m, c in pair.links.items()
              if len(list(fwd.op.results[c].uses)) == 1 and len(list(bwd.operands[m].uses)) == 1
-             and (split or bwd.operands[m] == fwd.op.results[c])
+             and (split or gspmd.round_trip_source(bwd.operands[m]) == fwd.op.results[c])
              and next(iter(bwd.results[m].uses), None) is None}
     if not links:
         return "its stacks reach the backward loop through reshapes or have other readers"
@@ -322,9 +323,15 @@ def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segm
     pair, n, k = seg.pair, seg.n, seg.levels[0]
     pos, _ = graph.source_position(pair.fwd.op)
     spans = [n] + seg.levels        # each level's carries: ceil(span / length) + 1
-    scale = crossing.scale if crossing is not None else (lambda v: 1)
-    crossed = crossing.residual_bytes if crossing is not None else \
-        (lambda v: graph.type_bytes(v.type))
+    if crossing is not None:
+        scale, crossed = crossing.scale, crossing.residual_bytes
+    else:       # (a GSPMD shard_map's stacks leave its region as global values)
+        crossed = gspmd.global_bytes
+        first = pair.fwd.op.results[next(iter(seg.links.values()))]
+        factor = crossed(first) // max(graph.type_bytes(first.type), 1)
+
+        def scale(v):
+            return factor
     report = Segmented(
         n, list(seg.levels),
         sum(crossed(pair.fwd.op.results[c]) for c in seg.links.values()),

@@ -247,6 +247,32 @@ def enter_region(arg, value_type, layout, ip, loc) -> ir.Value:
     return v
 
 
+def round_trip_source(v):
+    """`x` when `v` is per-device value `x` taken out of a manual region and back in
+    (`@Sharding` {manual}, `@SPMDShardToFullShape`, `@Sharding`, `@SPMDFullToShardShape`:
+    how a stack of a scan in a GSPMD shard_map body reaches the backward loop), with `x`'s
+    type; else `v`."""
+    x = v
+    for target in (graph.SPMD_FULL_TO_SHARD, SHARDING, graph.SPMD_SHARD_TO_FULL, SHARDING):
+        if not isinstance(x, ir.OpResult) or graph.custom_call_target(x.owner) != target:
+            return v
+        x = x.owner.operands[0]
+    return x if x.type == v.type else v
+
+
+def global_bytes(v) -> int:
+    """The bytes of `v` as it leaves a manual region (`@Sharding` {manual} then
+    `@SPMDShardToFullShape`: its global type), else its own."""
+    for use in v.uses:
+        s = use.owner.operation
+        if graph.custom_call_target(s) == SHARDING:
+            for use2 in s.results[0].uses:
+                full = use2.owner.operation
+                if graph.custom_call_target(full) == graph.SPMD_SHARD_TO_FULL:
+                    return graph.type_bytes(full.results[0].type)
+    return graph.type_bytes(v.type)
+
+
 def _custom_call(target, v, result_type, sharding, ip, loc) -> ir.Value:
     op = ir.Operation.create(
         "stablehlo.custom_call", results=[result_type], operands=[v],

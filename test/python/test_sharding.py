@@ -533,10 +533,11 @@ def test_scan_segments_on_the_mesh(partitioner):
     and keeps jax.vjp's results on the mesh. A scan inside a shard_map body (a collective in
     it) is segmented there under Shardy: the forward manual computation returns the saved
     carries and the loop's invariants, the backward one takes them (issue 27), in split
-    form across main_fwd and main_bwd as residuals. Under GSPMD,
-    where the stacks cross through the shard_map's custom calls, it is left as it was, with
-    a remark that says why. `auto` below the least a per-iteration plan keeps segments
-    them too (not inside a shard_map body under GSPMD)."""
+    form across main_fwd and main_bwd as residuals. Under GSPMD (the body inlined, its
+    stacks leaving the manual region and coming back through custom calls) it is segmented
+    in joint form, the saved carries passed directly; in split form it is left as it was,
+    with a remark that says why. `auto` below the least a per-iteration plan keeps segments
+    them too (not yet the GSPMD one)."""
     r = run_script(SEGMENTS_SCRIPT, partitioner, HERE)
     # (split form: the forward computation in main_fwd, the backward one in main_bwd)
     for pol, form in itertools.product(("None", "nothing_saveable"), ("", " split")):
@@ -544,16 +545,16 @@ def test_scan_segments_on_the_mesh(partitioner):
         assert jit["segmented"] == 1 and jit["err"] <= 1e-5 and jit.get("on_mesh", 1), jit
         assert "runs in segments of 5" in jit["remarks"][0]
         assert inside["err"] <= 1e-5 and inside.get("on_mesh", 1), inside
-        if partitioner == "shardy":
+        if partitioner == "shardy" or not form:
             assert inside["segmented"] == 1, inside
             assert "runs in segments of 5" in inside["remarks"][0], inside
-        else:
+        else:       # (GSPMD, split form: the stacks leave main_fwd through custom calls)
             assert inside["segmented"] == 0, inside
             assert "1 scan loop(s) were not segmented" in inside["remarks"][0], inside
     # auto at 85% of the least a per-iteration plan keeps: met by segmenting the scan
     for name in ("jit", "shard_map"):
         a = r[f"{name} auto"]
-        if name == "shard_map" and partitioner == "gspmd":
+        if name == "shard_map" and partitioner == "gspmd":     # (not yet: see passes.md)
             assert "below the minimum" in a["error"], a
             continue
         assert a.get("segmented") == 1 and a["kept"] <= a["budget"] and a["err"] <= 1e-5, a
