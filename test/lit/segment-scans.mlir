@@ -385,3 +385,190 @@ module @shard_map_scan attributes {jax.uses_shape_polymorphism = false, mhlo.num
     return %0#0, %2#0, %2#1 : tensor<f32>, tensor<4x4xf32>, tensor<4x2x4xf32>
   }
 }
+
+// -----
+
+// The same scan under GSPMD (jax_use_shardy_partitioner=False): the shard_map body is
+// inlined, and the four stacks leave the manual region and come back in through custom
+// calls (@Sharding, @SPMDShardToFullShape, @Sharding, @SPMDFullToShardShape). The pair is
+// found through that round trip; the saved carries ([3,1,4] per device) go from the
+// forward loop to the backward one directly, both loops being in the region, and the
+// stacks' round trips go.
+// CHECK-LABEL: module @gspmd_scan
+// CHECK: %[[FWD:.*]]:{{[0-9]+}} = stablehlo.while
+// CHECK: stablehlo.remainder
+// CHECK-NOT: -> tensor<8x1x4xf32>
+// CHECK: stablehlo.while({{.*}}%[[FWD]]#{{[0-9]+}}{{.*}}) : {{.*}}tensor<3x1x4xf32>
+module @gspmd_scan attributes {jax.uses_shape_polymorphism = false, mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%arg0: tensor<4x4xf32> {mhlo.sharding = "{replicated}"}, %arg1: tensor<4x2x4xf32> {mhlo.sharding = "{devices=[1,2,1]<=[2]}"}, %arg2: tensor<f32> {mhlo.sharding = "{replicated}", remat.cotangent}) -> (tensor<f32> {jax.result_info = "result[0]"}, tensor<4x4xf32> {jax.result_info = "result[1][0]", remat.gradient}, tensor<4x2x4xf32> {jax.result_info = "result[1][1]", remat.gradient}) {
+    %0 = stablehlo.custom_call @Sharding(%arg0) {mhlo.sharding = "{replicated}"} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %1 = stablehlo.custom_call @SPMDFullToShardShape(%0) {mhlo.sharding = "{manual}"} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %2 = stablehlo.custom_call @Sharding(%arg1) {mhlo.sharding = "{devices=[1,2,1]<=[2]}"} : (tensor<4x2x4xf32>) -> tensor<4x2x4xf32>
+    %3 = stablehlo.custom_call @SPMDFullToShardShape(%2) {mhlo.sharding = "{manual}"} : (tensor<4x2x4xf32>) -> tensor<4x1x4xf32>
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %c_0 = stablehlo.constant dense<4> : tensor<i32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_2 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %4 = stablehlo.slice %3 [0:1, 0:1, 0:4] : (tensor<4x1x4xf32>) -> tensor<1x1x4xf32>
+    %5 = stablehlo.reshape %4 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+    %6 = stablehlo.tanh %5 : tensor<1x4xf32>
+    %7 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+    %8 = stablehlo.subtract %7, %6 : tensor<1x4xf32>
+    %9 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+    %10 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+    %11 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+    %12 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+    // expected-remark @+1 {{runs in segments of 2: it keeps 2 carries (+1 scratch each, 96 B) and 2 slots (256 B) instead of 4 slots (512 B), for one more run of its body per iteration}}
+    %13:9 = stablehlo.while(%iterArg = %3, %iterArg_7 = %cst_2, %iterArg_8 = %1, %iterArg_9 = %c_1, %iterArg_10 = %6, %iterArg_11 = %9, %iterArg_12 = %10, %iterArg_13 = %11, %iterArg_14 = %12) : tensor<4x1x4xf32>, tensor<f32>, tensor<4x4xf32>, tensor<i32>, tensor<1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>
+    cond {
+      %70 = stablehlo.compare LT, %iterArg_9, %c_0, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %70 : tensor<i1>
+    } do {
+      %c_15 = stablehlo.constant dense<0> : tensor<i32>
+      %70 = stablehlo.dynamic_slice %iterArg, %iterArg_9, %c_15, %c_15, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+      %71 = stablehlo.reshape %70 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+      %cst_16 = stablehlo.constant dense<2.000000e+00> : tensor<f32>
+      %72 = stablehlo.dot_general %iterArg_10, %iterArg_8, contracting_dims = [1] x [0] : (tensor<1x4xf32>, tensor<4x4xf32>) -> tensor<1x4xf32>
+      %73 = stablehlo.add %72, %71 : tensor<1x4xf32>
+      %74 = stablehlo.sine %iterArg_10 : tensor<1x4xf32>
+      %75 = stablehlo.cosine %iterArg_10 : tensor<1x4xf32>
+      %76 = "stablehlo.all_reduce"(%74) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+      ^bb0(%arg3: tensor<f32>, %arg4: tensor<f32>):
+        %92 = stablehlo.add %arg3, %arg4 : tensor<f32>
+        stablehlo.return %92 : tensor<f32>
+      }) : (tensor<1x4xf32>) -> tensor<1x4xf32>
+      %77 = stablehlo.broadcast_in_dim %cst_16, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+      %78 = stablehlo.divide %76, %77 : tensor<1x4xf32>
+      %79 = stablehlo.add %73, %78 : tensor<1x4xf32>
+      %80 = stablehlo.tanh %79 : tensor<1x4xf32>
+      %81 = stablehlo.broadcast_in_dim %iterArg_7, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+      %82 = stablehlo.subtract %81, %80 : tensor<1x4xf32>
+      %c_17 = stablehlo.constant dense<0> : tensor<i32>
+      %83 = stablehlo.broadcast_in_dim %iterArg_10, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+      %84 = stablehlo.dynamic_update_slice %iterArg_11, %83, %iterArg_9, %c_17, %c_17 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+      %c_18 = stablehlo.constant dense<0> : tensor<i32>
+      %85 = stablehlo.broadcast_in_dim %75, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+      %86 = stablehlo.dynamic_update_slice %iterArg_12, %85, %iterArg_9, %c_18, %c_18 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+      %c_19 = stablehlo.constant dense<0> : tensor<i32>
+      %87 = stablehlo.broadcast_in_dim %80, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+      %88 = stablehlo.dynamic_update_slice %iterArg_13, %87, %iterArg_9, %c_19, %c_19 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+      %c_20 = stablehlo.constant dense<0> : tensor<i32>
+      %89 = stablehlo.broadcast_in_dim %82, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+      %90 = stablehlo.dynamic_update_slice %iterArg_14, %89, %iterArg_9, %c_20, %c_20 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+      %91 = stablehlo.add %iterArg_9, %c : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_7, %iterArg_8, %91, %80, %84, %86, %88, %90 : tensor<4x1x4xf32>, tensor<f32>, tensor<4x4xf32>, tensor<i32>, tensor<1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>
+    }
+    %14 = stablehlo.multiply %13#4, %13#4 : tensor<1x4xf32>
+    %15 = stablehlo.reduce(%14 init: %cst) applies stablehlo.add across dimensions = [0, 1] : (tensor<1x4xf32>, tensor<f32>) -> tensor<f32>
+    %16 = "stablehlo.all_reduce"(%15) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+    ^bb0(%arg3: tensor<f32>, %arg4: tensor<f32>):
+      %70 = stablehlo.add %arg3, %arg4 : tensor<f32>
+      stablehlo.return %70 : tensor<f32>
+    }) : (tensor<f32>) -> tensor<f32>
+    %17 = stablehlo.custom_call @Sharding(%6) {mhlo.sharding = "{manual}"} : (tensor<1x4xf32>) -> tensor<1x4xf32>
+    %18 = stablehlo.custom_call @SPMDShardToFullShape(%17) {mhlo.sharding = "{devices=[2,1]<=[2]}"} : (tensor<1x4xf32>) -> tensor<2x4xf32>
+    %19 = stablehlo.custom_call @Sharding(%8) {mhlo.sharding = "{manual}"} : (tensor<1x4xf32>) -> tensor<1x4xf32>
+    %20 = stablehlo.custom_call @SPMDShardToFullShape(%19) {mhlo.sharding = "{devices=[2,1]<=[2]}"} : (tensor<1x4xf32>) -> tensor<2x4xf32>
+    %21 = stablehlo.custom_call @Sharding(%1) {mhlo.sharding = "{manual}"} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %22 = stablehlo.custom_call @SPMDShardToFullShape(%21) {mhlo.sharding = "{devices=[2,1]<=[2]}"} : (tensor<4x4xf32>) -> tensor<8x4xf32>
+    %23 = stablehlo.custom_call @Sharding(%13#5) {mhlo.sharding = "{manual}"} : (tensor<4x1x4xf32>) -> tensor<4x1x4xf32>
+    %24 = stablehlo.custom_call @SPMDShardToFullShape(%23) {mhlo.sharding = "{devices=[2,1,1]<=[2]}"} : (tensor<4x1x4xf32>) -> tensor<8x1x4xf32>
+    %25 = stablehlo.custom_call @Sharding(%13#6) {mhlo.sharding = "{manual}"} : (tensor<4x1x4xf32>) -> tensor<4x1x4xf32>
+    %26 = stablehlo.custom_call @SPMDShardToFullShape(%25) {mhlo.sharding = "{devices=[2,1,1]<=[2]}"} : (tensor<4x1x4xf32>) -> tensor<8x1x4xf32>
+    %27 = stablehlo.custom_call @Sharding(%13#7) {mhlo.sharding = "{manual}"} : (tensor<4x1x4xf32>) -> tensor<4x1x4xf32>
+    %28 = stablehlo.custom_call @SPMDShardToFullShape(%27) {mhlo.sharding = "{devices=[2,1,1]<=[2]}"} : (tensor<4x1x4xf32>) -> tensor<8x1x4xf32>
+    %29 = stablehlo.custom_call @Sharding(%13#8) {mhlo.sharding = "{manual}"} : (tensor<4x1x4xf32>) -> tensor<4x1x4xf32>
+    %30 = stablehlo.custom_call @SPMDShardToFullShape(%29) {mhlo.sharding = "{devices=[2,1,1]<=[2]}"} : (tensor<4x1x4xf32>) -> tensor<8x1x4xf32>
+    %31 = stablehlo.custom_call @Sharding(%13#4) {mhlo.sharding = "{manual}"} : (tensor<1x4xf32>) -> tensor<1x4xf32>
+    %32 = stablehlo.custom_call @SPMDShardToFullShape(%31) {mhlo.sharding = "{devices=[2,1]<=[2]}"} : (tensor<1x4xf32>) -> tensor<2x4xf32>
+    %33 = stablehlo.custom_call @Sharding(%16) {mhlo.sharding = "{manual}"} : (tensor<f32>) -> tensor<f32>
+    %34 = stablehlo.custom_call @SPMDShardToFullShape(%33) {mhlo.sharding = "{replicated}"} : (tensor<f32>) -> tensor<f32>
+    %35 = stablehlo.custom_call @Sharding(%arg2) {mhlo.sharding = "{replicated}"} : (tensor<f32>) -> tensor<f32>
+    %36 = stablehlo.custom_call @SPMDFullToShardShape(%35) {mhlo.sharding = "{manual}"} : (tensor<f32>) -> tensor<f32>
+    %37 = stablehlo.custom_call @Sharding(%18) {mhlo.sharding = "{devices=[2,1]<=[2]}"} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %38 = stablehlo.custom_call @SPMDFullToShardShape(%37) {mhlo.sharding = "{manual}"} : (tensor<2x4xf32>) -> tensor<1x4xf32>
+    %39 = stablehlo.custom_call @Sharding(%20) {mhlo.sharding = "{devices=[2,1]<=[2]}"} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %40 = stablehlo.custom_call @SPMDFullToShardShape(%39) {mhlo.sharding = "{manual}"} : (tensor<2x4xf32>) -> tensor<1x4xf32>
+    %41 = stablehlo.custom_call @Sharding(%22) {mhlo.sharding = "{devices=[2,1]<=[2]}"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+    %42 = stablehlo.custom_call @SPMDFullToShardShape(%41) {mhlo.sharding = "{manual}"} : (tensor<8x4xf32>) -> tensor<4x4xf32>
+    %43 = stablehlo.custom_call @Sharding(%24) {mhlo.sharding = "{devices=[2,1,1]<=[2]}"} : (tensor<8x1x4xf32>) -> tensor<8x1x4xf32>
+    %44 = stablehlo.custom_call @SPMDFullToShardShape(%43) {mhlo.sharding = "{manual}"} : (tensor<8x1x4xf32>) -> tensor<4x1x4xf32>
+    %45 = stablehlo.custom_call @Sharding(%26) {mhlo.sharding = "{devices=[2,1,1]<=[2]}"} : (tensor<8x1x4xf32>) -> tensor<8x1x4xf32>
+    %46 = stablehlo.custom_call @SPMDFullToShardShape(%45) {mhlo.sharding = "{manual}"} : (tensor<8x1x4xf32>) -> tensor<4x1x4xf32>
+    %47 = stablehlo.custom_call @Sharding(%28) {mhlo.sharding = "{devices=[2,1,1]<=[2]}"} : (tensor<8x1x4xf32>) -> tensor<8x1x4xf32>
+    %48 = stablehlo.custom_call @SPMDFullToShardShape(%47) {mhlo.sharding = "{manual}"} : (tensor<8x1x4xf32>) -> tensor<4x1x4xf32>
+    %49 = stablehlo.custom_call @Sharding(%30) {mhlo.sharding = "{devices=[2,1,1]<=[2]}"} : (tensor<8x1x4xf32>) -> tensor<8x1x4xf32>
+    %50 = stablehlo.custom_call @SPMDFullToShardShape(%49) {mhlo.sharding = "{manual}"} : (tensor<8x1x4xf32>) -> tensor<4x1x4xf32>
+    %51 = stablehlo.custom_call @Sharding(%32) {mhlo.sharding = "{devices=[2,1]<=[2]}"} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %52 = stablehlo.custom_call @SPMDFullToShardShape(%51) {mhlo.sharding = "{manual}"} : (tensor<2x4xf32>) -> tensor<1x4xf32>
+    %c_3 = stablehlo.constant dense<1> : tensor<i32>
+    %c_4 = stablehlo.constant dense<4> : tensor<i32>
+    %c_5 = stablehlo.constant dense<0> : tensor<i32>
+    %cst_6 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %53 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+    %54 = stablehlo.multiply %52, %53 : tensor<1x4xf32>
+    %55 = stablehlo.multiply %53, %52 : tensor<1x4xf32>
+    %56 = stablehlo.add %54, %55 : tensor<1x4xf32>
+    %57 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4x4xf32>
+    %58 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4x1x4xf32>
+    %59:9 = stablehlo.while(%iterArg = %44, %iterArg_7 = %46, %iterArg_8 = %48, %iterArg_9 = %50, %iterArg_10 = %42, %iterArg_11 = %c_5, %iterArg_12 = %57, %iterArg_13 = %56, %iterArg_14 = %58) : tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x4xf32>, tensor<i32>, tensor<4x4xf32>, tensor<1x4xf32>, tensor<4x1x4xf32>
+    cond {
+      %70 = stablehlo.compare LT, %iterArg_11, %c_4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %70 : tensor<i1>
+    } do {
+      %70 = stablehlo.subtract %c_4, %iterArg_11 : tensor<i32>
+      %71 = stablehlo.subtract %70, %c_3 : tensor<i32>
+      %c_15 = stablehlo.constant dense<0> : tensor<i32>
+      %72 = stablehlo.dynamic_slice %iterArg, %71, %c_15, %c_15, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+      %73 = stablehlo.reshape %72 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+      %c_16 = stablehlo.constant dense<0> : tensor<i32>
+      %74 = stablehlo.dynamic_slice %iterArg_7, %71, %c_16, %c_16, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+      %75 = stablehlo.reshape %74 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+      %c_17 = stablehlo.constant dense<0> : tensor<i32>
+      %76 = stablehlo.dynamic_slice %iterArg_8, %71, %c_17, %c_17, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+      %77 = stablehlo.reshape %76 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+      %c_18 = stablehlo.constant dense<0> : tensor<i32>
+      %78 = stablehlo.dynamic_slice %iterArg_9, %71, %c_18, %c_18, sizes = [1, 1, 4] : (tensor<4x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x4xf32>
+      %79 = stablehlo.reshape %78 : (tensor<1x1x4xf32>) -> tensor<1x4xf32>
+      %cst_19 = stablehlo.constant dense<2.000000e+00> : tensor<f32>
+      %80 = stablehlo.multiply %iterArg_13, %79 : tensor<1x4xf32>
+      %81 = stablehlo.multiply %80, %77 : tensor<1x4xf32>
+      %82 = stablehlo.add %80, %81 : tensor<1x4xf32>
+      %83 = "stablehlo.all_reduce"(%82) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+      ^bb0(%arg3: tensor<f32>, %arg4: tensor<f32>):
+        %96 = stablehlo.add %arg3, %arg4 : tensor<f32>
+        stablehlo.return %96 : tensor<f32>
+      }) : (tensor<1x4xf32>) -> tensor<1x4xf32>
+      %84 = stablehlo.broadcast_in_dim %cst_19, dims = [] : (tensor<f32>) -> tensor<1x4xf32>
+      %85 = stablehlo.divide %83, %84 : tensor<1x4xf32>
+      %86 = stablehlo.multiply %85, %75 : tensor<1x4xf32>
+      %87 = stablehlo.dot_general %82, %73, contracting_dims = [0] x [0] : (tensor<1x4xf32>, tensor<1x4xf32>) -> tensor<4x4xf32>
+      %88 = stablehlo.transpose %87, dims = [1, 0] : (tensor<4x4xf32>) -> tensor<4x4xf32>
+      %89 = stablehlo.dot_general %82, %iterArg_10, contracting_dims = [1] x [1] : (tensor<1x4xf32>, tensor<4x4xf32>) -> tensor<1x4xf32>
+      %90 = stablehlo.add %86, %89 : tensor<1x4xf32>
+      %91 = "stablehlo.all_reduce"(%88) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+      ^bb0(%arg3: tensor<f32>, %arg4: tensor<f32>):
+        %96 = stablehlo.add %arg3, %arg4 : tensor<f32>
+        stablehlo.return %96 : tensor<f32>
+      }) : (tensor<4x4xf32>) -> tensor<4x4xf32>
+      %92 = stablehlo.add %iterArg_12, %91 : tensor<4x4xf32>
+      %c_20 = stablehlo.constant dense<0> : tensor<i32>
+      %93 = stablehlo.broadcast_in_dim %82, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+      %94 = stablehlo.dynamic_update_slice %iterArg_14, %93, %71, %c_20, %c_20 : (tensor<4x1x4xf32>, tensor<1x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<4x1x4xf32>
+      %95 = stablehlo.add %iterArg_11, %c_3 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %95, %92, %90, %94 : tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x1x4xf32>, tensor<4x4xf32>, tensor<i32>, tensor<4x4xf32>, tensor<1x4xf32>, tensor<4x1x4xf32>
+    }
+    %60 = stablehlo.multiply %59#7, %40 : tensor<1x4xf32>
+    %61 = stablehlo.multiply %60, %38 : tensor<1x4xf32>
+    %62 = stablehlo.add %60, %61 : tensor<1x4xf32>
+    %63 = stablehlo.broadcast_in_dim %62, dims = [1, 2] : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+    %64 = stablehlo.pad %63, %cst_6, low = [0, 0, 0], high = [3, 0, 0], interior = [0, 0, 0] : (tensor<1x1x4xf32>, tensor<f32>) -> tensor<4x1x4xf32>
+    %65 = stablehlo.add %59#8, %64 : tensor<4x1x4xf32>
+    %66 = stablehlo.custom_call @Sharding(%59#6) {mhlo.sharding = "{manual}"} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %67 = stablehlo.custom_call @SPMDShardToFullShape(%66) {mhlo.sharding = "{replicated}"} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %68 = stablehlo.custom_call @Sharding(%65) {mhlo.sharding = "{manual}"} : (tensor<4x1x4xf32>) -> tensor<4x1x4xf32>
+    %69 = stablehlo.custom_call @SPMDShardToFullShape(%68) {mhlo.sharding = "{devices=[1,2,1]<=[2]}"} : (tensor<4x1x4xf32>) -> tensor<4x2x4xf32>
+    return %34, %67, %69 : tensor<f32>, tensor<4x4xf32>, tensor<4x2x4xf32>
+  }
+}
