@@ -127,7 +127,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                     reports = resolve(policies, a0, self.region_regex, set(kept0))
                 except BudgetBelowMinimum as e:   # scans in segments may still meet it
                     if e.policy is not policies.module_policy or not (
-                            scan_pairs.find_pairs_in_block(block)
+                            scan_pairs.find_pairs_in_block(block, gspmd.round_trip_source)
                             or manual_crossing.find_manual_pairs(block)):
                         raise
                     policies.module_policy = self._segments_below_the_minimum(e, module_op,

@@ -17,6 +17,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Saveable
 from remat_passes.regions.scan_rewrite import ScanPairPlanner
+from remat_passes.sharding import gspmd
 
 ROUNDING = "stablehlo.reduce_precision"   # what insert-reduce-precision inserts
 
@@ -203,14 +204,15 @@ class ProblemBuilder:
         return node
 
     def value(self, v, producer: int, scale: int, forward_use: bool = False,
-              argument: bool = False) -> int:
+              argument: bool = False, copies: int = 1) -> int:
         """A value node; `forward_use`: the forward reads it too, so that keeping it makes
         insert-reduce-precision round it when a recomputed op reads it; `argument`: one of
-        the function's arguments, which a budget does not count."""
+        the function's arguments, which a budget does not count; `copies`: its bytes count
+        that many times (a GSPMD manual value, one copy per device class)."""
         node = len(self.values)
         self.value_index[v] = node
         self.values.append(v)
-        nbytes = graph.type_bytes(v.type) * scale
+        nbytes = graph.type_bytes(v.type) * scale * copies
         self.value_bytes.append(0 if argument else nbytes)
         self.argument_bytes.append(nbytes if argument else 0)
         elem = str(getattr(v.type, "element_type", ""))
@@ -255,6 +257,9 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
     modelled as saved where the backward needs it."""
     b = ProblemBuilder(profile, offload)
     chains = a.scope_chains(scope_re)
+    # a value inside a GSPMD manual region counts as it leaves it as a residual: every
+    # device's copy side by side (as the residual report counts it)
+    tiles = gspmd.tile_counts(a)
     arg_node = {}
     for i, v in enumerate(a.args):
         if i not in a.cotangent_vids:
@@ -276,7 +281,8 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         for vid in a.results(pos):
             if vid not in stacked:
                 forward_use = any(u < len(a.ops) and not a.backward[u] for u in a.users(vid))
-                vid_node[vid] = b.value(a.value(vid), node, 1, forward_use)
+                vid_node[vid] = b.value(a.value(vid), node, 1, forward_use,
+                                        copies=tiles.get(vid, 1))
         for vid in a.reads(pos):
             if vid in vid_node:
                 b.reads[node].append(vid_node[vid])
@@ -290,7 +296,8 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
                 if vid in vid_node:
                     b.needed[vid_node[vid]] = True
     for pair in pairs:
-        _add_pair(b, pair, vid_node, a)
+        _add_pair(b, pair, vid_node, a,
+                  tiles.get(a.result_base[a.position[op_id(pair.fwd.op)]], 1))
     return b.problem(), b
 
 
@@ -300,9 +307,10 @@ def _modelled(pair) -> bool:
                    for k in pair.links.values())
 
 
-def _add_pair(b: ProblemBuilder, pair, vid_node, a) -> None:
+def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1) -> None:
     """The forward body of a scan pair, per iteration: ops and values times the trip count;
-    the stacked values the backward loop reads are needed."""
+    the stacked values the backward loop reads are needed. `copies`: the loop is in a GSPMD
+    manual region whose stacks leave it as that many devices' copies."""
     fwd = pair.fwd
     n = fwd.trip_count
     facts = ScanPairPlanner(pair, lambda v: Saveable)
@@ -335,7 +343,7 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a) -> None:
         k = arg.arg_number
         if k in fwd.invariant or k == fwd.counter or facts.free_kind(arg) is not None:
             continue
-        node_of[arg] = b.value(arg, -1, n)          # a carry-in: stacked if needed
+        node_of[arg] = b.value(arg, -1, n, copies=copies)   # a carry-in: stacked if needed
     for op in body_ops:
         results = list(op.results)
         if results and all(facts.free_kind(r) is not None for r in results):
@@ -344,7 +352,7 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a) -> None:
         rec = not graph.is_side_effecting(op) and scan_pairs.analyse_forward(op) is None
         node = b.op(op, rec, n, label)
         for r in results:
-            node_of[r] = b.value(r, node, n, _used_beyond_stacking(r))
+            node_of[r] = b.value(r, node, n, _used_beyond_stacking(r), copies=copies)
         for u in graph.read_values(op):
             if u in node_of:
                 b.reads[node].append(node_of[u])

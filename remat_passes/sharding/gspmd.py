@@ -191,6 +191,22 @@ def varies_per_device(op) -> bool:
     return bool(found)
 
 
+def tile_counts(analysis) -> dict:
+    """{vid: how many devices' copies} of every value inside a GSPMD manual region: what its
+    bytes are multiplied by when it leaves the region as a residual (`residual_layout`'s
+    first-dimension tiles). Empty when the function has no manual region."""
+    a = analysis
+    manual = a.manual
+    if not any(manual):
+        return {}
+    n = num_devices(graph.module_of(a.func_op))
+    out = {}
+    for vid, labels in device_classes(a, manual, n).items():
+        counts = np.bincount(np.asarray(labels))
+        out[vid] = len(counts) if len(set(counts.tolist())) == 1 else n
+    return out
+
+
 def residual_layouts(analysis, vids) -> dict:
     """{vid: residual_layout} for the residuals `vids` inside GSPMD manual regions."""
     a = analysis
