@@ -22,16 +22,28 @@ def find_manual_pairs(block) -> list[tuple]:
     """(forward manual computation, backward one, their scan pairs): a shard_map under a
     VJP is two `sdy.manual_computation`s, the forward one returning the stacks of the scan
     in its body, the backward one taking them as operands for the scan in its own."""
-    mcs = [op.operation for op in block.operations
-           if op.operation.name == graph.MANUAL_COMPUTATION]
+    mcs = _manual_computations(block)
+    return _pairs_between(mcs, mcs, lambda v: v)
+
+
+def _manual_computations(block) -> list:
+    return [op.operation for op in block.operations
+            if op.operation.name == graph.MANUAL_COMPUTATION]
+
+
+def _pairs_between(fwd_mcs, bwd_mcs, source) -> list[tuple]:
+    """(forward computation, backward one, their scan pairs) for each backward computation
+    with an operand `v` whose `source(v)` is a result of a forward computation."""
     found = []
-    for a in mcs:
+    for a in fwd_mcs:
         yields = graph.terminator(a.regions[0].blocks[0]).operands
-        for b in mcs:
+        for b in bwd_mcs:
             body = b.regions[0].blocks[0]
-            crossed = {body.arguments[j]: yields[v.result_number]
-                       for j, v in enumerate(b.operands)
-                       if isinstance(v, ir.OpResult) and op_id(v.owner) == op_id(a)}
+            crossed = {}
+            for j, v in enumerate(b.operands):
+                r = source(v)
+                if isinstance(r, ir.OpResult) and op_id(r.owner) == op_id(a):
+                    crossed[body.arguments[j]] = yields[r.result_number]
             pairs = pairs_across(a.regions[0].blocks[0], body, crossed) if crossed else []
             if pairs:
                 found.append((a, b, pairs))
@@ -46,8 +58,9 @@ class ManualCrossing:
     over the manual axes it varies over, `residual_layout`), and drops the stacks nothing
     reads any more. A value that is an argument of the forward body (a weight the loop
     reads, say) is not copied out: the backward computation takes the forward one's
-    operand for it as well; a constant is made again in the backward body. The memory kind of an offloaded value is not carried across
-    (the saved carries stay on the device there)."""
+    operand for it as well; a constant is made again in the backward body. The memory kind
+    of an offloaded value is not carried across (the saved carries stay on the device
+    there)."""
 
     keeps_memory_kind = False   # so segment-scans keeps the saved carries on the device
 
@@ -198,24 +211,10 @@ def find_split_manual_pairs(fwd_func, bwd_func) -> list[tuple]:
     bargs = list(graph.body_block(bwd_func).arguments)
     returned = {bargs[k]: ret.operands[i]
                 for k, i in enumerate(contract.residual_results(fwd_func))}
-
-    def manual(f):
-        return [op.operation for op in graph.body_block(f).operations
-                if op.operation.name == graph.MANUAL_COMPUTATION]
-    found = []
-    for a in manual(fwd_func):
-        yields = graph.terminator(a.regions[0].blocks[0]).operands
-        for b in manual(bwd_func):
-            body = b.regions[0].blocks[0]
-            crossed = {}
-            for j, v in enumerate(b.operands):
-                r = returned.get(v) if isinstance(v, ir.BlockArgument) else None
-                if isinstance(r, ir.OpResult) and op_id(r.owner) == op_id(a):
-                    crossed[body.arguments[j]] = yields[r.result_number]
-            pairs = pairs_across(a.regions[0].blocks[0], body, crossed) if crossed else []
-            if pairs:
-                found.append((a, b, pairs))
-    return found
+    return _pairs_between(
+        _manual_computations(graph.body_block(fwd_func)),
+        _manual_computations(graph.body_block(bwd_func)),
+        lambda v: returned.get(v) if isinstance(v, ir.BlockArgument) else None)
 
 
 class SplitManualCrossing(ManualCrossing):

@@ -186,9 +186,9 @@ def _arith(name, a, b, ip):
 
 
 def _compare(direction, a, b, ip):
-    return new_op("stablehlo.compare", [a, b], ir.RankedTensorType.get([], ir.IntegerType.get_signless(1)),
-               ip, comparison_direction=ir.Attribute.parse(
-                   f"#stablehlo<comparison_direction {direction}>"))
+    i1 = ir.RankedTensorType.get([], ir.IntegerType.get_signless(1))
+    return new_op("stablehlo.compare", [a, b], i1, ip, comparison_direction=ir.Attribute.parse(
+        f"#stablehlo<comparison_direction {direction}>"))
 
 
 def _select(pred, a, b, ip):
@@ -218,15 +218,15 @@ def _write(buf, value, index, ip):
     """dynamic_update_slice of `value` into slot `index` of `buf`."""
     t = ir.RankedTensorType(value.type)
     one = new_op("stablehlo.reshape", [value], _stack_type(1, value.type), ip)
-    zeros = [int_const(index.type, 0, ip) for _ in t.shape]
-    return new_op("stablehlo.dynamic_update_slice", [buf, one, index] + zeros, buf.type, ip)
+    rest = [int_const(index.type, 0, ip) for _ in t.shape]     # (the other dimensions)
+    return new_op("stablehlo.dynamic_update_slice", [buf, one, index] + rest, buf.type, ip)
 
 
 def _read(buf, index, value_type, ip):
     t = ir.RankedTensorType(value_type)
-    zeros = [int_const(index.type, 0, ip) for _ in t.shape]
-    one = new_op("stablehlo.dynamic_slice", [buf, index] + zeros, _stack_type(1, value_type), ip,
-              slice_sizes=ir.DenseI64ArrayAttr.get([1] + list(t.shape)))
+    rest = [int_const(index.type, 0, ip) for _ in t.shape]
+    one = new_op("stablehlo.dynamic_slice", [buf, index] + rest, _stack_type(1, value_type), ip,
+                 slice_sizes=ir.DenseI64ArrayAttr.get([1] + list(t.shape)))
     return new_op("stablehlo.reshape", [one], value_type, ip)
 
 

@@ -200,11 +200,18 @@ def tile_counts(analysis) -> dict:
     if not any(manual):
         return {}
     n = num_devices(graph.module_of(a.func_op))
-    out = {}
-    for vid, labels in device_classes(a, manual, n).items():
-        counts = np.bincount(np.asarray(labels))
-        out[vid] = len(counts) if len(set(counts.tolist())) == 1 else n
-    return out
+    return {vid: len(_tile_counts(labels, n)[1])
+            for vid, labels in device_classes(a, manual, n).items()}
+
+
+def _tile_counts(labels, n: int):
+    """(labels, devices per tile): one tile per class of devices holding equal values; one
+    per device where the classes are unequal."""
+    labels = np.asarray(labels)
+    counts = np.bincount(labels)
+    if len(set(counts.tolist())) != 1:
+        return np.arange(n), np.ones(n, dtype=np.int64)
+    return labels, counts
 
 
 def residual_layouts(analysis, vids) -> dict:
@@ -227,10 +234,7 @@ def residual_layout(value, labels, n: int):
     rt = ir.RankedTensorType(value.type)
     shape = list(rt.shape) or [1]
     local = ir.RankedTensorType.get(shape, rt.element_type)
-    labels = np.asarray(labels)
-    counts = np.bincount(labels)
-    if len(set(counts.tolist())) != 1:       # unequal classes: one tile per device
-        labels, counts = np.arange(n), np.ones(n, dtype=np.int64)
+    labels, counts = _tile_counts(labels, n)
     tiles, replicas = len(counts), int(counts[0])
     order = np.argsort(labels, kind="stable")       # tile-major, its replicas after it
     dims = [tiles] + [1] * (len(shape) - 1) + ([replicas] if replicas > 1 else [])
