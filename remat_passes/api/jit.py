@@ -13,8 +13,11 @@ Arguments and results are the function's own pytrees in both forms:
 * `mode="auto"` (the default): joint, on every backend. On CPU the recomputation is tied
   to the cotangent by data (`tie_to_cotangent`, on by default there): XLA:CPU deletes
   optimization barriers before it schedules, and without the tie it would merge the clones
-  with the forward and keep nothing of the saving (see place-optimization-barriers).
-  `jitted.lower(*args).mode` says which form it took.
+  with the forward and keep nothing of the saving (see place-optimization-barriers). In
+  split form the backward is a program of its own, where the tie only orders it and can
+  cost scratch as well as save it, so there rp.jit builds it tied and untied and runs the
+  smaller (unless `tie_to_cotangent` is given). `jitted.lower(*args).mode` says which form
+  it took, `.tied` whether the tie runs.
 
 `barrier_groups` chooses where the optimization barriers go (place-optimization-barriers):
 "per-use" (one per recomputation, at its consumer), "per-region" (one per checkpoint region,
@@ -50,7 +53,7 @@ import jax
 import numpy as np
 
 from remat_passes.api import cache
-from remat_passes.api.remat import remat_groupings
+from remat_passes.api.remat import Barriers, remat_variants
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
@@ -85,7 +88,13 @@ class Lowered:
     run: Callable = dataclasses.field(repr=False)
     from_cache: bool = False     # the rewrite was read from the disk cache
     barrier_groups: str = "per-use"  # where the optimization barriers went (module docstring)
-    footprints: dict = dataclasses.field(default_factory=dict)  # per grouping built, bytes
+    tied: bool = False           # the recomputation also waits for the cotangent by data
+    footprints: dict = dataclasses.field(default_factory=dict)  # per variant built, bytes
+
+    @property
+    def barriers(self) -> str:
+        """The variant that runs, as `footprints` names it ("per-use", "per-use, tied")."""
+        return str(Barriers(self.barrier_groups, self.tied))
 
     @property
     def residuals(self) -> list:
@@ -243,31 +252,34 @@ class Jitted:
         exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint)
         mode = default_mode() if self.mode == "auto" else self.mode
         donated = self._donated_positions(static)
-        groupings = self._groupings()
+        variants = self._variants(mode)
         built = []
-        for groups, (module, hit) in zip(groupings, self._remat(exported, mode,
-                                                                 dynamic_fun.__name__,
-                                                                 groupings)):
-            if built and module.bytecode() == built[0].module.bytecode():
-                break          # one barrier per region either way: nothing to compare
+        for v, (module, hit) in zip(variants, self._remat(exported, mode,
+                                                           dynamic_fun.__name__, variants)):
+            if any(module.bytecode() == b.module.bytecode() for b in built):
+                continue       # (one barrier per region either way, no tie placed, ...)
             build = self._build_joint if mode == "joint" else self._build_split
             lowered = build(exported, module, dynamic, donated)
-            lowered.from_cache, lowered.barrier_groups = hit, groups
+            lowered.from_cache, lowered.barrier_groups, lowered.tied = hit, v.groups, v.tie
             built.append(lowered)
         return _smaller(built)
 
-    def _groupings(self) -> tuple:
-        """The barrier groupings to build (module docstring): both for "smaller", and by
-        default where barriers decide (a backend that keeps them, no tie)."""
+    def _variants(self, mode: str) -> tuple:
+        """The barrier variants to build (module docstring): both groupings for "smaller",
+        and by default where barriers decide (a backend that keeps them, no tie); in split
+        form on CPU, by default, the recomputation tied to the cotangent and not."""
         tie = needs_tie() if self.tie_to_cotangent is None else self.tie_to_cotangent
-        chosen = self.barrier_groups or ("per-use" if tie else "smaller")
         if not self.prevent_cse:
-            return ("per-use",)              # no barriers at all
-        return ("per-use", "per-region") if chosen == "smaller" else (chosen,)
+            return (Barriers("per-use"),)      # no barriers at all
+        chosen = self.barrier_groups or ("per-use" if tie else "smaller")
+        groupings = ("per-use", "per-region") if chosen == "smaller" else (chosen,)
+        ties = (True, False) if tie and mode == "split" and self.tie_to_cotangent is None \
+            else (tie,)
+        return tuple(Barriers(g, t) for t in ties for g in groupings)
 
-    def _remat(self, exported, mode, name, groupings) -> list:
-        """The rewritten module per barrier grouping, from the disk cache when it has it:
-        [(module, was it)]. The ones it lacks are rewritten together (`remat_groupings`: the
+    def _remat(self, exported, mode, name, variants) -> list:
+        """The rewritten module per barrier variant, from the disk cache when it has it:
+        [(module, was it)]. The ones it lacks are rewritten together (`remat_variants`: the
         plan is made once)."""
         tie = self.tie_to_cotangent
         options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse,
@@ -277,20 +289,21 @@ class Jitted:
         if self.scan_segments_offload:
             options["scan_segments_offload"] = self.scan_segments_offload
 
-        def key(groups):
+        def key(v):
             if not self.cache_dir:
                 return None
             # (per-use, the default, keeps the keys written before the option existed)
-            return cache.key(exported, options if groups == "per-use"
-                             else dict(options, barrier_groups=groups))
-        keys = {g: key(g) for g in groupings}      # (None: not cached, a Python policy)
-        found = {g: None if keys[g] is None else cache.load(self.cache_dir, keys[g], exported)
-                 for g in groupings}
-        missing = [g for g in groupings if found[g] is None]
+            opts = dict(options, tie_to_cotangent=v.tie)
+            return cache.key(exported, opts if v.groups == "per-use"
+                             else dict(opts, barrier_groups=v.groups))
+        keys = {v: key(v) for v in variants}      # (None: not cached, a Python policy)
+        found = {v: None if keys[v] is None else cache.load(self.cache_dir, keys[v], exported)
+                 for v in variants}
+        missing = [v for v in variants if found[v] is None]
         made = {}
         if missing:
             try:
-                made = dict(zip(missing, remat_groupings(exported, missing, **options)))
+                made = dict(zip(missing, remat_variants(exported, missing, **options)))
             except RematError as e:
                 if "cannot tell forward from backward" not in str(e):
                     raise
@@ -298,11 +311,11 @@ class Jitted:
                     f"error: rp.jit: {name} has no backward pass (no jax.grad, "
                     "jax.value_and_grad or jax.vjp inside): there is nothing to "
                     "rematerialize; use jax.jit") from None
-            for g, module in made.items():
-                if keys[g] is not None:
-                    cache.store(self.cache_dir, keys[g], module)
-        return [(found[g], True) if found[g] is not None else (made[g], False)
-                for g in groupings]
+            for v, module in made.items():
+                if keys[v] is not None:
+                    cache.store(self.cache_dir, keys[v], module)
+        return [(found[v], True) if found[v] is not None else (made[v], False)
+                for v in variants]
 
     def _donated_positions(self, static) -> tuple:
         """Donated arguments as positions among the dynamic ones."""
@@ -405,21 +418,21 @@ class Jitted:
 
 
 def _smaller(built: list) -> Lowered:
-    """Of the programs built with each barrier grouping, the one with the smaller XLA
-    footprint (the first where the backend does not say), with what each measured and a
-    remark saying which ran."""
+    """Of the programs built with each barrier variant, the one with the smaller XLA
+    footprint (the first where the backend does not say; the first of equals), with what
+    each measured and a remark saying which ran."""
     if len(built) == 1:
         return built[0]
-    sizes = {b.barrier_groups: b.footprint() for b in built}
+    sizes = {b.barriers: b.footprint() for b in built}
     best = built[0]
     if all(v is not None for v in sizes.values()):
-        best = min(built, key=lambda b: sizes[b.barrier_groups])
+        best = min(built, key=lambda b: sizes[b.barriers])
     best.footprints = sizes
     other = ", ".join(f"{g} {v:,} B" for g, v in sizes.items()
-                      if g != best.barrier_groups and v is not None)
+                      if g != best.barriers and v is not None)
     best.module.remarks = list(best.module.remarks) + [Remark(
-        f"rp.jit: optimization barriers {best.barrier_groups}: XLA's footprint "
-        + (f"{sizes[best.barrier_groups]:,} B against {other}" if other
+        f"rp.jit: optimization barriers {best.barriers}: XLA's footprint "
+        + (f"{sizes[best.barriers]:,} B against {other}" if other
            else "not reported by this backend; kept the first"))]
     return best
 

@@ -47,7 +47,8 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
                        scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
                        func=func, cotangent_args=cotangent_args, region_regex=region_regex,
                        region_policy=region_policy)
-    return _run(module, options, (options["barrier_groups"],), verify)[0]
+    return _run(module, options, (Barriers(options["barrier_groups"],
+                                           options["tie_to_cotangent"]),), verify)[0]
 
 
 def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_cotangent,
@@ -81,26 +82,38 @@ def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_
     return options
 
 
-def remat_groupings(module, groupings, policy=None, **kwargs) -> list:
-    """`rp.remat(module, policy, barrier_groups=g, **kwargs)` for each g of `groupings`, in
-    that order; the steps before place-optimization-barriers (the plan among them) run once,
-    and the rest once per grouping, on a copy each (rp.jit builds both groupings where the
-    barriers decide)."""
+@dataclasses.dataclass(frozen=True)
+class Barriers:
+    """How place-optimization-barriers keeps XLA from undoing the recomputation: `groups`
+    (per-use or per-region) and, for XLA:CPU, whether it also ties the recomputation to the
+    cotangent by data (`tie`). rp.jit builds several where neither is smaller everywhere."""
+    groups: str = "per-use"
+    tie: bool = False
+
+    def __str__(self) -> str:
+        return self.groups + (", tied" if self.tie else "")
+
+
+def remat_variants(module, variants, policy=None, **kwargs) -> list:
+    """`rp.remat(module, policy, barrier_groups=v.groups, tie_to_cotangent=v.tie, **kwargs)`
+    for each `Barriers` v of `variants`, in that order; the steps before
+    place-optimization-barriers (the plan among them) run once, and the rest once per
+    variant, on a copy each (rp.jit builds several and keeps the smaller)."""
     bound = inspect.signature(remat).bind(module, policy, **kwargs)   # (its checks, defaults)
     bound.apply_defaults()
     args = dict(bound.arguments)
     verify = args.pop("verify")
     options = _options(**args)
     try:
-        groupings = tuple(parse_groups(g) for g in groupings)
+        variants = tuple(Barriers(parse_groups(v.groups), bool(v.tie)) for v in variants)
     except ValueError as e:
         raise RematError(f"error: barrier_groups: {e}") from None
-    return _run(module, options, groupings, verify)
+    return _run(module, options, variants, verify)
 
 
-def _run(module, options: dict, groupings: tuple, verify: bool) -> list:
-    """The default pipeline on a copy of `module`, once per barrier grouping (see
-    `remat_groupings`)."""
+def _run(module, options: dict, variants: tuple, verify: bool) -> list:
+    """The default pipeline on a copy of `module`, once per `Barriers` variant (see
+    `remat_variants`)."""
     func = options["func"]
     out = module.clone()
     state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
@@ -110,11 +123,11 @@ def _run(module, options: dict, groupings: tuple, verify: bool) -> list:
     cut = next((i for i, p in enumerate(steps) if isinstance(p, PlaceOptimizationBarriers)),
                len(steps))
     run_pipeline(out.op, steps[:cut], state, verify_each=False)
-    # (the first grouping goes on with the original and the analyses the steps kept)
-    copies = [(out, state)] + [(out.clone(), state.fork()) for _ in groupings[1:]]
+    # (the first variant goes on with the original and the analyses the steps kept)
+    copies = [(out, state)] + [(out.clone(), state.fork()) for _ in variants[1:]]
     results = []
-    for groups, (mod, st) in zip(groupings, copies):
-        rest = [dataclasses.replace(p, groups=groups)
+    for v, (mod, st) in zip(variants, copies):
+        rest = [dataclasses.replace(p, groups=v.groups, tie_to_cotangent=v.tie)
                 if isinstance(p, PlaceOptimizationBarriers) else p for p in steps[cut:]]
         run_pipeline(mod.op, rest, st, verify_each=False)
         if verify:   # the result, once (the CLI's --verify-each checks after every step)

@@ -627,29 +627,32 @@ def test_per_region_under_module_policy_routes_every_residual_like_jax():
 
 
 @pytest.mark.parametrize("mode", ["joint", "split"])
-def test_remat_groupings_plans_once_and_gives_what_remat_gives(mode):
-    """rp.jit's build of both barrier groupings: the same modules as two rp.remat calls,
-    with the steps up to place-optimization-barriers (the auto plan among them) run once:
-    both results carry the very same timings for those steps."""
-    from remat_passes.api.remat import remat_groupings
+def test_remat_variants_plan_once_and_give_what_remat_gives(mode):
+    """rp.jit's build of several barrier variants: the same modules as separate rp.remat
+    calls, with the steps up to place-optimization-barriers (the auto plan among them) run
+    once: every result carries the very same timings for those steps."""
+    from remat_passes.api.remat import Barriers, remat_variants
     def loss(Ws, x):
         for W in Ws:
             x = jnp.sin(jnp.tanh(x @ W) @ W)
         return jnp.sum(x)
     module = rp.export_vjp(loss, *LAYERED_ARGS)
     policy = P.auto("50%")
-    per_use, per_region = remat_groupings(module, ("per-use", "per-region"), policy,
-                                          mode=mode)
+    per_use, per_region, tied = remat_variants(
+        module, (Barriers("per-use"), Barriers("per-region"), Barriers("per-use", tie=True)),
+        policy, mode=mode)
     assert str(per_use) == str(rp.remat(module, policy, mode=mode))
     assert str(per_region) == str(rp.remat(module, policy, mode=mode,
                                            barrier_groups="per-region"))
+    assert str(tied) == str(rp.remat(module, policy, mode=mode, tie_to_cotangent=True))
+    assert "stablehlo.is_finite" in str(tied) and "stablehlo.is_finite" not in str(per_use)
     names = [name for name, _ in per_use.timings]
     cut = names.index("place-optimization-barriers")
     assert names.count("remat-partial-eval") == 1
-    assert per_use.timings[:cut] == per_region.timings[:cut]
+    assert per_use.timings[:cut] == per_region.timings[:cut] == tied.timings[:cut]
     assert [str(r) for r in per_use.residuals] == [str(r) for r in per_region.residuals]
     with pytest.raises(rp.RematError, match="barrier_groups: expected one of"):
-        remat_groupings(module, ("per-use", "everywhere"))
+        remat_variants(module, (Barriers("per-use"), Barriers("everywhere")))
 
 
 def test_typed_prng_key_in_split_calls():

@@ -3,7 +3,8 @@ footprint along a sweep of `auto` budgets.
 
 For each comparison model and each policy applied to the whole model, both split forms are
 compiled with XLA on this backend: ours (`rp.remat(..., mode="split")`: `main_fwd`, then
-`main_bwd`) and JAX's (`jax.vjp` of `jax.checkpoint(model, policy)`, forward and backward
+`main_bwd`; on CPU as rp.jit builds it there, tied to the cotangent and untied, the smaller
+kept) and JAX's (`jax.vjp` of `jax.checkpoint(model, policy)`, forward and backward
 jitted separately, as in the models benchmark). From XLA's `memory_analysis()` of each
 executable: temp (scratch) bytes, argument and output bytes; the footprint of a half is
 temp + arguments + outputs - aliased (`common.xla_footprint`). Beside them, our static
@@ -84,6 +85,19 @@ def _our_halves(split, args) -> list[dict]:
     return halves
 
 
+def _our_split(module, policy, args, tie: bool) -> tuple:
+    """Our split form as rp.jit builds it on this backend: where it ties (CPU), tied to the
+    cotangent and not, the one with the smaller footprint of its larger half (the first of
+    equals). Returns (split module, its halves, tied)."""
+    best = None
+    for t in ((True, False) if tie else (False,)):
+        split = rp.remat(module, policy, mode="split", tie_to_cotangent=t)
+        halves = _our_halves(split, args)
+        if best is None or common.xla_peak(halves) < common.xla_peak(best[1]):
+            best = (split, halves, t)
+    return best
+
+
 def measure(keys=tuple(MODELS), log=print) -> dict:
     rows, sweeps = [], []
     tie = needs_tie()
@@ -94,10 +108,10 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
         for case in cases_for(model):
             if case.kind not in ("whole", "plain"):
                 continue
-            split = rp.remat(module, case.our_policy, mode="split", tie_to_cotangent=tie)
+            split, halves, tied = _our_split(module, case.our_policy, model.args, tie)
             joint = rp.remat(module, case.our_policy, tie_to_cotangent=tie)
             rows.append({"model": key, "policy": case.label, "short": case.short,
-                         "ours": _our_halves(split, model.args),
+                         "ours": halves, "split_tied": tied,
                          "jax": _jax_halves(jax_function(model, case), model.args),
                          "joint_ours": _our_joint(joint, model.args, ct),
                          "joint_jax": _jax_joint(jax_function(model, case), model.args, ct),
@@ -107,9 +121,8 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
         points = []
         for k in range(SWEEP_POINTS):
             b = int(lo + (hi - lo) * k / (SWEEP_POINTS - 1))
-            split = rp.remat(module, rp.policies.auto(b), mode="split", tie_to_cotangent=tie)
-            halves = _our_halves(split, model.args)
-            points.append({"budget": b, "halves": halves,
+            split, halves, tied = _our_split(module, rp.policies.auto(b), model.args, tie)
+            points.append({"budget": b, "halves": halves, "split_tied": tied,
                            "activations": activation_bytes(split.residuals)})
         sweeps.append({"model": key, "points": points})
         log(f"xla: {key} sweep of {SWEEP_POINTS} budgets")
@@ -121,6 +134,19 @@ def _ratio(a: int, b: int) -> float:
     return a / b if b else (1.0 if a == 0 else float("inf"))
 
 
+def _fewer_residuals(r, i: int) -> str:
+    """Where our half holds fewer residual bytes than JAX's (the forward's outputs, the
+    backward's arguments), a value JAX returns can be scratch in ours: say so, with the
+    footprints, beside a temp figure."""
+    side = "out" if i == 0 else "args"
+    fewer = r["jax"][i][side] - r["ours"][i][side]
+    if fewer <= 0:
+        return ""
+    a, b = common.xla_footprint(r["ours"][i]), common.xla_footprint(r["jax"][i])
+    return (f" (ours holds {fewer:,} B fewer residuals; footprint {a:,} B vs {b:,} B, "
+            f"{_ratio(a, b):.2f}x)")
+
+
 def checks(data) -> list[tuple[str, bool]]:
     """Temp bytes of each half <= JAX's + 2%; the joint form's footprint <= JAX's + 2%;
     XLA's footprint never rises as the budget falls (+2%); the estimate within 15% of XLA's
@@ -130,7 +156,7 @@ def checks(data) -> list[tuple[str, bool]]:
         for i, half in enumerate(("fwd", "bwd")):
             ours, theirs = r["ours"][i]["temp"], r["jax"][i]["temp"]
             out.append((f"{r['model']} {r['short']} {half}: temp {ours:,} B vs JAX's "
-                        f"{theirs:,} B", ours <= theirs * TEMP_SLACK))
+                        f"{theirs:,} B" + _fewer_residuals(r, i), ours <= theirs * TEMP_SLACK))
             fp = common.xla_footprint(r["ours"][i])
             err = abs(r["ours"][i]["estimate"] - fp) / fp if fp else 0.0
             out.append((f"{r['model']} {r['short']} {half}: estimate off XLA's footprint by "
@@ -160,8 +186,9 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
              "XLA's `memory_analysis()` of each split half on the "
              f"{meta['backend']} backend ({meta['cpus']} CPUs, jax {meta['jax']}, commit "
              f"{meta['commit']}): ours (`rp.remat(..., mode='split')`"
-             + (", tied to the cotangent as rp.jit makes it on CPU" if data.get("tie_to_cotangent")
-                else "") + ") beside JAX's split of "
+             + (", as rp.jit makes it on CPU: with the recomputation tied to the cotangent "
+                "and without, the one with the smaller footprint (marked † where that is the "
+                "untied one)" if data.get("tie_to_cotangent") else "") + ") beside JAX's split of "
              "`jax.checkpoint(model, policy)` (`jax.vjp`, forward and backward jitted "
              "separately). **temp** is XLA's scratch buffer; **footprint** = temp + arguments "
              "+ outputs - aliased; **estimate error** is that of `rp.estimate_memory(split, "
@@ -185,7 +212,8 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
             errs.append(f"{(o[i]['estimate'] - fp) / fp:+.0%} "
                         f"({(o[i]['estimate_program_order'] - fp) / fp:+.0%})")
         cells.append(" / ".join(errs))
-        parts.append(f"| {r['model']} | `{r['policy']}` | " + " | ".join(cells) + " |")
+        mark = " †" if data.get("tie_to_cotangent") and r.get("split_tied") is False else ""
+        parts.append(f"| {r['model']} | `{r['policy']}`{mark} | " + " | ".join(cells) + " |")
     tie = data.get("tie_to_cotangent")
     parts += ["", "The joint form, one program: XLA's footprint of ours (`rp.remat(..., "
               f"mode='joint'{', tie_to_cotangent=True' if tie else ''})`, as `rp.jit` builds "
