@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from remat_passes import __version__
 from remat_passes.core.residuals import residual_bytes_text
-from remat_passes.cost.memory import estimate_memory, format_memory
+from remat_passes.cost.memory import estimate_memory, format_memory, model_line
 from remat_passes.ir import mlir
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.module import Module, compiled_cost, write_atomically
@@ -218,7 +218,7 @@ def _process(data: bytes, steps: list, args, filename: str, remarks_to=None) -> 
         if args.memory_model == "xla":
             import jax
             backend = jax.default_backend()
-            report += f"// memory model: xla ({backend} backend)\n"
+            report += model_line(backend) + "\n"
         estimate = estimate_memory(module.op, dim_symbols=state.dim_symbols,
                                    model=args.memory_model, backend=backend)
         report += format_memory(estimate) + "\n"
