@@ -46,7 +46,8 @@ accumulates live bytes.
 
 * the caller's arguments stay allocated for the whole call, unless donated
   (`jax.buffer_donor` or `tf.aliasing_output`): then until their last use;
-* every result slot is a buffer of its own: a returned argument is copied;
+* every result slot is a buffer of its own: a returned argument is copied, before anything
+  else runs (XLA schedules those copies first), so its copy is live throughout;
 * constants are literals of the executable, not memory the program allocates;
 * fusion: an elementwise op (or a broadcast, an iota) whose only reader is another such
   op, or a reduce, is computed inside its reader and never stored; its reader reads its
@@ -138,13 +139,17 @@ def _dot_copies(op) -> int:
     """model="xla": the bytes of the transposed copies XLA makes of a dot_general's operands
     whose dimensions are not in the order its matrix kernels take (the left: batch, free,
     contracting; the right: batch, contracting, free; dimensions of size 1 aside), as for
-    `x @ W.T` or attention's heads: live while it runs."""
+    attention's heads or a batch of vectors times `W.T`: live while it runs. A matrix
+    (two dimensions, no batch) is read transposed where it is (measured: the MLP's
+    gradients `x.T @ g` and `g @ W.T` copy nothing)."""
     copies = 0
     for side in ("lhs", "rhs"):
         value = op.operands[0 if side == "lhs" else 1]
         shape = ir.RankedTensorType(value.type).shape
         batch = _dot_dims(op, side + "_batching_dimensions")
         contract = _dot_dims(op, side + "_contracting_dimensions")
+        if not batch and len(shape) <= 2:
+            continue        # a matrix: its kernels read it transposed as it is
         free = [d for d in range(len(shape)) if d not in batch and d not in contract]
         want = batch + (free + contract if side == "lhs" else contract + free)
         if [d for d in want if shape[d] != 1] != [d for d in range(len(shape)) if shape[d] != 1]:
@@ -347,6 +352,13 @@ class _Estimator:
                 b = size[a] = 0 if a.arg_number in host_args else graph.type_bytes(a.type)
                 live += b
                 free_at[last.get(a, -1)] += b
+        copied = set()    # (model="xla") returned arguments: copied before anything runs
+        if self.xla and count_args and has_term and ops[-1].name == "func.return":
+            for v in ops[-1].operands:
+                r = root.get(v, v)
+                if isinstance(r, ir.BlockArgument) and r not in copied:
+                    copied.add(r)
+                    live += graph.type_bytes(r.type)
         peak, peak_index, peak_op = live, -1, None
         live -= free_at.pop(-1, 0)
         timeline = []
@@ -359,7 +371,7 @@ class _Estimator:
                     r = root.get(v, v)
                     if r in seen:
                         dup += size.get(r, 0)
-                    elif self.xla and op.name == "func.return" and (
+                    elif self.xla and op.name == "func.return" and r not in copied and (
                             isinstance(r, ir.BlockArgument) or r not in size):
                         dup += graph.type_bytes(r.type)   # an argument or literal: copied
                     seen.add(r)

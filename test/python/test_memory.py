@@ -527,6 +527,8 @@ def test_xla_model_copies_returned_arguments_and_counts_host_memory_on_cpu():
     # x and h are kept; the returned x is copied into an output buffer of its own
     cpu, gpu = xla_est(text, "cpu"), xla_est(text, "gpu")
     assert cpu.peak_bytes == K + K + K + K     # x, h (one memory on CPU), a, copy of x
+    # XLA makes that copy first: it is live from the start (after the sine: all four)
+    assert cpu.live_bytes_timeline == [4 * K]
     assert gpu.peak_bytes == K + K + K         # h is in host memory
     with pytest.raises(RematError, match="unknown memory model 'exact'"):
         estimate_memory(rp.Module.parse(text), model="exact")
@@ -572,21 +574,24 @@ def test_xla_model_counts_the_transposed_copies_of_a_weight_gradient_convolution
 
 
 def test_xla_model_counts_the_transposed_copies_of_a_dot_out_of_order():
-    """x @ W (the right operand: contracting, then free dimensions) costs its result;
-    x @ W.T (the right operand free, then contracting) works on a transposed copy of W;
-    attention's scores with the heads not leading copy both operands."""
+    """A matrix is read transposed where it is: x @ W and x @ W.T cost their result. An
+    operand of more dimensions out of the kernels' order (the right one with its free
+    dimensions before the contracting one; attention's scores with the heads not leading)
+    is copied, live while the dot runs."""
     dot = """
     func.func @main(%x: tensor<{x}xf32>, %w: tensor<{w}xf32>) -> tensor<{y}xf32> {{
       %0 = stablehlo.dot_general %x, %w, {dims} : (tensor<{x}xf32>, tensor<{w}xf32>) -> tensor<{y}xf32>
       return %0 : tensor<{y}xf32>
     }}"""
     # x 8x32 (1K), W 32x64 or 64x32 (8K), y 8x64 (2K)
-    plain = xla_est(dot.format(x="8x32", w="32x64", y="8x64",
-                               dims="contracting_dims = [1] x [0]"))
-    assert plain.peak_bytes == K + 8 * K + 2 * K
-    transposed = xla_est(dot.format(x="8x32", w="64x32", y="8x64",
-                                    dims="contracting_dims = [1] x [1]"))
-    assert transposed.peak_bytes == K + 8 * K + 2 * K + 8 * K
+    for w, dims in (("32x64", "[1] x [0]"), ("64x32", "[1] x [1]")):
+        matrix = xla_est(dot.format(x="8x32", w=w, y="8x64", dims=f"contracting_dims = {dims}"))
+        assert matrix.peak_bytes == K + 8 * K + 2 * K
+    # W (64x32, 8K) times a batch of 2x4 vectors of 32 (1K) laid out as the right operand
+    # [2, 4, 32]: the result 64x2x4 (2K), and the vectors copied
+    batch = xla_est(dot.format(x="64x32", w="2x4x32", y="64x2x4",
+                               dims="contracting_dims = [1] x [2]"))
+    assert batch.peak_bytes == 8 * K + K + 2 * K + K
     # q, k: (batch 2, seq 4, heads 2, dim 16) = 1K each; scores (2, 2, 4, 4) 256 B
     heads = xla_est(dot.format(x="2x4x2x16", w="2x4x2x16", y="2x2x4x4",
                                dims="batching_dims = [0, 2] x [0, 2], "
