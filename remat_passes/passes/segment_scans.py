@@ -30,6 +30,7 @@ from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.passes.base import ModulePass, option
 from remat_passes.passes.diagnostics import Remark
 from remat_passes.regions import manual_crossing, scan_segments
+from remat_passes.regions.loop_edit import drop_unused_carries
 from remat_passes.sharding import gspmd
 
 
@@ -125,9 +126,9 @@ class SegmentScans(ModulePass):
     def _unpaired_remark(self, unpaired, state, func) -> None:
         state.remarks.append(Remark(
             f"@{self.func}: {unpaired} scan loop(s) were not segmented: their stacks "
-            "reach the backward loop through other ops than a return (a GSPMD "
-            "shard_map boundary, say); segment-scans takes the loop pairs at the "
-            "function's top level and those of a shard_map's forward and backward "
+            "reach the backward loop through other ops than a return or a shard_map "
+            "boundary; segment-scans takes the loop pairs at the function's top level "
+            "and those of a shard_map's forward and backward "
             "bodies", func.location))
 
     def _segment_pairs(self, pairs, segments, state, done, crossing=None) -> None:
@@ -157,7 +158,11 @@ class SegmentScans(ModulePass):
         done = state.segmented.setdefault(self.func, [])
         pairs = scan_segments.find_split_pairs(fwd, bwd)
         manual = manual_crossing.find_split_manual_pairs(fwd, bwd)
-        found = pairs + [p for _, _, ps in manual for p in ps]
+        # a scan in a GSPMD shard_map body: its stacks leave <f>_fwd's manual region and
+        # come back into <f>_bwd's (the device classes of its values read before rewriting)
+        in_gspmd = manual_crossing.find_split_gspmd_pairs(fwd, bwd)
+        gspmd_labels = _device_classes(state.analysis(fwd)) if in_gspmd else {}
+        found = pairs + [p for _, _, ps in manual for p in ps] + in_gspmd
         unpaired = _unpaired_forward_loops(fwd, found) \
             if segments and len(found) < _while_count(fwd) else 0
         if unpaired:
@@ -185,11 +190,33 @@ class SegmentScans(ModulePass):
             self._segment_pairs(in_bodies, segments, state, done, crossing)
             if len(done) > at:
                 state.residuals[self.func] = crossing.finish(describe)
+        if in_gspmd:
+            crossing = manual_crossing.GspmdCrossing(
+                fwd, bwd, state.residuals.get(self.func, []), gspmd_labels,
+                gspmd.num_devices(module_op))
+            at = len(done)
+            self._segment_pairs(in_gspmd, segments, state, done, crossing)
+            if len(done) > at:
+                state.residuals[self.func] = crossing.finish(describe)
         if len(done) == before:
             return
         for f in (fwd, bwd):
             graph.erase_unused_in_block(graph.body_block(f))
+        # the forward loops stop writing the stacks that no longer cross (at the top level
+        # or in a shard_map's forward body)
+        for op in [o for o in graph.nested_ops(graph.body_block(fwd))
+                   if o.name == scan_pairs.WHILE
+                   and o.parent.name in ("func.func", graph.MANUAL_COMPUTATION)]:
+            drop_unused_carries(op)
+        graph.erase_unused_in_block(graph.body_block(fwd))
         state.drop()
+
+
+def _device_classes(analysis) -> dict:
+    """{value of a GSPMD manual region: per device, a label (equal labels, equal values)}."""
+    a = analysis
+    labels = gspmd.device_classes(a, a.manual, gspmd.num_devices(graph.module_of(a.func_op)))
+    return {a.value(vid): lab for vid, lab in labels.items()}
 
 
 def _marked_length(pair):

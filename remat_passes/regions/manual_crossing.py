@@ -6,14 +6,20 @@ in its body and the backward one taking them.
 carries what the backward loop now needs out of the forward body and into the backward
 one; in split form the forward computation is in <f>_fwd and the backward one in <f>_bwd
 (`find_split_manual_pairs`, `SplitManualCrossing`), so what crosses is a residual too.
-`scan_segments.segment` does the rewrite with either.
+Under GSPMD the body is inlined between custom calls instead; in split form
+`find_split_gspmd_pairs` pairs its loops across the halves and `GspmdCrossing` takes what
+crosses out of the manual region and back in. `scan_segments.segment` does the rewrite with
+any of them.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions.scan_segments import Crossing, new_op, pairs_across, zeros
 from remat_passes.regions.shard_map_rewrite import new_manual, shrunk
+from remat_passes.sharding import gspmd
 from remat_passes.sharding.sdy import (manual_axes, mesh_of, residual_layout, shardings,
                                        varying_axes)
 
@@ -104,7 +110,7 @@ class ManualCrossing:
         local, whole, _ = residual_layout(value, varying.get(value, every), mesh, mesh_ref)
         return graph.type_bytes(whole) // max(graph.type_bytes(local), 1)
 
-    def bring(self, value, ip, memory_kind: str | None = None):
+    def bring(self, value, ip, memory_kind: str | None = None, like=None):
         """A stand-in in the backward body; the forward body returns `value` at once, past
         the computation's results (so that later rewrites keep it current) until
         `finish`."""
@@ -252,3 +258,104 @@ class SplitManualCrossing(ManualCrossing):
         records = self.crossing.finish(described)
         shrink_results(new_a)
         return records
+
+
+# ------------------------------- inside GSPMD shard_map bodies, split form --
+def find_split_gspmd_pairs(fwd_func, bwd_func) -> list:
+    """Scan pairs across the halves in a GSPMD shard_map body (inlined into both): a stack
+    leaves <f>_fwd's manual region through `@Sharding` {manual} and `@SPMDShardToFullShape`
+    as a residual, and comes back into <f>_bwd's through `@Sharding` and
+    `@SPMDFullToShardShape` (then, maybe, out and in again) to its backward loop."""
+    ret = graph.terminator(graph.body_block(fwd_func))
+    bargs = list(graph.body_block(bwd_func).arguments)
+    crossed = {}
+    for k, i in enumerate(contract.residual_results(fwd_func)):
+        left = gspmd.left_region(ret.operands[i])
+        if left is None:
+            continue
+        left = _through_round_trips(left)
+        for v in gspmd.entered_region(bargs[k]):
+            if v.type == left.type:
+                crossed[v] = left
+    if not crossed:
+        return []
+    return pairs_across(graph.body_block(fwd_func), graph.body_block(bwd_func), crossed,
+                        source=_through_round_trips)
+
+
+def _through_round_trips(v):
+    """`v` with every trip out of the manual region and back in seen through."""
+    while True:
+        x = gspmd.round_trip_source(v)
+        if x is v or x == v:
+            return v
+        v = x
+
+
+class GspmdCrossing(Crossing):
+    """`Crossing` for a scan in a GSPMD shard_map body in split form: what crosses is a
+    per-device value of the manual region, so it leaves <f>_fwd's region as a global value
+    (`gspmd.leave_region`) and comes back into <f>_bwd's (`gspmd.enter_region`), its first
+    dimension tiled over the groups of devices that hold different values (as the
+    residuals remat-partial-eval makes there; a saved carry as its carry). The stacks it
+    replaces go as residuals once nothing in <f>_bwd reads them."""
+
+    keeps_memory_kind = False
+
+    def __init__(self, fwd_func, bwd_func, residuals: list, labels: dict, n: int):
+        super().__init__(fwd_func, bwd_func, residuals)
+        self.labels, self.n = labels, n      # (manual values of <f>_fwd: device classes)
+        self.layouts = {}                    # global value returned -> (layout, local)
+
+    @staticmethod
+    def residual_bytes(value) -> int:
+        return gspmd.global_bytes(value)
+
+    def _layout(self, value, like=None):
+        labels = self.labels.get(value if like is None else like)
+        return gspmd.residual_layout(value, np.arange(self.n) if labels is None else labels,
+                                     self.n)
+
+    def scale(self, value) -> int:
+        local, whole, _ = self._layout(value)
+        return graph.type_bytes(whole) // max(graph.type_bytes(local), 1)
+
+    def bring(self, value, ip, memory_kind: str | None = None, like=None):
+        """`like`: a value of <f>_fwd that varies across devices as `value` does (a saved
+        carry: its carry's initial value). A constant is made again in <f>_bwd, and an
+        argument of <f>_fwd entering the region (a weight, the inputs) is not copied out:
+        the argument crosses as it is and enters <f>_bwd's region the same way."""
+        loc = ir.Location.unknown()
+        if isinstance(value, ir.OpResult) and value.owner.name == "stablehlo.constant":
+            return value.owner.clone(ip=ip).results[0]
+        entered = gspmd.entered_from_argument(value)
+        if entered is not None:
+            arg, sharding = entered
+            return gspmd.enter(super().bring(arg, ip), sharding, value.type, ip, loc)
+        layout = self._layout(value, like)
+        ret = graph.terminator(graph.body_block(self.fwd))
+        leaving = gspmd.leave_region(value, layout, ir.InsertionPoint(ret), loc)
+        self.layouts[leaving] = (layout, value)
+        stand_in = super().bring(leaving, ip)
+        return gspmd.enter_region(stand_in, value.type, layout, ip, loc)
+
+    def entry(self, value) -> dict:
+        """A new residual's sharding: its layout's, or an argument's own."""
+        if isinstance(value, ir.BlockArgument):
+            own = contract.all_entries(self.fwd, "arg_attrs")[value.arg_number]
+            return {k: own[k] for k in ("mhlo.sharding",) if k in own}
+        layout = self.layouts.get(value)
+        return {} if layout is None else {
+            "mhlo.sharding": ir.StringAttr.get(layout[0][2])}
+
+    def finish(self, describe) -> list:
+        """`describe(value, residual)` -> (description, bytes): the value in the region
+        and the global residual that carries it."""
+        fblock, bblock = graph.body_block(self.fwd), graph.body_block(self.bwd)
+        graph.erase_unused_in_block(bblock)     # (what read the stacks the loop no more)
+        ret = graph.terminator(fblock)
+        bargs = list(bblock.arguments)
+        self.dropped |= {k for k, i in enumerate(self.res_idx)
+                         if gspmd.left_region(ret.operands[i]) is not None
+                         and next(iter(bargs[k].uses), None) is None}
+        return super().finish(lambda v: describe(self.layouts.get(v, (None, v))[1], v))

@@ -446,13 +446,14 @@ def segment(seg: Segmentable, crossing=None, offload: str | None = None) -> Segm
     stacks = [fwd.op.results[c] for _, c in links]
     if crossing is not None:
         crossing.drop_stacks(stacks)
+    carries = [fwd.op.operands[c] for c in seg.state]     # (the saved carries' own)
     new_fwd = fedit.rebuild({r: r for r in range(old_count)})
-    for x, v in zip(saved_at, list(new_fwd.results)[old_count:]):
+    for x, v, like in zip(saved_at, list(new_fwd.results)[old_count:], carries):
         if crossing is None:
             new_bwd.operands[kept.index(x)] = v
         else:
             new_bwd.operands[kept.index(x)] = crossing.bring(v, ir.InsertionPoint(new_bwd),
-                                                             memory_kind=offload)
+                                                             memory_kind=offload, like=like)
     for v in placeholders:
         v.owner.erase()
     drop_unused_carries(new_fwd)
@@ -470,10 +471,10 @@ def find_split_pairs(fwd_func, bwd_func) -> list[Pair]:
     return pairs_across(graph.body_block(fwd_func), graph.body_block(bwd_func), crossed)
 
 
-def pairs_across(fwd_block, bwd_block, crossed: dict) -> list[Pair]:
+def pairs_across(fwd_block, bwd_block, crossed: dict, source=None) -> list[Pair]:
     """Scan pairs between two blocks: a forward loop of `fwd_block` whose stack crosses
-    (`crossed`: a block argument of `bwd_block` -> the value of `fwd_block` it stands for)
-    and a backward loop of `bwd_block` that reads it."""
+    (`crossed`: a value of `bwd_block` -> the value of `fwd_block` it stands for) and a
+    backward loop of `bwd_block` that reads it (through `source(operand)` where given)."""
     loops = [scan_pairs.analyse_forward(op.operation)
              for op in fwd_block.operations if op.operation.name == WHILE]
     stack_of = {}
@@ -489,6 +490,7 @@ def pairs_across(fwd_block, bwd_block, crossed: dict) -> list[Pair]:
         ret_b = graph.terminator(body)
         links, reads, owner_loop = {}, {}, None
         for m, init in enumerate(bwd.operands):
+            init = init if source is None else source(init)
             hit = stack_of.get(crossed.get(init)) if init in crossed else None
             if hit is None or ret_b.operands[m] != body.arguments[m]:
                 continue
@@ -535,10 +537,11 @@ class Crossing:
         self.dropped = set()    # residual numbers
         self.kinds = {}         # stand-in -> the memory kind it crosses in (offloaded)
 
-    def bring(self, value, ip, memory_kind: str | None = None):
+    def bring(self, value, ip, memory_kind: str | None = None, like=None):
         """A stand-in in <f>_bwd for `value` of <f>_fwd. <f>_fwd returns the value at once, past
         its declared results (so that its rewrites keep the value current) until `finish`.
-        `memory_kind`: it crosses in that memory (the result and the argument say so)."""
+        `memory_kind`: it crosses in that memory (the result and the argument say so).
+        (`like`: see `GspmdCrossing.bring`.)"""
         stand_in = zeros(value.type, ip)
         if memory_kind is not None:
             self.kinds[stand_in] = memory_kind
@@ -547,6 +550,10 @@ class Crossing:
         func.ReturnOp(list(ret.operands) + [value], ip=ir.InsertionPoint(ret))
         ret.erase()
         return stand_in
+
+    def entry(self, value) -> dict:
+        """More of the result and argument entries of new residual `value` (none here)."""
+        return {}
 
     def drop_stacks(self, values) -> None:
         ret = graph.terminator(graph.body_block(self.fwd))
@@ -587,8 +594,8 @@ class Crossing:
         self.fwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
             [a.type for a in fblock.arguments], [v.type for v in values]))
         contract.set_all_entries(self.fwd, "res_attrs", out_entries + kept_entries + [
-            dict(contract.residual_entry(d, None), **_kind_entry(kind))
-            for (d, _), kind in zip(described, new_kinds)])
+            dict(contract.residual_entry(d, None), **_kind_entry(kind), **self.entry(v))
+            for (d, _), kind, v in zip(described, new_kinds, new_values)])
         # <f>_bwd: kept residual arguments, new ones, then the cotangents (moved to the end)
         b_entries = contract.all_entries(self.bwd, "arg_attrs")
         n_res = len(self.res_idx)
@@ -609,7 +616,8 @@ class Crossing:
             [a.type for a in bblock.arguments],
             list(ir.FunctionType(ir.TypeAttr(self.bwd.operation.attributes["function_type"]).value).results)))
         contract.set_all_entries(self.bwd, "arg_attrs", [b_entries[k] for k in kept]
-                                 + [_kind_entry(kind) for kind in new_kinds]
+                                 + [dict(_kind_entry(kind), **self.entry(v))
+                                    for kind, v in zip(new_kinds, new_values)]
                                  + [b_entries[i] for i in cot])
         records = [self.residuals[k] for k in kept if k < len(self.residuals)]
         for v, (d, nbytes) in zip(new_values, described):

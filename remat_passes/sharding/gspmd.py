@@ -267,6 +267,55 @@ def enter_region(arg, value_type, layout, ip, loc) -> ir.Value:
     return v
 
 
+def left_region(v):
+    """`x` when `v` is per-device value `x` leaving a manual region (`@Sharding` {manual}
+    then `@SPMDShardToFullShape`, as `leave_region` makes it; a reshape before them seen
+    through); else None."""
+    x = v
+    for target in (graph.SPMD_SHARD_TO_FULL, SHARDING):
+        if not isinstance(x, ir.OpResult) or graph.custom_call_target(x.owner) != target:
+            return None
+        x = x.owner.operands[0]
+    if isinstance(x, ir.OpResult) and x.owner.name == "stablehlo.reshape":
+        x = x.owner.operands[0]
+    return x
+
+
+def entered_from_argument(v):
+    """(argument, its sharding) when per-device `v` is a function argument entering a manual
+    region (`@Sharding`, `@SPMDFullToShardShape`); else None."""
+    if not isinstance(v, ir.OpResult) or graph.custom_call_target(v.owner) != \
+            graph.SPMD_FULL_TO_SHARD:
+        return None
+    s = v.owner.operands[0]
+    if not isinstance(s, ir.OpResult) or graph.custom_call_target(s.owner) != SHARDING:
+        return None
+    arg = s.owner.operands[0]
+    sharding = _sharding_of(s.owner)
+    return (arg, sharding) if isinstance(arg, ir.BlockArgument) and sharding else None
+
+
+def enter(arg, sharding: str, local_type, ip, loc) -> ir.Value:
+    """Global `arg` entering a manual region as a per-device value of `local_type`."""
+    v = _custom_call(SHARDING, arg, arg.type, sharding, ip, loc)
+    return _custom_call(graph.SPMD_FULL_TO_SHARD, v, local_type, "{manual}", ip, loc)
+
+
+def entered_region(arg) -> list:
+    """The per-device values global `arg` enters manual regions as (`@Sharding`, then
+    `@SPMDFullToShardShape`)."""
+    out = []
+    for use in arg.uses:
+        s = use.owner.operation
+        if graph.custom_call_target(s) != SHARDING:
+            continue
+        for use2 in s.results[0].uses:
+            full = use2.owner.operation
+            if graph.custom_call_target(full) == graph.SPMD_FULL_TO_SHARD:
+                out.append(full.results[0])
+    return out
+
+
 def round_trip_source(v):
     """`x` when `v` is per-device value `x` taken out of a manual region and back in
     (`@Sharding` {manual}, `@SPMDShardToFullShape`, `@Sharding`, `@SPMDFullToShardShape`:

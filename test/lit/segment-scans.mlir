@@ -8,6 +8,7 @@
 // RUN: remat-opt %s --split-input-file --remat-partial-eval=mode=split --segment-scans='segments=2 offload=pinned_host' 2>/dev/null | filecheck %s --check-prefix=OFFLOAD
 // RUN: sed -n '/^module @shard_map_scan/,/^}/p' %s | remat-opt --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=MANUAL
 // RUN: sed -n '/^module @shard_map_scan/,/^}/p' %s | remat-opt --remat-partial-eval=mode=split --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=MANUALSPLIT
+// RUN: sed -n '/^module @gspmd_scan/,/^}/p' %s | remat-opt --remat-partial-eval=mode=split --segment-scans=segments=2 2>/dev/null | filecheck %s --check-prefix=GSPMDSPLIT
 
 // Three levels (segments=3x2): in the backward, a segment of 3 is rerun to save its carry
 // every 2 iterations (2 + 1 saved carries and a scratch slot), then a sub-segment of 2
@@ -399,6 +400,26 @@ module @shard_map_scan attributes {jax.uses_shape_polymorphism = false, mhlo.num
 // CHECK: stablehlo.remainder
 // CHECK-NOT: -> tensor<8x1x4xf32>
 // CHECK: stablehlo.while({{.*}}%[[FWD]]#{{[0-9]+}}{{.*}}) : {{.*}}tensor<3x1x4xf32>
+//
+// In split form the pair spans @main_fwd and @main_bwd, each with its own manual region:
+// the saved carries leave @main_fwd's region as a residual tiled over the devices
+// ([3,1,4] per device, [6,1,4] in all) and come back into @main_bwd's; the loop's
+// invariants that are arguments entering the region (W, xs) cross as the arguments
+// themselves and enter again; the stacks ([8,1,4] each) no longer cross, and the forward
+// loop no longer writes them.
+// GSPMDSPLIT-LABEL: func.func @main_fwd
+// GSPMDSPLIT-NOT: tensor<8x1x4xf32> {mhlo.sharding
+// GSPMDSPLIT-SAME: tensor<4x2x4xf32> {mhlo.sharding = "{devices=[1,2,1]<=[2]}", remat.residual = "from the argument arg1"}
+// GSPMDSPLIT-SAME: tensor<6x1x4xf32> {mhlo.sharding = "{devices=[2,1,1]0,1}", remat.residual = "the carry at the start of every segment of a scan loop, saved by segment-scans"}
+// GSPMDSPLIT: stablehlo.while({{.*}}) : tensor<4x1x4xf32>, tensor<4x4xf32>, tensor<i32>, tensor<1x4xf32>, tensor<3x1x4xf32>
+// GSPMDSPLIT: stablehlo.remainder
+// GSPMDSPLIT: @SPMDShardToFullShape({{.*}}) {mhlo.sharding = "{devices=[2,1,1]0,1}"} : (tensor<3x1x4xf32>) -> tensor<6x1x4xf32>
+// GSPMDSPLIT-LABEL: func.func @main_bwd
+// GSPMDSPLIT-SAME: %[[SAVED:arg[0-9]+]]: tensor<6x1x4xf32> {mhlo.sharding = "{devices=[2,1,1]0,1}"}
+// GSPMDSPLIT: @Sharding(%[[SAVED]])
+// GSPMDSPLIT-NEXT: @SPMDFullToShardShape({{.*}}) {mhlo.sharding = "{manual}"} : (tensor<6x1x4xf32>) -> tensor<3x1x4xf32>
+// GSPMDSPLIT: stablehlo.while
+// GSPMDSPLIT: stablehlo.while
 module @gspmd_scan attributes {jax.uses_shape_polymorphism = false, mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
   func.func public @main(%arg0: tensor<4x4xf32> {mhlo.sharding = "{replicated}"}, %arg1: tensor<4x2x4xf32> {mhlo.sharding = "{devices=[1,2,1]<=[2]}"}, %arg2: tensor<f32> {mhlo.sharding = "{replicated}", remat.cotangent}) -> (tensor<f32> {jax.result_info = "result[0]"}, tensor<4x4xf32> {jax.result_info = "result[1][0]", remat.gradient}, tensor<4x2x4xf32> {jax.result_info = "result[1][1]", remat.gradient}) {
     %0 = stablehlo.custom_call @Sharding(%arg0) {mhlo.sharding = "{replicated}"} : (tensor<4x4xf32>) -> tensor<4x4xf32>
