@@ -119,7 +119,8 @@ class ParetoPoint:
     host_bytes: int             # what it moves to host memory
     extra_flops: float          # FLOPs recomputed (fwd + bwd of the split form, over no remat)
     extra_pct: float            # ... as % of the no-remat split's FLOPs
-    joint_peak: int             # static program-order peak estimate of the joint form
+    joint_peak: int             # the joint form's peak as XLA would allocate it (the "xla"
+    #                             model of estimate_memory, which objective=peak bounds)
     solve_seconds: float
     method: str
 
@@ -161,7 +162,7 @@ class _Measure:
                    r.offload.dst in ("pinned_host", "unpinned_host"))
         return (split, activation_bytes(split.residuals), host, extra,
                 extra / self.base * 100 if self.base else 0.0,
-                estimate_memory(joint)[self.func].peak_bytes)
+                estimate_memory(joint, model="xla")[self.func].peak_bytes)
 
 
 def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,

@@ -211,7 +211,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
     def _residual_budget_for_peak(self, policy, module_op, state):
         """auto(objective=peak): plan trial residual budgets on copies of the module and
-        measure each plan's joint peak estimate (`for_peak` chooses among them)."""
+        measure each plan's joint peak as XLA would allocate it (`estimate_memory`'s "xla"
+        model, for the JAX backend in use; `for_peak` chooses among them)."""
         from remat_passes.cost.memory import estimate_memory
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
@@ -221,7 +222,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             copy, st = self._trial(candidate, module_op, state, [
                 InsertReducePrecision(func=self.func, region_regex=self.region_regex),
                 AnnotateHostOffload(func=self.func), StripCheckpointNames()])
-            return (estimate_memory(copy, dim_symbols=st.dim_symbols)[self.func].peak_bytes,
+            return (estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
+                        self.func].peak_bytes,
                     st.plan_reports[self.func][0].solution.cost)
         return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
 

@@ -257,11 +257,14 @@ def test_offload_moves_what_does_not_fit():
 
 
 def test_objective_peak_bounds_the_joint_peak():
-    _, _, m = case("mlp")
-    base = rp.estimate_memory(rp.remat(m, None))["main"].peak_bytes
-    budget = int(base * 0.8)
+    """objective=peak bounds the joint peak as XLA would allocate it (the "xla" model of
+    estimate_memory). Here the scanned model: without remat 22,288 B, under nothing_saveable
+    17,680 B in that model (the small MLP's peak is its arguments' whatever is saved)."""
+    _, _, m = case("scan")
+    base = rp.estimate_memory(rp.remat(m, None), model="xla")["main"].peak_bytes
+    budget = int(base * 0.9)
     out = rp.remat(m, P.auto(budget=budget, objective="peak"))
-    assert rp.estimate_memory(out)["main"].peak_bytes <= budget
+    assert rp.estimate_memory(out, model="xla")["main"].peak_bytes <= budget
 
 
 def test_pareto_is_monotone():
