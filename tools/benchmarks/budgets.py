@@ -148,14 +148,19 @@ def measure_model(model: Model, progress) -> dict:
         row["exact"] = None if ex is None else {"cost": ex.cost, "dev": ex.device_bytes,
                                                 "s": ex.seconds}
         out["sweep"].append(row)
-    out["peak"] = objective_peak(model, module, out["sweep"][0]["auto"]["peak"], base["peak"],
-                                 progress)
+    out["peak"] = objective_peak(model, module, _lowest_peak(out), base["peak"], progress)
     return out
 
 
+def _lowest_peak(out: dict) -> int:
+    """The lowest joint peak a plan of the sweep reaches (not always the tightest budget's:
+    at budget 0 the backward recomputes the whole forward at once)."""
+    return min(r["auto"]["peak"] for r in out["sweep"])
+
+
 def objective_peak(model: Model, module, lowest: int, highest: int, progress) -> list:
-    """auto(objective=peak) at PEAK_POINTS peak budgets from `lowest` (the joint peak of the
-    tightest residual plan) to `highest` (no remat's): the joint peak estimate of each plan."""
+    """auto(objective=peak) at PEAK_POINTS peak budgets from `lowest` (the lowest joint peak
+    of the sweep's plans) to `highest` (no remat's): the joint peak estimate of each plan."""
     rows = []
     for k in range(PEAK_POINTS):
         b = int(lowest + (highest - lowest) * k / (PEAK_POINTS - 1))
@@ -186,8 +191,8 @@ def refresh_peaks(data: dict, progress=print) -> dict:
         for row in out["sweep"]:
             joint = rp.remat(module, auto(row["budget"], device=DEVICE))
             row["auto"]["peak"] = int(estimate_memory(joint, model=PEAK_MODEL).peak_bytes)
-        out["peak"] = objective_peak(model, module, out["sweep"][0]["auto"]["peak"],
-                                     out["base_peak"], progress)
+        out["peak"] = objective_peak(model, module, _lowest_peak(out), out["base_peak"],
+                                     progress)
     data["machine"]["peaks_commit"] = common.machine()["commit"]
     return data
 
@@ -467,7 +472,7 @@ def render(data, png_rel: str) -> str:
                      f"{q['auto_method']}, {q['auto_s']:.1f} s | {q['lag_s']:.1f} s | {ex} | "
                      f"{gap} | {row['build_s']:.1f} s | {row['remat_s']:.1f} s |")
     L += ["", "### `objective=peak`", "",
-          "Peak budgets from the joint peak of the tightest residual plan to that of no "
+          "Peak budgets from the lowest joint peak of the sweep's plans to that of no "
           "remat; the joint form's peak estimate of the plan against each (`rp.estimate_memory"
           f"(joint, model='{PEAK_MODEL}')`, what objective=peak bounds; the joint peaks on this "
           "page are that estimate"
