@@ -216,11 +216,14 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         from remat_passes.cost.memory import estimate_memory
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
+        from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
+        from remat_passes.passes.segment_scans import SegmentScans
         problem = planning_problem(module_op, self.func, policy)
 
-        def trial(candidate):   # the default pipeline, joint form, no barriers
+        def trial(candidate):   # the default pipeline, joint form (barriers split fusions)
             copy, st = self._trial(candidate, module_op, state, [
                 InsertReducePrecision(func=self.func, region_regex=self.region_regex),
+                SegmentScans(func=self.func), PlaceOptimizationBarriers(func=self.func),
                 AnnotateHostOffload(func=self.func), StripCheckpointNames()])
             return (estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
                         self.func].peak_bytes,

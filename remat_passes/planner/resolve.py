@@ -116,7 +116,8 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
     whose joint form's static peak estimate fits the budget. Tries residual budgets from
     `lo` (the minimum) to `hi` (no remat), 13 of them: the peak is not monotone in the
     residual bytes (recomputing more can raise it: what is recomputed is live at once),
-    so every candidate is measured. `trial(candidate)` plans the module for a candidate
+    so every candidate is measured; where none fits, 7 more between the neighbours of the
+    one that peaks lowest. `trial(candidate)` plans the module for a candidate
     policy and returns (joint peak bytes, modelled recompute cost): the pipeline runner
     does that on a copy of the module. A percentage is of the no-remat peak."""
     trials: dict = {}
@@ -129,8 +130,14 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
             trials[rb] = (*trial(candidate), candidate)
         return trials[rb]
     budget = policy.budget.resolve(measure(hi)[0])   # a percentage: of the no-remat peak
-    tried = [measure(int(lo + (hi - lo) * k / 12)) for k in range(13)]
+    grid = [int(lo + (hi - lo) * k / 12) for k in range(13)]
+    tried = [measure(rb) for rb in grid]
     fits = [t for t in tried if t[0] <= budget]
+    if not fits:   # the valley of the peak can fall between two points: look closer there
+        k = min(range(13), key=lambda j: tried[j][0])
+        left, right = grid[max(k - 1, 0)], grid[min(k + 1, 12)]
+        tried += [measure(int(left + (right - left) * j / 8)) for j in range(1, 8)]
+        fits = [t for t in tried if t[0] <= budget]
     if not fits:
         lowest = min(t[0] for t in tried)
         raise RematError(
