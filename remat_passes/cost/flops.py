@@ -31,7 +31,20 @@ ELEMENTWISE = frozenset({
     "tanh", "sine", "cosine", "tan", "sqrt", "rsqrt", "cbrt", "power", "atan2", "floor",
     "ceil", "round_nearest_afz", "round_nearest_even", "compare", "select", "clamp", "and",
     "or", "xor", "not", "is_finite", "reduce_precision", "erf", "erf_inv", "expm1", "log1p"})
-_DOT_CONTRACTING = re.compile(r"lhs_contracting_dimensions = \[([0-9, ]*)\]")
+_CONV_DIMS = re.compile(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]")
+
+
+def dot_dims(op, name: str) -> list[int]:
+    """A dot_general's dimension list `name` (lhs_contracting_dimensions, ...)."""
+    m = re.search(name + r" = \[([0-9, ]*)\]", str(op.attributes["dot_dimension_numbers"]))
+    return [int(d) for d in m.group(1).split(",") if d.strip()] if m else []
+
+
+def conv_dims(op):
+    """A convolution's dimension labels, (input, kernel, output), each a list such as
+    ['b', '0', '1', 'f'] / ['0', '1', 'i', 'o']; None where they cannot be read."""
+    m = _CONV_DIMS.search(str(op.attributes["dimension_numbers"]))
+    return None if m is None else tuple([d.strip() for d in g.split(",")] for g in m.groups())
 
 
 def elements(t) -> int:
@@ -73,18 +86,11 @@ def trip_count(while_op) -> int | None:
 
 
 def _dot_flops(op) -> float:
-    m = _DOT_CONTRACTING.search(str(op.attributes["dot_dimension_numbers"]))
     lhs = ir.RankedTensorType(op.operands[0].type).shape
     k = 1
-    if m:
-        for d in m.group(1).split(","):
-            if d.strip():
-                k *= lhs[int(d)]
+    for d in dot_dims(op, "lhs_contracting_dimensions"):
+        k *= lhs[d]
     return 2.0 * elements(op.results[0].type) * k
-
-
-def _dims(spec: str) -> list[str]:
-    return [d.strip() for d in spec.split(",")]
 
 
 def _i64s(op, name, default):
@@ -99,17 +105,16 @@ def _i64s(op, name, default):
 
 def _conv_flops(op) -> float:
     """2 x multiply-adds that touch real input (not padding), as XLA counts them."""
-    m = re.search(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]",
-                  str(op.attributes["dimension_numbers"]))
+    dims = conv_dims(op)
     lhs_t = ir.RankedTensorType(op.operands[0].type).shape
     rhs_t = ir.RankedTensorType(op.operands[1].type).shape
     out_t = ir.RankedTensorType(op.results[0].type).shape
-    if not m:   # unknown layout: no padding correction
+    if dims is None:   # unknown layout: no padding correction
         per = 1
         for d in rhs_t:
             per *= d
         return 2.0 * elements(op.results[0].type) * per / max(rhs_t[-1], 1)
-    lhs, rhs, out = _dims(m.group(1)), _dims(m.group(2)), _dims(m.group(3))
+    lhs, rhs, out = dims
     spatial = [d for d in lhs if d.isdigit()]
     n = len(spatial)
     strides = _i64s(op, "window_strides", [1] * n)

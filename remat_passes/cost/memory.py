@@ -79,9 +79,9 @@ keeps alive between the two calls (and what `<f>_bwd` takes as arguments).
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import defaultdict
 
+from remat_passes.cost.flops import conv_dims, dot_dims
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir
 
@@ -108,7 +108,6 @@ _FUSIBLE = _ELEMENTWISE | {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
 _FUSES_INPUTS = _FUSIBLE | {"stablehlo.reduce"}
 _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
 _UPDATES_OPERAND_0 = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.scatter"})
-_CONV_DIMS = re.compile(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]")
 
 
 def _conv_copies(op) -> int:
@@ -116,10 +115,10 @@ def _conv_copies(op) -> int:
     and result whose dimensions are not in the order its convolution kernels take (input
     and output: batch, spatial..., feature; kernel: spatial..., input, output feature), as
     in the weight gradient of a convolution: live while it runs."""
-    m = _CONV_DIMS.search(str(op.attributes["dimension_numbers"]))
-    if not m:
+    dims = conv_dims(op)
+    if dims is None:
         return 0
-    lhs, rhs, out = ([d.strip() for d in g.split(",")] for g in m.groups())
+    lhs, rhs, out = dims
     spatial = [d for d in lhs if d.isdigit()]
     copies = 0
     for dims, want, value in ((lhs, ["b"] + spatial + ["f"], op.operands[0]),
@@ -128,11 +127,6 @@ def _conv_copies(op) -> int:
         if dims != want:
             copies += graph.type_bytes(value.type)
     return copies
-
-
-def _dot_dims(op, name: str) -> list[int]:
-    m = re.search(name + r" = \[([0-9, ]*)\]", str(op.attributes["dot_dimension_numbers"]))
-    return [int(d) for d in m.group(1).split(",") if d.strip()] if m else []
 
 
 def _dot_copies(op) -> int:
@@ -146,8 +140,8 @@ def _dot_copies(op) -> int:
     for side in ("lhs", "rhs"):
         value = op.operands[0 if side == "lhs" else 1]
         shape = ir.RankedTensorType(value.type).shape
-        batch = _dot_dims(op, side + "_batching_dimensions")
-        contract = _dot_dims(op, side + "_contracting_dimensions")
+        batch = dot_dims(op, side + "_batching_dimensions")
+        contract = dot_dims(op, side + "_contracting_dimensions")
         if not batch and len(shape) <= 2:
             continue        # a matrix: its kernels read it transposed as it is
         free = [d for d in range(len(shape)) if d not in batch and d not in contract]
@@ -155,6 +149,10 @@ def _dot_copies(op) -> int:
         if [d for d in want if shape[d] != 1] != [d for d in range(len(shape)) if shape[d] != 1]:
             copies += graph.type_bytes(value.type)
     return copies
+
+
+# (model="xla") ops that work on transposed copies of operands out of their kernels' order
+_COPIES = {"stablehlo.convolution": _conv_copies, "stablehlo.dot_general": _dot_copies}
 
 
 @dataclasses.dataclass
@@ -290,10 +288,8 @@ class _Estimator:
         """Temporaries an op needs while it runs besides its results."""
         if op.name == "func.call":
             return self._callee_peak(op)
-        if self.xla and op.name == "stablehlo.convolution":
-            return _conv_copies(op)
-        if self.xla and op.name == "stablehlo.dot_general":
-            return _dot_copies(op)
+        if self.xla and op.name in _COPIES:
+            return _COPIES[op.name](op)
         best = 0
         for region in op.regions:
             for block in region.blocks:
@@ -392,8 +388,7 @@ class _Estimator:
                 if self.xla:
                     produced -= self._reused(op, buffers_read[i], root, last, size, free_at, i)
             during = live + produced
-            if len(op.regions) or op.name == "func.call" or (
-                    self.xla and op.name in ("stablehlo.convolution", "stablehlo.dot_general")):
+            if len(op.regions) or op.name == "func.call" or (self.xla and op.name in _COPIES):
                 during += self._internal_bytes(op)
             if during > peak:
                 peak, peak_index, peak_op = during, i, op

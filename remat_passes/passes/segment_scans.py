@@ -161,7 +161,7 @@ class SegmentScans(ModulePass):
         # a scan in a GSPMD shard_map body: its stacks leave <f>_fwd's manual region and
         # come back into <f>_bwd's (the device classes of its values read before rewriting)
         in_gspmd = manual_crossing.find_split_gspmd_pairs(fwd, bwd)
-        gspmd_labels = _device_classes(state.analysis(fwd)) if in_gspmd else {}
+        gspmd_labels = gspmd.value_classes(state.analysis(fwd)) if in_gspmd else {}
         found = pairs + [p for _, _, ps in manual for p in ps] + in_gspmd
         unpaired = _unpaired_forward_loops(fwd, found) \
             if segments and len(found) < _while_count(fwd) else 0
@@ -210,13 +210,6 @@ class SegmentScans(ModulePass):
             drop_unused_carries(op)
         graph.erase_unused_in_block(graph.body_block(fwd))
         state.drop()
-
-
-def _device_classes(analysis) -> dict:
-    """{value of a GSPMD manual region: per device, a label (equal labels, equal values)}."""
-    a = analysis
-    labels = gspmd.device_classes(a, a.manual, gspmd.num_devices(graph.module_of(a.func_op)))
-    return {a.value(vid): lab for vid, lab in labels.items()}
 
 
 def _marked_length(pair):

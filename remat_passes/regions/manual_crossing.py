@@ -273,23 +273,14 @@ def find_split_gspmd_pairs(fwd_func, bwd_func) -> list:
         left = gspmd.left_region(ret.operands[i])
         if left is None:
             continue
-        left = _through_round_trips(left)
+        left = gspmd.round_trip_source(left)
         for v in gspmd.entered_region(bargs[k]):
             if v.type == left.type:
                 crossed[v] = left
     if not crossed:
         return []
     return pairs_across(graph.body_block(fwd_func), graph.body_block(bwd_func), crossed,
-                        source=_through_round_trips)
-
-
-def _through_round_trips(v):
-    """`v` with every trip out of the manual region and back in seen through."""
-    while True:
-        x = gspmd.round_trip_source(v)
-        if x is v or x == v:
-            return v
-        v = x
+                        source=gspmd.round_trip_source)
 
 
 class GspmdCrossing(Crossing):
@@ -331,7 +322,8 @@ class GspmdCrossing(Crossing):
         entered = gspmd.entered_from_argument(value)
         if entered is not None:
             arg, sharding = entered
-            return gspmd.enter(super().bring(arg, ip), sharding, value.type, ip, loc)
+            return gspmd.enter_region(super().bring(arg, ip), value.type,
+                                      (value.type, None, sharding), ip, loc)
         layout = self._layout(value, like)
         ret = graph.terminator(graph.body_block(self.fwd))
         leaving = gspmd.leave_region(value, layout, ir.InsertionPoint(ret), loc)

@@ -267,15 +267,33 @@ def enter_region(arg, value_type, layout, ip, loc) -> ir.Value:
     return v
 
 
+def _back(v, targets):
+    """The operand `v` was made from through custom calls `targets` (the last op first), or
+    None where the chain differs."""
+    x = v
+    for target in targets:
+        if not isinstance(x, ir.OpResult) or graph.custom_call_target(x.owner) != target:
+            return None
+        x = x.owner.operands[0]
+    return x
+
+
+def _onward(v, target) -> list:
+    """The results of the `target` custom calls `v` reaches through an `@Sharding` one."""
+    out = []
+    for use in v.uses:
+        s = use.owner.operation
+        if graph.custom_call_target(s) == SHARDING:
+            out += [u.owner.operation.results[0] for u in s.results[0].uses
+                    if graph.custom_call_target(u.owner.operation) == target]
+    return out
+
+
 def left_region(v):
     """`x` when `v` is per-device value `x` leaving a manual region (`@Sharding` {manual}
     then `@SPMDShardToFullShape`, as `leave_region` makes it; a reshape before them seen
     through); else None."""
-    x = v
-    for target in (graph.SPMD_SHARD_TO_FULL, SHARDING):
-        if not isinstance(x, ir.OpResult) or graph.custom_call_target(x.owner) != target:
-            return None
-        x = x.owner.operands[0]
+    x = _back(v, (graph.SPMD_SHARD_TO_FULL, SHARDING))
     if isinstance(x, ir.OpResult) and x.owner.name == "stablehlo.reshape":
         x = x.owner.operands[0]
     return x
@@ -284,62 +302,46 @@ def left_region(v):
 def entered_from_argument(v):
     """(argument, its sharding) when per-device `v` is a function argument entering a manual
     region (`@Sharding`, `@SPMDFullToShardShape`); else None."""
-    if not isinstance(v, ir.OpResult) or graph.custom_call_target(v.owner) != \
-            graph.SPMD_FULL_TO_SHARD:
+    s = _back(v, (graph.SPMD_FULL_TO_SHARD,))
+    arg = _back(v, (graph.SPMD_FULL_TO_SHARD, SHARDING))
+    if not isinstance(arg, ir.BlockArgument):
         return None
-    s = v.owner.operands[0]
-    if not isinstance(s, ir.OpResult) or graph.custom_call_target(s.owner) != SHARDING:
-        return None
-    arg = s.owner.operands[0]
     sharding = _sharding_of(s.owner)
-    return (arg, sharding) if isinstance(arg, ir.BlockArgument) and sharding else None
-
-
-def enter(arg, sharding: str, local_type, ip, loc) -> ir.Value:
-    """Global `arg` entering a manual region as a per-device value of `local_type`."""
-    v = _custom_call(SHARDING, arg, arg.type, sharding, ip, loc)
-    return _custom_call(graph.SPMD_FULL_TO_SHARD, v, local_type, "{manual}", ip, loc)
+    return (arg, sharding) if sharding else None
 
 
 def entered_region(arg) -> list:
     """The per-device values global `arg` enters manual regions as (`@Sharding`, then
     `@SPMDFullToShardShape`)."""
-    out = []
-    for use in arg.uses:
-        s = use.owner.operation
-        if graph.custom_call_target(s) != SHARDING:
-            continue
-        for use2 in s.results[0].uses:
-            full = use2.owner.operation
-            if graph.custom_call_target(full) == graph.SPMD_FULL_TO_SHARD:
-                out.append(full.results[0])
-    return out
+    return _onward(arg, graph.SPMD_FULL_TO_SHARD)
 
 
 def round_trip_source(v):
-    """`x` when `v` is per-device value `x` taken out of a manual region and back in
-    (`@Sharding` {manual}, `@SPMDShardToFullShape`, `@Sharding`, `@SPMDFullToShardShape`:
-    how a stack of a scan in a GSPMD shard_map body reaches the backward loop), with `x`'s
-    type; else `v`."""
-    x = v
-    for target in (graph.SPMD_FULL_TO_SHARD, SHARDING, graph.SPMD_SHARD_TO_FULL, SHARDING):
-        if not isinstance(x, ir.OpResult) or graph.custom_call_target(x.owner) != target:
+    """`x` when `v` is per-device value `x` taken out of a manual region and back in, once or
+    more (`@Sharding` {manual}, `@SPMDShardToFullShape`, `@Sharding`,
+    `@SPMDFullToShardShape`: how a stack of a scan in a GSPMD shard_map body reaches the
+    backward loop), with `x`'s type; else `v`."""
+    trip = (graph.SPMD_FULL_TO_SHARD, SHARDING, graph.SPMD_SHARD_TO_FULL, SHARDING)
+    while True:
+        x = _back(v, trip)
+        if x is None or x.type != v.type:
             return v
-        x = x.owner.operands[0]
-    return x if x.type == v.type else v
+        v = x
 
 
 def global_bytes(v) -> int:
     """The bytes of `v` as it leaves a manual region (`@Sharding` {manual} then
     `@SPMDShardToFullShape`: its global type), else its own."""
-    for use in v.uses:
-        s = use.owner.operation
-        if graph.custom_call_target(s) == SHARDING:
-            for use2 in s.results[0].uses:
-                full = use2.owner.operation
-                if graph.custom_call_target(full) == graph.SPMD_SHARD_TO_FULL:
-                    return graph.type_bytes(full.results[0].type)
-    return graph.type_bytes(v.type)
+    full = _onward(v, graph.SPMD_SHARD_TO_FULL)
+    return graph.type_bytes((full[0] if full else v).type)
+
+
+def value_classes(analysis) -> dict:
+    """`device_classes` of the analysed function keyed by value instead of by vid (for a
+    rewrite that outlives the analysis)."""
+    a = analysis
+    return {a.value(vid): labels for vid, labels in
+            device_classes(a, a.manual, num_devices(graph.module_of(a.func_op))).items()}
 
 
 def _custom_call(target, v, result_type, sharding, ip, loc) -> ir.Value:
