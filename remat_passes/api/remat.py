@@ -12,6 +12,7 @@ from remat_passes.passes.manager import expand, run_pipeline
 from remat_passes.passes.place_optimization_barriers import (PlaceOptimizationBarriers,
                                                              parse_groups)
 from remat_passes.passes.remat import Remat
+from remat_passes.passes.remat_partial_eval import parse_levels
 from remat_passes.passes.segment_scans import parse_offload, parse_segments
 
 
@@ -19,7 +20,8 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
           prevent_cse_in_loops: bool = False, tie_to_cotangent: bool = False,
           barrier_groups: str = "per-use", scan_segments: int | str = 0,
           scan_segments_offload: str | None = None, func: str = "main",
-          cotangent_args=None, region_regex=None, region_policy=None, verify: bool = True):
+          cotangent_args=None, region_regex=None, region_policy=None, levels: str = "auto",
+          verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
     inline -> remat-partial-eval (policy, mode) -> insert-reduce-precision ->
@@ -35,6 +37,9 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     iterations from it (see segment-scans);
     `.residuals` still lists what the per-iteration policy keeps in a slot.
     `scan_segments_offload="pinned_host"` keeps those saved carries in host memory.
+    `levels`: recomputation levels outside scans (remat-partial-eval's `levels`): "auto"
+    (two for auto(budget=...) where they lower the backward's working set, else one),
+    "1" (each value recomputed once, as jax.checkpoint does) or "2".
     The residuals partial-eval chose are on the result as `.residuals`, and what it wants
     the user to know (e.g. a while loop it treated as one atomic op) as
     `.remarks`; `.timings` has each step's seconds.
@@ -46,14 +51,14 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
                        tie_to_cotangent=tie_to_cotangent, barrier_groups=barrier_groups,
                        scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
                        func=func, cotangent_args=cotangent_args, region_regex=region_regex,
-                       region_policy=region_policy)
+                       region_policy=region_policy, levels=levels)
     return _run(module, options, (Barriers(options["barrier_groups"],
                                            options["tie_to_cotangent"]),), verify)[0]
 
 
 def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_cotangent,
              barrier_groups, scan_segments, scan_segments_offload, func, cotangent_args,
-             region_regex, region_policy) -> dict:
+             region_regex, region_policy, levels="auto") -> dict:
     """rp.remat's arguments checked and read, as the options of the `remat` pipeline."""
     if not isinstance(module, Module):
         raise TypeError("rp.remat takes a remat_passes.Module (from rp.export_vjp, rp.export, "
@@ -61,7 +66,8 @@ def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_
     if mode not in ("joint", "split"):
         raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
     parsed = {}
-    for name, parse, value in (("scan_segments", parse_segments, scan_segments),
+    for name, parse, value in (("levels", parse_levels, str(levels)),
+                               ("scan_segments", parse_segments, scan_segments),
                                ("scan_segments_offload", parse_offload, scan_segments_offload),
                                ("barrier_groups", parse_groups, barrier_groups)):
         try:

@@ -546,6 +546,15 @@ def estimate_memory(module, function=None, dim_symbols=None,
         return MemoryEstimate({n: est.function(funcs[n]) for n in names})
 
 
+def estimate_function(func_op, model: str = "program-order") -> int:
+    """The peak bytes of one function (`estimate_memory`'s model; device memory only), for
+    a pass comparing versions of a function it holds."""
+    op = func_op.operation
+    while op.name != "builtin.module":
+        op = op.parent
+    return _Estimator(op.opview, model=model).function(func_op).peak_bytes
+
+
 # ------------------------------------------------------------------ report --
 def model_line(backend: str) -> str:
     """The line `--print-memory --memory-model=xla` starts with: the backend modelled and how

@@ -54,9 +54,10 @@ SEGMENTS_NAME = "remat.segments="   # a name marker in a scan body: segment-scan
 CASE_KEY = "remat.case"     # a forward stablehlo.case the case-pair rule rewrote: its key
 TWIN = "remat.twin"         # results equal to the keyed case's: [key, k, r, k, r, ...]
 CASE_SAVES = "remat.case_saves"   # results of a nested case that hold saved branch values
+LEVELS = "remat.levels"     # on a function: recomputation in two levels (core/levels.py)
 
 # The op attributes a finished pipeline removes (strip-checkpoint-names).
-BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE_KEY, TWIN, CASE_SAVES)
+BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE_KEY, TWIN, CASE_SAVES, LEVELS)
 
 # Host offload, as JAX emits it for offload policies on GPU/TPU.
 PLACEMENT_TARGET = "annotate_device_placement"
@@ -100,6 +101,16 @@ def is_recompute_clone(op) -> bool:
 
 def set_recompute_group(op, group: int) -> None:
     op.operation.attributes[RECOMPUTE] = _i64(group)
+
+
+def recompute_levels(func_op) -> int:
+    """1, or 2 where remat-partial-eval recomputed the function's backward in two levels."""
+    attrs = func_op.operation.attributes
+    return ir.IntegerAttr(attrs[LEVELS]).value if LEVELS in attrs else 1
+
+
+def set_recompute_levels(func_op, levels: int) -> None:
+    func_op.operation.attributes[LEVELS] = _i64(levels)
 
 
 def offload_attr(placement: Offloadable):

@@ -26,7 +26,8 @@ No tie is placed when the forward keeps no activation (every value the backward 
 it is an argument): the backward then recomputes the whole forward from the arguments at
 once, which needs what the program without remat needs, and XLA:CPU undoing it saves the
 recomputation's time and costs no memory (measured: Equinox `nothing_saveable`, 1.05x the
-untied footprint when tied).
+untied footprint when tied). In two levels (`remat.levels = 2`, core/levels.py) the ties are
+placed all the same: they keep each segment's second recomputation apart from the first.
 
 `groups=per-use` (the default) places one barrier per recompute group, as above: each
 recomputation waits for its own consumer's cotangent. `groups=per-region` places one per
@@ -459,7 +460,8 @@ class PlaceOptimizationBarriers(ModulePass):
             f = graph.find_func(module_op, target)
             a = state.analysis(f)
             tie = _argument_test(module_op, f) if self.tie_to_cotangent else None
-            if tie is not None and all(tie(v) for v in a.residuals):
+            if tie is not None and all(tie(v) for v in a.residuals) \
+                    and contract.recompute_levels(f) == 1:
                 tie = None   # the forward keeps no activation (module docstring)
             groups = a.recompute_groups
             if self.groups == "per-region":

@@ -14,7 +14,8 @@ In two phases, each deciding before it rewrites:
 
 1. rules for ops with regions (`rules.RULE_TYPES`): scan loop pairs get the policy per
    iteration (`scan_rewrite`);
-2. the function: `plan.build_plan` decides every residual, then
+2. the function: `plan.build_plan` decides every residual (under `auto`, or with
+   `levels=2`, planned again in two levels where that lowers the peak: `core/levels.py`), then
    `materialize` clones the recomputation just in time and `split` (in
    `mode=split`) cuts the function into `<f>_fwd(primals) -> (outputs...,
    residuals...)` and `<f>_bwd(residuals..., cotangents...) -> (gradients...)`.
@@ -25,12 +26,14 @@ In two phases, each deciding before it rewrites:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 from remat_passes.analysis import scan_pairs
 from remat_passes.core import residuals as report
+from remat_passes.core.levels import two_levels
 from remat_passes.core.materialize import analysis_after, materialize
-from remat_passes.core.plan import plan_with_policies
+from remat_passes.core.plan import PolicyDecider, build_plan
 from remat_passes.core.split import half_analyses, split_function
 from remat_passes.ir import contract, graph, mlir
 from remat_passes.ir.mlir import RematError, ir, op_id
@@ -59,6 +62,12 @@ def parse_mode(text: str) -> str:
     return text
 
 
+def parse_levels(text: str) -> str:
+    if text not in ("1", "2", "auto"):
+        raise ValueError(f"expected 1, 2 or auto, got '{text}'")
+    return text
+
+
 def parse_optional_policy(text: str) -> Policy | None:
     return None if text.strip() in ("", "none", "None") else parse_policy(text)
 
@@ -82,6 +91,12 @@ class PartialEvalOptions:
         None, "turn name-stack scopes matching this regex into checkpoint regions", parse_regex)
     region_policy: Policy = option(
         nothing_saveable, "policy of the regions made by region-regex", parse_policy)
+    levels: str = option(
+        "auto", "recomputation levels outside scans: 1 recomputes each value once, as "
+        "jax.checkpoint does; 2 keeps only segment boundaries of the recomputed forward and "
+        "recomputes each segment again before its backward, where that lowers the peak "
+        "estimate by 15%; auto: 2 under an auto policy, else 1",
+        parse_levels)
 
     def __post_init__(self):
         """Policies given as specs, JAX policies or callables: normalised here, once."""
@@ -118,7 +133,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 _recorded_scope_policies(module_op, state), self.region_policy)
             block = graph.body_block(f)
             reports = []
-            if has_auto(policies):   # auto(budget=...): solved for the whole function
+            planned = has_auto(policies)
+            if planned:   # auto(budget=...): solved for the whole function
                 a0 = state.analysis(f)
                 kept0 = {}
                 for rule in rules.values():
@@ -147,9 +163,22 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 for rule in rules.values():
                     kept.update(rule.kept_whole(a))
                     twins.update(rule.twins(a))
-                plan = plan_with_policies(a, policies, self.region_regex,
-                                          split=self.mode == "split", kept_whole=kept,
-                                          first_group=groups.n, twins=twins)
+                decider = PolicyDecider(a, policies, self.region_regex)
+                build = functools.partial(build_plan, a, split=self.mode == "split",
+                                          kept_whole=kept, first_group=groups.n, twins=twins)
+                plan = build(decider)
+                levels_remark = None
+                if self.levels == "2" or (self.levels == "auto" and planned):
+                    two = two_levels(a, decider, plan, build)
+                    if two is not None:
+                        plan = two.plan
+                        levels_remark = (
+                            f"@{self.func}: recomputed in two levels: the backward keeps "
+                            f"{two.segments - 1} segment boundaries of the recomputed forward "
+                            f"and recomputes each of the {two.segments} segments again before "
+                            f"its backward ({two.extra_clones} more recomputed ops); its "
+                            f"working set, by the static count, {two.one_level} B -> "
+                            f"{two.two_levels} B")
                 if attempt == 3 or not any(
                         [rule.tidy(a, plan.twins_read) for rule in rules.values()]):
                     break
@@ -191,6 +220,9 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                             state.keep(g, analysis)
             else:                 # the next passes read the function as it is now
                 state.keep(f, analysis_after(plan, edit))
+            if levels_remark:
+                contract.set_recompute_levels(halves[1] if self.mode == "split" else f, 2)
+                state.remarks.append(levels_remark)
         state.residuals[self.func] = residuals
         state.plan_reports[self.func] = reports
         state.remarks[first_remark:] = [Remark(r, location)

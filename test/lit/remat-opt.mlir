@@ -177,6 +177,7 @@
 // LIST-NEXT: func {{.*}}(default: main)
 // LIST-NEXT: region-regex
 // LIST-NEXT: region-policy {{.*}}(default: nothing_saveable)
+// LIST-NEXT: levels {{.*}}(default: auto)
 // LIST-NEXT: segment-scans {{.*}}every k iterations
 // LIST-NEXT: segments {{.*}}(default: 0)
 // LIST-NEXT: func {{.*}}(default: main)

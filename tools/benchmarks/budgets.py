@@ -335,6 +335,13 @@ def render(data, png_rel: str) -> str:
          "with loop trip counts for the scanned models). **residuals**: device bytes the split "
          "form's `main_fwd` keeps for `main_bwd` beyond the function's own arguments (the "
          "activations), which is what the budget bounds.", "",
+         "These figures are of plans with one level of recomputation. Since 2026-11-26 "
+         "(`core/levels.py`), `auto` recomputes in two levels where that lowers the peak "
+         "estimate by 15%: on these models, at budget 0 only (GPT, Equinox, conv net), where it "
+         "costs +53.5%, +49.6% and +36.6% extra FLOPs instead of +33.4% for a lower XLA "
+         "footprint (see [passes.md](passes.md#two-levels-of-recomputation) and the sweeps of "
+         "[Memory as XLA allocates it](#memory-as-xla-allocates-it)); `levels=1` gives the "
+         "plans measured here.", "",
          "What is checked (recomputed from the results by `tools/benchmarks/budgets.py:checks` "
          "when the page is rendered): for every fixed policy P, `auto(budget = P's activation "
          "bytes)` keeps at most that many bytes and costs no more modelled recompute time "

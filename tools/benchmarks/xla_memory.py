@@ -18,8 +18,8 @@ schedules; the tie keeps the recomputation where the plan put it), so the compar
 what each tool gives a user here.
 
 Then, per model, `auto(budget=b)` for 10 budgets from the least a plan can keep to no remat:
-the activation bytes the plan keeps and XLA's footprint of the larger half, which should not
-rise as the budget falls.
+the activation bytes the plan keeps, whether it recomputes in two levels, and XLA's footprint
+of the larger half, which should not rise as the budget falls.
 """
 from __future__ import annotations
 
@@ -123,7 +123,9 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
             b = int(lo + (hi - lo) * k / (SWEEP_POINTS - 1))
             split, halves, tied = _our_split(module, rp.policies.auto(b), model.args, tie)
             points.append({"budget": b, "halves": halves, "split_tied": tied,
-                           "activations": activation_bytes(split.residuals)})
+                           "activations": activation_bytes(split.residuals),
+                           "levels": 2 if any("recomputed in two levels" in r
+                                              for r in split.remarks) else 1})
         sweeps.append({"model": key, "points": points})
         log(f"xla: {key} sweep of {SWEEP_POINTS} budgets")
     meta = dict(common.machine(), device=jax.devices()[0].device_kind)
@@ -235,13 +237,16 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
             parts.append(f"| {r['model']} | `{r['policy']}` | {a:,} / {b:,} "
                          f"({_ratio(a, b):.2f}) | {err} |")
     parts += ["", f"`auto(budget=b)` along {SWEEP_POINTS} budgets from the least a plan can "
-              "keep to no remat: activation bytes kept and XLA's footprint of the larger "
-              "half.", "", "| model | budget | activations | XLA footprint |",
-              "|---|---:|---:|---:|"]
+              "keep to no remat: activation bytes kept, the levels of recomputation "
+              "remat-partial-eval chose (two where they lower the peak estimate by 15%, see "
+              "[passes.md](passes.md#two-levels-of-recomputation); `-`: measured before it "
+              "chose) and XLA's footprint of the larger half.", "",
+              "| model | budget | activations | levels | XLA footprint |",
+              "|---|---:|---:|---:|---:|"]
     for s in data["sweeps"]:
         for p in s["points"]:
             parts.append(f"| {s['model']} | {p['budget']:,} | {p['activations']:,} | "
-                         f"{common.xla_peak(p['halves']):,} |")
+                         f"{p.get('levels', '-')} | {common.xla_peak(p['halves']):,} |")
     results = checks(data)
     missed = [text for text, ok in results if not ok]
     parts += ["", f"Checks: {len(results) - len(missed)} of {len(results)} pass (temp bytes "
