@@ -63,6 +63,7 @@ from remat_passes.passes.diagnostics import Remark
 
 MODES = ("auto", "joint", "split")
 BARRIER_GROUPS = ("per-use", "per-region", "smaller")
+LEVELS = ("auto", "1", "2")
 
 
 def default_mode() -> str:
@@ -174,13 +175,17 @@ class Jitted:
                  static_argnums: int | Sequence[int] = (), prevent_cse: bool = True,
                  tie_to_cotangent: bool | None = None, jax_checkpoint: str = "jax",
                  scan_segments: int | str = 0, scan_segments_offload: str | None = None,
-                 barrier_groups: str | None = None, cache_dir=None):
+                 barrier_groups: str | None = None, levels: str = "auto", cache_dir=None):
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         if barrier_groups is not None and barrier_groups not in BARRIER_GROUPS:
             raise ValueError(f"rp.jit: barrier_groups must be one of "
                              f"{', '.join(BARRIER_GROUPS)}, got {barrier_groups!r}")
         self.barrier_groups = barrier_groups
+        if str(levels) not in LEVELS:
+            raise ValueError(f"rp.jit: levels must be one of {', '.join(LEVELS)}, "
+                             f"got {levels!r}")
+        self.levels = str(levels)
         self.fun = fun
         self.policy = policy
         self.mode = mode
@@ -283,7 +288,8 @@ class Jitted:
         plan is made once)."""
         tie = self.tie_to_cotangent
         options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse,
-                       tie_to_cotangent=needs_tie() if tie is None else tie)
+                       tie_to_cotangent=needs_tie() if tie is None else tie,
+                       levels=self.levels)
         if self.scan_segments:
             options["scan_segments"] = self.scan_segments
         if self.scan_segments_offload:
@@ -506,13 +512,14 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         prevent_cse: bool = True, tie_to_cotangent: bool | None = None,
         jax_checkpoint: str = "jax", scan_segments: int | str = 0,
         scan_segments_offload: str | None = None, barrier_groups: str | None = None,
-        cache_dir=None) -> Any:
+        levels: str = "auto", cache_dir=None) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
     what the forward keeps; `scan_segments=k` (or "sqrt") keeps each scan's carry every k
     iterations (as `rp.remat`'s; `scan_segments_offload="pinned_host"` keeps those carries
-    in host memory). Usable as a decorator, with or without
+    in host memory); `levels` as `rp.remat`'s (two levels of recomputation under `auto`
+    where they lower the peak). Usable as a decorator, with or without
     arguments. See the module docstring for the modes, `barrier_groups` and `cache_dir`."""
     if fun is None:
         return functools.partial(jit, policy=policy, mode=mode, donate_argnums=donate_argnums,
@@ -520,9 +527,10 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
                                  tie_to_cotangent=tie_to_cotangent,
                                  jax_checkpoint=jax_checkpoint, scan_segments=scan_segments,
                                  scan_segments_offload=scan_segments_offload,
-                                 barrier_groups=barrier_groups, cache_dir=cache_dir)
+                                 barrier_groups=barrier_groups, levels=levels,
+                                 cache_dir=cache_dir)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
                   static_argnums=static_argnums, prevent_cse=prevent_cse,
                   tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
                   scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
-                  barrier_groups=barrier_groups, cache_dir=cache_dir)
+                  barrier_groups=barrier_groups, levels=levels, cache_dir=cache_dir)

@@ -105,3 +105,20 @@ def test_bad_levels_is_a_clear_error(case):
     _, m = case
     with pytest.raises(RematError, match="levels.*expected 1, 2 or auto"):
         rp.remat(m, P.auto(0), levels="3")
+
+
+def test_rp_jit_takes_levels_and_keeps_them_apart_in_its_cache(case, tmp_path):
+    """rp.jit passes `levels` on; a bad value is a clear error; the disk cache keys them
+    apart (a one-level entry is never served for two levels)."""
+    args, _ = case
+
+    def step(Ws, x):
+        return jax.grad(deep)(Ws, x)
+    with pytest.raises(ValueError, match="levels must be one of"):
+        rp.jit(step, policy=P.auto(0), levels="3")
+    one = rp.jit(step, policy=P.auto(0), levels="1", cache_dir=tmp_path)
+    two = rp.jit(step, policy=P.auto(0), cache_dir=tmp_path)
+    expected = jax.jit(step)(*args)
+    for f in (one, two):
+        assert_trees_close(f(*args), expected, rtol=1e-4, atol=1e-4, what="rp.jit")
+    assert len(list(tmp_path.glob("*.json"))) == 2
