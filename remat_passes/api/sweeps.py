@@ -26,16 +26,17 @@ from remat_passes.policy.auto import AutoPolicy, auto
 
 
 def recompute_seconds(module, policy, func: str = "main", device: str | None = None,
-                      mode: str = "joint") -> float:
+                      mode: str = "joint", levels: str = "auto") -> float:
     """What the recomputation of `policy`'s plan for `module` costs in the planner's model,
     to compare any policy with auto on the same scale: the ops remat-partial-eval clones
     and the reduce_precision ops insert-reduce-precision then adds on what is kept (what
     `auto` minimises counts both), loop bodies times their trip count. `mode="split"`:
-    of the split form."""
+    of the split form. `levels` as `rp.remat`'s: with "1" it is the cost `auto`'s solver
+    reports; two levels add what they recompute twice."""
     profile = PROFILES[device or default_device()]
     out = module.clone()
     run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func,
-                                                              mode=mode)])
+                                                              mode=mode, levels=levels)])
     funcs = [graph.find_func(out.op, name).operation
              for name in ([func] if mode == "joint" else [f"{func}_fwd", f"{func}_bwd"])]
     existing = set()
@@ -145,8 +146,8 @@ class _Measure:
     """Activation bytes, host bytes, extra FLOPs and the joint peak of a policy's plan, the
     same way for every plan of a sweep (FLOPs over the no-remat split form's)."""
 
-    def __init__(self, module, func: str):
-        self.module, self.func = module, func
+    def __init__(self, module, func: str, levels: str = "auto"):
+        self.module, self.func, self.levels = module, func, levels
         self.base = self._flops(remat(module, None, mode="split", func=func))
 
     def _flops(self, split) -> float:
@@ -155,8 +156,8 @@ class _Measure:
 
     def __call__(self, policy) -> tuple:
         """(split module, activation bytes, host bytes, extra FLOPs, extra %, joint peak)."""
-        split = remat(self.module, policy, mode="split", func=self.func)
-        joint = remat(self.module, policy, mode="joint", func=self.func)
+        split = remat(self.module, policy, mode="split", func=self.func, levels=self.levels)
+        joint = remat(self.module, policy, mode="joint", func=self.func, levels=self.levels)
         extra = self._flops(split) - self.base
         host = sum(r.bytes for r in split.residuals if r.offload is not None and
                    r.offload.dst in ("pinned_host", "unpinned_host"))
@@ -166,13 +167,15 @@ class _Measure:
 
 
 def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
-           func: str = "main", solver: str = "auto") -> list[ParetoPoint]:
+           func: str = "main", solver: str = "auto", levels: str = "auto") -> list[ParetoPoint]:
     """Budget -> activation bytes, extra FLOPs, joint peak and solve time, for a sweep of
     budgets (by default `points` from the minimum to no remat). A larger budget never
     costs more: a point whose plan costs more than the plan of a smaller budget takes
     that plan instead. A progress bar (on a terminal) shows once it takes a second.
-    `plot_pareto` draws the result."""
-    measure = _Measure(module, func)
+    `plot_pareto` draws the result. `levels` as `rp.remat`'s (at the tightest budgets two
+    levels can cost more FLOPs than a larger budget's plan, for a lower peak).
+    """
+    measure = _Measure(module, func, levels)
     lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device))
     if budgets is None:
         budgets = sorted({int(lo + (hi - lo) * k / max(points - 1, 1)) for k in range(points)})

@@ -24,10 +24,14 @@ one more forward of the recomputed ops.
 Which cuts: a segment's *weight* is the bytes of its recomputed values that backward ops read;
 the *crossing* bytes of a cut are those of recomputed values produced before it and read by
 recomputed ops after it. The backward's working set while segment j is served is about the
-cuts up to j plus segment j's weight; for 2 to `MAX_SEGMENTS` segments of about equal weight
-(each cut moved, within half a segment, to where the fewest bytes cross), the count with the
-smallest largest working set is taken. Two levels are used only where that working set is at
-most `GAIN` of the one-level one (the weight of everything).
+cuts up to j plus segment j's weight. For 2 to `MAX_SEGMENTS` segments of about equal weight
+(each cut moved, within half a segment, to where the fewest bytes cross), the `CANDIDATES`
+counts with the smallest largest working set, and at most `GAIN` of the one-level one (the
+weight of everything), are planned; the one whose function has the lowest peak estimate
+(`estimate_memory`'s xla model, the plan built on a copy of the function) is kept, if that
+peak is at most `PEAK_GAIN` of the one-level plan's. The segments follow program order,
+except that what is computed from arguments alone (a weight's broadcast, which JAX often emits
+long before the layer that reads it) joins the segment of its first reader.
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ from remat_passes.ir.mlir import ir
 from remat_passes.policy.policies import Recompute
 
 MAX_SEGMENTS = 16
+CANDIDATES = 4  # the segment counts with the smallest static working sets, tried by estimate
 GAIN = 0.75     # two levels only where the working set falls to at most 3/4 ...
 PEAK_GAIN = 0.85  # ... and the estimated peak of the function by 15%
 
@@ -51,7 +56,11 @@ PEAK_GAIN = 0.85  # ... and the estimated peak of the function by 15%
 class TwoLevelDecider:
     """A decider (see `plan.PolicyDecider`) that saves what `base` saves and recomputes the
     rest in the context of the reader's segment: per position, `chains` is (segment,) for a
-    forward op inside a segment and for a backward op that reads from one, else ()."""
+    forward op inside a segment and for a backward op that reads from one, else (). Values
+    computed from constants alone (a broadcast of 0.5) are made again in each reader's
+    context (`free_in_reader`) rather than once for the whole backward: shared, one would
+    live from the first segment's recomputation to the last one's."""
+    free_in_reader = True
 
     def __init__(self, base, chains: list):
         self.base = base
@@ -93,11 +102,25 @@ def estimated_peak(a, plan) -> int:
 
 
 def _weights(a, plan):
-    """Per recomputed op (in program order): its position, its weight and the crossing bytes
-    of a cut right before it (see the module docstring)."""
-    recomputed = sorted({c.op for c in plan.clones() if not a.free[c.op]})
+    """Per recomputed op, in the order the segments follow: its position, its weight and the
+    crossing bytes of a cut right before it (see the module docstring). The order is program
+    order, except that an op reading only arguments (a weight's broadcast, which JAX often
+    emits long before the layer that reads it) comes right before its first recomputed
+    reader: it belongs to that reader's segment, not to the one where it was written."""
+    recomputed = {c.op for c in plan.clones() if not a.free[c.op]}
     if len(recomputed) < 2:
         return None
+    producer, free = a.producer, a.free
+    from_arguments: set = set()
+    for pos in sorted(recomputed):      # computed from arguments (and constants) alone
+        if all(producer[v] < 0 or free[producer[v]] or producer[v] in from_arguments
+               for v in a.reads(pos)):
+            from_arguments.add(pos)
+    key = {}
+    for pos in sorted(recomputed, reverse=True):   # (readers first)
+        readers = [key[u] for u in a.forward_consumers(pos) if u in key]
+        key[pos] = min(readers) - 1e-3 if pos in from_arguments and readers else pos
+    recomputed = sorted(recomputed, key=key.__getitem__)
     index = {pos: i for i, pos in enumerate(recomputed)}
     n = len(recomputed)
     weight = np.zeros(n, dtype=np.int64)
@@ -123,14 +146,15 @@ def _weights(a, plan):
     return recomputed, weight, crossing
 
 
-def _best_cuts(weight, crossing):
-    """(working set, cut indices) of the best segment count, or None."""
+def _candidate_cuts(weight, crossing) -> list:
+    """(working set, cut indices) for each segment count from 2 to MAX_SEGMENTS, smallest
+    working set first (see the module docstring)."""
     n = len(weight)
     prefix = np.concatenate(([0], np.cumsum(weight)))
     total = int(prefix[-1])
     if total == 0:
-        return None
-    best = None
+        return []
+    found = {}
     for m in range(2, min(MAX_SEGMENTS, n) + 1):
         cuts = []
         for k in range(1, m):
@@ -149,9 +173,8 @@ def _best_cuts(weight, crossing):
             if j:
                 held += int(crossing[bounds[j]])
             worst = max(worst, held + int(prefix[bounds[j + 1]] - prefix[bounds[j]]))
-        if best is None or worst < best[0]:
-            best = (worst, cuts)
-    return best if best is None else (best[0], best[1], total)
+        found.setdefault(tuple(cuts), worst)
+    return sorted(((w, list(c)) for c, w in found.items()), key=lambda t: t[0])
 
 
 def two_levels(a, decider, plan, build) -> Levels | None:
@@ -165,33 +188,42 @@ def two_levels(a, decider, plan, build) -> Levels | None:
     if found is None:
         return None
     recomputed, weight, crossing = found
-    best = _best_cuts(weight, crossing)
-    if best is None:
+    total = int(weight.sum())
+    candidates = [c for w, c in _candidate_cuts(weight, crossing)[:CANDIDATES]
+                  if w <= GAIN * total]
+    if not candidates:
         return None
-    worst, cuts, total = best
-    if worst > GAIN * total:
+    best = None
+    for cuts in candidates:
+        two = build(TwoLevelDecider(decider, _chains(a, recomputed, cuts)))
+        if set(two.saved) != set(plan.saved):   # (never expected: the same verdicts decide)
+            continue
+        peak = estimated_peak(a, two)
+        if best is None or peak < best[0]:
+            best = (peak, two, len(cuts) + 1)
+    one_peak = estimated_peak(a, plan)
+    if best is None or best[0] > PEAK_GAIN * one_peak:
         return None
-    starts = [recomputed[c] for c in cuts]     # the first position of segments 1..m-1
-    segment = np.searchsorted(np.asarray(starts), np.arange(len(a.ops)), side="right")
+    two_peak, two, segments = best
+    return Levels(two, segments, one_peak, two_peak, two.num_clones - plan.num_clones)
+
+
+def _chains(a, recomputed: list, cuts: list) -> list:
+    """The made-up scope chains of `TwoLevelDecider` for segments cut at `cuts` (indices
+    into `recomputed`)."""
+    segment = {}     # recomputed position -> its segment
+    bounds = [0] + list(cuts) + [len(recomputed)]
+    for j in range(len(bounds) - 1):
+        for pos in recomputed[bounds[j]:bounds[j + 1]]:
+            segment[pos] = j
     chains: list = [()] * len(a.ops)
-    producer, backward, free = a.producer, a.backward, a.free
-    inside = set(recomputed)
+    producer, backward = a.producer, a.backward
     for pos in range(len(a.ops)):
         if not backward[pos]:
-            if pos in inside:
-                chains[pos] = (int(segment[pos]),)
+            if pos in segment:
+                chains[pos] = (segment[pos],)
             continue
-        last = -1
-        for vid in a.reads(pos):
-            p = producer[vid]
-            if p >= 0 and p in inside and not free[p]:
-                last = max(last, int(segment[p]))
+        last = max((segment.get(producer[vid], -1) for vid in a.reads(pos)), default=-1)
         if last >= 0:
             chains[pos] = (last,)
-    two = build(TwoLevelDecider(decider, chains))
-    if set(two.saved) != set(plan.saved):   # (never expected: the same verdicts decide)
-        return None
-    one_peak, two_peak = estimated_peak(a, plan), estimated_peak(a, two)
-    if two_peak > PEAK_GAIN * one_peak:
-        return None
-    return Levels(two, len(cuts) + 1, one_peak, two_peak, two.num_clones - plan.num_clones)
+    return chains

@@ -255,6 +255,7 @@ class PlanBuilder:
         self.decider = decider
         self.kept_whole = kept_whole      # position -> placement(vid), for ops whose results
         self.chains = decider.chains      # are never recomputed (scan loops)
+        self.free_in_reader = getattr(decider, "free_in_reader", False)
         self.saved = plan.saved
         self.clone_of: dict = {}          # ctx -> {position: clone number}
         self.group = first_group
@@ -280,7 +281,10 @@ class PlanBuilder:
         pos = a.producer[vid]
         if a.backward[pos]:
             return vid
-        ctx = self._common_prefix(consumer_ctx, self.chains[pos])
+        if a.free[pos] and self.free_in_reader:
+            ctx = consumer_ctx      # (made again where it is read: see TwoLevelDecider)
+        else:
+            ctx = self._common_prefix(consumer_ctx, self.chains[pos])
         if a.side_effect[pos]:
             self.saved.setdefault(vid, None)   # never duplicated
             return vid

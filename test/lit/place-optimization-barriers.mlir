@@ -8,6 +8,10 @@
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TWICE
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers | filecheck %s --check-prefix=NOTIE
 // RUN: sed -n '/^module @no_activation/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=NOACT
+// Two levels of recomputation (remat.levels = 2, set by remat-partial-eval): the groups are
+// tied although the forward keeps no activation, and a group reading arguments alone gets
+// its smallest argument tied: the second sine must not merge with the first.
+// RUN: sed -n '/^module @two_levels/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TWOLV
 // groups=per-region (one barrier per checkpoint region, as jax.checkpoint), on @two_groups
 // and @late_input:
 // RUN: sed -n '/^module @two_groups/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=REGION
@@ -325,6 +329,16 @@ module @tie {
 // NOACT-LABEL: module @no_activation
 // NOACT-COUNT-2: stablehlo.optimization_barrier
 // NOACT-NOT: is_finite
+
+// TWOLV-LABEL: module @two_levels
+// TWOLV: %[[B1:.*]]:2 = stablehlo.optimization_barrier {remat.barrier} %arg0, %arg1
+// TWOLV: stablehlo.is_finite
+// TWOLV: %[[X1:.*]] = stablehlo.multiply %[[B1]]#0, %{{.*}} {remat.barrier}
+// TWOLV-NEXT: stablehlo.sine %[[X1]] {remat.recompute = 1 : i64}
+// TWOLV: %[[B2:.*]]:2 = stablehlo.optimization_barrier {remat.barrier} %arg0, %{{.*}}
+// TWOLV: stablehlo.is_finite
+// TWOLV: %[[X2:.*]] = stablehlo.multiply %[[B2]]#0, %{{.*}} {remat.barrier}
+// TWOLV-NEXT: stablehlo.sine %[[X2]] {remat.recompute = 2 : i64}
 module @no_activation {
   func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
     %s = stablehlo.sine %x : tensor<4xf32>
@@ -519,5 +533,20 @@ module @saved_all {
     %late = stablehlo.tanh %x : tensor<4xf32>
     %g2 = stablehlo.add %g1, %late : tensor<4xf32>
     return %r, %g2 : tensor<4xf32>, tensor<4xf32>
+  }
+}
+
+// -----
+
+module @two_levels {
+  func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) attributes {remat.levels = 2 : i64} {
+    %s = stablehlo.sine %x : tensor<4xf32>
+    %s2 = stablehlo.sine %x {remat.recompute = 1 : i64} : tensor<4xf32>
+    %c2 = stablehlo.cosine %s2 {remat.recompute = 1 : i64} : tensor<4xf32>
+    %g0 = stablehlo.multiply %ct, %c2 : tensor<4xf32>
+    %s3 = stablehlo.sine %x {remat.recompute = 2 : i64} : tensor<4xf32>
+    %t = stablehlo.tanh %s3 {remat.recompute = 2 : i64} : tensor<4xf32>
+    %g1 = stablehlo.multiply %g0, %t : tensor<4xf32>
+    return %s, %g1 : tensor<4xf32>, tensor<4xf32>
   }
 }

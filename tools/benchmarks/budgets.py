@@ -337,9 +337,9 @@ def render(data, png_rel: str) -> str:
          "activations), which is what the budget bounds.", "",
          "These figures are of plans with one level of recomputation. Since 2026-11-26 "
          "(`core/levels.py`), `auto` recomputes in two levels where that lowers the peak "
-         "estimate by 15%: on these models, at budget 0 only (GPT, Equinox, conv net), where it "
-         "costs +53.5%, +49.6% and +36.6% extra FLOPs instead of +33.4% for a lower XLA "
-         "footprint (see [passes.md](passes.md#two-levels-of-recomputation) and the sweeps of "
+         "estimate by 15%: on these models, at budget 0 (GPT, Equinox, conv net; and the conv "
+         "net at 0.15 MB), where it costs +63.2%, +49.5% and +36.6% extra FLOPs instead of "
+         "+33.4% for a lower XLA footprint (see [passes.md](passes.md#two-levels-of-recomputation) and the sweeps of "
          "[Memory as XLA allocates it](#memory-as-xla-allocates-it)); `levels=1` gives the "
          "plans measured here.", "",
          "What is checked (recomputed from the results by `tools/benchmarks/budgets.py:checks` "
