@@ -48,7 +48,7 @@ from remat_passes.ir.mlir import ir
 from remat_passes.policy.policies import Recompute
 
 MAX_SEGMENTS = 16
-CANDIDATES = 4  # the segment counts with the smallest static working sets, tried by estimate
+CANDIDATES = 2  # the segment counts with the smallest static working sets, tried by estimate
 GAIN = 0.75     # two levels only where the working set falls to at most 3/4 ...
 PEAK_GAIN = 0.85  # ... and the estimated peak of the function by 15%
 

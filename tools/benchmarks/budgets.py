@@ -338,7 +338,7 @@ def render(data, png_rel: str) -> str:
          "These figures are of plans with one level of recomputation. Since 2026-11-26 "
          "(`core/levels.py`), `auto` recomputes in two levels where that lowers the peak "
          "estimate by 15%: on these models, at budget 0 (GPT, Equinox, conv net; and the conv "
-         "net at 0.15 MB), where it costs +63.2%, +49.5% and +36.6% extra FLOPs instead of "
+         "net at 0.15 MB), where it costs +63.1%, +54.3% and +36.4% extra FLOPs instead of "
          "+33.4% for a lower XLA footprint (see [passes.md](passes.md#two-levels-of-recomputation) and the sweeps of "
          "[Memory as XLA allocates it](#memory-as-xla-allocates-it)); `levels=1` gives the "
          "plans measured here.", "",
