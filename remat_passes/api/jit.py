@@ -60,10 +60,10 @@ from remat_passes.jax.bridge import JAX_CHECKPOINT, export
 from remat_passes.jax import run as jax_run
 from remat_passes.jax.module import Module
 from remat_passes.passes.diagnostics import Remark
+from remat_passes.passes.remat_partial_eval import LEVELS
 
 MODES = ("auto", "joint", "split")
 BARRIER_GROUPS = ("per-use", "per-region", "smaller")
-LEVELS = ("auto", "1", "2")
 
 
 def default_mode() -> str:
@@ -182,7 +182,7 @@ class Jitted:
             raise ValueError(f"rp.jit: barrier_groups must be one of "
                              f"{', '.join(BARRIER_GROUPS)}, got {barrier_groups!r}")
         self.barrier_groups = barrier_groups
-        if str(levels) not in LEVELS:
+        if str(levels) not in LEVELS:    # (remat-partial-eval's)
             raise ValueError(f"rp.jit: levels must be one of {', '.join(LEVELS)}, "
                              f"got {levels!r}")
         self.levels = str(levels)

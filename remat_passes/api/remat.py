@@ -38,8 +38,8 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     `.residuals` still lists what the per-iteration policy keeps in a slot.
     `scan_segments_offload="pinned_host"` keeps those saved carries in host memory.
     `levels`: recomputation levels outside scans (remat-partial-eval's `levels`): "auto"
-    (two for auto(budget=...) where they lower the backward's working set, else one),
-    "1" (each value recomputed once, as jax.checkpoint does) or "2".
+    (two under an auto policy, where they lower the peak estimate by 15%; else one), "1"
+    (each value recomputed once, as jax.checkpoint does) or "2".
     The residuals partial-eval chose are on the result as `.residuals`, and what it wants
     the user to know (e.g. a while loop it treated as one atomic op) as
     `.remarks`; `.timings` has each step's seconds.
@@ -58,7 +58,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
 
 def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_cotangent,
              barrier_groups, scan_segments, scan_segments_offload, func, cotangent_args,
-             region_regex, region_policy, levels="auto") -> dict:
+             region_regex, region_policy, levels) -> dict:
     """rp.remat's arguments checked and read, as the options of the `remat` pipeline."""
     if not isinstance(module, Module):
         raise TypeError("rp.remat takes a remat_passes.Module (from rp.export_vjp, rp.export, "

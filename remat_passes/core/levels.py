@@ -178,9 +178,9 @@ def _candidate_cuts(weight, crossing) -> list:
 
 
 def two_levels(a, decider, plan, build) -> Levels | None:
-    """The two-level plan of `plan` (made by `decider`), or None where it does not lower the
-    backward's working set to `GAIN` of the one-level one. `build(decider)` plans again with
-    the same options. Only for deciders without checkpoint scopes of their own, in functions
+    """The two-level plan of `plan` (made by `decider`), or None where no candidate lowers the
+    static working set to `GAIN` of the one-level one and the peak estimate to `PEAK_GAIN`
+    of the one-level plan's. `build(decider)` plans again with the same options. Only for deciders without checkpoint scopes of their own, in functions
     without GSPMD shard_map bodies."""
     if any(decider.chains) or any(a.manual):   # (not inside GSPMD shard_map bodies: their
         return None                            # per-device values are not tried here)

@@ -397,9 +397,5 @@ def _split_flags(analysis) -> list[bool]:
             for i, v in enumerate(analysis.terminator.operands)]
 
 
-def plan_with_policies(analysis, policies: ScopePolicies, scope_re=None, **kw) -> RematPlan:
-    return build_plan(analysis, PolicyDecider(analysis, policies, scope_re), **kw)
-
-
 __all__ = ["RematPlan", "Clone", "Serve", "clone_source", "clone_of_source", "is_clone_source",
            "PolicyDecider", "build_plan", "as_policy"]

@@ -62,8 +62,11 @@ def parse_mode(text: str) -> str:
     return text
 
 
+LEVELS = ("1", "2", "auto")
+
+
 def parse_levels(text: str) -> str:
-    if text not in ("1", "2", "auto"):
+    if text not in LEVELS:
         raise ValueError(f"expected 1, 2 or auto, got '{text}'")
     return text
 
@@ -177,7 +180,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                             f"{two.segments - 1} segment boundaries of the recomputed forward "
                             f"and recomputes each of the {two.segments} segments again before "
                             f"its backward ({two.extra_clones} more recomputed ops); its "
-                            f"working set, by the static count, {two.one_level} B -> "
+                            f"peak, by estimate_memory's xla model, {two.one_level} B -> "
                             f"{two.two_levels} B")
                 if attempt == 3 or not any(
                         [rule.tidy(a, plan.twins_read) for rule in rules.values()]):
