@@ -221,7 +221,7 @@ def _process(data: bytes, steps: list, args, filename: str, remarks_to=None) -> 
             report += model_line(backend) + "\n"
         estimate = estimate_memory(module.op, dim_symbols=state.dim_symbols,
                                    model=args.memory_model, backend=backend)
-        report += format_memory(estimate) + "\n"
+        report += format_memory(estimate, peak_values=True) + "\n"
     if args.print_pareto:
         from remat_passes.api.sweeps import format_pareto, pareto
         from remat_passes.cost.devices import PROFILES

@@ -42,7 +42,8 @@ Everything is O(number of ops): one pass computes last uses, one sweep
 accumulates live bytes.
 
 `model="xla"` models, on top of that, what XLA's buffer assignment does to live ranges
-(calibrated on XLA:CPU, `python -m tools.benchmarks xla`):
+(calibrated on XLA:CPU with YNNPACK fusions off, whose buffers XLA does not count,
+`python -m tools.benchmarks xla`):
 
 * the caller's arguments stay allocated for the whole call, unless donated
   (`jax.buffer_donor` or `tf.aliasing_output`): then until their last use;
@@ -93,7 +94,8 @@ MODELS = ("program-order", "xla")
 # How often model="xla" is within 15% of XLA's footprint, per backend: (split halves and
 # joint programs within, measured, where, note), from `python -m tools.benchmarks xla` on
 # the benchmark models under every policy (docs/benchmarks.md; test_memory checks these
-# against the stored results).
+# against the stored results). On CPU that runs with YNNPACK fusions off: XLA does not
+# count the buffers YNNPACK uses inside them (tools/benchmarks/ynn_probe.py).
 MEASURED = {"cpu": (143, 162, "2 CPUs", ""),
             "gpu": (71, 162, "an H200", ", before it counted transposed copies")}
 
@@ -165,6 +167,8 @@ class FunctionMemory:
     peak_op: str               # the op at the peak, e.g. 'stablehlo.tanh at f.py:9:12 (mlp)'
     peak_index: int            # its index among the top-level ops (-1: at entry)
     live_bytes_timeline: list[int]  # bytes live after each top-level op (return excluded)
+    # the largest buffers live at the peak, largest first: (bytes, what it is)
+    peak_values: list = dataclasses.field(default_factory=list)
     residual_bytes: int | None = None  # <f>_fwd of a split module: results marked remat.residual
     num_ops: int = 0           # top-level ops, return excluded
     # values (arguments included) with symbolic dimensions: counted as 0 bytes above
@@ -246,6 +250,18 @@ class _Sweep:
     peak_op: object          # the op, or None at entry
     timeline: list[int]
     num_ops: int
+    at_peak: list = dataclasses.field(default_factory=list)   # [(bytes, value or text)]
+
+PEAK_VALUES = 5      # how many of the buffers live at the peak a report names
+
+
+def _describe_value(v) -> str:
+    """'tensor<8x256xf32> from stablehlo.dot_general at f.py:9:12' or 'argument #3'."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, ir.BlockArgument):
+        return f"{v.type} argument #{v.arg_number}"
+    return f"{v.type} from {describe_op(v.owner)}"
 
 
 class _Estimator:
@@ -342,10 +358,12 @@ class _Estimator:
         # Pass 2: the sweep.
         free_at: dict = defaultdict(int)
         size: dict = {}   # buffer (root value) -> the bytes counted for it
+        start: dict = {}  # buffer -> the op that makes it (-1: at entry)
         live = 0
         if count_args:
             for a in block.arguments:
                 b = size[a] = 0 if a.arg_number in host_args else graph.type_bytes(a.type)
+                start[a] = -1
                 live += b
                 free_at[last.get(a, -1)] += b
         copied = set()    # (model="xla") returned arguments: copied before anything runs
@@ -383,6 +401,7 @@ class _Estimator:
                     if r in root:      # (model="xla") a loop carry passed through unchanged
                         continue
                     b = size[r] = graph.type_bytes(r.type)
+                    start[r] = i
                     produced += b
                     free_at[last.get(r, i)] += b
                 if self.xla:
@@ -394,7 +413,20 @@ class _Estimator:
                 peak, peak_index, peak_op = during, i, op
             live += produced - free_at.pop(i, 0)
             timeline.append(live)
-        return _Sweep(peak, peak_index, peak_op, timeline, len(timeline))
+        at_peak = []
+        if count_args:     # (a function's own sweep: what a report names)
+            at_peak = [(size[r], r) for r in size if size[r] and start[r] <= peak_index
+                       and last.get(r, start[r]) >= peak_index]
+            at_peak += [(graph.type_bytes(r.type), f"{r.type} argument #{r.arg_number}, "
+                         "copied to a result") for r in copied]
+            if peak_op is not None and peak_index < n - 1 and (
+                    len(peak_op.regions) or peak_op.name == "func.call"
+                    or (self.xla and peak_op.name in _COPIES)):
+                inside = self._internal_bytes(peak_op)
+                if inside:
+                    at_peak.append((inside, "temporaries inside the op at the peak"))
+            at_peak = sorted(at_peak, key=lambda t: -t[0])[:PEAK_VALUES]
+        return _Sweep(peak, peak_index, peak_op, timeline, len(timeline), at_peak)
 
     @staticmethod
     def _in_place(op, buffers, root) -> list:
@@ -457,7 +489,9 @@ class _Estimator:
         n_symbolic, symbols = self._symbolic(func_op)
         return FunctionMemory(name=name, peak_bytes=s.peak, argument_bytes=arg_bytes,
                               result_bytes=res_bytes, peak_op=peak_op, peak_index=s.peak_index,
-                              live_bytes_timeline=s.timeline, residual_bytes=residual,
+                              live_bytes_timeline=s.timeline,
+                              peak_values=[(b, _describe_value(v)) for b, v in s.at_peak],
+                              residual_bytes=residual,
                               num_ops=s.num_ops, symbolic_values=n_symbolic, symbols=symbols)
 
     def _symbolic(self, func_op) -> tuple[int, tuple[str, ...]]:
@@ -577,8 +611,9 @@ def format_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def format_memory(estimate: MemoryEstimate) -> str:
-    """One line per function: peak (and where), arguments, results, residuals."""
+def format_memory(estimate: MemoryEstimate, peak_values: bool = False) -> str:
+    """One line per function: peak (and where), arguments, results, residuals; with
+    `peak_values`, a second line naming the largest buffers live at the peak."""
     lines = []
     for f in estimate:
         line = (f"@{f.name}: peak {format_bytes(f.peak_bytes)} ({f.peak_bytes} B) "
@@ -590,4 +625,7 @@ def format_memory(estimate: MemoryEstimate) -> str:
             line += (f"; not counted: {f.symbolic_values} values with symbolic dimensions "
                      f"({', '.join(f.symbols)})")
         lines.append(line)
+        if peak_values and f.peak_values:
+            lines.append("  live at the peak: " + "; ".join(
+                f"{format_bytes(b)} {what}" for b, what in f.peak_values))
     return "\n".join(lines)

@@ -643,3 +643,51 @@ def test_the_measured_error_printed_is_that_of_the_stored_benchmark():
     docs = " ".join((results.parents[2] / "docs" / "cli.md").read_text().split())
     assert model_line("cpu") in docs             # the example there is today's line
     assert "not measured" in model_line("tpu")
+
+
+def test_the_report_names_what_is_live_at_the_peak():
+    """`peak_values`: the largest buffers live at the peak, largest first, summing to the
+    peak where no more than five are live (arguments by number, values by their op)."""
+    f = only(est("""
+    func.func @main(%a: tensor<16xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+      %c = stablehlo.constant dense<0.0> : tensor<f32>
+      %0 = stablehlo.sine %a : tensor<16xf32>
+      %1 = stablehlo.reduce(%0 init: %c) applies stablehlo.add across dimensions = [0] : (tensor<16xf32>, tensor<f32>) -> tensor<f32>
+      %2 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<4xf32>
+      %3 = stablehlo.add %2, %b : tensor<4xf32>
+      return %3 : tensor<4xf32>
+    }"""))
+    assert f.peak_op.startswith("stablehlo.sine")
+    assert [b for b, _ in f.peak_values] == [64, 64, 16, 4]
+    assert sum(b for b, _ in f.peak_values) == f.peak_bytes
+    what = [w for _, w in f.peak_values]
+    assert sorted(what[:2]) == ["tensor<16xf32> argument #0",
+                                "tensor<16xf32> from stablehlo.sine at line 4"]
+    assert what[2:] == ["tensor<4xf32> argument #1", "tensor<f32> from stablehlo.constant at line 3"]
+    text = format_memory(MemoryEstimate({"main": f}), peak_values=True).splitlines()
+    assert len(text) == 2 and text[1].startswith("  live at the peak: 64 B tensor<16xf32>")
+
+
+def test_xla_liveness_reads_the_peak_of_a_dump(tmp_path):
+    """tools.benchmarks.xla_liveness: from an XLA dump of a program with two scratch
+    buffers live at once, the values it finds at XLA's peak fill the temp allocation."""
+    import subprocess
+    import sys
+    from tools.benchmarks import ynn_probe
+    from tools.benchmarks.xla_liveness import liveness
+    code = ("import jax, jax.numpy as jnp\n"
+            "def f(W, x):\n"
+            "    h = jnp.tanh(x @ W)\n"
+            "    g = jnp.sin(h @ W)\n"
+            "    return (g @ W) * h\n"
+            "jax.jit(f).lower(jnp.ones((256, 256)), jnp.ones((64, 256))).compile()\n")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_dump_to={tmp_path} {ynn_probe.YNN_OFF}")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    r = liveness(str(tmp_path), "jit_f")
+    assert r["temp"] >= 2 * 64 * 256 * 4           # h and g @ W, or g, live together
+    assert r["peak"] == r["temp"], r                # no gap: the values fill it
+    assert sum(size for size, _, _ in r["values"]) == r["peak"]
+    assert all(shape.startswith("f32[64,256]") for _, _, shape in r["values"])
