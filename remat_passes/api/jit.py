@@ -111,7 +111,9 @@ class Lowered:
 
     def footprint(self) -> int | None:
         """What XLA says the program holds while it runs: temp + arguments + outputs -
-        aliased, of the larger executable (None where the backend does not say)."""
+        aliased, of the larger executable (None where the backend does not say). On
+        XLA:CPU the buffers YNNPACK uses inside its fusions are not in it (measured by
+        `python -m tools.benchmarks.ynn_probe`)."""
         sizes = []
         for e in self.executables:
             try:

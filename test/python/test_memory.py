@@ -11,6 +11,7 @@ Units in the hand-written cases: K = 1024 bytes = one tensor<256xf32>.
 """
 from __future__ import annotations
 
+import os
 import types
 
 import jax

@@ -92,8 +92,19 @@ def run_xla(argv) -> None:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+    # XLA:CPU's YNNPACK fusions hide their buffers from memory_analysis(): measure without
+    # them (set before XLA's CPU client starts; `ynn_probe` shows what they hide)
+    from tools.benchmarks import ynn_probe
+    ynn_off = ynn_probe.supported()
+    if ynn_off:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
+                                   + ynn_probe.YNN_OFF).strip()
     data = xla_memory.measure(keys, _log)
-    backend = data["meta"]["backend"]     # a device's run has its own file (and page section)
+    backend = data["meta"]["backend"]
+    data["meta"]["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    if ynn_off and backend == "cpu":
+        _log("xla: what memory_analysis() misses inside YNNPACK fusions")
+        data["ynn_probe"] = ynn_probe.probe()     # a device's run has its own file (and page section)
     _log(f"wrote {common.write_json('xla' if backend == 'cpu' else f'xla_{backend}', data)}")
     for text, ok in xla_memory.checks(data):
         if not ok:

@@ -30,7 +30,7 @@ import remat_passes as rp
 from remat_passes.api.jit import needs_tie
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.memory import estimate_memory
-from tools.benchmarks import common
+from tools.benchmarks import common, ynn_probe
 from tools.benchmarks.cases import cases_for, jax_function
 from tools.benchmarks.models import MODELS, _identity
 
@@ -195,8 +195,13 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
              "separately). **temp** is XLA's scratch buffer; **footprint** = temp + arguments "
              "+ outputs - aliased; **estimate error** is that of `rp.estimate_memory(split, "
              "model='xla')` of the half against XLA's footprint (in parentheses: the default "
-             "program-order model's). Regenerate with `python -m tools.benchmarks xla`.",
-             "", "| model | policy | fwd temp ours / JAX | bwd temp ours / JAX | fwd footprint "
+             "program-order model's). Regenerate with `python -m tools.benchmarks xla`."
+             + (f" XLA flags: `{meta['xla_flags']}`." if meta.get("xla_flags") else ""),
+             ""]
+    probe = ynn_probe.render(data.get("ynn_probe", {}))
+    if probe:
+        parts += [probe, ""]
+    parts += ["| model | policy | fwd temp ours / JAX | bwd temp ours / JAX | fwd footprint "
              "ours / JAX | bwd footprint ours / JAX | estimate error fwd / bwd |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
