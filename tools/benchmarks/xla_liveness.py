@@ -10,8 +10,9 @@ last module dumped). From `*after_optimizations.txt` (the scheduled HLO: the ENT
 instructions in the order they run), `*buffer-assignment.txt` (the values of the
 `preallocated-temp` allocation and their sizes) and `*buffer-assignment-values.txt` (each
 value's uses), each temp value is live from its instruction to its last use in the entry;
-the program point where those sizes sum highest is XLA's peak of its scratch. Values of
-nested computations (a loop body, a fusion's thread-local values) are not in the sum.
+the program point where they cover the most of the allocation (values written in place
+of an operand share its bytes) is XLA's peak of its scratch. Values of nested
+computations (a loop body, a fusion's thread-local values) are not counted.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-_VALUE = re.compile(r"value: <\d+ ([\w.\-]+) @\d+> \(size=(\d+),offset=\d+\): (\S+)")
+_VALUE = re.compile(r"value: <\d+ ([\w.\-]+) @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")
 _TEMP = re.compile(r"allocation \d+: size (\d+), preallocated-temp:\n((?: value:.*\n)+)")
 _USES = re.compile(r"<\d+ ([\w.\-]+) @\d+>\n positions:\n(?:  .*\n)+ uses:\n((?:  .*\n)+)")
 _INSTR = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (.*)$", re.M)
@@ -55,24 +56,36 @@ def liveness(directory: str, name: str | None = None, top: int = 12) -> dict:
                 "of": len(order), "values": []}
     uses = {m.group(1): re.findall(r"^  ([\w.\-]+), operand", m.group(2), re.M)
             for m in _USES.finditer(uses_text)}
-    live = [0] * len(order)
     spans = []
-    for value, size, shape in _VALUE.findall(temp.group(2)):
+    for value, size, offset, shape in _VALUE.findall(temp.group(2)):
         if value not in position:
             continue                   # (not an entry instruction)
         first = position[value]
         last = max([position[u] for u in uses.get(value, []) if u in position] + [first])
-        spans.append((first, last, int(size), value, shape))
-        for i in range(first, last + 1):
-            live[i] += int(size)
+        spans.append((first, last, int(size), int(offset), value, shape))
     if not order:
         return {"module": module, "temp": int(temp.group(1)), "peak": 0, "at": None,
                 "index": -1, "of": 0, "values": []}
+    # the bytes of the allocation in use at each instruction: the union of the live values'
+    # [offset, offset + size) (a value written in place of an operand dying there shares it)
+    live = [_covered([(o, o + n) for a, b, n, o, _, _ in spans if a <= i <= b])
+            for i in range(len(order))]
     peak = max(range(len(order)), key=lambda i: live[i])
-    at_peak = sorted(((s, v, sh) for a, b, s, v, sh in spans if a <= peak <= b),
+    at_peak = sorted(((n, v, sh) for a, b, n, o, v, sh in spans if a <= peak <= b),
                      reverse=True)
     return {"module": module, "temp": int(temp.group(1)), "peak": live[peak],
             "at": order[peak], "index": peak, "of": len(order), "values": at_peak[:top]}
+
+
+def _covered(intervals: list) -> int:
+    """The length of the union of [start, end) intervals."""
+    total, end = 0, -1
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
 
 
 def main(argv=None) -> None:
