@@ -501,7 +501,8 @@ def _explain(plan_report, a, vids, residuals, state) -> None:
         if f <= 0:
             free += 1
             continue
-        where = "" if label == "top" else f" per iteration of the {label}"
+        where = ("" if label == "top" else f" in the body of the {label}"
+                 if label.startswith("shard_map") else f" per iteration of the {label}")
         state.remarks.append(f"auto recomputes {what}{where}: "
                              f"{plan_report.with_flops(f, seconds)}")
     if free:

@@ -16,8 +16,10 @@ from remat_passes.cost.devices import DeviceProfile
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Saveable
+from remat_passes.regions import shard_map_rewrite
 from remat_passes.regions.scan_rewrite import ScanPairPlanner
 from remat_passes.sharding import gspmd
+from remat_passes.sharding.sdy import manual_axes, mesh_of, varying_axes
 
 ROUNDING = "stablehlo.reduce_precision"   # what insert-reduce-precision inserts
 
@@ -270,13 +272,26 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
     for pair in pairs:
         base = a.result_base[a.position[op_id(pair.fwd.op)]]
         stacked.update(base + k for k in pair.fwd.stacked)
+    # Shardy shard_maps whose results the backward reads: their bodies are decided per
+    # op, as the shard_map rule applies a policy (`_add_manual`); a result is the body
+    # value it returns (a primal output too: the rule's recompute computation makes it
+    # again where a recomputed op reads it)
+    manual = {a.position[op_id(q.fwd)]: q
+              for q in shard_map_rewrite.find_pairs(a.block, a.is_backward)
+              if governed(a.position[op_id(q.fwd)])}
     for pos, op in enumerate(a.ops):
         if a.backward[pos] or a.free[pos]:
             continue
+        if pos in manual:
+            yields = _add_manual(b, manual[pos], vid_node, a)
+            for k, vid in enumerate(a.results(pos)):
+                if yields[k] is not None:
+                    vid_node[vid] = yields[k]
+            continue
         rec = (not a.side_effect[pos] and pos not in kept_whole and governed(pos)
                and op.name not in ("func.call", graph.MANUAL_COMPUTATION))
-        # (a shard_map body is not planned: its ops get the fallback verdict, save, and
-        # the manual-computation rule then saves it whole, as the model does)
+        # (a shard_map's computation itself is not recomputed whole: its body is planned
+        # op by op where the backward reads it, `_add_manual`)
         node = b.op(op, rec, 1, "top")
         for vid in a.results(pos):
             if vid not in stacked:
@@ -365,6 +380,53 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1) -> None:
         elif facts.free_kind(v) is not None:   # re-derived from the invariants instead
             for node in graph.post_order(v, invariants_of, step):
                 b.needed[node] = True
+
+
+def _add_manual(b: ProblemBuilder, pair, vid_node, a) -> list:
+    """The body of a Shardy shard_map's forward computation, op by op: a body argument is
+    the computation's operand; a body value's bytes are those of the residual it would
+    be, every device's copy side by side (sharded on its first dimension over the manual
+    axes it varies over, or the layout of the result that returns it). Side-effecting
+    body ops are kept (collectives are recomputed: every device runs them in lockstep).
+    Returns, per result of the computation, the node of the value it returns (None: one
+    the model does not see)."""
+    fwd = pair.fwd
+    body = fwd.regions[0].blocks[0]
+    ret = graph.terminator(body)
+    yields = list(ret.operands)
+    found = mesh_of(fwd)
+    mesh = found[1] if found is not None else None
+    varying = varying_axes(fwd, mesh) if mesh is not None else {}
+    every = frozenset(manual_axes(fwd))
+    returned_as = {}
+    for k, y in enumerate(yields):
+        returned_as.setdefault(y, fwd.results[k].type)
+    label = f"shard_map at {graph.source_position(fwd)[0] or 'top'}"
+    node_of: dict = {}
+    for arg in body.arguments:
+        vid = a.vid(fwd.operands[arg.arg_number])
+        if vid in vid_node:
+            node_of[arg] = vid_node[vid]
+
+    def nbytes(v) -> int:
+        if v in returned_as:
+            return graph.type_bytes(returned_as[v])
+        local = graph.type_bytes(v.type)
+        names = [n for n, _ in mesh.axes if n in varying.get(v, every)] if mesh else []
+        return local * int(np.prod([mesh.size(n) for n in names])) if names else local
+    for op in [o.operation for o in body.operations]:
+        if op == ret.operation:
+            break
+        node = b.op(op, not shard_map_rewrite.body_side_effect(op), 1, label)
+        for r in op.results:
+            forward_use = any(u.owner.operation != ret.operation for u in r.uses)
+            local = graph.type_bytes(r.type)
+            node_of[r] = b.value(r, node, 1, forward_use,
+                                 copies=nbytes(r) // local if local else 1)
+        for u in graph.read_values(op):
+            if u in node_of:
+                b.reads[node].append(node_of[u])
+    return [node_of.get(y) for y in yields]
 
 
 def _used_beyond_stacking(v) -> bool:

@@ -224,7 +224,10 @@ class ShardMapPairPlanner:
         primal = sorted(pair.outside)
         twins = []
         for n, k in enumerate(primal):
-            if isinstance(self.source(self.yields[k]), Made):
+            y = self.yields[k]
+            if y in self.args or (y not in self.memo and self.decide(y) == "save"):
+                continue    # (saved: the output itself, not a second copy as a residual)
+            if isinstance(self.source(y), Made):
                 r_sources[k] = self.memo[self.yields[k]]
                 twins.append((n, k))
         # a body value returned by an old result keeps that result's layout

@@ -13,6 +13,14 @@
 // RUN: remat-opt %s --print-saved-residuals --remat='policy=nothing_saveable' | filecheck %s --check-prefix=RES
 // RUN: remat-opt %s --remat='policy=dots_saveable' | filecheck %s --check-prefix=DOTS
 // RUN: remat-opt %s --print-saved-residuals --remat='policy=dots_saveable' | filecheck %s --check-prefix=DOTS-RES
+//
+// auto plans the body op by op: at budget 0 it gives nothing_saveable's module; at 512 B (two
+// of the body's 2x8 values, every device's copy: 8x8) it keeps the first dot and the tanh of
+// the second (the same bytes as dots_saveable, and the tanh is not recomputed).
+// RUN: remat-opt %s --remat='policy=auto(budget=0)' | filecheck %s
+// RUN: remat-opt %s --print-saved-residuals --remat='policy=auto(budget=0)' | filecheck %s --check-prefix=AUTO0-RES
+// RUN: remat-opt %s --remat='policy=auto(budget=512)' | filecheck %s --check-prefix=AUTO
+// RUN: remat-opt %s --print-saved-residuals --remat='policy=auto(budget=512)' | filecheck %s --check-prefix=AUTO-RES
 
 // The forward computation keeps only the loss (its all_gather and psum stay); the
 // recompute one gathers W again and returns what the backward one reads.
@@ -48,9 +56,33 @@
 // DOTS-RES: // saved residuals of @main: 4 values, 1024 bytes
 // DOTS-RES-NEXT: f32[8,8] from the argument arg0
 // DOTS-RES-NEXT: f32[8,8] from the argument arg1
-// DOTS-RES-NEXT: f32[8,8] output of manual_computation from line 60
-// DOTS-RES-NEXT: f32[8,8] output of manual_computation from line 60
+// DOTS-RES-NEXT: f32[8,8] output of manual_computation from line {{[0-9]+}}
+// DOTS-RES-NEXT: f32[8,8] output of manual_computation from line {{[0-9]+}}
 // DOTS-RES-NOT: {{.}}
+
+// AUTO0-RES: // saved residuals of @main: 2 values, 512 bytes
+// AUTO0-RES-NEXT: f32[8,8] from the argument arg0
+// AUTO0-RES-NEXT: f32[8,8] from the argument arg1
+// AUTO0-RES-NEXT: // remark: auto(budget=0): budget 0 B of activations (minimum 0 B, no remat 3072 B); plan keeps 0 B of activations
+// AUTO0-RES-NEXT: // remark: auto recomputes f32[2,8] output of dot_general from line {{[0-9]+}} in the body of the shard_map at line {{[0-9]+}}
+
+// AUTO-LABEL: func.func public @main
+// AUTO: %[[F:.*]]:3 = sdy.manual_computation(%arg0, %arg1) {{.*}} out_shardings=[<@mesh, []>, <@mesh, [{"data"}, {}]>, <@mesh, [{"data"}, {}]>]
+// AUTO: %[[D1:.*]] = stablehlo.dot_general
+// AUTO: %[[D2:.*]] = stablehlo.dot_general
+// AUTO: %[[T:.*]] = stablehlo.tanh %[[D2]]
+// AUTO: sdy.return %{{[0-9]+}}, %[[D1]], %[[T]]
+// AUTO: sdy.manual_computation(%[[B:.*]]#0, %[[B]]#1, %[[B]]#2)
+// AUTO-NOT: stablehlo.dot_general
+// AUTO-NOT: stablehlo.tanh
+// AUTO: sdy.return
+
+// AUTO-RES: // saved residuals of @main: 4 values, 1024 bytes
+// AUTO-RES-NEXT: f32[8,8] from the argument arg0
+// AUTO-RES-NEXT: f32[8,8] from the argument arg1
+// AUTO-RES-NEXT: f32[8,8] output of manual_computation from line {{[0-9]+}}
+// AUTO-RES-NEXT: f32[8,8] output of manual_computation from line {{[0-9]+}}
+// AUTO-RES-NEXT: // remark: auto(budget=512): budget 512 B of activations (minimum 0 B, no remat 3072 B); plan keeps 512 B
 
 module @jit_loss attributes {jax.uses_shape_polymorphism = false, mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["data"=4, "model"=2]> {stablehlo.mesh = {axes = [{name = "data", size = 4 : i64}, {name = "model", size = 2 : i64}]}}

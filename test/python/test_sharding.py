@@ -148,7 +148,7 @@ def test_sharding_annotations_follow_the_policy(partitioner):
         assert r["collectives"][0] == r["collectives"][1], (pol, r)
 
 
-SHARD_MAP_SCRIPT = r'''
+SHARD_MAP_MODELS = r'''
 import json, os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 from functools import partial
@@ -202,19 +202,23 @@ x = put((8, 8), P("data", None))
 W1 = put((8, 16), P(None, "model"), 0.3)
 W2 = put((16, 8), P("model", None), 0.3)
 COLLECTIVES = ("stablehlo.all_gather", "stablehlo.all_reduce", "stablehlo.reduce_scatter")
+CASES = (("loss", loss, (W, x)), ("outside", loss_read_outside, (W, x)),
+         ("tp", tp_loss, (x, W1, W2)))
+
+def error(got, ref):
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(jax.tree_util.tree_leaves(got), ref))
+'''
+
+SHARD_MAP_SCRIPT = SHARD_MAP_MODELS + r'''
 POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
             "dots_saveable": jax.checkpoint_policies.dots_saveable,
             "everything_saveable": jax.checkpoint_policies.everything_saveable,
             "save_only_these_names(h)": jax.checkpoint_policies.save_only_these_names("h"),
             "save_only_these_names(s)": jax.checkpoint_policies.save_only_these_names("s")}
 
-def error(got, ref):
-    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-               for a, b in zip(jax.tree_util.tree_leaves(got), ref))
-
 out = {}
-for name, fn, args in (("loss", loss, (W, x)), ("outside", loss_read_outside, (W, x)),
-                       ("tp", tp_loss, (x, W1, W2))):
+for name, fn, args in CASES:
     m = rp.export_vjp(fn, *args)
     value, vjp = jax.vjp(fn, *args)
     ref = jax.tree_util.tree_leaves((value, vjp(jnp.float32(1.0))))
@@ -301,6 +305,60 @@ def test_shard_map_bodies_follow_the_policy(partitioner):
     assert out["outside nothing_saveable"]["our_collectives"][1] == 2
     # the first block's output is recomputed (psum over "model" included), not saved
     assert out["tp nothing_saveable"]["ours"] == ["f32[16,8]", "f32[8,16]", "f32[8,8]"]
+
+
+AUTO_SHARD_MAP_SCRIPT = SHARD_MAP_MODELS + r'''
+from remat_passes.core.residuals import activation_bytes
+from remat_passes.cost.flops import function_flops
+out = {}
+for name, fn, args in CASES:
+    m = rp.export_vjp(fn, *args)
+    value, vjp = jax.vjp(fn, *args)
+    ref = jax.tree_util.tree_leaves((value, vjp(jnp.float32(1.0))))
+    lo, hi = rp.bounds(m)
+    nothing = rp.remat(m, "nothing_saveable", mode="split")
+    row = {"bounds": [lo, hi], "nothing": activation_bytes(nothing.residuals),
+           "nothing_flops": function_flops(nothing, "main_fwd") + function_flops(nothing, "main_bwd"),
+           "points": []}
+    for budget in (lo, (lo + hi) // 2, hi):
+        joint = rp.remat(m, rp.policies.auto(budget))
+        split = rp.remat(m, rp.policies.auto(budget), mode="split")
+        fwd = calling(split.call, *args, function="main_fwd")
+        grads = calling(split.call, *fwd[1:], jnp.float32(1.0), function="main_bwd")
+        row["points"].append({
+            "budget": budget, "joint": activation_bytes(joint.residuals),
+            "split": activation_bytes(split.residuals),
+            "flops": function_flops(split, "main_fwd") + function_flops(split, "main_bwd"),
+            "err": error(calling(joint.call, *args, jnp.float32(1.0)), ref),
+            "split_err": error((fwd[0],) + tuple(jax.tree_util.tree_leaves(grads)), ref),
+            "on_mesh": all(len(a.sharding.device_set) == 8
+                           for a in jax.tree_util.tree_leaves((fwd, grads))),
+            "atomic": [r for r in joint.remarks if "atomic" in r]})
+    out[name] = row
+print("RESULT " + json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
+def test_auto_plans_shard_map_bodies_op_by_op(partitioner):
+    """`auto` decides a shard_map body per op, under Shardy (the body of the forward
+    `sdy.manual_computation`, its residuals counted as they leave it: every device's copy
+    side by side) as under GSPMD (the body inlined): the least it can keep is below what
+    no remat keeps, and at the least, halfway and no remat, the activations it keeps fit
+    the budget (joint and split), gradients equal jax.vjp's on the mesh, and at the least
+    it keeps no more than nothing_saveable does, for no more FLOPs."""
+    out = run_script(AUTO_SHARD_MAP_SCRIPT, HERE, partitioner)
+    for name, row in out.items():
+        lo, hi = row["bounds"]
+        assert lo < hi, (name, row)
+        for p in row["points"]:
+            assert p["joint"] <= p["budget"] and p["split"] <= p["budget"], (name, p)
+            assert p["err"] < 1e-5 and p["split_err"] < 1e-5, (name, p)
+            assert p["on_mesh"] and not p["atomic"], (name, p)
+        least = row["points"][0]
+        assert least["split"] <= row["nothing"], (name, row)
+        assert least["flops"] <= row["nothing_flops"] * 1.001, (name, row)
 
 
 TRANSFORMER_SCRIPT = r'''
