@@ -279,7 +279,8 @@ module @split {
 // tie-to-cotangent=true: after the barrier, the group's computed inputs are
 // read through a multiplication by 1 computed from the cotangent's first
 // element (XLA:CPU deletes barriers before it schedules; this dependency it
-// keeps). The tanh clone reads the computed %h: it is tied. The transpose clone
+// keeps), the square root of 1 + 0 * is_finite(c): XLA counts the square root as
+// expensive, so it computes the 1 once rather than in every fusion reading it. The tanh clone reads the computed %h: it is tied. The transpose clone
 // reads only the argument %w: arguments are never tied (a tie would copy the
 // weight; a clone of arguments alone holds no more than no remat does). The dot
 // reads a tied value already. Without the option, nothing but the barrier.
@@ -292,7 +293,8 @@ module @split {
 // TIE-NEXT: %[[FIN:.*]] = stablehlo.is_finite %[[C]]
 // TIE: %[[FLAG:.*]] = stablehlo.convert %[[FIN]] : (tensor<i1>) -> tensor<f32>
 // TIE-NEXT: %[[Z:.*]] = stablehlo.multiply %[[FLAG]], %{{.*}} : tensor<f32>
-// TIE-NEXT: %[[ONE:.*]] = stablehlo.add %[[Z]], %{{.*}} : tensor<f32>
+// TIE-NEXT: %[[ONE0:.*]] = stablehlo.add %[[Z]], %{{.*}} : tensor<f32>
+// TIE-NEXT: %[[ONE:.*]] = stablehlo.sqrt %[[ONE0]] : tensor<f32>
 // TIE-NEXT: %[[F1:.*]] = stablehlo.broadcast_in_dim %[[ONE]], dims = [] : (tensor<f32>) -> tensor<2x4xf32>
 // TIE-NEXT: %[[H1:.*]] = stablehlo.multiply %[[B]]#0, %[[F1]] {remat.barrier} : tensor<2x4xf32>
 // TIE-NEXT: %[[T:.*]] = stablehlo.tanh %[[H1]] {remat.recompute = 3 : i64}
