@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 _VALUE = re.compile(r"value: <\d+ ([\w.\-]+) @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")
-_TEMP = re.compile(r"allocation \d+: size (\d+), preallocated-temp:\n((?: value:.*\n)+)")
+_TEMP = re.compile(r"allocation \d+: size (\d+),(?: page \d+,)? preallocated-temp:\n"
+                   r"((?: value:.*\n)+)")      # (`page N,`: newer XLA)
 _USES = re.compile(r"<\d+ ([\w.\-]+) @\d+>\n positions:\n(?:  .*\n)+ uses:\n((?:  .*\n)+)")
 _INSTR = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (.*)$", re.M)
 
