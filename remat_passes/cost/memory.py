@@ -110,6 +110,7 @@ _FUSIBLE = _ELEMENTWISE | {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
 _FUSES_INPUTS = _FUSIBLE | {"stablehlo.reduce"}
 _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
 _UPDATES_OPERAND_0 = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.scatter"})
+PEAK_VALUES = 5      # how many of the buffers live at the peak a report names
 
 
 def _conv_copies(op) -> int:
@@ -251,8 +252,6 @@ class _Sweep:
     timeline: list[int]
     num_ops: int
     at_peak: list = dataclasses.field(default_factory=list)   # [(bytes, value or text)]
-
-PEAK_VALUES = 5      # how many of the buffers live at the peak a report names
 
 
 def _describe_value(v) -> str:

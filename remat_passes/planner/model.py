@@ -19,7 +19,7 @@ from remat_passes.ir.verdicts import Saveable
 from remat_passes.regions import shard_map_rewrite
 from remat_passes.regions.scan_rewrite import ScanPairPlanner
 from remat_passes.sharding import gspmd
-from remat_passes.sharding.sdy import manual_axes, mesh_of, varying_axes
+from remat_passes.sharding.sdy import manual_axes, mesh_of, residual_factor, varying_axes
 
 ROUNDING = "stablehlo.reduce_precision"   # what insert-reduce-precision inserts
 
@@ -395,8 +395,7 @@ def _add_manual(b: ProblemBuilder, pair, vid_node, a) -> list:
     ret = graph.terminator(body)
     yields = list(ret.operands)
     found = mesh_of(fwd)
-    mesh = found[1] if found is not None else None
-    varying = varying_axes(fwd, mesh) if mesh is not None else {}
+    varying = varying_axes(fwd, found[1]) if found is not None else {}
     every = frozenset(manual_axes(fwd))
     returned_as = {}
     for k, y in enumerate(yields):
@@ -408,21 +407,18 @@ def _add_manual(b: ProblemBuilder, pair, vid_node, a) -> list:
         if vid in vid_node:
             node_of[arg] = vid_node[vid]
 
-    def nbytes(v) -> int:
-        if v in returned_as:
-            return graph.type_bytes(returned_as[v])
+    def copies(v) -> int:     # per-device copies side by side in the residual it would be
         local = graph.type_bytes(v.type)
-        names = [n for n, _ in mesh.axes if n in varying.get(v, every)] if mesh else []
-        return local * int(np.prod([mesh.size(n) for n in names])) if names else local
+        if v in returned_as:
+            return graph.type_bytes(returned_as[v]) // local if local else 1
+        return residual_factor(varying.get(v, every), found[1]) if found is not None else 1
     for op in [o.operation for o in body.operations]:
         if op == ret.operation:
             break
         node = b.op(op, not shard_map_rewrite.body_side_effect(op), 1, label)
         for r in op.results:
             forward_use = any(u.owner.operation != ret.operation for u in r.uses)
-            local = graph.type_bytes(r.type)
-            node_of[r] = b.value(r, node, 1, forward_use,
-                                 copies=nbytes(r) // local if local else 1)
+            node_of[r] = b.value(r, node, 1, forward_use, copies=copies(r))
         for u in graph.read_values(op):
             if u in node_of:
                 b.reads[node].append(node_of[u])

@@ -170,6 +170,12 @@ def _collective_axes(op, mesh: Mesh | None) -> set | None:
     return None if mesh is None or groups is None else mesh.group_axes(groups)
 
 
+def residual_factor(axes, mesh: Mesh) -> int:
+    """How many per-device copies a new residual varying over manual `axes` stacks on its
+    first dimension (`residual_layout`): the product of those axes' sizes."""
+    return int(np.prod([mesh.size(name) for name, _ in mesh.axes if name in axes]))
+
+
 def residual_layout(v, axes, mesh: Mesh, mesh_ref: str):
     """A new residual of the forward computation: (the local type it is returned as,
     its global type, its sharding). Sharded on its first dimension over `axes` in mesh
@@ -182,7 +188,7 @@ def residual_layout(v, axes, mesh: Mesh, mesh_ref: str):
         shape = [1]
         local = ir.RankedTensorType.get([1], rt.element_type)
     if names:
-        factor = int(np.prod([mesh.size(n) for n in names]))
+        factor = residual_factor(axes, mesh)
         d0 = shape[0]
         shape[0] = d0 if ir.ShapedType.is_dynamic_size(d0) else d0 * factor
     dims = [("{" + ", ".join(f'"{n}"' for n in names) + "}") if (i == 0 and names) else "{}"

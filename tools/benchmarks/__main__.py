@@ -100,11 +100,11 @@ def run_xla(argv) -> None:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
                                    + ynn_probe.YNN_OFF).strip()
     data = xla_memory.measure(keys, _log)
-    backend = data["meta"]["backend"]
+    backend = data["meta"]["backend"]     # a device's run has its own file (and page section)
     data["meta"]["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     if ynn_off and backend == "cpu":
         _log("xla: what memory_analysis() misses inside YNNPACK fusions")
-        data["ynn_probe"] = ynn_probe.probe()     # a device's run has its own file (and page section)
+        data["ynn_probe"] = ynn_probe.probe()
     _log(f"wrote {common.write_json('xla' if backend == 'cpu' else f'xla_{backend}', data)}")
     for text, ok in xla_memory.checks(data):
         if not ok:
