@@ -79,6 +79,7 @@ keeps alive between the two calls (and what `<f>_bwd` takes as arguments).
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import defaultdict
 
@@ -105,12 +106,20 @@ _ELEMENTWISE = frozenset("stablehlo." + n for n in (
     "multiply negate not or popcnt power real remainder round_nearest_afz round_nearest_even "
     "rsqrt select shift_left shift_right_arithmetic shift_right_logical sign sine sqrt "
     "subtract tan tanh xor reduce_precision").split())
+# elementwise ops XLA does not compute twice: a fusion does not duplicate them into several
+# readers (XLA's `IsExpensive`)
+_EXPENSIVE = frozenset("stablehlo." + n for n in (
+    "atan2 cbrt cosine divide exponential exponential_minus_one log log_plus_one logistic "
+    "power remainder rsqrt sine sqrt tan tanh").split())
 # computed inside the op that reads them (XLA's loop fusion)
 _FUSIBLE = _ELEMENTWISE | {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
 _FUSES_INPUTS = _FUSIBLE | {"stablehlo.reduce"}
 _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
 _UPDATES_OPERAND_0 = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.scatter"})
-PEAK_VALUES = 5      # how many of the buffers live at the peak a report names
+PEAK_VALUES = 5     # how many of the buffers live at the peak a report names
+# (model="xla") how many output allocations a temporary may try before it goes to the heap:
+# bounds the placement to O(number of buffers)
+_PLACEMENT_TRIES = 16
 
 
 def _conv_copies(op) -> int:
@@ -118,18 +127,20 @@ def _conv_copies(op) -> int:
     and result whose dimensions are not in the order its convolution kernels take (input
     and output: batch, spatial..., feature; kernel: spatial..., input, output feature), as
     in the weight gradient of a convolution: live while it runs."""
+    return sum(graph.type_bytes(v.type) for v in _conv_copied(op))
+
+
+def _conv_copied(op) -> list:
+    """The values _conv_copies copies (operands and result)."""
     dims = conv_dims(op)
     if dims is None:
-        return 0
+        return []
     lhs, rhs, out = dims
     spatial = [d for d in lhs if d.isdigit()]
-    copies = 0
-    for dims, want, value in ((lhs, ["b"] + spatial + ["f"], op.operands[0]),
-                              (rhs, spatial + ["i", "o"], op.operands[1]),
-                              (out, ["b"] + spatial + ["f"], op.results[0])):
-        if dims != want:
-            copies += graph.type_bytes(value.type)
-    return copies
+    return [value for dims, want, value in ((lhs, ["b"] + spatial + ["f"], op.operands[0]),
+                                            (rhs, spatial + ["i", "o"], op.operands[1]),
+                                            (out, ["b"] + spatial + ["f"], op.results[0]))
+            if dims != want]
 
 
 def _dot_copies(op) -> int:
@@ -152,6 +163,27 @@ def _dot_copies(op) -> int:
         if [d for d in want if shape[d] != 1] != [d for d in range(len(shape)) if shape[d] != 1]:
             copies += graph.type_bytes(value.type)
     return copies
+
+
+def _transposed_dot(op) -> bool:
+    """model="xla": is `op` a transpose that XLA folds into the dot_general it reads (the
+    dot's only reader; batch dimensions kept in front, the two free parts swapped)? XLA
+    computes dot(b, a) in place of transpose(dot(a, b)): the transpose is a view."""
+    if op.name != "stablehlo.transpose":
+        return False
+    src = op.operands[0]
+    if not isinstance(src.owner, ir.Operation) and not hasattr(src.owner, "name"):
+        return False
+    dot = src.owner
+    if getattr(dot, "name", None) != "stablehlo.dot_general" or len(list(src.uses)) != 1:
+        return False
+    batch = len(dot_dims(dot, "lhs_batching_dimensions"))
+    lhs_rank = len(ir.RankedTensorType(dot.operands[0].type).shape)
+    lhs_free = lhs_rank - batch - len(dot_dims(dot, "lhs_contracting_dimensions"))
+    rank = len(ir.RankedTensorType(src.type).shape)
+    want = (list(range(batch)) + list(range(batch + lhs_free, rank))
+            + list(range(batch, batch + lhs_free)))
+    return list(ir.DenseI64ArrayAttr(op.attributes["permutation"])) == want
 
 
 # (model="xla") ops that work on transposed copies of operands out of their kernels' order
@@ -254,6 +286,18 @@ class _Sweep:
     at_peak: list = dataclasses.field(default_factory=list)   # [(bytes, value or text)]
 
 
+@dataclasses.dataclass(eq=False)
+class _Buffer:
+    """(model="xla") one buffer as XLA allocates it: live from op `start` (-1: at entry)
+    through op `end`; `value` is the first value it holds (later ones written in place)."""
+    start: int
+    end: int
+    bytes: int
+    value: object
+    output: bool = False     # holds a result of the function: an output allocation
+    placed: bool = False     # a temporary placed inside an output allocation
+
+
 def _describe_value(v) -> str:
     """'tensor<8x256xf32> from stablehlo.dot_general at f.py:9:12' or 'argument #3'."""
     if isinstance(v, str):
@@ -313,14 +357,27 @@ class _Estimator:
 
     # ---------------------------------------------------------- the sweep --
     def _fused(self, op) -> bool:
-        """model="xla": is `op` computed inside its only reader (never stored)?"""
+        """model="xla": is `op` computed inside its readers (never stored)? Into its only
+        reader; into each of several elementwise readers when it is cheap to compute again
+        (XLA duplicates such a producer into every loop fusion that reads it)."""
         if op.name not in _FUSIBLE or len(op.results) != 1:
             return False
-        users = list(op.results[0].uses)
-        return len(users) == 1 and users[0].owner.operation.name in _FUSES_INPUTS
+        users = [u.owner.operation for u in op.results[0].uses]
+        if any(self._aliases(u) for u in users):
+            return False      # an identity op is no reader to fuse into: it is a view
+        if len(users) == 1:
+            return users[0].name in _FUSES_INPUTS
+        parent = op.parent
+        return bool(users) and op.name not in _EXPENSIVE and all(
+            u.name in _FUSIBLE and u.parent == parent for u in users)
 
     def _aliases(self, op) -> bool:
-        return _is_alias_op(op) or (self.xla and op.name == "stablehlo.reshape")
+        """Is `op` a view of its operands? (model="xla": a reshape, a transpose folded into
+        its dot, and, where there is one memory (CPU), a placement annotation: XLA:CPU
+        drops it.)"""
+        return _is_alias_op(op) or (self.xla and (
+            op.name == "stablehlo.reshape" or _transposed_dot(op)
+            or (not self.host_kinds and contract.placement(op) is not None)))
 
     def sweep(self, block, count_args: bool, host_args=frozenset(),
               kept_args=frozenset()) -> _Sweep:
@@ -358,13 +415,22 @@ class _Estimator:
         free_at: dict = defaultdict(int)
         size: dict = {}   # buffer (root value) -> the bytes counted for it
         start: dict = {}  # buffer -> the op that makes it (-1: at entry)
+        # (model="xla", a function's own sweep) the buffers as XLA allocates them, for
+        # _output_allocations: value -> its _Buffer (values written in place share one)
+        buffers: dict = {}
+        scratch: dict = {}   # op index -> (bytes it needs while it runs, transposed copies?)
         live = 0
+        returned = set()   # (model="xla", a function) the values it returns
+        if self.xla and count_args and has_term and ops[-1].name == "func.return":
+            returned = {root.get(v, v) for v in ops[-1].operands}
         if count_args:
             for a in block.arguments:
                 b = size[a] = 0 if a.arg_number in host_args else graph.type_bytes(a.type)
                 start[a] = -1
                 live += b
                 free_at[last.get(a, -1)] += b
+                if b:
+                    buffers[a] = _Buffer(-1, last.get(a, -1), b, a)
         copied = set()    # (model="xla") returned arguments: copied before anything runs
         if self.xla and count_args and has_term and ops[-1].name == "func.return":
             for v in ops[-1].operands:
@@ -403,15 +469,26 @@ class _Estimator:
                     start[r] = i
                     produced += b
                     free_at[last.get(r, i)] += b
+                    if b:
+                        buffers[r] = _Buffer(i, last.get(r, i), b, r)
                 if self.xla:
-                    produced -= self._reused(op, buffers_read[i], root, last, size, free_at, i)
+                    produced -= self._reused(op, buffers_read[i], root, last, size, free_at, i,
+                                             buffers, returned)
             during = live + produced
             if len(op.regions) or op.name == "func.call" or (self.xla and op.name in _COPIES):
-                during += self._internal_bytes(op)
+                inside = self._internal_bytes(op)
+                during += inside
+                if self.xla and inside:
+                    scratch[i] = (inside, op.name in _COPIES)
+                    if op.name == "stablehlo.convolution" and count_args:
+                        early = self._argument_copies(op, root, i, buffers)
+                        scratch[i] = (inside - early, True)
             if during > peak:
                 peak, peak_index, peak_op = during, i, op
             live += produced - free_at.pop(i, 0)
             timeline.append(live)
+        if self.xla and count_args and has_term and ops[-1].name == "func.return":
+            return self._output_allocations(ops, root, buffers, scratch, n)
         at_peak = []
         if count_args:     # (a function's own sweep: what a report names)
             at_peak = [(size[r], r) for r in size if size[r] and start[r] <= peak_index
@@ -428,6 +505,98 @@ class _Estimator:
         return _Sweep(peak, peak_index, peak_op, timeline, len(timeline), at_peak)
 
     @staticmethod
+    def _argument_copies(op, root, i, buffers) -> int:
+        """model="xla": the transposed copies a convolution works on of the function's
+        arguments are made early (at entry, as XLA:CPU schedules them) and held until it
+        runs: a buffer each in `buffers`. Returns their bytes."""
+        early = 0
+        for v in _conv_copied(op):
+            r = root.get(v, v)
+            if v is not op.results[0] and isinstance(r, ir.BlockArgument) and r in buffers:
+                b = graph.type_bytes(v.type)
+                buffers[(r, i)] = _Buffer(-1, i, b, f"{v.type} argument #{r.arg_number}, "
+                                          "a transposed copy")
+                early += b
+        return early
+
+    def _output_allocations(self, ops, root, buffers, scratch, n) -> _Sweep:
+        """model="xla", a function: the peak as XLA's buffer assignment lays the buffers out.
+
+        Each result slot is an output allocation of its own, there for the whole call (the
+        caller receives it). A temporary goes into an output allocation that is at least as
+        large when it dies before the result held there is made (and does not overlap the
+        temporaries already there), largest temporaries first, as XLA tries its existing
+        allocations before the heap; the others share the heap, which peaks where the most
+        of them are live. The arguments are held as the sweep found (kept or donated)."""
+        outputs, copies, seen = [], [], set()
+        for v in ops[-1].operands:
+            r = root.get(v, v)
+            buf = buffers.get(r)
+            if r in seen or isinstance(r, ir.BlockArgument) or buf is None:
+                # a further slot of a value, a returned argument or a literal: copied
+                b = buf.bytes if buf is not None else (
+                    graph.type_bytes(r.type) if isinstance(r, ir.BlockArgument)
+                    or r.owner.name == "stablehlo.constant" else 0)
+                what = (f"{r.type} argument #{r.arg_number}, copied to a result"
+                        if isinstance(r, ir.BlockArgument) else
+                        f"{_describe_value(r)}, copied to a further result")
+                if b:
+                    copies.append((b, what))
+            elif not buf.output:
+                buf.output = True
+                outputs.append(buf)
+            seen.add(r)
+        unique = list({id(b): b for b in buffers.values()}.values())
+        temps = [b for b in unique if not b.output and not isinstance(b.value, ir.BlockArgument)]
+        temps += [_Buffer(i, i, b, "transposed copies of the op's operands")
+                  for i, (b, copies_) in scratch.items() if copies_]
+        allocations = sorted(outputs, key=lambda b: -b.bytes)
+        held = defaultdict(lambda: ([], []))   # allocation -> (starts, ends) placed, in order
+        for t in sorted(temps, key=lambda b: (-b.bytes, b.start)):
+            for k, o in enumerate(allocations):
+                if o.bytes < t.bytes or k == _PLACEMENT_TRIES:
+                    break
+                before = t.end < o.start or (    # or read last where the result is made,
+                    t.end == o.start and t.bytes == o.bytes    # in place, elementwise
+                    and o.start >= 0 and ops[o.start].name in _ELEMENTWISE)
+                starts, ends = held[id(o)]
+                j = bisect.bisect_left(starts, t.start)
+                if before and (j == 0 or ends[j - 1] < t.start) and (
+                        j == len(starts) or t.end < starts[j]):
+                    starts.insert(j, t.start)
+                    ends.insert(j, t.end)
+                    t.placed = True
+                    break
+        heap = [b for b in unique if not b.output and isinstance(b.value, ir.BlockArgument)]
+        heap += [t for t in temps if not t.placed]
+        heap += [_Buffer(i, i, b, "temporaries inside the op") for i, (b, copies_)
+                 in scratch.items() if not copies_]   # a loop's, a call's: a heap of its own
+        base = sum(o.bytes for o in outputs) + sum(b for b, _ in copies)
+        during = [0] * (n + 2)    # (index + 1): bytes live while op index runs, -1: entry
+        ending = [0] * (n + 1)    # bytes of heap buffers whose last op is index
+        for b in heap:
+            end = min(b.end, n - 1)
+            during[b.start + 1] += b.bytes
+            during[end + 2] -= b.bytes
+            if isinstance(b.value, str):
+                ending[end + 1] += b.bytes     # scratch: live only while its op runs
+            elif b.end < n:
+                ending[end + 1] += b.bytes
+        peak, peak_index, timeline, now = -1, -1, [], 0
+        for k in range(n + 1):     # k = index + 1
+            now += during[k]
+            if base + now > peak:
+                peak, peak_index = base + now, k - 1
+            if 1 <= k < n:
+                timeline.append(base + now - ending[k])
+        at_peak = [(o.bytes, o.value) for o in outputs] + copies
+        at_peak += [(b.bytes, b.value) for b in heap if b.start <= peak_index <= b.end
+                    or (b.end >= n and b.start <= peak_index)]
+        at_peak = sorted(at_peak, key=lambda t: -t[0])[:PEAK_VALUES]
+        peak_op = ops[peak_index] if peak_index >= 0 else None
+        return _Sweep(peak, peak_index, peak_op, timeline, len(timeline), at_peak)
+
+    @staticmethod
     def _in_place(op, buffers, root) -> list:
         """(result, candidate buffers) of op: the buffers whose place the result may take
         when they die at the op (XLA's in-place updates and loop carries)."""
@@ -441,21 +610,27 @@ class _Estimator:
             return [(r, [root.get(v, v)]) for r, v in zip(op.results, op.operands)]
         return []
 
-    def _reused(self, op, buffers, root, last, size, free_at, i) -> int:
+    def _reused(self, op, reads, root, last, size, free_at, i, buffers, returned) -> int:
         """Bytes of results that take the place of a buffer dying at op i (same size): not
         allocated again. A buffer the sweep does not track (a region's block argument: the
-        op's operand outside) is taken whole."""
+        op's operand outside) is taken whole. `buffers`: the result's _Buffer becomes the
+        one it takes, lasting until the result dies. An elementwise result the function
+        returns (`returned`) is written into its output allocation instead."""
         saved, taken = 0, set()
-        for result, candidates in self._in_place(op, buffers, root):
-            want = size.get(result, 0)
+        for result, candidates in self._in_place(op, reads, root):
+            want = 0 if result in returned and op.name in _ELEMENTWISE else size.get(result, 0)
             for r in candidates:
                 if r in taken or last.get(r) != i or not want:
                     continue
                 if r in size and size[r] == want:
                     free_at[i] -= want       # the buffer is not freed: it goes on
+                    if r in buffers:
+                        buffers[r].end = max(buffers[r].end, buffers[result].end)
+                        buffers[result] = buffers[r]
                 elif r not in size and isinstance(r, ir.BlockArgument) and r.type == result.type:
                     free_at[last.get(result, i)] -= want   # never allocated here
                     size[result] = 0
+                    buffers.pop(result, None)
                 else:
                     continue
                 taken.add(r)

@@ -480,10 +480,13 @@ def test_xla_model_fuses_elementwise_chains_and_keeps_arguments():
       return %4 : tensor<256xf32>
     }""")
     # sine and cosine are computed inside the exponential (fused): never stored; the
-    # constant is a literal. The caller keeps x (1K) throughout. exp: x + 1K; dot: x,
-    # exp, 256K (the peak), then exp is dead; reduce: x, dot, 1K (its region's add
-    # updates the accumulator in place), then the dot is dead.
-    assert f.live_bytes_timeline == [K, K, 2 * K, K + 256 * K, K + 256 * K, 2 * K]
+    # constant is a literal. The caller keeps x (1K) throughout, and the result's output
+    # buffer (1K) is there from the start. exp: 1K, dead before the reduce makes the
+    # result, so it lies in that output buffer (no memory of its own); dot: + 256K (the
+    # peak); reduce: into the output buffer (its region's add updates the accumulator in
+    # place), then the dot is dead.
+    assert f.live_bytes_timeline == [2 * K, 2 * K, 2 * K, 2 * K + 256 * K, 2 * K + 256 * K,
+                                     2 * K]
     assert f.peak_bytes == 2 * K + 256 * K and f.peak_op.startswith("stablehlo.dot_general")
     program_order = only(est("""
     func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
@@ -510,13 +513,16 @@ def test_xla_model_in_place_update_and_donation():
         "%0 =", "%c = stablehlo.constant dense<0.0> : tensor<f32>\n      %0 =", 1))
     donated = xla_est(body.format(attrs=" {jax.buffer_donor = true}").replace(
         "%0 =", "%c = stablehlo.constant dense<0.0> : tensor<f32>\n      %0 =", 1))
-    # kept: x stays for the whole call. The sine writes into the reduce's buffer (it
-    # dies there, same size); the broadcast is fused into the add, which writes into
-    # the sine's buffer.
-    assert kept.live_bytes_timeline == [K, K + 256 * K, 2 * K, 2 * K, 2 * K + 4, 2 * K + 4, 2 * K]
+    # kept: x stays for the whole call; the result's output buffer (1K) is there from
+    # the start. The sine writes into the reduce's buffer (it dies there, same size), and
+    # that buffer, dead where the add makes the result (elementwise, same size), lies in
+    # the result's output buffer: no memory of its own. The broadcast is fused into the add.
+    assert kept.live_bytes_timeline == [2 * K, 2 * K + 256 * K, 2 * K, 2 * K, 2 * K + 4,
+                                        2 * K + 4, 2 * K]
     # donated: x is dead after the first dot (its last reader)
-    assert donated.live_bytes_timeline == [K, 256 * K, K, K, K + 4, K + 4, K]
-    assert kept.peak_bytes - donated.peak_bytes == K
+    assert donated.live_bytes_timeline == [2 * K, K + 256 * K, K, K, K + 4, K + 4, K]
+    # (both peak while the first dot runs: x is read there)
+    assert kept.peak_bytes == donated.peak_bytes == 2 * K + 256 * K
 
 
 def test_xla_model_copies_returned_arguments_and_counts_host_memory_on_cpu():
