@@ -47,24 +47,37 @@ accumulates live bytes.
 
 * the caller's arguments stay allocated for the whole call, unless donated
   (`jax.buffer_donor` or `tf.aliasing_output`): then until their last use;
-* every result slot is a buffer of its own: a returned argument is copied, before anything
-  else runs (XLA schedules those copies first), so its copy is live throughout;
+* every result slot is an output allocation of its own, there for the whole call (the
+  caller receives it; a returned argument or literal is copied into it). A temporary
+  that dies before the result is made (or where an elementwise op makes it in place)
+  lies inside such an allocation at least as large, when it overlaps none already there:
+  no memory of its own. XLA's buffer assignment tries its existing allocations, the
+  outputs among them, before the heap, largest buffers first; so does the model (each
+  temporary tries at most 16 allocations). The rest share the heap, whose peak, with
+  the arguments and the outputs, is the estimate;
 * constants are literals of the executable, not memory the program allocates;
 * fusion: an elementwise op (or a broadcast, an iota) whose only reader is another such
   op, or a reduce, is computed inside its reader and never stored; its reader reads its
-  operands instead;
-* a reshape is a bitcast (an alias of its operand);
+  operands instead. One read by several elementwise ops is computed again inside each
+  unless it is expensive (a divide, an exponential, a square root, tanh, ...: XLA's
+  `IsExpensive`). An identity op (below) is no reader to fuse into;
+* a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
+  that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
+  on CPU, so is a placement annotation (XLA:CPU drops it);
 * an elementwise op whose operand dies there writes its result into that operand's
-  buffer when the two have the same size; so do `dynamic_update_slice` and `scatter`
+  buffer when the two have the same size (unless the function returns the result: it
+  goes into its output allocation); so do `dynamic_update_slice` and `scatter`
   into their first operand, and a `while` loop's results into its operands (its carries;
   inside the loop body, an update of a carry costs nothing new), and a carry the body
   returns unchanged is the operand's own buffer;
 * a convolution whose operands or result are not in the dimension order XLA's convolution
   kernels take (batch, spatial..., feature; the kernel spatial..., input, output feature),
   as in a convolution's weight gradient, works on a transposed copy of each such one, live
-  while it runs; so does a `dot_general` whose operands are not in the order XLA's matrix
-  kernels take (the left: batch, free, contracting dimensions; the right: batch,
-  contracting, free), as for `x @ W.T` or attention's heads;
+  while it runs; a copy of one of the function's arguments is made at entry (XLA:CPU
+  schedules it first) and held until the convolution. A `dot_general` whose operands are
+  not in the order XLA's matrix kernels take (the left: batch, free, contracting
+  dimensions; the right: batch, contracting, free), as for `x @ W.T` or attention's
+  heads, works on transposed copies of them too, live while it runs;
 * on the CPU backend there is one memory: what is placed in host memory counts.
 
 What it does not model is XLA's own scheduling: without the tie, XLA:CPU may move a
@@ -97,7 +110,7 @@ MODELS = ("program-order", "xla")
 # the benchmark models under every policy (docs/benchmarks.md; test_memory checks these
 # against the stored results). On CPU that runs with YNNPACK fusions off: XLA does not
 # count the buffers YNNPACK uses inside them (tools/benchmarks/ynn_probe.py).
-MEASURED = {"cpu": (152, 162, "2 CPUs", ", YNNPACK fusions off"),
+MEASURED = {"cpu": (154, 162, "2 CPUs", ", YNNPACK fusions off"),
             "gpu": (71, 162, "an H200", ", before it counted transposed copies")}
 
 _ELEMENTWISE = frozenset("stablehlo." + n for n in (
@@ -118,7 +131,7 @@ _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
 _UPDATES_OPERAND_0 = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.scatter"})
 PEAK_VALUES = 5     # how many of the buffers live at the peak a report names
 # (model="xla") how many output allocations a temporary may try before it goes to the heap:
-# bounds the placement to O(number of buffers)
+# keeps the placement O(buffers log buffers)
 _PLACEMENT_TRIES = 16
 
 

@@ -525,6 +525,71 @@ def test_xla_model_in_place_update_and_donation():
     assert kept.peak_bytes == donated.peak_bytes == 2 * K + 256 * K
 
 
+def test_xla_model_output_allocations_hold_dead_temporaries():
+    """A temporary that dies before a result is made lies in that result's output
+    allocation (as large or larger); one still live there takes memory of its own."""
+    text = """
+    func.func @main(%x: tensor<256x256xf32>) -> (tensor<256x256xf32>, tensor<256xf32>) {{
+      %a = stablehlo.dot_general %x, %x, contracting_dims = [1] x [0] : (tensor<256x256xf32>, tensor<256x256xf32>) -> tensor<256x256xf32>
+      %c = stablehlo.constant dense<0.0> : tensor<f32>
+      %r = stablehlo.reduce(%a init: %c) applies stablehlo.add across dimensions = [0] : (tensor<256x256xf32>, tensor<f32>) -> tensor<256xf32>
+      %b = stablehlo.dot_general %x, %x, contracting_dims = [0] x [1] : (tensor<256x256xf32>, tensor<256x256xf32>) -> tensor<256x256xf32>
+      return %b, %r : tensor<256x256xf32>, tensor<256xf32>
+    }}"""
+    f = xla_est(text.format())
+    # x (256K) kept, the outputs b (256K) and r (1K) from entry; a (256K) dies at the
+    # reduce, before b is made: it lies in b's allocation. Peak: x + b + r.
+    assert f.peak_bytes == 256 * K + 256 * K + K
+    assert f.live_bytes_timeline == [513 * K] * 4
+    # a and b both read where the add makes the result s (in place, elementwise): one of
+    # them lies in s's allocation, the other needs 256K of its own
+    late = xla_est(text.format().replace(
+        "return %b, %r", "%s = stablehlo.add %a, %b : tensor<256x256xf32>\n      return %s, %r")
+        .replace("%r = stablehlo.reduce(%a", "%r = stablehlo.reduce(%x"))
+    assert late.peak_bytes == 3 * 256 * K + K
+
+
+def test_xla_model_folds_transposes_into_dots_and_duplicates_cheap_producers():
+    """transpose(dot(a, b)) is dot(b, a) in XLA: no copy. A cheap elementwise op read by
+    two elementwise ops is computed inside each (not stored); an expensive one is stored."""
+    folded = xla_est("""
+    func.func @main(%x: tensor<128x256xf32>, %y: tensor<128x512xf32>) -> tensor<512x256xf32> {
+      %d = stablehlo.dot_general %x, %y, contracting_dims = [0] x [0] : (tensor<128x256xf32>, tensor<128x512xf32>) -> tensor<256x512xf32>
+      %t = stablehlo.transpose %d, dims = [1, 0] : (tensor<256x512xf32>) -> tensor<512x256xf32>
+      return %t : tensor<512x256xf32>
+    }""")
+    # x (128K) and y (256K) kept, the result (512K) is the dot's own buffer
+    assert folded.peak_bytes == (128 + 256 + 512) * K
+    text = """
+    func.func @main(%x: tensor<256xf32>) -> tensor<f32> {
+      %e = stablehlo.OP %x : tensor<256xf32>
+      %a = stablehlo.sine %e : tensor<256xf32>
+      %b = stablehlo.cosine %e : tensor<256xf32>
+      %p = stablehlo.multiply %a, %b : tensor<256xf32>
+      %c = stablehlo.constant dense<0.0> : tensor<f32>
+      %s = stablehlo.reduce(%p init: %c) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+      return %s : tensor<f32>
+    }"""
+    cheap, expensive = (xla_est(text.replace("OP", op)) for op in ("negate", "tanh"))
+    # x and the result: the whole chain is one fusion into the reduce
+    assert cheap.peak_bytes == K + 4
+    # tanh is stored (1K) for its two readers
+    assert expensive.peak_bytes == 2 * K + 4
+
+
+def test_xla_model_placement_annotations_are_views_on_cpu():
+    text = """
+    func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
+      %a = stablehlo.sine %x : tensor<256xf32>
+      %h = stablehlo.custom_call @annotate_device_placement(%a) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "pinned_host"}} : (tensor<256xf32>) -> tensor<256xf32>
+      return %h : tensor<256xf32>
+    }"""
+    # XLA:CPU drops the annotation: the sine writes into the output (x + result)
+    assert xla_est(text, "cpu").peak_bytes == 2 * K
+    # on a GPU the copy to host is a move: the result is in host memory
+    assert xla_est(text, "gpu").peak_bytes == 2 * K
+
+
 def test_xla_model_copies_returned_arguments_and_counts_host_memory_on_cpu():
     text = """
     func.func @main(%x: tensor<256xf32>, %h: tensor<256xf32> {mhlo.memory_kind = "pinned_host"}) -> (tensor<256xf32>, tensor<256xf32>) {
