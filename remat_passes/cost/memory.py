@@ -59,8 +59,11 @@ accumulates live bytes.
 * fusion: an elementwise op (or a broadcast, an iota) whose only reader is another such
   op, or a reduce, is computed inside its reader and never stored; its reader reads its
   operands instead. One read by several elementwise ops is computed again inside each
-  unless it is expensive (a divide, an exponential, a square root, tanh, ...: XLA's
-  `IsExpensive`). An identity op (below) is no reader to fuse into;
+  unless it is expensive (a divide, an exponential, a square root, tanh, ...: XLA:CPU's
+  `IsExpensive`) or reads more than 4 buffers through what is fused into it (XLA stops
+  where the code would grow again and again, as along a gradient summed over many
+  layers). An identity op (below) is no reader to fuse into. (These rules, the transposed
+  copies and the layout of output allocations are in `cost/xla_buffers.py`.);
 * a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
   that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
   on CPU, so is a placement annotation (XLA:CPU drops it);
@@ -92,11 +95,12 @@ keeps alive between the two calls (and what `<f>_bwd` takes as arguments).
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections import defaultdict
 
-from remat_passes.cost.flops import conv_dims, dot_dims
+from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE, EXPENSIVE,
+                                            FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
+                                            conv_copied, lay_out, transposed_dot)
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir
 
@@ -113,94 +117,8 @@ MODELS = ("program-order", "xla")
 MEASURED = {"cpu": (154, 162, "2 CPUs", ", YNNPACK fusions off"),
             "gpu": (71, 162, "an H200", ", before it counted transposed copies")}
 
-_ELEMENTWISE = frozenset("stablehlo." + n for n in (
-    "abs add and atan2 cbrt ceil clamp compare complex convert cosine divide exponential "
-    "exponential_minus_one floor imag is_finite log log_plus_one logistic maximum minimum "
-    "multiply negate not or popcnt power real remainder round_nearest_afz round_nearest_even "
-    "rsqrt select shift_left shift_right_arithmetic shift_right_logical sign sine sqrt "
-    "subtract tan tanh xor reduce_precision").split())
-# elementwise ops XLA does not compute twice: a fusion does not duplicate them into several
-# readers (XLA's `IsExpensive`)
-_EXPENSIVE = frozenset("stablehlo." + n for n in (
-    "atan2 cbrt cosine divide exponential exponential_minus_one log log_plus_one logistic "
-    "power remainder rsqrt sine sqrt tan tanh").split())
-# computed inside the op that reads them (XLA's loop fusion)
-_FUSIBLE = _ELEMENTWISE | {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
-_FUSES_INPUTS = _FUSIBLE | {"stablehlo.reduce"}
 _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
-_UPDATES_OPERAND_0 = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.scatter"})
 PEAK_VALUES = 5     # how many of the buffers live at the peak a report names
-# (model="xla") how many output allocations a temporary may try before it goes to the heap:
-# keeps the placement O(buffers log buffers)
-_PLACEMENT_TRIES = 16
-
-
-def _conv_copies(op) -> int:
-    """model="xla": the bytes of the transposed copies XLA makes of a convolution's operands
-    and result whose dimensions are not in the order its convolution kernels take (input
-    and output: batch, spatial..., feature; kernel: spatial..., input, output feature), as
-    in the weight gradient of a convolution: live while it runs."""
-    return sum(graph.type_bytes(v.type) for v in _conv_copied(op))
-
-
-def _conv_copied(op) -> list:
-    """The values _conv_copies copies (operands and result)."""
-    dims = conv_dims(op)
-    if dims is None:
-        return []
-    lhs, rhs, out = dims
-    spatial = [d for d in lhs if d.isdigit()]
-    return [value for dims, want, value in ((lhs, ["b"] + spatial + ["f"], op.operands[0]),
-                                            (rhs, spatial + ["i", "o"], op.operands[1]),
-                                            (out, ["b"] + spatial + ["f"], op.results[0]))
-            if dims != want]
-
-
-def _dot_copies(op) -> int:
-    """model="xla": the bytes of the transposed copies XLA makes of a dot_general's operands
-    whose dimensions are not in the order its matrix kernels take (the left: batch, free,
-    contracting; the right: batch, contracting, free; dimensions of size 1 aside), as for
-    attention's heads or a batch of vectors times `W.T`: live while it runs. A matrix
-    (two dimensions, no batch) is read transposed where it is (measured: the MLP's
-    gradients `x.T @ g` and `g @ W.T` copy nothing)."""
-    copies = 0
-    for side in ("lhs", "rhs"):
-        value = op.operands[0 if side == "lhs" else 1]
-        shape = ir.RankedTensorType(value.type).shape
-        batch = dot_dims(op, side + "_batching_dimensions")
-        contract = dot_dims(op, side + "_contracting_dimensions")
-        if not batch and len(shape) <= 2:
-            continue        # a matrix: its kernels read it transposed as it is
-        free = [d for d in range(len(shape)) if d not in batch and d not in contract]
-        want = batch + (free + contract if side == "lhs" else contract + free)
-        if [d for d in want if shape[d] != 1] != [d for d in range(len(shape)) if shape[d] != 1]:
-            copies += graph.type_bytes(value.type)
-    return copies
-
-
-def _transposed_dot(op) -> bool:
-    """model="xla": is `op` a transpose that XLA folds into the dot_general it reads (the
-    dot's only reader; batch dimensions kept in front, the two free parts swapped)? XLA
-    computes dot(b, a) in place of transpose(dot(a, b)): the transpose is a view."""
-    if op.name != "stablehlo.transpose":
-        return False
-    src = op.operands[0]
-    if not isinstance(src.owner, ir.Operation) and not hasattr(src.owner, "name"):
-        return False
-    dot = src.owner
-    if getattr(dot, "name", None) != "stablehlo.dot_general" or len(list(src.uses)) != 1:
-        return False
-    batch = len(dot_dims(dot, "lhs_batching_dimensions"))
-    lhs_rank = len(ir.RankedTensorType(dot.operands[0].type).shape)
-    lhs_free = lhs_rank - batch - len(dot_dims(dot, "lhs_contracting_dimensions"))
-    rank = len(ir.RankedTensorType(src.type).shape)
-    want = (list(range(batch)) + list(range(batch + lhs_free, rank))
-            + list(range(batch, batch + lhs_free)))
-    return list(ir.DenseI64ArrayAttr(op.attributes["permutation"])) == want
-
-
-# (model="xla") ops that work on transposed copies of operands out of their kernels' order
-_COPIES = {"stablehlo.convolution": _conv_copies, "stablehlo.dot_general": _dot_copies}
 
 
 @dataclasses.dataclass
@@ -299,18 +217,6 @@ class _Sweep:
     at_peak: list = dataclasses.field(default_factory=list)   # [(bytes, value or text)]
 
 
-@dataclasses.dataclass(eq=False)
-class _Buffer:
-    """(model="xla") one buffer as XLA allocates it: live from op `start` (-1: at entry)
-    through op `end`; `value` is the first value it holds (later ones written in place)."""
-    start: int
-    end: int
-    bytes: int
-    value: object
-    output: bool = False     # holds a result of the function: an output allocation
-    placed: bool = False     # a temporary placed inside an output allocation
-
-
 def _describe_value(v) -> str:
     """'tensor<8x256xf32> from stablehlo.dot_general at f.py:9:12' or 'argument #3'."""
     if isinstance(v, str):
@@ -360,8 +266,8 @@ class _Estimator:
         """Temporaries an op needs while it runs besides its results."""
         if op.name == "func.call":
             return self._callee_peak(op)
-        if self.xla and op.name in _COPIES:
-            return _COPIES[op.name](op)
+        if self.xla and op.name in COPIES:
+            return COPIES[op.name](op)
         best = 0
         for region in op.regions:
             for block in region.blocks:
@@ -369,27 +275,29 @@ class _Estimator:
         return best
 
     # ---------------------------------------------------------- the sweep --
-    def _fused(self, op) -> bool:
+    def _fused(self, op, fused) -> bool:
         """model="xla": is `op` computed inside its readers (never stored)? Into its only
         reader; into each of several elementwise readers when it is cheap to compute again
-        (XLA duplicates such a producer into every loop fusion that reads it)."""
-        if op.name not in _FUSIBLE or len(op.results) != 1:
+        (XLA duplicates such a producer into every loop fusion that reads it) and reads at
+        most DUPLICATED_READS buffers, through what is `fused` into it."""
+        if op.name not in FUSIBLE or len(op.results) != 1:
             return False
         users = [u.owner.operation for u in op.results[0].uses]
         if any(self._aliases(u) for u in users):
             return False      # an identity op is no reader to fuse into: it is a view
         if len(users) == 1:
-            return users[0].name in _FUSES_INPUTS
+            return users[0].name in FUSES_INPUTS
         parent = op.parent
-        return bool(users) and op.name not in _EXPENSIVE and all(
-            u.name in _FUSIBLE and u.parent == parent for u in users)
+        return bool(users) and op.name not in EXPENSIVE and all(
+            u.name in FUSIBLE and u.parent == parent for u in users) and len(
+            {b for v in op.operands for b in fused.get(v, [v])}) <= DUPLICATED_READS
 
     def _aliases(self, op) -> bool:
         """Is `op` a view of its operands? (model="xla": a reshape, a transpose folded into
         its dot, and, where there is one memory (CPU), a placement annotation: XLA:CPU
         drops it.)"""
         return _is_alias_op(op) or (self.xla and (
-            op.name == "stablehlo.reshape" or _transposed_dot(op)
+            op.name == "stablehlo.reshape" or transposed_dot(op)
             or (not self.host_kinds and contract.placement(op) is not None)))
 
     def sweep(self, block, count_args: bool, host_args=frozenset(),
@@ -411,7 +319,7 @@ class _Estimator:
             buffers_read.append(reads)
             for r in reads:
                 last[r] = i
-            if self.xla and self._fused(op) and not (has_term and op == ops[-1]):
+            if self.xla and self._fused(op, fused) and not (has_term and op == ops[-1]):
                 fused[op.results[0]] = list(dict.fromkeys(reads))
             elif self._aliases(op):
                 for r, o in zip(op.results, op.operands):
@@ -443,7 +351,7 @@ class _Estimator:
                 live += b
                 free_at[last.get(a, -1)] += b
                 if b:
-                    buffers[a] = _Buffer(-1, last.get(a, -1), b, a)
+                    buffers[a] = Buffer(-1, last.get(a, -1), b, a)
         copied = set()    # (model="xla") returned arguments: copied before anything runs
         if self.xla and count_args and has_term and ops[-1].name == "func.return":
             for v in ops[-1].operands:
@@ -483,16 +391,16 @@ class _Estimator:
                     produced += b
                     free_at[last.get(r, i)] += b
                     if b:
-                        buffers[r] = _Buffer(i, last.get(r, i), b, r)
+                        buffers[r] = Buffer(i, last.get(r, i), b, r)
                 if self.xla:
                     produced -= self._reused(op, buffers_read[i], root, last, size, free_at, i,
                                              buffers, returned)
             during = live + produced
-            if len(op.regions) or op.name == "func.call" or (self.xla and op.name in _COPIES):
+            if len(op.regions) or op.name == "func.call" or (self.xla and op.name in COPIES):
                 inside = self._internal_bytes(op)
                 during += inside
                 if self.xla and inside:
-                    scratch[i] = (inside, op.name in _COPIES)
+                    scratch[i] = (inside, op.name in COPIES)
                     if op.name == "stablehlo.convolution" and count_args:
                         early = self._argument_copies(op, root, i, buffers)
                         scratch[i] = (inside - early, True)
@@ -501,7 +409,10 @@ class _Estimator:
             live += produced - free_at.pop(i, 0)
             timeline.append(live)
         if self.xla and count_args and has_term and ops[-1].name == "func.return":
-            return self._output_allocations(ops, root, buffers, scratch, n)
+            peak, peak_index, timeline, at_peak = lay_out(ops, root, buffers, scratch, n,
+                                                          _describe_value)
+            return _Sweep(peak, peak_index, ops[peak_index] if peak_index >= 0 else None,
+                          timeline, len(timeline), at_peak[:PEAK_VALUES])
         at_peak = []
         if count_args:     # (a function's own sweep: what a report names)
             at_peak = [(size[r], r) for r in size if size[r] and start[r] <= peak_index
@@ -510,7 +421,7 @@ class _Estimator:
                          "copied to a result") for r in copied]
             if peak_op is not None and peak_index < n - 1 and (
                     len(peak_op.regions) or peak_op.name == "func.call"
-                    or (self.xla and peak_op.name in _COPIES)):
+                    or (self.xla and peak_op.name in COPIES)):
                 inside = self._internal_bytes(peak_op)
                 if inside:
                     at_peak.append((inside, "temporaries inside the op at the peak"))
@@ -523,100 +434,23 @@ class _Estimator:
         arguments are made early (at entry, as XLA:CPU schedules them) and held until it
         runs: a buffer each in `buffers`. Returns their bytes."""
         early = 0
-        for v in _conv_copied(op):
+        for v in conv_copied(op):
             r = root.get(v, v)
             if v is not op.results[0] and isinstance(r, ir.BlockArgument) and r in buffers:
                 b = graph.type_bytes(v.type)
-                buffers[(r, i)] = _Buffer(-1, i, b, f"{v.type} argument #{r.arg_number}, "
+                buffers[(r, i)] = Buffer(-1, i, b, f"{v.type} argument #{r.arg_number}, "
                                           "a transposed copy")
                 early += b
         return early
-
-    def _output_allocations(self, ops, root, buffers, scratch, n) -> _Sweep:
-        """model="xla", a function: the peak as XLA's buffer assignment lays the buffers out.
-
-        Each result slot is an output allocation of its own, there for the whole call (the
-        caller receives it). A temporary goes into an output allocation that is at least as
-        large when it dies before the result held there is made (and does not overlap the
-        temporaries already there), largest temporaries first, as XLA tries its existing
-        allocations before the heap; the others share the heap, which peaks where the most
-        of them are live. The arguments are held as the sweep found (kept or donated)."""
-        outputs, copies, seen = [], [], set()
-        for v in ops[-1].operands:
-            r = root.get(v, v)
-            buf = buffers.get(r)
-            if r in seen or isinstance(r, ir.BlockArgument) or buf is None:
-                # a further slot of a value, a returned argument or a literal: copied
-                b = buf.bytes if buf is not None else (
-                    graph.type_bytes(r.type) if isinstance(r, ir.BlockArgument)
-                    or r.owner.name == "stablehlo.constant" else 0)
-                what = (f"{r.type} argument #{r.arg_number}, copied to a result"
-                        if isinstance(r, ir.BlockArgument) else
-                        f"{_describe_value(r)}, copied to a further result")
-                if b:
-                    copies.append((b, what))
-            elif not buf.output:
-                buf.output = True
-                outputs.append(buf)
-            seen.add(r)
-        unique = list({id(b): b for b in buffers.values()}.values())
-        temps = [b for b in unique if not b.output and not isinstance(b.value, ir.BlockArgument)]
-        temps += [_Buffer(i, i, b, "transposed copies of the op's operands")
-                  for i, (b, copies_) in scratch.items() if copies_]
-        allocations = sorted(outputs, key=lambda b: -b.bytes)
-        held = defaultdict(lambda: ([], []))   # allocation -> (starts, ends) placed, in order
-        for t in sorted(temps, key=lambda b: (-b.bytes, b.start)):
-            for k, o in enumerate(allocations):
-                if o.bytes < t.bytes or k == _PLACEMENT_TRIES:
-                    break
-                before = t.end < o.start or (    # or read last where the result is made,
-                    t.end == o.start and t.bytes == o.bytes    # in place, elementwise
-                    and o.start >= 0 and ops[o.start].name in _ELEMENTWISE)
-                starts, ends = held[id(o)]
-                j = bisect.bisect_left(starts, t.start)
-                if before and (j == 0 or ends[j - 1] < t.start) and (
-                        j == len(starts) or t.end < starts[j]):
-                    starts.insert(j, t.start)
-                    ends.insert(j, t.end)
-                    t.placed = True
-                    break
-        heap = [b for b in unique if not b.output and isinstance(b.value, ir.BlockArgument)]
-        heap += [t for t in temps if not t.placed]
-        heap += [_Buffer(i, i, b, "temporaries inside the op") for i, (b, copies_)
-                 in scratch.items() if not copies_]   # a loop's, a call's: a heap of its own
-        base = sum(o.bytes for o in outputs) + sum(b for b, _ in copies)
-        during = [0] * (n + 2)    # (index + 1): bytes live while op index runs, -1: entry
-        ending = [0] * (n + 1)    # bytes of heap buffers whose last op is index
-        for b in heap:
-            end = min(b.end, n - 1)
-            during[b.start + 1] += b.bytes
-            during[end + 2] -= b.bytes
-            if isinstance(b.value, str):
-                ending[end + 1] += b.bytes     # scratch: live only while its op runs
-            elif b.end < n:
-                ending[end + 1] += b.bytes
-        peak, peak_index, timeline, now = -1, -1, [], 0
-        for k in range(n + 1):     # k = index + 1
-            now += during[k]
-            if base + now > peak:
-                peak, peak_index = base + now, k - 1
-            if 1 <= k < n:
-                timeline.append(base + now - ending[k])
-        at_peak = [(o.bytes, o.value) for o in outputs] + copies
-        at_peak += [(b.bytes, b.value) for b in heap if b.start <= peak_index <= b.end
-                    or (b.end >= n and b.start <= peak_index)]
-        at_peak = sorted(at_peak, key=lambda t: -t[0])[:PEAK_VALUES]
-        peak_op = ops[peak_index] if peak_index >= 0 else None
-        return _Sweep(peak, peak_index, peak_op, timeline, len(timeline), at_peak)
 
     @staticmethod
     def _in_place(op, buffers, root) -> list:
         """(result, candidate buffers) of op: the buffers whose place the result may take
         when they die at the op (XLA's in-place updates and loop carries)."""
         name = op.name
-        if name in _ELEMENTWISE and len(op.results) == 1:
+        if name in ELEMENTWISE and len(op.results) == 1:
             return [(op.results[0], list(dict.fromkeys(buffers)))]
-        if name in _UPDATES_OPERAND_0:
+        if name in UPDATES_OPERAND_0:
             v = op.operands[0]
             return [(op.results[0], [root.get(v, v)])]
         if name == "stablehlo.while":
@@ -631,7 +465,7 @@ class _Estimator:
         returns (`returned`) is written into its output allocation instead."""
         saved, taken = 0, set()
         for result, candidates in self._in_place(op, reads, root):
-            want = 0 if result in returned and op.name in _ELEMENTWISE else size.get(result, 0)
+            want = 0 if result in returned and op.name in ELEMENTWISE else size.get(result, 0)
             for r in candidates:
                 if r in taken or last.get(r) != i or not want:
                     continue

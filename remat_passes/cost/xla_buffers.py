@@ -1,0 +1,191 @@
+"""What XLA does to buffers, as `estimate_memory`'s model="xla" sees it (cost/memory.py):
+which ops it fuses, which work on transposed copies of their operands, and how its buffer
+assignment lays a function's buffers out in output allocations and one heap (`lay_out`).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections import defaultdict
+
+from remat_passes.cost.flops import conv_dims, dot_dims
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import ir
+
+ELEMENTWISE = frozenset("stablehlo." + n for n in (
+    "abs add and atan2 cbrt ceil clamp compare complex convert cosine divide exponential "
+    "exponential_minus_one floor imag is_finite log log_plus_one logistic maximum minimum "
+    "multiply negate not or popcnt power real remainder round_nearest_afz round_nearest_even "
+    "rsqrt select shift_left shift_right_arithmetic shift_right_logical sign sine sqrt "
+    "subtract tan tanh xor reduce_precision").split())
+# elementwise ops XLA does not compute twice: a fusion does not duplicate them into several
+# readers (XLA:CPU's `CpuInstructionFusion::IsExpensive`; sine and cosine are cheap there)
+EXPENSIVE = frozenset("stablehlo." + n for n in (
+    "atan2 cbrt divide exponential exponential_minus_one log log_plus_one logistic power "
+    "remainder rsqrt sqrt tanh").split())
+# a cheap producer read by several is computed inside each only while it reads
+# at most this many buffers (through what is fused into it): XLA stops duplicating where
+# the code would grow again and again, as along a gradient summed over many layers
+DUPLICATED_READS = 4
+# computed inside the op that reads them (XLA's loop fusion)
+FUSIBLE = ELEMENTWISE | {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
+FUSES_INPUTS = FUSIBLE | {"stablehlo.reduce"}
+UPDATES_OPERAND_0 = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.scatter"})
+
+# how many output allocations a temporary may try before it goes to the heap:
+# keeps the placement O(buffers log buffers)
+PLACEMENT_TRIES = 16
+
+
+def conv_copies(op) -> int:
+    """model="xla": the bytes of the transposed copies XLA makes of a convolution's operands
+    and result whose dimensions are not in the order its convolution kernels take (input
+    and output: batch, spatial..., feature; kernel: spatial..., input, output feature), as
+    in the weight gradient of a convolution: live while it runs."""
+    return sum(graph.type_bytes(v.type) for v in conv_copied(op))
+
+
+def conv_copied(op) -> list:
+    """The values conv_copies copies (operands and result)."""
+    dims = conv_dims(op)
+    if dims is None:
+        return []
+    lhs, rhs, out = dims
+    spatial = [d for d in lhs if d.isdigit()]
+    return [value for dims, want, value in ((lhs, ["b"] + spatial + ["f"], op.operands[0]),
+                                            (rhs, spatial + ["i", "o"], op.operands[1]),
+                                            (out, ["b"] + spatial + ["f"], op.results[0]))
+            if dims != want]
+
+
+def dot_copies(op) -> int:
+    """model="xla": the bytes of the transposed copies XLA makes of a dot_general's operands
+    whose dimensions are not in the order its matrix kernels take (the left: batch, free,
+    contracting; the right: batch, contracting, free; dimensions of size 1 aside), as for
+    attention's heads or a batch of vectors times `W.T`: live while it runs. A matrix
+    (two dimensions, no batch) is read transposed where it is (measured: the MLP's
+    gradients `x.T @ g` and `g @ W.T` copy nothing)."""
+    copies = 0
+    for side in ("lhs", "rhs"):
+        value = op.operands[0 if side == "lhs" else 1]
+        shape = ir.RankedTensorType(value.type).shape
+        batch = dot_dims(op, side + "_batching_dimensions")
+        contract = dot_dims(op, side + "_contracting_dimensions")
+        if not batch and len(shape) <= 2:
+            continue        # a matrix: its kernels read it transposed as it is
+        free = [d for d in range(len(shape)) if d not in batch and d not in contract]
+        want = batch + (free + contract if side == "lhs" else contract + free)
+        if [d for d in want if shape[d] != 1] != [d for d in range(len(shape)) if shape[d] != 1]:
+            copies += graph.type_bytes(value.type)
+    return copies
+
+
+def transposed_dot(op) -> bool:
+    """model="xla": is `op` a transpose that XLA folds into the dot_general it reads (the
+    dot's only reader; batch dimensions kept in front, the two free parts swapped)? XLA
+    computes dot(b, a) in place of transpose(dot(a, b)): the transpose is a view."""
+    if op.name != "stablehlo.transpose":
+        return False
+    src = op.operands[0]
+    if not isinstance(src.owner, ir.Operation) and not hasattr(src.owner, "name"):
+        return False
+    dot = src.owner
+    if getattr(dot, "name", None) != "stablehlo.dot_general" or len(list(src.uses)) != 1:
+        return False
+    batch = len(dot_dims(dot, "lhs_batching_dimensions"))
+    lhs_rank = len(ir.RankedTensorType(dot.operands[0].type).shape)
+    lhs_free = lhs_rank - batch - len(dot_dims(dot, "lhs_contracting_dimensions"))
+    rank = len(ir.RankedTensorType(src.type).shape)
+    want = (list(range(batch)) + list(range(batch + lhs_free, rank))
+            + list(range(batch, batch + lhs_free)))
+    return list(ir.DenseI64ArrayAttr(op.attributes["permutation"])) == want
+
+
+# ops that work on transposed copies of operands out of their kernels' order
+COPIES = {"stablehlo.convolution": conv_copies, "stablehlo.dot_general": dot_copies}
+
+
+@dataclasses.dataclass(eq=False)
+class Buffer:
+    """One buffer as XLA allocates it: live from op `start` (-1: at entry)
+    through op `end`; `value` is the first value it holds (later ones written in place)."""
+    start: int
+    end: int
+    bytes: int
+    value: object
+    output: bool = False     # holds a result of the function: an output allocation
+    placed: bool = False     # a temporary placed inside an output allocation
+
+
+def lay_out(ops, root, buffers, scratch, n, describe) -> tuple:
+    """A function's peak as XLA's buffer assignment lays its buffers out: (peak, index of
+    the op there (-1: entry), bytes after each op, [(bytes, what)] at the peak).
+
+    Each result slot is an output allocation of its own, there for the whole call (the
+    caller receives it). A temporary goes into an output allocation that is at least as
+    large when it dies before the result held there is made (and does not overlap the
+    temporaries already there), largest temporaries first, as XLA tries its existing
+    allocations before the heap; the others share the heap, which peaks where the most
+    of them are live. The arguments are held as the sweep found (kept or donated)."""
+    outputs, copies, seen = [], [], set()
+    for v in ops[-1].operands:
+        r = root.get(v, v)
+        buf = buffers.get(r)
+        if r in seen or isinstance(r, ir.BlockArgument) or buf is None:
+            # a further slot of a value, a returned argument or a literal: copied
+            b = buf.bytes if buf is not None else (
+                graph.type_bytes(r.type) if isinstance(r, ir.BlockArgument)
+                or r.owner.name == "stablehlo.constant" else 0)
+            what = (f"{r.type} argument #{r.arg_number}, copied to a result"
+                    if isinstance(r, ir.BlockArgument) else
+                    f"{describe(r)}, copied to a further result")
+            if b:
+                copies.append((b, what))
+        elif not buf.output:
+            buf.output = True
+            outputs.append(buf)
+        seen.add(r)
+    unique = list({id(b): b for b in buffers.values()}.values())
+    temps = [b for b in unique if not b.output and not isinstance(b.value, ir.BlockArgument)]
+    temps += [Buffer(i, i, b, "transposed copies of the op's operands")
+              for i, (b, is_copy) in scratch.items() if is_copy]
+    allocations = sorted(outputs, key=lambda b: -b.bytes)
+    held = defaultdict(lambda: ([], []))   # allocation -> (starts, ends) placed, in order
+    for t in sorted(temps, key=lambda b: (-b.bytes, b.start)):
+        for k, o in enumerate(allocations):
+            if o.bytes < t.bytes or k == PLACEMENT_TRIES:
+                break
+            before = t.end < o.start or (    # or read last where the result is made,
+                t.end == o.start and t.bytes == o.bytes    # in place, elementwise
+                and o.start >= 0 and ops[o.start].name in ELEMENTWISE)
+            starts, ends = held[id(o)]
+            j = bisect.bisect_left(starts, t.start)
+            if before and (j == 0 or ends[j - 1] < t.start) and (
+                    j == len(starts) or t.end < starts[j]):
+                starts.insert(j, t.start)
+                ends.insert(j, t.end)
+                t.placed = True
+                break
+    heap = [b for b in unique if not b.output and isinstance(b.value, ir.BlockArgument)]
+    heap += [t for t in temps if not t.placed]
+    heap += [Buffer(i, i, b, "temporaries inside the op") for i, (b, is_copy)
+             in scratch.items() if not is_copy]   # a loop's, a call's: a heap of its own
+    base = sum(o.bytes for o in outputs) + sum(b for b, _ in copies)
+    during = [0] * (n + 2)    # (index + 1): bytes live while op index runs, -1: entry
+    ending = [0] * (n + 1)    # bytes of heap buffers whose last op is index
+    for b in heap:
+        end = min(b.end, n - 1)
+        during[b.start + 1] += b.bytes
+        during[end + 2] -= b.bytes
+        if b.end < n:           # (not an argument the caller keeps)
+            ending[end + 1] += b.bytes
+    peak, peak_index, timeline, now = -1, -1, [], 0
+    for k in range(n + 1):     # k = index + 1
+        now += during[k]
+        if base + now > peak:
+            peak, peak_index = base + now, k - 1
+        if 1 <= k < n:
+            timeline.append(base + now - ending[k])
+    at_peak = [(o.bytes, o.value) for o in outputs] + copies
+    at_peak += [(b.bytes, b.value) for b in heap if b.start <= peak_index <= b.end]
+    return peak, peak_index, timeline, sorted(at_peak, key=lambda t: -t[0])
