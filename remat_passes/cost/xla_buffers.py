@@ -186,6 +186,7 @@ def lay_out(ops, root, buffers, scratch, n, describe) -> tuple:
             peak, peak_index = base + now, k - 1
         if 1 <= k < n:
             timeline.append(base + now - ending[k])
-    at_peak = [(o.bytes, o.value) for o in outputs] + copies
+    at_peak = [(o.bytes, f"{describe(o.value)}, in an output buffer") for o in outputs]
+    at_peak += copies
     at_peak += [(b.bytes, b.value) for b in heap if b.start <= peak_index <= b.end]
     return peak, peak_index, timeline, sorted(at_peak, key=lambda t: -t[0])
