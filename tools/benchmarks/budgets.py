@@ -45,6 +45,7 @@ DEVICE = "cpu"          # the planner's cost profile in every run here (stated i
 SWEEP = 20
 PEAK_POINTS = 8
 PEAK_MODEL = "xla"      # the estimate objective=peak bounds (rp.estimate_memory's model)
+LEVELS = "1"            # one level of recomputation: the plans this page compares (stated there)
 
 
 def device_bytes(out) -> tuple[int, int]:
@@ -58,7 +59,7 @@ def device_bytes(out) -> tuple[int, int]:
 def point(model: Model, module, policy, ref, joint=False) -> dict:
     """One policy on one model: bytes, cost, model seconds, grads (split; joint too)."""
     t = time.perf_counter()
-    split = rp.remat(module, policy, mode="split")
+    split = rp.remat(module, policy, mode="split", levels=LEVELS)
     pass_s = time.perf_counter() - t
     dev, host = device_bytes(split)
     planned: dict = {}
@@ -76,7 +77,7 @@ def point(model: Model, module, policy, ref, joint=False) -> dict:
         sol = split.plan_reports[0].solution
         row.update(solve_s=sol.seconds, method=sol.method, planned_s=sol.cost)
     if joint:
-        out = rp.remat(module, policy, mode="joint")
+        out = rp.remat(module, policy, mode="joint", levels=LEVELS)
         row["peak"] = int(estimate_memory(out, model=PEAK_MODEL).peak_bytes)
         row["err_joint"] = run_joint_form(model, out, ref)
     return row
@@ -167,7 +168,7 @@ def objective_peak(model: Model, module, lowest: int, highest: int, progress) ->
         progress(f"{model.key}: peak budget {b} B")
         t = time.perf_counter()
         try:
-            joint = rp.remat(module, auto(b, device=DEVICE, objective="peak"))
+            joint = rp.remat(module, auto(b, device=DEVICE, objective="peak"), levels=LEVELS)
             rep = joint.plan_reports[0]
             rows.append({"budget": b,
                          "peak": int(estimate_memory(joint, model=PEAK_MODEL).peak_bytes),
@@ -189,7 +190,7 @@ def refresh_peaks(data: dict, progress=print) -> dict:
         out["base_peak"] = int(estimate_memory(rp.remat(module, None), model=PEAK_MODEL)
                                .peak_bytes)
         for row in out["sweep"]:
-            joint = rp.remat(module, auto(row["budget"], device=DEVICE))
+            joint = rp.remat(module, auto(row["budget"], device=DEVICE), levels=LEVELS)
             row["auto"]["peak"] = int(estimate_memory(joint, model=PEAK_MODEL).peak_bytes)
         out["peak"] = objective_peak(model, module, _lowest_peak(out), out["base_peak"],
                                      progress)
@@ -335,7 +336,7 @@ def render(data, png_rel: str) -> str:
          "with loop trip counts for the scanned models). **residuals**: device bytes the split "
          "form's `main_fwd` keeps for `main_bwd` beyond the function's own arguments (the "
          "activations), which is what the budget bounds.", "",
-         "These figures are of plans with one level of recomputation. Since 2026-11-26 "
+         "These figures are of plans with one level of recomputation (`levels=1`). Since 2026-11-26 "
          "(`core/levels.py`), `auto` recomputes in two levels where that lowers the peak "
          "estimate by 15%: on these models, at budget 0 (GPT, Equinox, conv net; and the conv "
          "net at 0.15 MB), where it costs +63.1%, +54.3% and +36.4% extra FLOPs instead of "
