@@ -111,13 +111,16 @@ def has_auto(policies) -> bool:
         isinstance(p, AutoPolicy) for p in policies.recorded.values())
 
 
+REFINE_ROUNDS = 3   # objective=peak: rounds of 7 more trial budgets where none fits yet
+
+
 def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
     """objective=peak: the residual-budget policy whose plan is the cheapest among those
     whose joint form's static peak estimate fits the budget. Tries residual budgets from
     `lo` (the minimum) to `hi` (no remat), 13 of them: the peak is not monotone in the
     residual bytes (recomputing more can raise it: what is recomputed is live at once),
     so every candidate is measured; where none fits, 7 more between the neighbours of the
-    one that peaks lowest. `trial(candidate)` plans the module for a candidate
+    one that peaks lowest, again (`REFINE_ROUNDS` times at most) while none fits. `trial(candidate)` plans the module for a candidate
     policy and returns (joint peak bytes, modelled recompute cost): the pipeline runner
     does that on a copy of the module. A percentage is of the no-remat peak."""
     trials: dict = {}
@@ -130,14 +133,18 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
             trials[rb] = (*trial(candidate), candidate)
         return trials[rb]
     budget = policy.budget.resolve(measure(hi)[0])   # a percentage: of the no-remat peak
-    grid = [int(lo + (hi - lo) * k / 12) for k in range(13)]
-    tried = [measure(rb) for rb in grid]
+    for rb in (int(lo + (hi - lo) * k / 12) for k in range(13)):
+        measure(rb)
+    for _ in range(REFINE_ROUNDS):   # the valley of the peak can fall between two points:
+        if any(t[0] <= budget for t in trials.values()):     # look closer there
+            break
+        grid = sorted(trials)
+        k = min(range(len(grid)), key=lambda j: trials[grid[j]][0])
+        left, right = grid[max(k - 1, 0)], grid[min(k + 1, len(grid) - 1)]
+        for j in range(1, 8):
+            measure(int(left + (right - left) * j / 8))
+    tried = list(trials.values())
     fits = [t for t in tried if t[0] <= budget]
-    if not fits:   # the valley of the peak can fall between two points: look closer there
-        k = min(range(13), key=lambda j: tried[j][0])
-        left, right = grid[max(k - 1, 0)], grid[min(k + 1, 12)]
-        tried += [measure(int(left + (right - left) * j / 8)) for j in range(1, 8)]
-        fits = [t for t in tried if t[0] <= budget]
     if not fits:
         lowest = min(t[0] for t in tried)
         raise RematError(

@@ -275,7 +275,8 @@ def test_objective_peak_bounds_the_joint_peak():
 def test_objective_peak_looks_between_grid_points_where_none_fits():
     """The joint peak is not monotone in the residual budget; where its valley falls between
     two of the 13 trial budgets and no trial fits, 7 more between the lowest one's neighbours
-    find it (here a valley at residual budget 540 of 0..1200, the grid's points 100 apart),
+    find it, in rounds while none fits (here a valley at residual budget 540 of 0..1200, the
+    grid's points 100 apart),
     and a budget below every trial is still an error naming the lowest peak reached."""
     from remat_passes.planner.resolve import for_peak
     tried = []
@@ -286,6 +287,10 @@ def test_objective_peak_looks_between_grid_points_where_none_fits():
         return 1000 - max(0, 60 - abs(rb - 540)), 1200 - rb
     chosen = for_peak(P.auto(budget=960, objective="peak"), 0, 1200, trial)
     assert abs(chosen.budget.resolve(0) - 540) < 20 and 13 < len(set(tried)) <= 20
+    # a narrower fit: a second round of 7 between the new lowest one's neighbours
+    tried.clear()
+    chosen = for_peak(P.auto(budget=945, objective="peak"), 0, 1200, trial)
+    assert abs(chosen.budget.resolve(0) - 540) <= 5 and 20 < len(set(tried)) <= 27
     with pytest.raises(rp.RematError, match="below the lowest joint peak the plans reach"):
         for_peak(P.auto(budget=900, objective="peak"), 0, 1200, trial)
 
