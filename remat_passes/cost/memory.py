@@ -85,7 +85,7 @@ accumulates live bytes.
 
 What it does not model is XLA's own scheduling: without the tie, XLA:CPU may move a
 recomputation earlier than where it is written and hold its results longer (the backward
-halves of the benchmarks' GPT under `dots_saveable`: the estimate is 36% under XLA's
+halves of the benchmarks' GPT under `dots_saveable`: the estimate is 32% under XLA's
 footprint).
 
 For a split module (`<f>_fwd` / `<f>_bwd` from `remat(..., mode="split")`)
