@@ -62,7 +62,8 @@ accumulates live bytes.
   unless it is expensive (a divide, an exponential, a square root, tanh, ...: XLA:CPU's
   `IsExpensive`) or reads more than 4 buffers through what is fused into it (XLA stops
   where the code would grow again and again, as along a gradient summed over many
-  layers). An identity op (below) is no reader to fuse into. (These rules, the transposed
+  layers). An identity op (below) is no reader to fuse into; on CPU its readers count
+  as the value's readers, since XLA:CPU drops optimization barriers before it fuses. (These rules, the transposed
   copies and the layout of output allocations are in `cost/xla_buffers.py`.);
 * a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
   that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
@@ -282,7 +283,7 @@ class _Estimator:
         most DUPLICATED_READS buffers, through what is `fused` into it."""
         if op.name not in FUSIBLE or len(op.results) != 1:
             return False
-        users = [u.owner.operation for u in op.results[0].uses]
+        users = self._readers(op.results[0])
         if any(self._aliases(u) for u in users):
             return False      # an identity op is no reader to fuse into: it is a view
         if len(users) == 1:
@@ -291,6 +292,20 @@ class _Estimator:
         return bool(users) and op.name not in EXPENSIVE and all(
             u.name in FUSIBLE and u.parent == parent for u in users) and len(
             {b for v in op.operands for b in fused.get(v, [v])}) <= DUPLICATED_READS
+
+    def _readers(self, value) -> list:
+        """The ops that read `value`; on CPU (one memory) through the identity ops that read
+        it, since XLA:CPU drops optimization barriers before it fuses (a view's readers are
+        its operand's)."""
+        out = []
+        for use in value.uses:
+            op = use.owner.operation
+            if not self.host_kinds and self._aliases(op) and len(op.results) == len(
+                    op.operands):
+                out += self._readers(op.results[use.operand_number])
+            else:
+                out.append(op)
+        return out
 
     def _aliases(self, op) -> bool:
         """Is `op` a view of its operands? (model="xla": a reshape, a transpose folded into
@@ -323,7 +338,10 @@ class _Estimator:
                 fused[op.results[0]] = list(dict.fromkeys(reads))
             elif self._aliases(op):
                 for r, o in zip(op.results, op.operands):
-                    root[r] = root.get(o, o)
+                    if o in fused:       # (model="xla") a view of a value never stored
+                        fused[r] = fused[o]
+                    else:
+                        root[r] = root.get(o, o)
             elif self.xla and op.name == "stablehlo.while":
                 for k in _invariant_carries(op):
                     o = op.operands[k]
