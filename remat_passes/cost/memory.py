@@ -63,8 +63,9 @@ accumulates live bytes.
   `IsExpensive`) or reads more than 4 buffers through what is fused into it (XLA stops
   where the code would grow again and again, as along a gradient summed over many
   layers). An identity op (below) is no reader to fuse into; on CPU its readers count
-  as the value's readers, since XLA:CPU drops optimization barriers before it fuses. (These rules, the transposed
-  copies and the layout of output allocations are in `cost/xla_buffers.py`.);
+  as the value's readers, since XLA:CPU drops optimization barriers before it fuses.
+  (These rules, the transposed copies and the layout of output allocations are in
+  `cost/xla_buffers.py`.);
 * a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
   that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
   on CPU, so is a placement annotation (XLA:CPU drops it);
@@ -354,14 +355,15 @@ class _Estimator:
         free_at: dict = defaultdict(int)
         size: dict = {}   # buffer (root value) -> the bytes counted for it
         start: dict = {}  # buffer -> the op that makes it (-1: at entry)
-        # (model="xla", a function's own sweep) the buffers as XLA allocates them, for
-        # _output_allocations: value -> its _Buffer (values written in place share one)
+        # model="xla", a function's own sweep: its peak is XLA's layout of its buffers
+        # (xla_buffers.lay_out), from `buffers` (value -> its Buffer; values written in
+        # place share one) and `scratch` (op index -> (bytes it needs while it runs,
+        # transposed copies?)); `returned`: the values it returns
+        laid_out = self.xla and count_args and has_term and ops[-1].name == "func.return"
         buffers: dict = {}
-        scratch: dict = {}   # op index -> (bytes it needs while it runs, transposed copies?)
+        scratch: dict = {}
         live = 0
-        returned = set()   # (model="xla", a function) the values it returns
-        if self.xla and count_args and has_term and ops[-1].name == "func.return":
-            returned = {root.get(v, v) for v in ops[-1].operands}
+        returned = {root.get(v, v) for v in ops[-1].operands} if laid_out else set()
         if count_args:
             for a in block.arguments:
                 b = size[a] = 0 if a.arg_number in host_args else graph.type_bytes(a.type)
@@ -370,13 +372,6 @@ class _Estimator:
                 free_at[last.get(a, -1)] += b
                 if b:
                     buffers[a] = Buffer(-1, last.get(a, -1), b, a)
-        copied = set()    # (model="xla") returned arguments: copied before anything runs
-        if self.xla and count_args and has_term and ops[-1].name == "func.return":
-            for v in ops[-1].operands:
-                r = root.get(v, v)
-                if isinstance(r, ir.BlockArgument) and r not in copied:
-                    copied.add(r)
-                    live += graph.type_bytes(r.type)
         peak, peak_index, peak_op = live, -1, None
         live -= free_at.pop(-1, 0)
         timeline = []
@@ -389,9 +384,6 @@ class _Estimator:
                     r = root.get(v, v)
                     if r in seen:
                         dup += size.get(r, 0)
-                    elif self.xla and op.name == "func.return" and r not in copied and (
-                            isinstance(r, ir.BlockArgument) or r not in size):
-                        dup += graph.type_bytes(r.type)   # an argument or literal: copied
                     seen.add(r)
                 if live + dup > peak:
                     peak, peak_index, peak_op = live + dup, i, op
@@ -417,16 +409,15 @@ class _Estimator:
             if len(op.regions) or op.name == "func.call" or (self.xla and op.name in COPIES):
                 inside = self._internal_bytes(op)
                 during += inside
-                if self.xla and inside:
+                if laid_out and inside:
+                    if op.name == "stablehlo.convolution":
+                        inside -= self._argument_copies(op, root, i, buffers)
                     scratch[i] = (inside, op.name in COPIES)
-                    if op.name == "stablehlo.convolution" and count_args:
-                        early = self._argument_copies(op, root, i, buffers)
-                        scratch[i] = (inside - early, True)
             if during > peak:
                 peak, peak_index, peak_op = during, i, op
             live += produced - free_at.pop(i, 0)
             timeline.append(live)
-        if self.xla and count_args and has_term and ops[-1].name == "func.return":
+        if laid_out:
             peak, peak_index, timeline, at_peak = lay_out(ops, root, buffers, scratch, n,
                                                           _describe_value)
             return _Sweep(peak, peak_index, ops[peak_index] if peak_index >= 0 else None,
@@ -435,8 +426,6 @@ class _Estimator:
         if count_args:     # (a function's own sweep: what a report names)
             at_peak = [(size[r], r) for r in size if size[r] and start[r] <= peak_index
                        and last.get(r, start[r]) >= peak_index]
-            at_peak += [(graph.type_bytes(r.type), f"{r.type} argument #{r.arg_number}, "
-                         "copied to a result") for r in copied]
             if peak_op is not None and peak_index < n - 1 and (
                     len(peak_op.regions) or peak_op.name == "func.call"
                     or (self.xla and peak_op.name in COPIES)):

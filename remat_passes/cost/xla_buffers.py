@@ -87,10 +87,10 @@ def transposed_dot(op) -> bool:
     if op.name != "stablehlo.transpose":
         return False
     src = op.operands[0]
-    if not isinstance(src.owner, ir.Operation) and not hasattr(src.owner, "name"):
+    if isinstance(src, ir.BlockArgument):
         return False
     dot = src.owner
-    if getattr(dot, "name", None) != "stablehlo.dot_general" or len(list(src.uses)) != 1:
+    if dot.name != "stablehlo.dot_general" or len(list(src.uses)) != 1:
         return False
     batch = len(dot_dims(dot, "lhs_batching_dimensions"))
     lhs_rank = len(ir.RankedTensorType(dot.operands[0].type).shape)
