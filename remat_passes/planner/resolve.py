@@ -121,8 +121,9 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
     residual bytes (recomputing more can raise it: what is recomputed is live at once),
     so every candidate is measured; where none fits, 7 more between the neighbours of the
     one that peaks lowest, again (`REFINE_ROUNDS` times at most) while none fits.
-    `trial(candidate)` plans the module for a candidate policy and returns (joint peak bytes, modelled recompute cost): the pipeline runner
-    does that on a copy of the module. A percentage is of the no-remat peak."""
+    `trial(candidate)` plans the module for a candidate policy and returns (joint peak
+    bytes, modelled recompute cost): the pipeline runner does that on a copy of the
+    module. A percentage is of the no-remat peak."""
     trials: dict = {}
 
     def measure(rb):
