@@ -2,6 +2,12 @@
 and lagrangian (minimum cuts, igraph's max-flow, over a bisection of the multiplier).
 
 `solve(problem, budget, solver)` picks one; `minimum_bytes` is the least a plan can keep.
+
+What `auto` runs stops on work done, not on a clock: branch-and-bound nodes for HiGHS,
+windows for the neighbourhood search. So the same module and budget give the same plan on
+a loaded machine as on an idle one (HiGHS is deterministic for a given node limit). A clock
+(`SAFETY_SECONDS`) is there only to stop a search whose nodes are unexpectedly slow; a plan
+stopped by it is named "time limit" in its method.
 """
 from __future__ import annotations
 
@@ -11,6 +17,14 @@ import time
 import numpy as np
 
 from remat_passes.planner.model import Problem, Solution, evaluate
+
+AUTO_EXACT_NODES = 1000     # 'auto': branch-and-bound nodes the integer program may take
+AUTO_EXACT_WORK = 2_000_000 # before the Lagrangian solve is tried too: at most this many
+                            # nodes times the problem's size (about 2 s on a core)
+WINDOW_NODES = 200          # nodes per window of the neighbourhood search
+LNS_WINDOWS = 12            # windows the neighbourhood search solves: one per 5,000 nodes
+LNS_NODES_PER_WINDOW = 5000 # of the problem, at least 2, at most LNS_WINDOWS
+SAFETY_SECONDS = 20.0       # a search still running after this long stops anyway
 
 
 def _mins(p: Problem, lam: float) -> np.ndarray:
@@ -92,11 +106,10 @@ class _CutGraph:
         return recompute
 
 
-def solve_lagrangian(p: Problem, budget: int, iterations: int = 40,
-                     improve_seconds: float | None = None) -> Solution:
+def solve_lagrangian(p: Problem, budget: int, iterations: int = 40) -> Solution:
     """Bisection on the multiplier; the cuts next to the budget are repaired into it (see
-    below), and the cheapest plan is improved by large-neighbourhood search for
-    `improve_seconds` (default: 0.2 ms per node of the problem, from 1 s to 10 s)."""
+    below), and the cheapest plan is improved by large-neighbourhood search
+    (`_neighbourhoods`)."""
     start = time.perf_counter()
     graph = _CutGraph(p)
     offload_ok = None if p.offload_cost is None else np.isfinite(p.offload_cost)
@@ -150,9 +163,8 @@ def solve_lagrangian(p: Problem, budget: int, iterations: int = 40,
         rec, ok, _, _ = seen[-1]
         best = (rec, ok, evaluate(p, rec, ok)[3])
     else:
-        improve = improve_seconds if improve_seconds is not None else \
-            max(1.0, min(10.0, 2e-4 * (p.n_ops + p.n_values)))
-        rec, ok = _neighbourhoods(p, best[0], budget, best[1], time.perf_counter() + improve)
+        rec, ok = _neighbourhoods(p, best[0], budget, best[1],
+                                  time.perf_counter() + SAFETY_SECONDS)
         best = (rec, ok, evaluate(p, rec, ok)[3])
     avail, off, device, cost = evaluate(p, best[0], best[1])
     return Solution(best[0], avail, off, device, cost, "lagrangian",
@@ -202,7 +214,7 @@ def _merge_components(p: Problem, rec: np.ndarray, fewer: np.ndarray, budget: in
     res = milp(np.array(cost) + 1e-30, integrality=np.ones(len(chains)),
                bounds=Bounds(0, 1),
                constraints=[LinearConstraint(np.array([freed], float), need, np.inf)],
-               options={"time_limit": 5.0})
+               options={"node_limit": AUTO_EXACT_NODES, "time_limit": SAFETY_SECONDS})
     if res.x is None:
         return rec
     trial = fewer.copy()
@@ -391,22 +403,28 @@ class _Milp:
         self.integrality[self.t0:] = 0.0     # (0 or 1 at the optimum: bounded below only)
 
     def solve(self, time_limit: float, fixed: np.ndarray | None = None,
-              values: np.ndarray | None = None, incumbent: bool = False):
+              values: np.ndarray | None = None, incumbent: bool = False,
+              nodes: int | None = None):
         """The recompute set (and offload choice), or None; `fixed` (bool per op) pins
-        those ops' recompute variables to `values`. `incumbent`: at the time limit, the
-        best plan found so far rather than None (then not proven optimal)."""
+        those ops' recompute variables to `values`. `incumbent`: at the time limit or after
+        `nodes` branch-and-bound nodes, the best plan found so far rather than None (then
+        not proven optimal; `stopped` says by what)."""
         from scipy.optimize import Bounds, milp
         lower, upper = np.zeros(self.n), self.upper.copy()
         if fixed is not None:
             n_ops = self.p.n_ops
             lower[:n_ops][fixed] = values[fixed]
             upper[:n_ops][fixed] = values[fixed]
+        options = {"time_limit": time_limit, "mip_rel_gap": 1e-6}
+        if nodes is not None:
+            options["node_limit"] = nodes
         res = milp(self.c, integrality=self.integrality, bounds=Bounds(lower, upper),
-                   constraints=self.constraints,
-                   options={"time_limit": time_limit, "mip_rel_gap": 1e-6})
-        if res.x is None or not (res.status == 0 or incumbent and res.status == 1):
+                   constraints=self.constraints, options=options)
+        # status 1: the time limit; 4: here, the node limit (SciPy has no code of its own)
+        if res.x is None or not (res.status == 0 or incumbent and res.status in (1, 4)):
             return None
         self.proven = res.status == 0
+        self.stopped = {0: None, 1: "time limit"}.get(res.status, "node limit")
         x = np.round(res.x).astype(bool)
         offload_ok = x[self.o0:self.o0 + self.p.n_values] if self.p.offload_cost is not None \
             else None
@@ -414,63 +432,70 @@ class _Milp:
 
 
 def solve_exact(p: Problem, budget: int, time_limit: float = 60.0,
-                incumbent: bool = False) -> Solution | None:
+                incumbent: bool = False, nodes: int | None = None) -> Solution | None:
     """The integer program with HiGHS; None if it did not finish within `time_limit`
-    (`incumbent`: then the best plan it found, method "exact (time limit)", if any)."""
+    seconds (and `nodes` branch-and-bound nodes, if given). `incumbent`: then the best
+    plan it found, if any, its method "exact (time limit)" or "exact (node limit)"."""
     start = time.perf_counter()
     model = _Milp(p, budget)
     out = model.solve(max(time_limit - (time.perf_counter() - start), 1.0),
-                      incumbent=incumbent)
+                      incumbent=incumbent, nodes=nodes)
     if out is None:
         return None
     rec, offload_ok, bound = out
     recompute = _drop_unneeded(p, rec)
     avail_, offl, device, cost = evaluate(p, recompute, offload_ok)
     return Solution(recompute, avail_, offl, device, cost,
-                    "exact" if model.proven else "exact (time limit)",
+                    "exact" if model.proven else f"exact ({model.stopped})",
                     time.perf_counter() - start, budget, lower_bound=bound * model.unit)
 
 
 def _neighbourhoods(p: Problem, rec: np.ndarray, budget: int, offload_ok, deadline: float,
                     window: int = 1000):
     """Large-neighbourhood search: free the recompute decisions of a window of ops (in
-    program order), keep every other one, solve that small integer program exactly;
-    keep what costs less. Windows overlap by half and sweep until `deadline` (a problem
-    of at most `window` ops is one window: solved exactly)."""
-    if time.perf_counter() >= deadline or p.n_ops < 2:
+    program order), keep every other one, solve that small integer program (up to
+    `WINDOW_NODES` nodes); keep what costs less. Windows overlap by half and sweep the
+    program, and sweep it again while a sweep gains, up to a number of windows in all that
+    grows with the problem (`LNS_NODES_PER_WINDOW`; a problem of at most `window` ops is
+    one window). `deadline` is only a safety net."""
+    if p.n_ops < 2:
         return rec, offload_ok
     model = _Milp(p, budget)
     cost = evaluate(p, rec, offload_ok)[3]
-    start = 0
-    while time.perf_counter() < deadline:
-        fixed = np.ones(p.n_ops, bool)
-        fixed[start:start + window] = False
-        out = model.solve(max(deadline - time.perf_counter(), 0.5), fixed,
-                          rec.astype(float))
-        if out is not None:
-            trial = _drop_unneeded(p, out[0])
-            ok = out[1] if out[1] is not None else offload_ok
-            e = evaluate(p, trial, ok)
-            if e[2] <= budget and e[3] < cost - 1e-18:
-                rec, offload_ok, cost = trial, ok, e[3]
-        if window >= p.n_ops:
+    starts = [0]
+    while starts[-1] + window < p.n_ops:
+        starts.append(starts[-1] + window // 2)
+    windows = min(LNS_WINDOWS, max(2, (p.n_ops + p.n_values) // LNS_NODES_PER_WINDOW))
+    solved = 0
+    while solved < windows:
+        gained = False
+        for start in starts[:windows - solved]:
+            if time.perf_counter() >= deadline:
+                return rec, offload_ok
+            fixed = np.ones(p.n_ops, bool)
+            fixed[start:start + window] = False
+            out = model.solve(max(deadline - time.perf_counter(), 0.5), fixed,
+                              rec.astype(float), incumbent=True, nodes=WINDOW_NODES)
+            solved += 1
+            if out is not None:
+                trial = _drop_unneeded(p, out[0])
+                ok = out[1] if out[1] is not None else offload_ok
+                e = evaluate(p, trial, ok)
+                if e[2] <= budget and e[3] < cost - 1e-18:
+                    rec, offload_ok, cost, gained = trial, ok, e[3], True
+        if not gained or len(starts) == 1:
             break
-        start += window // 2
-        if start >= p.n_ops:
-            start = 0
     return rec, offload_ok
-
-
-AUTO_EXACT_SECONDS = 2.5    # 'auto': how long the integer program may run before the
-                            # Lagrangian solve is also tried
 
 
 def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
           compare_exact: bool = False) -> tuple[Solution, Solution | None]:
-    """(the solution, the exact one if it was computed). `solver`: 'auto' (the integer
-    program up to 20,000 nodes for `AUTO_EXACT_SECONDS`; if it has not proven its plan
-    optimal by then, the Lagrangian solve too, and the cheaper of the two; beyond 20,000
-    nodes the Lagrangian solve), 'exact' (up to `exact_limit` seconds), 'lagrangian', or
+    """(the solution, the exact one if it was computed). `solver`: 'auto' (on problems of
+    up to 20,000 nodes the integer program for `AUTO_EXACT_NODES` branch-and-bound nodes,
+    fewer on a large problem;
+    if it has not proven its plan optimal by then, the Lagrangian solve too, and the
+    cheaper of the two; beyond 20,000 nodes the Lagrangian solve), 'exact' (up to
+    `exact_limit` seconds), 'lagrangian', or
     a function `(problem, budget) -> recompute` (bool per op node) for experiments and
     baselines."""
     exact = None
@@ -490,7 +515,9 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
                         getattr(solver, "__name__", "custom"), time.perf_counter() - start,
                         budget), None
     if solver == "auto" and p.n_ops + p.n_values <= 20000 and not compare_exact:
-        found = solve_exact(p, budget, min(exact_limit, AUTO_EXACT_SECONDS), incumbent=True)
+        nodes = min(AUTO_EXACT_NODES, max(50, AUTO_EXACT_WORK // (p.n_ops + p.n_values)))
+        found = solve_exact(p, budget, min(exact_limit, SAFETY_SECONDS), incumbent=True,
+                            nodes=nodes)
         if found is not None and found.method == "exact":
             return found, found
         sol = solve_lagrangian(p, budget)

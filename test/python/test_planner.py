@@ -295,6 +295,38 @@ def test_objective_peak_looks_between_grid_points_where_none_fits():
         for_peak(P.auto(budget=900, objective="peak"), 0, 1200, trial)
 
 
+def test_auto_stops_on_work_done_not_on_a_clock(monkeypatch):
+    """auto's searches stop after a number of branch-and-bound nodes, so a loaded machine
+    plans what an idle one does: every integer program it solves has a node limit, and
+    the plan is the same when each solve starts 0.3 s late. (The benchmark GPT at a budget
+    where the integer program is not proven within the nodes, so the Lagrangian solve and
+    its neighbourhood search run too; the node limit is lowered to keep the test short.)"""
+    import time
+    import scipy.optimize
+    from remat_passes.planner import solvers
+    from tools.benchmarks.models import MODELS, _identity
+    model = MODELS["gpt"]()
+    m = rp.export_vjp(model.build(_identity), *model.args)
+    lo, hi = bounds(m)
+    budget = int(lo + (hi - lo) * 5 / 9)
+    monkeypatch.setattr(solvers, "AUTO_EXACT_NODES", 20)
+    real, options = scipy.optimize.milp, []
+
+    def milp(*a, late=0.0, **k):
+        time.sleep(late)
+        options.append(dict(k["options"]))     # (milp pops node_limit from it)
+        return real(*a, **k)
+
+    def plan(late):
+        monkeypatch.setattr(scipy.optimize, "milp", lambda *a, **k: milp(*a, late=late, **k))
+        out = rp.remat(m, P.auto(budget=budget), mode="split")
+        return out.plan_reports[0].solution, str(out)
+    (first, text), (second, late_text) = plan(0.0), plan(0.3)
+    assert first.method in ("lagrangian", "exact (node limit)")
+    assert len(options) >= 4 and all("node_limit" in o for o in options)
+    assert np.array_equal(first.recompute, second.recompute) and text == late_text
+
+
 def test_pareto_is_monotone():
     _, _, m = case("block")
     points = pareto(m, points=6)
