@@ -151,7 +151,7 @@ def compiled_cost(module, functions) -> tuple[float, str]:
             raise RematError(f"error: score=xla compiles each plan and needs static shapes; "
                              f"@{name} has dynamic dimensions (export it for one shape)")
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
-        compiled = jax.jit(lambda *args, e=exported: e.call(*args)).lower(*avals).compile()
+        compiled = jax.jit(_named(exported.call, name)).lower(*avals).compile()
         analysis = compiled.cost_analysis()
         if isinstance(analysis, (list, tuple)):
             analysis = analysis[0] if analysis else {}
@@ -206,12 +206,22 @@ def compile(module, function: str = "main", donate_argnums=()):
     if key not in cache:
         exported = to_exported(module, function)
         if module.exported is not None and exported.in_tree == module.exported.in_tree:
-            cache[key] = jax.jit(exported.call, donate_argnums=donate)
+            cache[key] = jax.jit(_named(exported.call, function), donate_argnums=donate)
         else:     # (the split halves: an offloaded residual leaves <f>_fwd in host memory)
             placed = {} if exported.nr_devices != 1 else \
                 memory_kind_shardings(module, function, jax.devices()[0])
-            cache[key] = jax.jit(lambda *args: exported.call(*jax.tree_util.tree_leaves(args)),
-                                 donate_argnums=donate, **placed)
+            cache[key] = jax.jit(
+                _named(lambda *args: exported.call(*jax.tree_util.tree_leaves(args)), function),
+                donate_argnums=donate, **placed)
     return cache[key]
+
+
+def _named(call, function: str):
+    """`call` under the function's name, so that XLA's dumps and profiles name the program
+    `jit_<function>` (`jit_main_bwd`), not `jit__lambda`."""
+    def named(*args, **kwargs):
+        return call(*args, **kwargs)
+    named.__name__ = named.__qualname__ = function
+    return named
 
 

@@ -12,6 +12,8 @@ Units in the hand-written cases: K = 1024 bytes = one tensor<256xf32>.
 from __future__ import annotations
 
 import os
+import pathlib
+import re
 import types
 
 import jax
@@ -704,7 +706,6 @@ def test_the_measured_error_printed_is_that_of_the_stored_benchmark():
     (memory.MEASURED): the figures are those of the stored `python -m tools.benchmarks xla`
     results, so a rerun that changes them fails here until MEASURED says so too."""
     import json
-    import pathlib
     from remat_passes.cost.memory import MEASURED, model_line
     from tools.benchmarks import xla_memory
     results = pathlib.Path(__file__).resolve().parents[2] / "tools" / "benchmarks" / "results"
@@ -763,3 +764,29 @@ def test_xla_liveness_reads_the_peak_of_a_dump(tmp_path):
     assert r["peak"] == r["temp"], r                # no gap: the values fill it
     assert sum(size for size, _, _ in r["values"]) == r["peak"]
     assert all(shape.startswith("f32[64,256]") for _, _, shape in r["values"])
+
+
+def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
+    """tools.benchmarks.xla_dump: one benchmark program's split halves, compiled with XLA's
+    dump on under the names rp.compile gives them (jit_main_fwd, jit_main_bwd), each with
+    XLA's footprint, the estimate and XLA's own scratch peak read from the dump; a model or
+    policy it does not know is an error naming what it knows."""
+    import subprocess
+    import sys
+    run = [sys.executable, "-m", "tools.benchmarks.xla_dump"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    proc = subprocess.run(run + ["mlp", "nothing", str(tmp_path)], env=env, cwd=root,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for half in ("main_fwd", "main_bwd"):
+        assert list(tmp_path.glob(f"module_*.jit_{half}.*buffer-assignment.txt")), half
+        block = proc.stdout.split(f"@{half}:")[1].split("\n@")[0]
+        assert "XLA footprint" in block and "estimate, live at the peak" in block
+        temp = int(re.search(r"temp ([\d,]+),", block)[1].replace(",", ""))
+        assert f"XLA: temp allocation {temp:,} B" in block      # the dump is the run's
+    for bad, needle in ((["nope", "none"], "unknown model 'nope'"),
+                        (["mlp", "nope"], "unknown policy 'nope' for mlp; known: none")):
+        proc = subprocess.run(run + bad + [str(tmp_path / "x")], env=env, cwd=root,
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
