@@ -117,14 +117,22 @@ def remat_variants(module, variants, policy=None, **kwargs) -> list:
     return _run(module, options, variants, verify)
 
 
+def pass_state(module, out) -> PassState:
+    """What a pipeline over `out` (a copy of `module`) starts from: the module's region
+    policies, file name and dimension symbols, and XLA to compile `auto(score=xla)`'s
+    candidates with."""
+    state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
+    state.dim_symbols = dict(module.dim_symbols)
+    state.compiled_cost = compiled_cost
+    return state
+
+
 def _run(module, options: dict, variants: tuple, verify: bool) -> list:
     """The default pipeline on a copy of `module`, once per `Barriers` variant (see
     `remat_variants`)."""
     func = options["func"]
     out = module.clone()
-    state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
-    state.dim_symbols = dict(module.dim_symbols)
-    state.compiled_cost = compiled_cost
+    state = pass_state(module, out)
     steps = expand([Remat(**options)])
     cut = next((i for i, p in enumerate(steps) if isinstance(p, PlaceOptimizationBarriers)),
                len(steps))

@@ -8,7 +8,7 @@ import dataclasses
 import sys
 import time
 
-from remat_passes.api.remat import remat
+from remat_passes.api.remat import pass_state, remat
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost import flops
 from remat_passes.cost.devices import PROFILES, default_device
@@ -36,7 +36,8 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
     profile = PROFILES[device or default_device()]
     out = module.clone()
     run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func,
-                                                              mode=mode, levels=levels)])
+                                                              mode=mode, levels=levels)],
+                 pass_state(module, out))
     funcs = [graph.find_func(out.op, name).operation
              for name in ([func] if mode == "joint" else [f"{func}_fwd", f"{func}_bwd"])]
     existing = set()

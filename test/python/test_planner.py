@@ -575,3 +575,15 @@ def test_score_xla_in_a_pipeline_without_a_compiler_says_so():
     with pytest.raises(rp.RematError, match="given no compiler: run it through rp.remat"):
         run_pipeline(copy.op, expand([Remat(policy=P.auto(budget=1000, score="xla"),
                                             mode="split")]), PassState())
+
+
+def test_recompute_seconds_of_a_score_xla_policy():
+    """rp.recompute_seconds plans as rp.remat does, XLA given to score=xla's candidates
+    too: what XLA's count keeps costs no less in the planner's model than the model's own
+    choice at the same budget."""
+    _, _, m = case("mlp")
+    lo, hi = bounds(m)
+    budget = (lo + hi) // 2
+    by_xla = recompute_seconds(m, P.auto(budget=budget, score="xla"), mode="split", levels="1")
+    by_model = recompute_seconds(m, P.auto(budget=budget), mode="split", levels="1")
+    assert np.isfinite(by_xla) and by_xla >= by_model * (1 - 1e-9)
