@@ -3,11 +3,13 @@ and lagrangian (minimum cuts, igraph's max-flow, over a bisection of the multipl
 
 `solve(problem, budget, solver)` picks one; `minimum_bytes` is the least a plan can keep.
 
-What `auto` runs stops on work done, not on a clock: branch-and-bound nodes for HiGHS,
-windows for the neighbourhood search. So the same module and budget give the same plan on
-a loaded machine as on an idle one (HiGHS is deterministic for a given node limit). A clock
-(`SAFETY_SECONDS`) is there only to stop a search whose nodes are unexpectedly slow; a plan
-stopped by it is named "time limit" in its method.
+What `auto` returns does not depend on a clock: its searches stop on work done
+(branch-and-bound nodes for HiGHS, windows for the neighbourhood search), and HiGHS is
+deterministic for a given node limit, so the same module and budget give the same plan on a
+loaded machine as on an idle one. The integer program also has a clock
+(`AUTO_EXACT_SECONDS`, to keep planning fast where HiGHS's root work alone takes seconds):
+when the clock stops it first, its plan is set aside and the Lagrangian one is used. Only a
+search whose nodes are unexpectedly slow meets `SAFETY_SECONDS`.
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ import numpy as np
 
 from remat_passes.planner.model import Problem, Solution, evaluate
 
-AUTO_EXACT_NODES = 1000     # 'auto': branch-and-bound nodes the integer program may take
-AUTO_EXACT_WORK = 2_000_000 # before the Lagrangian solve is tried too: at most this many
-                            # nodes times the problem's size (about 2 s on a core)
+AUTO_EXACT_NODES = 400      # 'auto': branch-and-bound nodes the integer program may take
+AUTO_EXACT_WORK = 1_000_000 # before the Lagrangian solve is tried too, at most this many
+                            # nodes times the problem's size (about 1 s on a core)
+AUTO_EXACT_SECONDS = 2.5    # and its clock: stopped by it, its plan is not used
 WINDOW_NODES = 200          # nodes per window of the neighbourhood search
 LNS_WINDOWS = 12            # windows the neighbourhood search solves: one per 5,000 nodes
 LNS_NODES_PER_WINDOW = 5000 # of the problem, at least 2, at most LNS_WINDOWS
@@ -492,7 +495,7 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
           compare_exact: bool = False) -> tuple[Solution, Solution | None]:
     """(the solution, the exact one if it was computed). `solver`: 'auto' (on problems of
     up to 20,000 nodes the integer program for `AUTO_EXACT_NODES` branch-and-bound nodes,
-    fewer on a large problem;
+    fewer on a large problem, within `AUTO_EXACT_SECONDS`;
     if it has not proven its plan optimal by then, the Lagrangian solve too, and the
     cheaper of the two; beyond 20,000 nodes the Lagrangian solve), 'exact' (up to
     `exact_limit` seconds), 'lagrangian', or
@@ -516,8 +519,10 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
                         budget), None
     if solver == "auto" and p.n_ops + p.n_values <= 20000 and not compare_exact:
         nodes = min(AUTO_EXACT_NODES, max(50, AUTO_EXACT_WORK // (p.n_ops + p.n_values)))
-        found = solve_exact(p, budget, min(exact_limit, SAFETY_SECONDS), incumbent=True,
+        found = solve_exact(p, budget, min(exact_limit, AUTO_EXACT_SECONDS), incumbent=True,
                             nodes=nodes)
+        if found is not None and found.method == "exact (time limit)":
+            found = None        # where the clock stopped it depends on the machine's load
         if found is not None and found.method == "exact":
             return found, found
         sol = solve_lagrangian(p, budget)
