@@ -87,3 +87,28 @@ def test_barriers_dry_run_measures_both_groupings_and_renders(tmp_path):
     text = barriers.render(data)
     assert "## Where the barriers go" in text and "| mlp | `nothing` | joint |" in text
     assert "Temp bytes alone" in text       # the halves' temp, beside the footprint checks
+
+
+def test_xla_benchmark_builds_both_groupings_where_barriers_are_kept():
+    """The xla benchmark measures ours as rp.jit builds it: where XLA keeps barriers (no
+    tie, as on a GPU), per use and per region, the smaller footprint kept and named; where
+    the tie decides (CPU), per use alone. Checked on CPU with a tiny MLP."""
+    import jax.numpy as jnp
+
+    import remat_passes as rp
+    from tools.benchmarks import common, xla_memory
+    from tools.benchmarks.models import _identity, make_mlp
+    model = make_mlp(batch=8, width=32, depth=2, d_in=16, d_out=8)
+    module = rp.export_vjp(model.build(_identity), *model.args)
+    policy = rp.policies.nothing_saveable
+    peaks = {g: common.xla_peak(xla_memory._our_halves(
+        rp.remat(module, policy, mode="split", barrier_groups=g), model.args))
+        for g in ("per-use", "per-region")}
+    _, halves, tied = xla_memory._our_split(module, policy, model.args, tie=False)
+    assert not tied and {h["barriers"] for h in halves} <= set(peaks)
+    assert common.xla_peak(halves) == min(peaks.values())
+    _, halves, _ = xla_memory._our_split(module, policy, model.args, tie=True)
+    assert {h["barriers"] for h in halves} == {"per-use"}
+    ct = jnp.ones_like(model.build(_identity)(*model.args))
+    joint = xla_memory._our_joint(module, policy, model.args, ct, tie=False)
+    assert joint["barriers"] in peaks and joint["estimate"] > 0
