@@ -66,7 +66,8 @@ def point(model: Model, module, policy, ref, joint=False) -> dict:
     cost, err = run_split_form(model, split, ref, planned)
     row = {"dev": dev, "host": host, "cost": cost, "cost_lowered": planned["cost"],
            "err": err, "pass_s": pass_s,
-           "model_s": recompute_seconds(module, policy, device=DEVICE, mode="split")}
+           "model_s": recompute_seconds(module, policy, device=DEVICE, mode="split",
+                                        levels=LEVELS)}
     # with the transfers of what it offloads: what auto(offload=...) minimises
     row["total_s"] = row["model_s"] + PROFILES[DEVICE].offload_seconds(host)
     kept = [r.split(". Kept ", 1)[1] for r in split.remarks if "score=xla" in str(r)
