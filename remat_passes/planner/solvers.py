@@ -13,7 +13,11 @@ search whose nodes are unexpectedly slow meets `SAFETY_SECONDS`.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
+import os
+import sys
 import time
 
 import numpy as np
@@ -28,6 +32,43 @@ WINDOW_NODES = 200          # nodes per window of the neighbourhood search
 LNS_WINDOWS = 12            # windows the neighbourhood search solves: one per 5,000 nodes
 LNS_NODES_PER_WINDOW = 5000 # of the problem, at least 2, at most LNS_WINDOWS
 SAFETY_SECONDS = 20.0       # a search still running after this long stops anyway
+
+
+def _milp(*args, **kwargs):
+    """SciPy's `milp`, with what HiGHS prints to the process's stdout although asked for
+    no output (a `transformNewIntegerFeasibleSolution` line, seen on the Equinox model)
+    thrown away: remat-opt writes its module to stdout."""
+    from scipy.optimize import milp
+    with _c_stdout_discarded():
+        return milp(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _c_stdout_discarded():
+    """File descriptor 1 points to the null device inside; C's buffers are flushed before
+    it points back, so nothing written inside comes out after."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):   # no descriptor 1: nothing to protect
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        yield
+    finally:
+        _flush_c_streams()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
+def _flush_c_streams() -> None:
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):     # no C library to ask (not on POSIX)
+        pass
 
 
 def _mins(p: Problem, lam: float) -> np.ndarray:
@@ -181,7 +222,7 @@ def _merge_components(p: Problem, rec: np.ndarray, fewer: np.ndarray, budget: in
     which chains to recompute on top of `fewer` -- a small 0/1 knapsack (the least cost
     that brings the bytes within the budget), solved exactly with HiGHS, each chain's
     bytes measured on its own -- then check the union, and fall back to `rec`."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.optimize import Bounds, LinearConstraint
     diff = rec & ~fewer
     nodes = [int(o) for o in np.nonzero(diff)[0]]
     if not nodes:
@@ -214,7 +255,7 @@ def _merge_components(p: Problem, rec: np.ndarray, fewer: np.ndarray, budget: in
         cost.append(e[3] - base[3])
     if len(chains) > 5000 or max(freed) <= 0:
         return rec
-    res = milp(np.array(cost) + 1e-30, integrality=np.ones(len(chains)),
+    res = _milp(np.array(cost) + 1e-30, integrality=np.ones(len(chains)),
                bounds=Bounds(0, 1),
                constraints=[LinearConstraint(np.array([freed], float), need, np.inf)],
                options={"node_limit": AUTO_EXACT_NODES, "time_limit": SAFETY_SECONDS})
@@ -412,7 +453,7 @@ class _Milp:
         those ops' recompute variables to `values`. `incumbent`: at the time limit or after
         `nodes` branch-and-bound nodes, the best plan found so far rather than None (then
         not proven optimal; `stopped` says by what)."""
-        from scipy.optimize import Bounds, milp
+        from scipy.optimize import Bounds
         lower, upper = np.zeros(self.n), self.upper.copy()
         if fixed is not None:
             n_ops = self.p.n_ops
@@ -421,7 +462,7 @@ class _Milp:
         options = {"time_limit": time_limit, "mip_rel_gap": 1e-6}
         if nodes is not None:
             options["node_limit"] = nodes
-        res = milp(self.c, integrality=self.integrality, bounds=Bounds(lower, upper),
+        res = _milp(self.c, integrality=self.integrality, bounds=Bounds(lower, upper),
                    constraints=self.constraints, options=options)
         # status 1: the time limit; 4: here, the node limit (SciPy has no code of its own)
         if res.x is None or not (res.status == 0 or incumbent and res.status in (1, 4)):

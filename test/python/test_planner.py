@@ -587,3 +587,25 @@ def test_recompute_seconds_of_a_score_xla_policy():
     by_xla = recompute_seconds(m, P.auto(budget=budget, score="xla"), mode="split", levels="1")
     by_model = recompute_seconds(m, P.auto(budget=budget), mode="split", levels="1")
     assert np.isfinite(by_xla) and by_xla >= by_model * (1 - 1e-9)
+
+
+def test_what_highs_prints_to_stdout_is_thrown_away(capfd, monkeypatch):
+    """HiGHS prints some diagnostics to the process's stdout whatever its options (seen on
+    the Equinox model), and remat-opt writes its module there: the solvers call `milp` with
+    descriptor 1 on the null device, C's buffers flushed before it comes back."""
+    import ctypes
+    import os
+
+    import scipy.optimize
+    from remat_passes.planner import solvers
+
+    def noisy(*args, **kwargs):
+        ctypes.CDLL(None).printf(b"buffered C noise\n")
+        os.write(1, b"raw noise\n")
+        return "solved"
+    monkeypatch.setattr(scipy.optimize, "milp", noisy)
+    print("before", flush=True)
+    assert solvers._milp() == "solved"
+    print("after", flush=True)
+    out = capfd.readouterr().out
+    assert "noise" not in out and out.split() == ["before", "after"]
