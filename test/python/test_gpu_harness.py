@@ -112,3 +112,23 @@ def test_xla_benchmark_builds_both_groupings_where_barriers_are_kept():
     ct = jnp.ones_like(model.build(_identity)(*model.args))
     joint = xla_memory._our_joint(module, policy, model.args, ct, tie=False)
     assert joint["barriers"] in peaks and joint["estimate"] > 0
+
+
+def test_xla_benchmark_merges_a_run_in_pieces():
+    """`python -m tools.benchmarks xla --models ... --merge`: a device run one call per few
+    models replaces those models' rows and sweep, keeps the rest in its order, and the
+    commit says which models were measured at which."""
+    from tools.benchmarks import xla_memory
+
+    def run(commit, models):
+        return {"meta": {"backend": "gpu", "commit": commit},
+                "rows": [{"model": m, "short": s} for m in models for s in ("none", "dots")],
+                "sweeps": [{"model": m, "points": [commit]} for m in models]}
+    stored = run("aaa", ["mlp", "convnet", "gpt"])
+    merged = xla_memory.merge(stored, run("bbb", ["convnet"]))
+    assert [r["model"] for r in merged["rows"]] == ["mlp"] * 2 + ["convnet"] * 2 + ["gpt"] * 2
+    assert [s["points"] for s in merged["sweeps"]] == [["aaa"], ["bbb"], ["aaa"]]
+    assert merged["meta"]["commit"] == "bbb for convnet; aaa for the rest"
+    assert xla_memory.merge(None, run("bbb", ["mlp"]))["meta"]["commit"] == "bbb"
+    everything = xla_memory.merge(stored, run("ccc", ["mlp", "convnet", "gpt"]))
+    assert everything["meta"]["commit"] == "ccc" and len(everything["rows"]) == 6

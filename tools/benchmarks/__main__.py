@@ -87,6 +87,9 @@ def run_xla(argv) -> None:
     ap = argparse.ArgumentParser(prog="python -m tools.benchmarks xla")
     ap.add_argument("--models", default=",".join(MODELS),
                     help=f"comma-separated subset of {','.join(MODELS)}")
+    ap.add_argument("--merge", action="store_true",
+                    help="replace only these models' rows in the stored results (a device "
+                         "run in pieces, one call per few models)")
     args = ap.parse_args(argv)
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
     unknown = [k for k in keys if k not in MODELS]
@@ -105,7 +108,10 @@ def run_xla(argv) -> None:
     if ynn_off and backend == "cpu":
         _log("xla: what memory_analysis() misses inside YNNPACK fusions")
         data["ynn_probe"] = ynn_probe.probe()
-    _log(f"wrote {common.write_json('xla' if backend == 'cpu' else f'xla_{backend}', data)}")
+    name = "xla" if backend == "cpu" else f"xla_{backend}"
+    if args.merge:
+        data = xla_memory.merge(common.read_json(name), data)
+    _log(f"wrote {common.write_json(name, data)}")
     for text, ok in xla_memory.checks(data):
         if not ok:
             _log(f"check failed: {text}")

@@ -153,6 +153,26 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
     return {"meta": meta, "tie_to_cotangent": tie, "rows": rows, "sweeps": sweeps}
 
 
+def merge(stored: dict | None, new: dict) -> dict:
+    """`xla --merge`: the stored results with the rows and sweeps of the models `new`
+    measured replaced by its own (in the stored order, new models last); the commit says
+    which models were measured at which, where they differ."""
+    if not stored or stored["meta"].get("backend") != new["meta"]["backend"]:
+        return new
+    models = {r["model"] for r in new["rows"]} | {s["model"] for s in new["sweeps"]}
+    out = dict(stored, meta=dict(new["meta"]))
+    out["rows"] = [r for r in stored["rows"] if r["model"] not in models] + new["rows"]
+    out["sweeps"] = [s for s in stored["sweeps"] if s["model"] not in models] + new["sweeps"]
+    order = list(dict.fromkeys([r["model"] for r in stored["rows"]] +
+                               [r["model"] for r in new["rows"]]))
+    out["rows"].sort(key=lambda r: order.index(r["model"]))
+    out["sweeps"].sort(key=lambda s: order.index(s["model"]))
+    old, now = stored["meta"].get("commit"), new["meta"].get("commit")
+    if old != now and len(models) < len(order):
+        out["meta"]["commit"] = f"{now} for {', '.join(sorted(models))}; {old} for the rest"
+    return out
+
+
 def _groups_text(data, joint: bool = False) -> str:
     """Where XLA keeps barriers: which groupings the stored rows were built with."""
     if any("barriers" in (r["joint_ours"] if joint else r["ours"][0]) for r in data["rows"]):
@@ -228,7 +248,9 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
              "separately). **temp** is XLA's scratch buffer; **footprint** = temp + arguments "
              "+ outputs - aliased; **estimate error** is that of `rp.estimate_memory(split, "
              "model='xla')` of the half against XLA's footprint (in parentheses: the default "
-             "program-order model's). Regenerate with `python -m tools.benchmarks xla`."
+             "program-order model's). Regenerate with `python -m tools.benchmarks xla`"
+             + (" on the device (in pieces: `--models mlp,convnet --merge`, and so on)"
+                if meta["backend"] != "cpu" else "") + "."
              + (f" XLA flags: `{meta['xla_flags']}`." if meta.get("xla_flags") else ""),
              ""]
     probe = ynn_probe.render(data.get("ynn_probe", {}))
