@@ -79,6 +79,21 @@ def needs_tie(backend: str | None = None) -> bool:
     return (backend or jax.default_backend()) == "cpu"
 
 
+def barrier_variants(mode: str, tie_to_cotangent: bool | None = None,
+                     barrier_groups: str | None = None, prevent_cse: bool = True) -> tuple:
+    """The barrier variants rp.jit builds, compiles and runs the smallest of (module
+    docstring): both groupings for "smaller", and by default where barriers decide (a
+    backend that keeps them, no tie); in split form on CPU, by default, the recomputation
+    tied to the cotangent and not. The benchmarks build what rp.jit would from this too."""
+    tie = needs_tie() if tie_to_cotangent is None else tie_to_cotangent
+    if not prevent_cse:
+        return (Barriers("per-use"),)      # no barriers at all
+    chosen = barrier_groups or ("per-use" if tie else "smaller")
+    groupings = ("per-use", "per-region") if chosen == "smaller" else (chosen,)
+    ties = (True, False) if tie and mode == "split" and tie_to_cotangent is None else (tie,)
+    return tuple(Barriers(g, t) for t in ties for g in groupings)
+
+
 @dataclasses.dataclass
 class Lowered:
     """What `rp.jit` built for one input signature."""
@@ -272,17 +287,8 @@ class Jitted:
         return _smaller(built)
 
     def _variants(self, mode: str) -> tuple:
-        """The barrier variants to build (module docstring): both groupings for "smaller",
-        and by default where barriers decide (a backend that keeps them, no tie); in split
-        form on CPU, by default, the recomputation tied to the cotangent and not."""
-        tie = needs_tie() if self.tie_to_cotangent is None else self.tie_to_cotangent
-        if not self.prevent_cse:
-            return (Barriers("per-use"),)      # no barriers at all
-        chosen = self.barrier_groups or ("per-use" if tie else "smaller")
-        groupings = ("per-use", "per-region") if chosen == "smaller" else (chosen,)
-        ties = (True, False) if tie and mode == "split" and self.tie_to_cotangent is None \
-            else (tie,)
-        return tuple(Barriers(g, t) for t in ties for g in groupings)
+        return barrier_variants(mode, self.tie_to_cotangent, self.barrier_groups,
+                                self.prevent_cse)
 
     def _remat(self, exported, mode, name, variants) -> list:
         """The rewritten module per barrier variant, from the disk cache when it has it:

@@ -30,7 +30,6 @@ def main(argv=None) -> int:
     os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f)
 
     import remat_passes as rp
-    from remat_passes.api.jit import needs_tie
     from remat_passes.cost.memory import estimate_memory, format_bytes
     from tools.benchmarks import common, xla_liveness, xla_memory
     from tools.benchmarks.cases import cases_for
@@ -45,9 +44,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     module = rp.export_vjp(model.build(_identity), *model.args)
-    split, halves, tied = xla_memory._our_split(module, cases[short].our_policy, model.args,
-                                                needs_tie())
-    halves = xla_memory._our_halves(split, model.args)   # the chosen form dumped last
+    split, halves, tied = xla_memory.our_split(module, cases[short].our_policy, model.args)
+    halves = xla_memory.our_halves(split, model.args)   # the chosen form dumped last
     estimate = estimate_memory(split, model="xla")
     print(f"{key} {short}, split form{' tied to the cotangent' if tied else ''}, "
           f"backend {common.machine()['backend']}")

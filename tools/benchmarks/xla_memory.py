@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 import remat_passes as rp
-from remat_passes.api.jit import needs_tie
+from remat_passes.api.jit import barrier_variants, needs_tie
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.memory import estimate_memory
 from tools.benchmarks import common, ynn_probe
@@ -64,29 +64,23 @@ def _jax_joint(fun, args, ct) -> dict:
     return _joint(jax.jit(lambda *a: jax.vjp(fun, *a)[1](ct)).lower(*args).compile())
 
 
-def _our_joint(module, policy, args, ct, tie: bool) -> dict:
-    """Our joint form as rp.jit builds it on this backend: on CPU tied to the cotangent;
-    where XLA keeps barriers, per use and per region, the one with the smaller footprint
-    (`barriers` says which)."""
+def our_joint(module, policy, args, ct) -> dict:
+    """Our joint form as rp.jit builds it on this backend (`barrier_variants`: on CPU tied
+    to the cotangent; where XLA keeps barriers, per use and per region): the one with the
+    smaller footprint (`barriers` says which grouping)."""
     best = None
-    for groups in _groupings(tie):
-        joint = rp.remat(module, policy, tie_to_cotangent=tie, barrier_groups=groups)
+    for v in barrier_variants("joint"):
+        joint = rp.remat(module, policy, tie_to_cotangent=v.tie, barrier_groups=v.groups)
         m = _joint(rp.compile(joint, "main").lower(*args, ct).compile())
         if best is None or common.xla_footprint(m) < common.xla_footprint(best[1]):
-            best = (joint, m, groups)
+            best = (joint, m, v.groups)
     joint, m, m["barriers"] = best
     m["estimate"] = int(estimate_memory(joint, model="xla")["main"].peak_bytes)
     m["estimate_program_order"] = int(estimate_memory(joint)["main"].peak_bytes)
     return m
 
 
-def _groupings(tie: bool) -> tuple:
-    """The barrier groupings rp.jit builds by default (its module docstring): per use where
-    the tie decides (CPU), both where the backend keeps barriers."""
-    return ("per-use",) if tie else ("per-use", "per-region")
-
-
-def _our_halves(split, args) -> list[dict]:
+def our_halves(split, args) -> list[dict]:
     fwd_c = rp.compile(split, "main_fwd").lower(*args).compile()
     res = fwd_c(*args)
     bwd_c = rp.compile(split, "main_bwd").lower(*res[1:], jnp.ones_like(res[0])).compile()
@@ -101,21 +95,20 @@ def _our_halves(split, args) -> list[dict]:
     return halves
 
 
-def _our_split(module, policy, args, tie: bool) -> tuple:
-    """Our split form as rp.jit builds it on this backend: where it ties (CPU), tied to the
-    cotangent and not; where XLA keeps barriers, per use and per region; the one with the
-    smaller footprint of its larger half (the first of equals). Returns (split module, its
-    halves, tied); each half says its grouping (`barriers`)."""
+def our_split(module, policy, args) -> tuple:
+    """Our split form as rp.jit builds it on this backend (`barrier_variants`: on CPU tied
+    to the cotangent and not; where XLA keeps barriers, per use and per region): the one
+    with the smaller footprint of its larger half (the first of equals). Returns (split
+    module, its halves, tied); each half says its grouping (`barriers`)."""
     best = None
-    for t in ((True, False) if tie else (False,)):
-        for groups in _groupings(tie):
-            split = rp.remat(module, policy, mode="split", tie_to_cotangent=t,
-                             barrier_groups=groups)
-            halves = _our_halves(split, args)
-            for half in halves:
-                half["barriers"] = groups
-            if best is None or common.xla_peak(halves) < common.xla_peak(best[1]):
-                best = (split, halves, t)
+    for v in barrier_variants("split"):
+        split = rp.remat(module, policy, mode="split", tie_to_cotangent=v.tie,
+                         barrier_groups=v.groups)
+        halves = our_halves(split, args)
+        for half in halves:
+            half["barriers"] = v.groups
+        if best is None or common.xla_peak(halves) < common.xla_peak(best[1]):
+            best = (split, halves, v.tie)
     return best
 
 
@@ -129,12 +122,11 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
         for case in cases_for(model):
             if case.kind not in ("whole", "plain"):
                 continue
-            split, halves, tied = _our_split(module, case.our_policy, model.args, tie)
+            split, halves, tied = our_split(module, case.our_policy, model.args)
             rows.append({"model": key, "policy": case.label, "short": case.short,
                          "ours": halves, "split_tied": tied,
                          "jax": _jax_halves(jax_function(model, case), model.args),
-                         "joint_ours": _our_joint(module, case.our_policy, model.args, ct,
-                                                  tie),
+                         "joint_ours": our_joint(module, case.our_policy, model.args, ct),
                          "joint_jax": _jax_joint(jax_function(model, case), model.args, ct),
                          "activations": activation_bytes(split.residuals)})
             log(f"xla: {key} {case.short}")
@@ -142,7 +134,7 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
         points = []
         for k in range(SWEEP_POINTS):
             b = int(lo + (hi - lo) * k / (SWEEP_POINTS - 1))
-            split, halves, tied = _our_split(module, rp.policies.auto(b), model.args, tie)
+            split, halves, tied = our_split(module, rp.policies.auto(b), model.args)
             points.append({"budget": b, "halves": halves, "split_tied": tied,
                            "activations": activation_bytes(split.residuals),
                            "levels": 2 if any("recomputed in two levels" in r
