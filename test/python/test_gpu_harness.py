@@ -123,15 +123,19 @@ def test_xla_benchmark_merges_a_run_in_pieces():
     commit says which models were measured at which."""
     from tools.benchmarks import xla_memory
 
-    def run(commit, models):
-        return {"meta": {"backend": "gpu", "commit": commit},
+    def run(commit, models, device="H200"):
+        return {"meta": {"backend": "gpu", "commit": commit, "device": device},
                 "rows": [{"model": m, "short": s} for m in models for s in ("none", "dots")],
                 "sweeps": [{"model": m, "points": [commit]} for m in models]}
     stored = run("aaa", ["mlp", "convnet", "gpt"])
     merged = xla_memory.merge(stored, run("bbb", ["convnet"]))
     assert [r["model"] for r in merged["rows"]] == ["mlp"] * 2 + ["convnet"] * 2 + ["gpt"] * 2
     assert [s["points"] for s in merged["sweeps"]] == [["aaa"], ["bbb"], ["aaa"]]
-    assert merged["meta"]["commit"] == "bbb for convnet; aaa for the rest"
+    assert merged["meta"]["commit"] == "aaa for mlp, gpt; bbb for convnet"
     assert xla_memory.merge(None, run("bbb", ["mlp"]))["meta"]["commit"] == "bbb"
-    everything = xla_memory.merge(stored, run("ccc", ["mlp", "convnet", "gpt"]))
-    assert everything["meta"]["commit"] == "ccc" and len(everything["rows"]) == 6
+    # a second piece, on another device: each model keeps its own commit and device
+    twice = xla_memory.merge(merged, run("ccc", ["gpt"], device="H100"))
+    assert twice["meta"]["commit"] == "aaa for mlp; bbb for convnet; ccc for gpt"
+    assert twice["meta"]["device"] == "H200 for mlp, convnet; H100 for gpt"
+    everything = xla_memory.merge(twice, run("ddd", ["mlp", "convnet", "gpt"]))
+    assert everything["meta"]["commit"] == "ddd" and len(everything["rows"]) == 6

@@ -147,8 +147,9 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
 
 def merge(stored: dict | None, new: dict) -> dict:
     """`xla --merge`: the stored results with the rows and sweeps of the models `new`
-    measured replaced by its own (in the stored order, new models last); the commit says
-    which models were measured at which, where they differ."""
+    measured replaced by its own (in the stored order, new models last). `meta["measured"]`
+    keeps each model's commit and device; where they differ, the meta's commit and device
+    say which models were measured at which."""
     if not stored or stored["meta"].get("backend") != new["meta"]["backend"]:
         return new
     models = {r["model"] for r in new["rows"]} | {s["model"] for s in new["sweeps"]}
@@ -159,9 +160,18 @@ def merge(stored: dict | None, new: dict) -> dict:
                                [r["model"] for r in new["rows"]]))
     out["rows"].sort(key=lambda r: order.index(r["model"]))
     out["sweeps"].sort(key=lambda s: order.index(s["model"]))
-    old, now = stored["meta"].get("commit"), new["meta"].get("commit")
-    if old != now and len(models) < len(order):
-        out["meta"]["commit"] = f"{now} for {', '.join(sorted(models))}; {old} for the rest"
+    fields = ("commit", "device")
+    before = stored["meta"].get("measured") or {
+        m: {f: stored["meta"].get(f) for f in fields} for m in order}
+    measured = {m: ({f: new["meta"].get(f) for f in fields} if m in models else before[m])
+                for m in order}
+    out["meta"]["measured"] = measured
+    for f in fields:
+        groups: dict = {}
+        for m in order:
+            groups.setdefault(measured[m][f], []).append(m)
+        if len(groups) > 1:
+            out["meta"][f] = "; ".join(f"{v} for {', '.join(ms)}" for v, ms in groups.items())
     return out
 
 
