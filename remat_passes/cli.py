@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model of --print-memory: program order with no reuse (default), "
                         "or what XLA's buffer assignment does on the backend JAX uses (kept "
                         "arguments, fusion, in-place ops, copies of returned arguments)")
+    p.add_argument("--memory-backend", choices=("cpu", "gpu", "tpu"),
+                   help="the XLA backend --memory-model=xla models (default: the JAX backend "
+                        "in use), so a GPU's memory can be estimated on a machine without one")
     p.add_argument("--print-pareto", action="store_true",
                    help="print, for a sweep of memory budgets, what auto(budget=...) keeps "
                         "and recomputes (residual bytes, extra FLOPs, joint peak, solve time) "
@@ -216,8 +219,10 @@ def _process(data: bytes, steps: list, args, filename: str, remarks_to=None) -> 
     if args.print_memory:
         backend = None
         if args.memory_model == "xla":
-            import jax
-            backend = jax.default_backend()
+            backend = args.memory_backend
+            if backend is None:
+                import jax
+                backend = jax.default_backend()
             report += model_line(backend) + "\n"
         estimate = estimate_memory(module.op, dim_symbols=state.dim_symbols,
                                    model=args.memory_model, backend=backend)

@@ -42,8 +42,8 @@ Everything is O(number of ops): one pass computes last uses, one sweep
 accumulates live bytes.
 
 `model="xla"` models, on top of that, what XLA's buffer assignment does to live ranges
-(calibrated on XLA:CPU with YNNPACK fusions off, whose buffers XLA does not count,
-`python -m tools.benchmarks xla`):
+(calibrated on XLA:CPU with YNNPACK fusions off, whose buffers XLA does not count, and on
+XLA:GPU for the rules that say so, `python -m tools.benchmarks xla`):
 
 * the caller's arguments stay allocated for the whole call, unless donated
   (`jax.buffer_donor` or `tf.aliasing_output`): then until their last use;
@@ -84,6 +84,14 @@ accumulates live bytes.
   dimensions; the right: batch, contracting, free), as for `x @ W.T` or attention's
   heads, works on transposed copies of them too, live while it runs;
 * on the CPU backend there is one memory: what is placed in host memory counts.
+* on a GPU (measured on an H100 and an H200 with `tools.benchmarks.xla_dump`): a
+  `dot_general` without batch dimensions whose output is small beside its contraction is
+  computed by XLA:GPU as split-K partial products, summed afterwards: the partials
+  (`xla_buffers.split_k_partials`) are live while it runs, as buffers of their own (not
+  counted inside a loop body: there they put the scanned models' forwards 20-30% over).
+  Its matrix kernels read operands in any dimension order: no transposed copies. A value
+  copied back from host memory is on the device from the start of the program: XLA:GPU
+  starts the copy early.
 
 What it does not model is XLA's own scheduling: without the tie, XLA:CPU may move a
 recomputation earlier than where it is written and hold its results longer (the backward
@@ -102,7 +110,8 @@ from collections import defaultdict
 
 from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE, EXPENSIVE,
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
-                                            conv_copied, lay_out, transposed_dot)
+                                            conv_copied, lay_out, split_k_partials,
+                                            transposed_dot)
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir
 
@@ -117,7 +126,7 @@ MODELS = ("program-order", "xla")
 # against the stored results). On CPU that runs with YNNPACK fusions off: XLA does not
 # count the buffers YNNPACK uses inside them (tools/benchmarks/ynn_probe.py).
 MEASURED = {"cpu": (155, 162, "2 CPUs", ", YNNPACK fusions off"),
-            "gpu": (93, 162, "an H200", "")}
+            "gpu": (126, 162, "an H100 and an H200", "")}
 
 _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
 PEAK_VALUES = 5     # how many of the buffers live at the peak a report names
@@ -230,10 +239,12 @@ def _describe_value(v) -> str:
 
 class _Estimator:
     def __init__(self, module_op, dim_symbols=None, model: str = "program-order",
-                 one_memory: bool = False):
+                 backend: str | None = None):
         self.module_op = module_op
         self.xla = model == "xla"
-        self.host_kinds = frozenset() if one_memory else contract.HOST_KINDS
+        # (model="xla") XLA:CPU has one memory; XLA:GPU's matrix products differ (below)
+        self.host_kinds = frozenset() if backend == "cpu" else contract.HOST_KINDS
+        self.gpu = self.xla and backend == "gpu"
         self.dim_symbols = dim_symbols or {}
         self._funcs = None
         self._callee_peaks: dict[str, int] = {}
@@ -264,10 +275,15 @@ class _Estimator:
         self._callee_peaks[name] = peak
         return peak
 
-    def _internal_bytes(self, op) -> int:
-        """Temporaries an op needs while it runs besides its results."""
+    def _internal_bytes(self, op, top: bool = True) -> int:
+        """Temporaries an op needs while it runs besides its results (`top`: an op of the
+        function's own body, not of a loop's or a callee's)."""
         if op.name == "func.call":
             return self._callee_peak(op)
+        if self.gpu and op.name == "stablehlo.dot_general":
+            # its kernels read operands in any order. Inside a loop body the partials are
+            # not counted: measured, they put the scanned models' forwards 20-30% over
+            return split_k_partials(op) if top else 0
         if self.xla and op.name in COPIES:
             return COPIES[op.name](op)
         best = 0
@@ -357,8 +373,9 @@ class _Estimator:
         start: dict = {}  # buffer -> the op that makes it (-1: at entry)
         # model="xla", a function's own sweep: its peak is XLA's layout of its buffers
         # (xla_buffers.lay_out), from `buffers` (value -> its Buffer; values written in
-        # place share one) and `scratch` (op index -> (bytes it needs while it runs,
-        # transposed copies?)); `returned`: the values it returns
+        # place share one) and `scratch` (op index -> (bytes it needs while it runs, what
+        # they are: None for a region's or a call's temporaries)); `returned`: the values
+        # it returns
         laid_out = self.xla and count_args and has_term and ops[-1].name == "func.return"
         buffers: dict = {}
         scratch: dict = {}
@@ -402,17 +419,19 @@ class _Estimator:
                     free_at[last.get(r, i)] += b
                     if b:
                         buffers[r] = Buffer(i, last.get(r, i), b, r)
+                        if self.gpu and contract.placement(op) == "device":
+                            buffers[r].start = 0   # prefetched: XLA:GPU copies it in early
                 if self.xla:
                     produced -= self._reused(op, buffers_read[i], root, last, size, free_at, i,
                                              buffers, returned)
             during = live + produced
             if len(op.regions) or op.name == "func.call" or (self.xla and op.name in COPIES):
-                inside = self._internal_bytes(op)
+                inside = self._internal_bytes(op, top=count_args)
                 during += inside
                 if laid_out and inside:
                     if op.name == "stablehlo.convolution":
                         inside -= self._argument_copies(op, root, i, buffers)
-                    scratch[i] = (inside, op.name in COPIES)
+                    scratch[i] = (inside, _scratch_kind(op, self.gpu))
             if during > peak:
                 peak, peak_index, peak_op = during, i, op
             live += produced - free_at.pop(i, 0)
@@ -429,7 +448,7 @@ class _Estimator:
             if peak_op is not None and peak_index < n - 1 and (
                     len(peak_op.regions) or peak_op.name == "func.call"
                     or (self.xla and peak_op.name in COPIES)):
-                inside = self._internal_bytes(peak_op)
+                inside = self._internal_bytes(peak_op, top=count_args)
                 if inside:
                     at_peak.append((inside, "temporaries inside the op at the peak"))
             at_peak = sorted(at_peak, key=lambda t: -t[0])[:PEAK_VALUES]
@@ -547,6 +566,16 @@ class _Estimator:
                                                            else []))
 
 
+def _scratch_kind(op, gpu: bool) -> str | None:
+    """What an op's own scratch is (model="xla"): buffers of their own, which XLA may place
+    in an output allocation, or None for the temporaries of a region or a callee."""
+    if op.name == "stablehlo.dot_general" and gpu:
+        return "split-K partial products"
+    if op.name in COPIES:
+        return "transposed copies of the op's operands"
+    return None
+
+
 def _has_body(func_op) -> bool:
     return len(func_op.regions[0].blocks) > 0
 
@@ -595,14 +624,11 @@ def estimate_memory(module, function=None, dim_symbols=None,
     with module_op.context:
         dim_symbols = getattr(module, "dim_symbols", None) if dim_symbols is None \
             else dim_symbols
-        one_memory = False
-        if model == "xla":
-            if backend is None:
-                import jax
-                backend = jax.default_backend()
-            one_memory = backend == "cpu"
+        if model == "xla" and backend is None:
+            import jax
+            backend = jax.default_backend()
         est = _Estimator(module_op, argument_dims(module_op) if dim_symbols is None
-                         else dim_symbols, model, one_memory)
+                         else dim_symbols, model, backend if model == "xla" else None)
         names = _select(est, function)
         funcs = est.functions()
         return MemoryEstimate({n: est.function(funcs[n]) for n in names})

@@ -104,6 +104,39 @@ def transposed_dot(op) -> bool:
 # ops that work on transposed copies of operands out of their kernels' order
 COPIES = {"stablehlo.convolution": conv_copies, "stablehlo.dot_general": dot_copies}
 
+# XLA:GPU's split-K matrix products (measured on an H100 and an H200, jax 0.11.2: the
+# `gemm_fusion_dot` partial products in `python -m tools.benchmarks.xla_dump`): a product
+# whose output is small beside its contraction is computed as SPLIT_K partial products
+# over slices of the contraction, summed afterwards. The partials are scratch memory.
+SPLIT_K_MAX_OUTPUT = 65536    # output elements at most
+SPLIT_K_MIN_CONTRACTION = 128
+SPLIT_K_SLICE = 64            # contraction elements per slice: K // 64 partials ...
+SPLIT_K_RANGE = (4, 16)       # ... but at least 4 and at most 16
+
+
+def split_k_partials(op) -> int:
+    """model="xla" on a GPU: the bytes of the partial products XLA:GPU's split-K matrix
+    kernels write for a `dot_general` without batch dimensions whose output has at most
+    SPLIT_K_MAX_OUTPUT elements and whose contraction has at least SPLIT_K_MIN_CONTRACTION
+    (in f32 or wider), live while it runs. The number of partials is what XLA's autotuner
+    chose on the measured products (K // 64, within 4..16: exact for 7 of 10 shapes, half
+    of it for the other 3); the autotuner measures, so this is an approximation."""
+    if dot_dims(op, "lhs_batching_dimensions"):
+        return 0
+    out = ir.RankedTensorType(op.results[0].type)
+    lhs = ir.RankedTensorType(op.operands[0].type).shape
+    k = 1
+    for d in dot_dims(op, "lhs_contracting_dimensions"):
+        k *= lhs[d]
+    elements = 1
+    for d in out.shape:
+        elements *= d
+    if elements > SPLIT_K_MAX_OUTPUT or k < SPLIT_K_MIN_CONTRACTION or elements <= 0:
+        return 0
+    lo, hi = SPLIT_K_RANGE
+    return max(lo, min(hi, k // SPLIT_K_SLICE)) * elements * max(
+        4, graph.type_bytes(out) // elements)
+
 
 @dataclasses.dataclass(eq=False)
 class Buffer:
@@ -147,8 +180,7 @@ def lay_out(ops, root, buffers, scratch, n, describe) -> tuple:
         seen.add(r)
     unique = list({id(b): b for b in buffers.values()}.values())
     temps = [b for b in unique if not b.output and not isinstance(b.value, ir.BlockArgument)]
-    temps += [Buffer(i, i, b, "transposed copies of the op's operands")
-              for i, (b, is_copy) in scratch.items() if is_copy]
+    temps += [Buffer(i, i, b, kind) for i, (b, kind) in scratch.items() if kind]
     allocations = sorted(outputs, key=lambda b: -b.bytes)
     held = defaultdict(lambda: ([], []))   # allocation -> (starts, ends) placed, in order
     for t in sorted(temps, key=lambda b: (-b.bytes, b.start)):
@@ -168,8 +200,8 @@ def lay_out(ops, root, buffers, scratch, n, describe) -> tuple:
                 break
     heap = [b for b in unique if not b.output and isinstance(b.value, ir.BlockArgument)]
     heap += [t for t in temps if not t.placed]
-    heap += [Buffer(i, i, b, "temporaries inside the op") for i, (b, is_copy)
-             in scratch.items() if not is_copy]   # a loop's, a call's: a heap of its own
+    heap += [Buffer(i, i, b, "temporaries inside the op") for i, (b, kind)
+             in scratch.items() if not kind]   # a loop's, a call's: a heap of its own
     base = sum(o.bytes for o in outputs) + sum(b for b, _ in copies)
     during = [0] * (n + 2)    # (index + 1): bytes live while op index runs, -1: entry
     ending = [0] * (n + 1)    # bytes of heap buffers whose last op is index

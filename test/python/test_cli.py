@@ -421,7 +421,9 @@ def test_short_runs_do_not_import_jax(files, tmp_path):
             [files["vjp"], "--remat-partial-eval=policy=nothing_saveable mode=split",
              "--print-memory", "-o", tmp_path / "out.mlir"],
             [files["vjp"], "--print-saved-residuals", "--emit-bytecode",
-             "-o", tmp_path / "out.mlirbc"]]
+             "-o", tmp_path / "out.mlirbc"],
+            [files["vjp"], "--print-memory", "--memory-model=xla", "--memory-backend=gpu",
+             "-o", tmp_path / "out2.mlir"]]
     script = ("import sys\n"
               "from remat_passes import cli\n"
               f"for argv in {[[str(a) for a in r] for r in runs]!r}:\n"
@@ -434,6 +436,19 @@ def test_short_runs_do_not_import_jax(files, tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "imported: []", proc.stdout[-2000:]
+
+
+def test_memory_backend_chooses_the_backend_the_xla_model_models(files, tmp_path, capsys):
+    """--memory-backend=gpu estimates a GPU's memory wherever remat-opt runs: the report's
+    first line names that backend and the model's measured error there."""
+    from remat_passes.cost.memory import model_line
+    reports = {}
+    for backend in ("gpu", "cpu"):
+        assert cli.main([str(files["vjp"]), "--print-memory", "--memory-model=xla",
+                         f"--memory-backend={backend}", "-o", str(tmp_path / "o.mlir")]) == 0
+        reports[backend] = capsys.readouterr().out
+        assert reports[backend].splitlines()[0] == model_line(backend)
+    assert "gpu backend" in reports["gpu"] and reports["gpu"] != reports["cpu"]
 
 
 # ------------------------------------------------------- talking like a tool --

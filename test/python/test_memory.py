@@ -790,3 +790,75 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
         proc = subprocess.run(run + bad + [str(tmp_path / "x")], env=env, cwd=root,
                               capture_output=True, text=True)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+def test_xla_model_counts_split_k_partials_on_a_gpu():
+    """XLA:GPU computes a product with a small output and a long contraction as partial
+    products over slices of the contraction (split-K), summed afterwards: the partials are
+    scratch while it runs (K // 64 of them, 4 to 16). Not for a batched product, a large
+    output, a short contraction, nor (measured: the scanned models) inside a loop body."""
+    def dot(m, k, n=512):
+        return f"""
+    func.func @main(%x: tensor<{m}x{k}xf32>, %w: tensor<{k}x{n}xf32>) -> tensor<{m}x{n}xf32> {{
+      %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<{m}x{k}xf32>, tensor<{k}x{n}xf32>) -> tensor<{m}x{n}xf32>
+      return %0 : tensor<{m}x{n}xf32>
+    }}"""
+
+    def partials(text):
+        return xla_est(text, "gpu").peak_bytes - xla_est(text, "tpu").peak_bytes
+    # 512 // 64 partial products of the f32 output; a contraction of 128 gives the
+    # minimum of 4, one of 4096 the maximum of 16
+    for k, n in ((512, 8), (128, 4), (4096, 16)):
+        assert partials(dot(128, k)) == n * 128 * 512 * 4, k
+    assert any(what == "split-K partial products"
+               for _, what in xla_est(dot(128, 512), "gpu").peak_values)
+    assert partials(dot(512, 512)) == 0      # 262,144 outputs
+    assert partials(dot(128, 64)) == 0       # a short contraction
+    batched = """
+    func.func @main(%x: tensor<4x32x512xf32>, %w: tensor<4x512x32xf32>) -> tensor<4x32x32xf32> {
+      %0 = stablehlo.dot_general %x, %w, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x32x512xf32>, tensor<4x512x32xf32>) -> tensor<4x32x32xf32>
+      return %0 : tensor<4x32x32xf32>
+    }"""
+    assert partials(batched) == 0
+    looped = """
+    func.func @main(%x: tensor<128x512xf32>, %w: tensor<512x512xf32>) -> tensor<128x512xf32> {
+      %c0 = stablehlo.constant dense<0> : tensor<i32>
+      %c1 = stablehlo.constant dense<1> : tensor<i32>
+      %c4 = stablehlo.constant dense<4> : tensor<i32>
+      %r:2 = stablehlo.while(%i = %c0, %h = %x) : tensor<i32>, tensor<128x512xf32>
+        cond {
+          %p = stablehlo.compare LT, %i, %c4 : (tensor<i32>, tensor<i32>) -> tensor<i1>
+          stablehlo.return %p : tensor<i1>
+        } do {
+          %n = stablehlo.add %i, %c1 : tensor<i32>
+          %d = stablehlo.dot_general %h, %w, contracting_dims = [1] x [0] : (tensor<128x512xf32>, tensor<512x512xf32>) -> tensor<128x512xf32>
+          stablehlo.return %n, %d : tensor<i32>, tensor<128x512xf32>
+        }
+      return %r#1 : tensor<128x512xf32>
+    }"""
+    assert partials(looped) == 0
+
+
+def test_xla_model_copies_host_values_in_early_on_a_gpu():
+    """XLA:GPU starts the copy of a value from host memory back to the device early (at the
+    start of the program, measured on the offload policies' backward halves): its device
+    buffer is live from there, not from where the annotation is."""
+    text = """
+    func.func @main(%x: tensor<256xf32>, %h: tensor<1024xf32> {mhlo.memory_kind = "pinned_host"}) -> tensor<256xf32> {
+      %z = stablehlo.constant dense<0.0> : tensor<f32>
+      %b = stablehlo.broadcast_in_dim %x, dims = [1] : (tensor<256xf32>) -> tensor<8x256xf32>
+      %c = stablehlo.tanh %b : tensor<8x256xf32>
+      %s1 = stablehlo.reduce(%c init: %z) applies stablehlo.add across dimensions = [0] : (tensor<8x256xf32>, tensor<f32>) -> tensor<256xf32>
+      %s2 = stablehlo.reduce(%c init: %z) applies stablehlo.maximum across dimensions = [0] : (tensor<8x256xf32>, tensor<f32>) -> tensor<256xf32>
+      %d = stablehlo.custom_call @annotate_device_placement(%h) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "device"}} : (tensor<1024xf32>) -> tensor<1024xf32>
+      %q = stablehlo.reshape %d : (tensor<1024xf32>) -> tensor<4x256xf32>
+      %m = stablehlo.reduce(%q init: %z) applies stablehlo.maximum across dimensions = [0] : (tensor<4x256xf32>, tensor<f32>) -> tensor<256xf32>
+      %s = stablehlo.add %s1, %s2 : tensor<256xf32>
+      %r = stablehlo.add %s, %m : tensor<256xf32>
+      return %r : tensor<256xf32>
+    }"""
+    # x (1K, kept) and the result (1K) throughout; the tanh's 8K (stored: an expensive op
+    # read twice) with the first sum (1K; the second goes into the result's buffer): 11K.
+    # On a GPU the 4K copied in is there beside them: 15K
+    assert xla_est(text, "tpu").peak_bytes == 11 * K
+    assert xla_est(text, "gpu").peak_bytes == 15 * K

@@ -175,6 +175,40 @@ def merge(stored: dict | None, new: dict) -> dict:
     return out
 
 
+def reestimate(data: dict, log=print) -> dict:
+    """`xla --re-estimate`: the stored results with the `xla` estimate of every row (split
+    halves and joint) made again by this checkout, for the backend they were measured on;
+    XLA's figures are kept. The estimate is static: rebuilt from the same export with the
+    grouping and tie each row records, it is what a run on that device would compute now,
+    so a change to the memory model is checked against a device's measurements without the
+    device. The export must be the measured one: the jax version has to match."""
+    import jax
+    meta = data["meta"]
+    if meta.get("jax") != jax.__version__:
+        raise SystemExit(f"error: the results were measured with jax {meta.get('jax')}, this "
+                         f"is jax {jax.__version__}: the exported programs may differ; "
+                         f"re-estimate with jax {meta.get('jax')}")
+    backend = meta["backend"]
+    for key in dict.fromkeys(r["model"] for r in data["rows"]):
+        model = MODELS[key]()
+        module = rp.export_vjp(model.build(_identity), *model.args)
+        cases = {c.short: c for c in cases_for(model)}
+        for r in (r for r in data["rows"] if r["model"] == key):
+            policy = cases[r["short"]].our_policy
+            split = rp.remat(module, policy, mode="split", tie_to_cotangent=r["split_tied"],
+                             barrier_groups=r["ours"][0].get("barriers", "per-use"))
+            est = estimate_memory(split, model="xla", backend=backend)
+            for half, name in zip(r["ours"], ("main_fwd", "main_bwd")):
+                half["estimate"] = int(est[name].peak_bytes)
+            joint = rp.remat(module, policy, tie_to_cotangent=needs_tie(backend),
+                             barrier_groups=r["joint_ours"].get("barriers", "per-use"))
+            r["joint_ours"]["estimate"] = int(
+                estimate_memory(joint, model="xla", backend=backend)["main"].peak_bytes)
+        log(f"xla: {key} re-estimated")
+    data["meta"]["estimates_commit"] = common.git_commit()
+    return data
+
+
 def _groups_text(data, joint: bool = False) -> str:
     """Where XLA keeps barriers: which groupings the stored rows were built with."""
     if any("barriers" in (r["joint_ours"] if joint else r["ours"][0]) for r in data["rows"]):
@@ -253,7 +287,10 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
              "program-order model's). Regenerate with `python -m tools.benchmarks xla`"
              + (" on the device (in pieces: `--models mlp,convnet --merge`, and so on)"
                 if meta["backend"] != "cpu" else "") + "."
-             + (f" XLA flags: `{meta['xla_flags']}`." if meta.get("xla_flags") else ""),
+             + (f" XLA flags: `{meta['xla_flags']}`." if meta.get("xla_flags") else "")
+             + (f" The estimates were made again at {meta['estimates_commit']} from the same "
+                "exports (`--re-estimate`: the estimate is static, XLA's figures are the "
+                "measured ones)." if meta.get("estimates_commit") else ""),
              ""]
     probe = ynn_probe.render(data.get("ynn_probe", {}))
     if probe:
