@@ -9,7 +9,10 @@ Arguments and results are the function's own pytrees in both forms:
 * `mode="joint"`: one executable, the rewritten program;
 * `mode="split"`: two executables, `<f>_fwd` then `<f>_bwd`; the residuals pass from one
   to the other (donated to the second), and the function's outputs, computed by either
-  half, are put back in their places;
+  half, are put back in their places. On a GPU the f32 residuals the backward only reads
+  back are rounded to their own type, as jax.checkpoint rounds them (rp.remat's
+  `round_read_back`: exact, the values do not change; XLA:GPU needs less scratch for the
+  forward then);
 * `mode="auto"` (the default): joint, on every backend. On CPU the recomputation is tied
   to the cotangent by data (`tie_to_cotangent`, on by default there): XLA:CPU deletes
   optimization barriers before it schedules, and without the tie it would merge the clones
@@ -77,6 +80,13 @@ def needs_tie(backend: str | None = None) -> bool:
     """Does `backend` need the recomputation tied to the cotangent by data? XLA:CPU
     deletes optimization barriers before it schedules (place-optimization-barriers)."""
     return (backend or jax.default_backend()) == "cpu"
+
+
+def rounds_read_back(mode: str, backend: str | None = None) -> bool:
+    """Does rp.jit round the f32 residuals the backward only reads back (rp.remat's
+    `round_read_back`)? In split form on a GPU: XLA:GPU then needs less scratch for the
+    forward, as for jax.checkpoint's (insert-reduce-precision); the values do not change."""
+    return mode == "split" and (backend or jax.default_backend()) == "gpu"
 
 
 def barrier_variants(mode: str, tie_to_cotangent: bool | None = None,
@@ -298,6 +308,8 @@ class Jitted:
         options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse,
                        tie_to_cotangent=needs_tie() if tie is None else tie,
                        levels=self.levels)
+        if rounds_read_back(mode):
+            options["round_read_back"] = True
         if self.scan_segments:
             options["scan_segments"] = self.scan_segments
         if self.scan_segments_offload:

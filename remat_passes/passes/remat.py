@@ -4,7 +4,7 @@
 
     inline
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
-    insert-reduce-precision{func region-regex}
+    insert-reduce-precision{func region-regex round-read-back}
     segment-scans{segments func offload}             (scan-segments=k; loops rp.scan marked;
                                                       under auto, the segments it needs)
     place-optimization-barriers{func in-loops tie-to-cotangent groups}
@@ -50,6 +50,10 @@ class Remat(PartialEvalOptions, PipelinePass):
         "per-use", "per-use: one barrier per recomputation, at its consumer; per-region: one "
         "per checkpoint region, as jax.checkpoint (place-optimization-barriers groups=)",
         parse_groups)
+    round_read_back: bool = option(
+        False, "also round the residuals the backward only reads back where that is exact "
+        "(f32, f64), as jax.checkpoint does (insert-reduce-precision round-read-back=; for "
+        "XLA:GPU's split form)", parse_bool)
     scan_segments: int | str = option(
         0, "keep each scan's carry every k iterations (a count, or sqrt: the length that keeps "
         "the fewest bytes) and recompute a segment at a time in the backward (segment-scans; "
@@ -60,7 +64,8 @@ class Remat(PartialEvalOptions, PipelinePass):
 
     def expand(self) -> list:
         steps = [Inline(), RematPartialEval(**self.partial_eval_options()),
-                 InsertReducePrecision(func=self.func, region_regex=self.region_regex)]
+                 InsertReducePrecision(func=self.func, region_regex=self.region_regex,
+                                       round_read_back=self.round_read_back)]
         # (with scan-segments=0: the loops rp.scan marked, and under auto the segments its
         # budget needs; a module without loops costs it nothing)
         steps.append(SegmentScans(segments=self.scan_segments, func=self.func,

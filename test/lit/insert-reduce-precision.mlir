@@ -1,6 +1,8 @@
 // RUN: remat-opt %s --insert-reduce-precision --split-input-file | filecheck %s
 // The last case alone, with func=step (the other cases have no @step):
 // RUN: sed -n '/^module @func_option/,/^}/p' %s | remat-opt --insert-reduce-precision=func=step | filecheck %s --check-prefix=STEP
+// The round-read-back case alone, with the option (and without it, in the first RUN):
+// RUN: sed -n '/^module @round_read_back/,/^}/p' %s | remat-opt --insert-reduce-precision=round-read-back=true | filecheck %s --check-prefix=READBACK
 // The scan loop pair, through remat-partial-eval first (its input is the raw export):
 // RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=save_only_these_names(h)' --insert-reduce-precision | filecheck %s --check-prefix=SCAN
 
@@ -552,5 +554,44 @@ module @scan_pair {
       stablehlo.return %bws, %b0, %b1, %b2, %b3, %j1, %gx, %ngws : tensor<3x4x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>, tensor<3x4x4xf32>
     }
     return %fw#2, %bw#6, %bw#7 : tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x4x4xf32>
+  }
+}
+
+// -----
+
+// round-read-back=true also rounds the residuals the backward only reads back where
+// rounding is exact, as jax.checkpoint does: the f32 %a, which the forward also uses.
+// Not the bf16 %b (rounding would change what the forward computes from it), nor the f32
+// %c, which only leaves through the return. Without the option none is rounded.
+// READBACK-LABEL: module @round_read_back
+// READBACK: %[[A:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf32>
+// READBACK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[A]], format = e8m23 : tensor<4xf32>
+// READBACK-NEXT: %[[T:.*]] = stablehlo.tanh %[[R]]
+// READBACK-NEXT: %[[B:.*]] = stablehlo.multiply %arg1, %arg1 : tensor<4xbf16>
+// READBACK-NEXT: %[[N:.*]] = stablehlo.negate %[[B]]
+// READBACK-NEXT: %[[C:.*]] = stablehlo.sine %arg0
+// READBACK-NEXT: return %[[T]], %[[N]], %[[R]], %[[B]], %[[C]]
+// READBACK: func.func @main_bwd
+// READBACK-NOT: reduce_precision
+// CHECK-LABEL: module @round_read_back
+// CHECK-NOT: reduce_precision
+// CHECK: return
+module @round_read_back {
+  func.func @main_fwd(%x: tensor<4xf32>, %y: tensor<4xbf16>) -> (tensor<4xf32>, tensor<4xbf16>,
+                                              tensor<4xf32> {remat.residual = "f32[4] output of mul"},
+                                              tensor<4xbf16> {remat.residual = "bf16[4] output of mul"},
+                                              tensor<4xf32> {remat.residual = "f32[4] output of sin"}) {
+    %a = stablehlo.multiply %x, %x : tensor<4xf32>
+    %t = stablehlo.tanh %a : tensor<4xf32>
+    %b = stablehlo.multiply %y, %y : tensor<4xbf16>
+    %n = stablehlo.negate %b : tensor<4xbf16>
+    %c = stablehlo.sine %x : tensor<4xf32>
+    return %t, %n, %a, %b, %c : tensor<4xf32>, tensor<4xbf16>, tensor<4xf32>, tensor<4xbf16>, tensor<4xf32>
+  }
+  func.func @main_bwd(%a: tensor<4xf32>, %b: tensor<4xbf16>, %c: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}, %ct2: tensor<4xbf16> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xbf16>) {
+    %g = stablehlo.multiply %ct, %a : tensor<4xf32>
+    %g2 = stablehlo.multiply %g, %c : tensor<4xf32>
+    %h = stablehlo.multiply %ct2, %b : tensor<4xbf16>
+    return %g2, %h : tensor<4xf32>, tensor<4xbf16>
   }
 }

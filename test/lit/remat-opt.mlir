@@ -157,6 +157,7 @@
 // LIST-NEXT: insert-reduce-precision {{.*}}reduce_precision
 // LIST-NEXT: func
 // LIST-NEXT: region-regex {{.*}}checkpoint regions
+// LIST-NEXT: round-read-back {{.*}}jax.checkpoint{{.*}}(default: False)
 // LIST-NEXT: place-optimization-barriers {{.*}}optimization_barrier
 // LIST-NEXT: func
 // LIST-NEXT: in-loops {{.*}}(default: False)
@@ -168,6 +169,7 @@
 // LIST-NEXT: prevent-cse-in-loops {{.*}}(default: False)
 // LIST-NEXT: tie-to-cotangent {{.*}}(default: False)
 // LIST-NEXT: barrier-groups {{.*}}(default: per-use)
+// LIST-NEXT: round-read-back {{.*}}(default: False)
 // LIST-NEXT: scan-segments {{.*}}(default: 0)
 // LIST-NEXT: scan-segments-offload {{.*}}pinned_host{{.*}}
 // LIST-NEXT: remat-partial-eval {{.*}}checkpoint policy

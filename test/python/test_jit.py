@@ -257,6 +257,24 @@ def test_barrier_groups_smaller_runs_the_one_xla_says_is_smaller(monkeypatch, re
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the tie is for XLA:CPU")
+def test_split_rounds_read_back_residuals_where_the_backend_is_a_gpu(monkeypatch, reference):
+    """In split form on a GPU rp.jit rounds the f32 residuals the backward only reads back,
+    as jax.checkpoint does (rp.remat's round_read_back: exact, and XLA:GPU needs less scratch
+    for that forward). Not on CPU, and not in joint form. Here the GPU answer is faked: the
+    module rounds, and it trains as jax.jit does."""
+    assert rp_jit.rounds_read_back("split", "gpu")
+    assert not rp_jit.rounds_read_back("split", "cpu")
+    assert not rp_jit.rounds_read_back("joint", "gpu")
+    params = init(jax.random.key(0))
+    sample = (params, OPT.init(params), next(batches(1)))
+    here = rp.jit(step, policy="everything_saveable", mode="split").lower(*sample)
+    assert "stablehlo.reduce_precision" not in here.module.text()
+    monkeypatch.setattr(rp_jit, "rounds_read_back", lambda mode, backend=None: mode == "split")
+    jitted = rp.jit(step, policy="everything_saveable", mode="split", cache_dir=False)
+    assert "stablehlo.reduce_precision" in jitted.lower(*sample).module.text()
+    assert_trained_alike(train(jitted), reference, atol=1e-5)
+
+
 def test_split_on_cpu_builds_tied_and_untied_and_runs_the_smaller(monkeypatch, reference):
     """In split form on CPU the tie can cost scratch as well as save it (XLA:CPU schedules
     a separate backward by itself: measured on the benchmark conv net, dots_saveable, 1.31x

@@ -276,6 +276,46 @@ def test_split_form_rounds_where_a_recomputation_or_a_region_reads(policy, where
     assert_trees_close(got[1:], leaves(jax.grad(f, argnums=(0, 1))(W, x)))
 
 
+@pytest.mark.parametrize("policy", ["everything_saveable", "dots_saveable", "nothing_saveable"])
+def test_round_read_back_rounds_what_jax_checkpoint_rounds_in_f32(policy):
+    """round_read_back (rp.jit sets it for the split form on a GPU): the f32 residuals the
+    backward only reads back are rounded too, so the forward rounds what JAX's split
+    forward of jax.checkpoint(f, policy) rounds, as many; the values do not change, so
+    outputs and gradients equal those without it bit for bit."""
+    def f(W, x):
+        return jnp.sum(jnp.sin(jnp.tanh(x @ W) @ W))
+    W = jnp.linspace(-1.0, 1.0, 64, dtype=jnp.float32).reshape(8, 8)
+    x = jnp.ones((4, 8), jnp.float32)
+    g = jax.checkpoint(f, policy=getattr(JP, policy))
+
+    def jax_fwd(W, x):
+        out, vjp_fn = jax.vjp(g, W, x)
+        return out, jax.tree_util.tree_leaves(vjp_fn)
+    theirs = jax.jit(jax_fwd).lower(W, x).as_text().count("stablehlo.reduce_precision")
+    module = rp.export_vjp(f, W, x)
+    plain, rounded = (rp.remat(module, policy, mode="split", round_read_back=r)
+                      for r in (False, True))
+    counts = [sum(op.name == "stablehlo.reduce_precision" for op in func_ops(m.op, "main_fwd")[1])
+              for m in (plain, rounded)]
+    assert counts[1] == theirs, (counts, theirs)
+    if policy == "everything_saveable":
+        assert counts == [0, theirs] and theirs > 0
+    got = [run_split(m, (W, x), jnp.float32(1.0), 1)[0] for m in (plain, rounded)]
+    for a, b in zip(leaves(got[0]), leaves(got[1])):
+        assert np.array_equal(_bits(a), _bits(b))
+
+
+def test_round_read_back_leaves_bf16_as_it_is():
+    """Rounding a bf16 value is not exact (XLA may keep it in f32 inside a fusion):
+    round_read_back rounds no bf16 residual the backward only reads back, so the program
+    without remat stays bit for bit."""
+    args = _bf16_block_args()
+    m = rp.export_vjp(_bf16_block, *args)
+    plain, rounded = (rp.remat(m, "everything_saveable", mode="split", round_read_back=r)
+                      for r in (False, True))
+    assert "reduce_precision" not in str(rounded) and str(plain) == str(rounded)
+
+
 @pytest.mark.parametrize("policy", list(BF16_POLICIES), ids=list(BF16_POLICIES))
 def test_bf16_remat_gradients_equal_no_remat_bit_for_bit(bf16_model, policy):
     """With every residual rounded, the backward reads the same values whether
