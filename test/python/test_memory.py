@@ -769,8 +769,9 @@ def test_xla_liveness_reads_the_peak_of_a_dump(tmp_path):
 def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
     """tools.benchmarks.xla_dump: one benchmark program's split halves, compiled with XLA's
     dump on under the names rp.compile gives them (jit_main_fwd, jit_main_bwd), each with
-    XLA's footprint, the estimate and XLA's own scratch peak read from the dump; a model or
-    policy it does not know is an error naming what it knows."""
+    XLA's footprint, the estimate and XLA's own scratch peak read from the dump, then the same
+    of JAX's split of jax.checkpoint (jit_fwd, jit_bwd); a model or policy it does not know
+    is an error naming what it knows."""
     import subprocess
     import sys
     run = [sys.executable, "-m", "tools.benchmarks.xla_dump"]
@@ -785,6 +786,11 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
         assert "XLA footprint" in block and "estimate, live at the peak" in block
         temp = int(re.search(r"temp ([\d,]+),", block)[1].replace(",", ""))
         assert f"XLA: temp allocation {temp:,} B" in block      # the dump is the run's
+    for half in ("fwd", "bwd"):       # JAX's split of jax.checkpoint, beside ours
+        assert list(tmp_path.glob(f"module_*.jit_{half}.*buffer-assignment.txt")), half
+        block = proc.stdout.split(f"JAX's {half}:")[1].split("\nJAX's")[0]
+        temp = int(re.search(r"temp ([\d,]+),", block)[1].replace(",", ""))
+        assert f"XLA: temp allocation {temp:,} B" in block
     for bad, needle in ((["nope", "none"], "unknown model 'nope'"),
                         (["mlp", "nope"], "unknown policy 'nope' for mlp; known: none")):
         proc = subprocess.run(run + bad + [str(tmp_path / "x")], env=env, cwd=root,

@@ -27,7 +27,7 @@ from tools.benchmarks import common
 from tools.benchmarks.cases import cases_for, jax_function
 from tools.benchmarks.gpu import _gradient_step
 from tools.benchmarks.models import MODELS, _identity, make_mlp
-from tools.benchmarks.xla_memory import _jax_halves
+from tools.benchmarks.xla_memory import jax_halves
 
 GROUPINGS = ("per-use", "per-region")
 SLACK = 1.02
@@ -68,7 +68,7 @@ def measure(models=tuple(MODELS), path: Path | None = None, time_limit: float | 
                     for groups in GROUPINGS:
                         row[groups] = _ours(loss, case.our_policy, form, groups, model.args)
                     fun = jax_function(model, case)
-                    row["jax"] = _jax_halves(fun, model.args) if form == "split" else [
+                    row["jax"] = jax_halves(fun, model.args) if form == "split" else [
                         common.xla_memory(jax.jit(jax.value_and_grad(fun)).lower(
                             *model.args).compile())]
                 except Exception as e:       # a failure is a row too

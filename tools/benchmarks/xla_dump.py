@@ -6,9 +6,11 @@ MODEL is a key of the benchmark models, POLICY a short policy label (none, nothi
 ...). Our split form is built as `python -m tools.benchmarks xla` builds it on this backend
 and compiled with XLA's dump on (`--xla_dump_to=DIR`). For each half it prints XLA's
 footprint (`memory_analysis()`), XLA's scratch peak and the values filling it
-(`xla_liveness`), and beside them the estimate's peak and its "live at the peak" line. On a
-GPU this is what the estimate is calibrated from: the dump directory holds the scheduled HLO
-and buffer assignment to read further.
+(`xla_liveness`), and beside them the estimate's peak and its "live at the peak" line. Then
+the same of JAX's split of `jax.checkpoint(model, policy)` (`jit_fwd`, `jit_bwd` in the
+dump), to read where ours needs more scratch than JAX's. On a GPU this is what the
+estimate is calibrated from: the dump directory holds the scheduled HLO and buffer
+assignment to read further.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def main(argv=None) -> int:
     import remat_passes as rp
     from remat_passes.cost.memory import estimate_memory, format_bytes
     from tools.benchmarks import common, xla_liveness, xla_memory
-    from tools.benchmarks.cases import cases_for
+    from tools.benchmarks.cases import cases_for, jax_function
     from tools.benchmarks.models import MODELS, _identity
     if key not in MODELS:
         print(f"error: unknown model {key!r}; known: {', '.join(MODELS)}", file=sys.stderr)
@@ -57,17 +59,28 @@ def main(argv=None) -> int:
               f"{f.peak_bytes:,} B ({(f.peak_bytes - fp) / fp:+.1%})")
         print("  estimate, live at the peak: " + "; ".join(
             f"{format_bytes(b)} {what}" for b, what in f.peak_values))
-        # the dump's newest module of this half
-        try:
-            r = xla_liveness.liveness(directory, f"jit_{name}.")
-        except SystemExit as e:
-            print(f"  XLA: {e}")
-            continue
-        print(f"  XLA: temp allocation {r['temp']:,} B; its values peak at {r['peak']:,} B "
-              f"at {r['at']} (instruction {r['index']} of {r['of']})")
-        for size, value, shape in r["values"]:
-            print(f"    {size:>12,} B  {value}  {shape}")
+        _print_liveness(xla_liveness, directory, f"jit_{name}.")
+    # JAX's split of jax.checkpoint(model, policy), compiled with the dump on too
+    jax_halves = xla_memory.jax_halves(jax_function(model, cases[short]), model.args)
+    for name, measured in zip(("fwd", "bwd"), jax_halves):
+        print(f"\nJAX's {name}: XLA footprint {common.xla_footprint(measured):,} B (temp "
+              f"{measured['temp']:,}, arguments {measured['args']:,}, outputs "
+              f"{measured['out']:,})")
+        _print_liveness(xla_liveness, directory, f"jit_{name}.")
     return 0
+
+
+def _print_liveness(xla_liveness, directory, name) -> None:
+    """XLA's scratch peak of the dump's newest module called `name` and its values."""
+    try:
+        r = xla_liveness.liveness(directory, name)
+    except SystemExit as e:
+        print(f"  XLA: {e}")
+        return
+    print(f"  XLA: temp allocation {r['temp']:,} B; its values peak at {r['peak']:,} B "
+          f"at {r['at']} (instruction {r['index']} of {r['of']})")
+    for size, value, shape in r["values"]:
+        print(f"    {size:>12,} B  {value}  {shape}")
 
 
 if __name__ == "__main__":

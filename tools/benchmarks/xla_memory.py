@@ -40,7 +40,7 @@ TEMP_SLACK = 1.02          # ours <= JAX's + 2%
 ESTIMATE_TOLERANCE = 0.15  # |estimate - XLA| / XLA
 
 
-def _jax_halves(fun, args) -> list[dict]:
+def jax_halves(fun, args) -> list[dict]:
     store = {}
 
     def fwd(*a):
@@ -127,7 +127,7 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
             split, halves, tied = our_split(module, case.our_policy, model.args)
             rows.append({"model": key, "policy": case.label, "short": case.short,
                          "ours": halves, "split_tied": tied,
-                         "jax": _jax_halves(jax_function(model, case), model.args),
+                         "jax": jax_halves(jax_function(model, case), model.args),
                          "joint_ours": our_joint(module, case.our_policy, model.args, ct),
                          "joint_jax": _jax_joint(jax_function(model, case), model.args, ct),
                          "activations": activation_bytes(split.residuals)})
