@@ -26,7 +26,8 @@ reordering would see it:
 * only device memory counts: a value moved to host memory (the result of
   `@annotate_device_placement` to `pinned_host`/`unpinned_host`, an argument
   with `mhlo.memory_kind` = a host kind) has 0 bytes; the copy back to
-  `device` is a new buffer;
+  `device` is a new buffer; a value the function returns only in result slots in host
+  memory (a scan's stacked residuals, offloaded in split form) is made there: 0 bytes;
 * ops with regions (`reduce`, `while`, `sort`, `if`, ...): their results are
   counted when produced; the temporaries of their bodies are approximated by
   the largest internal peak among their regions (values defined inside the
@@ -113,7 +114,7 @@ from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE
                                             conv_copied, lay_out, split_k_partials,
                                             transposed_dot)
 from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import RematError, ir
+from remat_passes.ir.mlir import RematError, ir, op_id
 
 __all__ = ["FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory",
            "format_bytes"]
@@ -126,7 +127,7 @@ MODELS = ("program-order", "xla")
 # against the stored results). On CPU that runs with YNNPACK fusions off: XLA does not
 # count the buffers YNNPACK uses inside them (tools/benchmarks/ynn_probe.py).
 MEASURED = {"cpu": (155, 162, "2 CPUs", ", YNNPACK fusions off"),
-            "gpu": (126, 162, "an H100 and an H200", "")}
+            "gpu": (127, 162, "an H100 and an H200", "")}
 
 _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
 PEAK_VALUES = 5     # how many of the buffers live at the peak a report names
@@ -333,8 +334,10 @@ class _Estimator:
             or (not self.host_kinds and contract.placement(op) is not None)))
 
     def sweep(self, block, count_args: bool, host_args=frozenset(),
-              kept_args=frozenset()) -> _Sweep:
-        """`kept_args` (model="xla"): arguments the caller keeps for the whole call."""
+              kept_args=frozenset(), host_results=frozenset()) -> _Sweep:
+        """`kept_args` (model="xla"): arguments the caller keeps for the whole call;
+        `host_results`: result slots in host memory (a value returned only there, as a scan's
+        stacked residuals offloaded, is made in host memory)."""
         ops = [op.operation for op in block.operations]
         n = len(ops)
         has_term = n > 0 and ops[-1].name in _TERMINATORS
@@ -381,6 +384,12 @@ class _Estimator:
         scratch: dict = {}
         live = 0
         returned = {root.get(v, v) for v in ops[-1].operands} if laid_out else set()
+        in_host = set()
+        if has_term and host_results:
+            ret = ops[-1]
+            in_host = {v for k, v in enumerate(ret.operands) if k in host_results and all(
+                op_id(u.owner) == op_id(ret) and u.operand_number in host_results
+                for u in v.uses)}
         if count_args:
             for a in block.arguments:
                 b = size[a] = 0 if a.arg_number in host_args else graph.type_bytes(a.type)
@@ -411,8 +420,8 @@ class _Estimator:
                 pass     # computed inside its reader / a literal of the executable
             elif not self._aliases(op) and contract.placement(op) not in self.host_kinds:
                 for r in op.results:
-                    if r in root:      # (model="xla") a loop carry passed through unchanged
-                        continue
+                    if r in root or r in in_host:   # (model="xla") a loop carry passed
+                        continue                    # through unchanged; made in host memory
                     b = size[r] = graph.type_bytes(r.type)
                     start[r] = i
                     produced += b
@@ -438,7 +447,7 @@ class _Estimator:
             timeline.append(live)
         if laid_out:
             peak, peak_index, timeline, at_peak = lay_out(ops, root, buffers, scratch, n,
-                                                          _describe_value)
+                                                          _describe_value, host_results)
             return _Sweep(peak, peak_index, ops[peak_index] if peak_index >= 0 else None,
                           timeline, len(timeline), at_peak[:PEAK_VALUES])
         at_peak = []
@@ -524,7 +533,11 @@ class _Estimator:
             entries = contract.all_entries(func_op, "arg_attrs")
             kept = frozenset(i for i, e in enumerate(entries)
                              if not any(k in e for k in _DONATED))
-        s = self.sweep(block, count_args=True, host_args=host_args, kept_args=kept)
+        host_results = frozenset(i for i in range(len(ftype.results))
+                                 if contract.memory_kind(func_op, "res_attrs", i)
+                                 in self.host_kinds)
+        s = self.sweep(block, count_args=True, host_args=host_args, kept_args=kept,
+                       host_results=host_results)
         arg_bytes = sum(graph.type_bytes(t) for t in ftype.inputs)
         res_bytes = sum(graph.type_bytes(t) for t in ftype.results)
         residual = None

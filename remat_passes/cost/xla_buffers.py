@@ -150,7 +150,7 @@ class Buffer:
     placed: bool = False     # a temporary placed inside an output allocation
 
 
-def lay_out(ops, root, buffers, scratch, n, describe) -> tuple:
+def lay_out(ops, root, buffers, scratch, n, describe, host_results=frozenset()) -> tuple:
     """A function's peak as XLA's buffer assignment lays its buffers out: (peak, index of
     the op there (-1: entry), bytes after each op, [(bytes, what)] at the peak).
 
@@ -159,9 +159,12 @@ def lay_out(ops, root, buffers, scratch, n, describe) -> tuple:
     large when it dies before the result held there is made (and does not overlap the
     temporaries already there), largest temporaries first, as XLA tries its existing
     allocations before the heap; the others share the heap, which peaks where the most
-    of them are live. The arguments are held as the sweep found (kept or donated)."""
+    of them are live. The arguments are held as the sweep found (kept or donated). A result
+    slot in host memory (`host_results`) takes no device memory."""
     outputs, copies, seen = [], [], set()
-    for v in ops[-1].operands:
+    for k, v in enumerate(ops[-1].operands):
+        if k in host_results:
+            continue
         r = root.get(v, v)
         buf = buffers.get(r)
         if r in seen or isinstance(r, ir.BlockArgument) or buf is None:

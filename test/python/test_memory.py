@@ -868,3 +868,21 @@ def test_xla_model_copies_host_values_in_early_on_a_gpu():
     # On a GPU the 4K copied in is there beside them: 15K
     assert xla_est(text, "tpu").peak_bytes == 11 * K
     assert xla_est(text, "gpu").peak_bytes == 15 * K
+
+
+def test_xla_model_makes_values_returned_to_host_memory_there():
+    """A value the function returns only in a result slot in host memory (a scan's stacked
+    residuals, offloaded in split form) is made there: no device bytes, except on CPU (one
+    memory). Returned to a device slot as well, it is on the device."""
+    text = """
+    func.func @main(%x: tensor<1024xf32>) -> (tensor<1024xf32>, tensor<1024xf32> {mhlo.memory_kind = "pinned_host"}) {
+      %a = stablehlo.sine %x : tensor<1024xf32>
+      %b = stablehlo.cosine %x : tensor<1024xf32>
+      return %a, %b : tensor<1024xf32>, tensor<1024xf32>
+    }"""
+    assert xla_est(text, "gpu").peak_bytes == 8 * K       # x and a
+    assert xla_est(text, "cpu").peak_bytes == 12 * K      # and b
+    both = text.replace("return %a, %b", "return %a, %a").replace(
+        "%b = stablehlo.cosine %x : tensor<1024xf32>", "")
+    assert xla_est(both, "gpu").peak_bytes == 8 * K       # a on the device, its copy not
+    assert xla_est(both, "cpu").peak_bytes == 12 * K      # (on CPU the copy is memory too)
