@@ -85,7 +85,8 @@ XLA:GPU for the rules that say so, `python -m tools.benchmarks xla`):
   dimensions; the right: batch, contracting, free), as for `x @ W.T` or attention's
   heads, works on transposed copies of them too, live while it runs;
 * on the CPU backend there is one memory: what is placed in host memory counts.
-* on a GPU (measured on an H100 and an H200 with `tools.benchmarks.xla_dump`): a
+* on a GPU (read from XLA:GPU's dumps on an H100, `tools.benchmarks.xla_dump`, and checked
+  against the xla benchmark's footprints on an H100 and an H200): a
   `dot_general` without batch dimensions whose output is small beside its contraction is
   computed by XLA:GPU as split-K partial products, summed afterwards: the partials
   (`xla_buffers.split_k_partials`) are live while it runs, as buffers of their own (not

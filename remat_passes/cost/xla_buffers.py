@@ -104,7 +104,7 @@ def transposed_dot(op) -> bool:
 # ops that work on transposed copies of operands out of their kernels' order
 COPIES = {"stablehlo.convolution": conv_copies, "stablehlo.dot_general": dot_copies}
 
-# XLA:GPU's split-K matrix products (measured on an H100 and an H200, jax 0.11.2: the
+# XLA:GPU's split-K matrix products (read from XLA:GPU's dumps on an H100, jax 0.11.2: the
 # `gemm_fusion_dot` partial products in `python -m tools.benchmarks.xla_dump`): a product
 # whose output is small beside its contraction is computed as SPLIT_K partial products
 # over slices of the contraction, summed afterwards. The partials are scratch memory.

@@ -36,17 +36,7 @@ def run_models(argv) -> None:
     ap.add_argument("--models", default=",".join(MODELS),
                     help=f"comma-separated subset of {','.join(MODELS)}")
     ap.add_argument("--repeat", type=int, default=3, help="timings: best of N (default 3)")
-    ap.add_argument("--re-estimate", metavar="BACKEND", choices=("cpu", "gpu"),
-                    help="make the estimate of the stored results of BACKEND again with this "
-                         "checkout (static: no device needed; same jax as measured)")
     args = ap.parse_args(argv)
-    if args.re_estimate:
-        name = "xla" if args.re_estimate == "cpu" else f"xla_{args.re_estimate}"
-        stored = common.read_json(name)
-        if stored is None:
-            ap.error(f"no stored results {name}.json to re-estimate")
-        _log(f"wrote {common.write_json(name, xla_memory.reestimate(stored, _log))}")
-        return
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
