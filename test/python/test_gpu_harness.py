@@ -139,3 +139,34 @@ def test_xla_benchmark_merges_a_run_in_pieces():
     assert twice["meta"]["device"] == "H200 for mlp, convnet; H100 for gpt"
     everything = xla_memory.merge(twice, run("ddd", ["mlp", "convnet", "gpt"]))
     assert everything["meta"]["commit"] == "ddd" and len(everything["rows"]) == 6
+
+
+def test_re_estimate_makes_the_stored_estimates_again():
+    """`xla --re-estimate BACKEND`: the estimates of stored results made again from the same
+    exports, XLA's figures kept. On the stored CPU results (the MLP's rows) it gives exactly
+    the stored estimates: the stored page is what the code computes. Results measured with
+    another jax (whose exports may differ) are refused."""
+    import copy
+
+    import jax
+    import pytest
+
+    from tools.benchmarks import common, xla_memory
+    stored = common.read_json("xla")
+    if stored["meta"]["jax"] != jax.__version__:
+        pytest.skip(f"the CPU results were measured with jax {stored['meta']['jax']}")
+    mlp = dict(stored, rows=[r for r in stored["rows"] if r["model"] == "mlp"])
+    before = copy.deepcopy(mlp["rows"])
+    for r in mlp["rows"]:         # make them stale: re-estimating must set them again
+        for half in r["ours"]:
+            half["estimate"] = -1
+        r["joint_ours"]["estimate"] = -1
+    again = xla_memory.reestimate(copy.deepcopy(mlp), log=lambda *_: None)
+    assert len(again["rows"]) == len(before) > 0
+    for a, b in zip(again["rows"], before):
+        assert [h["estimate"] for h in a["ours"]] == [h["estimate"] for h in b["ours"]]
+        assert a["joint_ours"]["estimate"] == b["joint_ours"]["estimate"]
+        assert a["ours"][0]["temp"] == b["ours"][0]["temp"]          # XLA's figures kept
+    other = dict(mlp, meta=dict(mlp["meta"], jax="0.0.1"))
+    with pytest.raises(SystemExit, match="measured with jax 0.0.1"):
+        xla_memory.reestimate(other, log=lambda *_: None)
