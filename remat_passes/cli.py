@@ -277,6 +277,9 @@ def run(argv: list[str]) -> int:
         raise RematError("error: use either --emit-bytecode or --emit-exported, not both")
     if binary and args.split_input_file:
         raise RematError(f"error: {binary} cannot be combined with --split-input-file")
+    if args.memory_backend and not (args.print_memory and args.memory_model == "xla"):
+        raise RematError("error: --memory-backend chooses what --print-memory "
+                         "--memory-model=xla models; give those too")
     filename = "<stdin>" if args.input == "-" else args.input
     data = _read_input(args.input)
     outputs, reports, errors = [], [], []

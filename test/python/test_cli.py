@@ -449,6 +449,12 @@ def test_memory_backend_chooses_the_backend_the_xla_model_models(files, tmp_path
         reports[backend] = capsys.readouterr().out
         assert reports[backend].splitlines()[0] == model_line(backend)
     assert "gpu backend" in reports["gpu"] and reports["gpu"] != reports["cpu"]
+    # alone it would choose nothing: an error that says what it needs, no output file
+    out = tmp_path / "none.mlir"
+    assert cli.main([str(files["vjp"]), "--print-memory", "--memory-backend=gpu",
+                     "-o", str(out)]) == 1
+    assert "--memory-backend chooses what --print-memory --memory-model=xla models" in \
+        capsys.readouterr().err and not out.exists()
 
 
 # ------------------------------------------------------- talking like a tool --
