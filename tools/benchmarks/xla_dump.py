@@ -1,21 +1,24 @@
 """One program of the xla benchmark, dumped: where the `xla` estimate and XLA part.
 
-    python -m tools.benchmarks.xla_dump MODEL POLICY DIR      (e.g. mlp none /tmp/dump)
+    python -m tools.benchmarks.xla_dump MODEL POLICY DIR      (e.g. mlp none /tmp/dump,
+                                                              gpt auto=0 /tmp/dump)
 
 MODEL is a key of the benchmark models, POLICY a short policy label (none, nothing, dots,
-...). Our split form is built as `python -m tools.benchmarks xla` builds it on this backend
+...) or `auto=BYTES` (an `auto` plan at that budget, as a point of the benchmark's sweep). Our split form is built as `python -m tools.benchmarks xla` builds it on this backend
 and compiled with XLA's dump on (`--xla_dump_to=DIR`). For each half it prints XLA's
 footprint (`memory_analysis()`), XLA's scratch peak and the values filling it
 (`xla_liveness`), and beside them the estimate's peak and its "live at the peak" line. Then
 the same of JAX's split of `jax.checkpoint(model, policy)` (`jit_fwd`, `jit_bwd` in the
-dump), to read where ours needs more scratch than JAX's. On a GPU this is what the
+dump; not for an `auto` plan), to read where ours needs more scratch than JAX's. On a GPU this is what the
 estimate is calibrated from: the dump directory holds the scheduled HLO and buffer
 assignment to read further.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
 
 def main(argv=None) -> int:
@@ -41,13 +44,29 @@ def main(argv=None) -> int:
         return 2
     model = MODELS[key]()
     cases = {c.short: c for c in cases_for(model) if c.kind in ("whole", "plain")}
-    if short not in cases:
-        print(f"error: unknown policy {short!r} for {key}; known: {', '.join(cases)}",
+    budget = short[len("auto="):] if short.startswith("auto=") else None
+    if budget is not None and not budget.isdigit():
+        print(f"error: auto=BYTES takes a whole number of bytes, got {budget!r}",
               file=sys.stderr)
         return 2
+    if budget is None and short not in cases:
+        print(f"error: unknown policy {short!r} for {key}; known: {', '.join(cases)}, "
+              "auto=BYTES", file=sys.stderr)
+        return 2
+    policy = rp.policies.auto(int(budget)) if budget is not None else cases[short].our_policy
     module = rp.export_vjp(model.build(_identity), *model.args)
-    split, halves, tied = xla_memory.our_split(module, cases[short].our_policy, model.args)
-    halves = xla_memory.our_halves(split, model.args)   # the chosen form dumped last
+    # Each variant's compile writes its own files; JAX compiles a module it has compiled
+    # before only once, so a variant may write none for a half (the same as an earlier
+    # one's). The chosen variant's files go to DIR/ours, JAX's to DIR/jax.
+    dump, seen, made = Path(directory), set(), []
+
+    def fresh() -> set:
+        new = (set(dump.glob("module_*")) if dump.exists() else set()) - seen
+        seen.update(new)
+        return new
+    split, halves, tied = xla_memory.our_split(module, policy, model.args,
+                                               each=lambda s: made.append((s, fresh())))
+    ours = _gather(dump / "ours", made, split, ("jit_main_fwd.", "jit_main_bwd."))
     estimate = estimate_memory(split, model="xla")
     print(f"{key} {short}, split form{' tied to the cotangent' if tied else ''}, "
           f"backend {common.machine()['backend']}")
@@ -59,19 +78,39 @@ def main(argv=None) -> int:
               f"{f.peak_bytes:,} B ({(f.peak_bytes - fp) / fp:+.1%})")
         print("  estimate, live at the peak: " + "; ".join(
             f"{format_bytes(b)} {what}" for b, what in f.peak_values))
-        _print_liveness(xla_liveness, directory, f"jit_{name}.")
+        _print_liveness(xla_liveness, ours, f"jit_{name}.")
+    if budget is not None:
+        return 0      # (a plan of ours: JAX has no such policy to set beside it)
     # JAX's split of jax.checkpoint(model, policy), compiled with the dump on too
     jax_halves = xla_memory.jax_halves(jax_function(model, cases[short]), model.args)
+    theirs = _gather(dump / "jax", [(None, fresh())], None, ("jit_fwd.", "jit_bwd."))
     for name, measured in zip(("fwd", "bwd"), jax_halves):
         print(f"\nJAX's {name}: XLA footprint {common.xla_footprint(measured):,} B (temp "
               f"{measured['temp']:,}, arguments {measured['args']:,}, outputs "
               f"{measured['out']:,})")
-        _print_liveness(xla_liveness, directory, f"jit_{name}.")
+        _print_liveness(xla_liveness, theirs, f"jit_{name}.")
     return 0
 
 
+def _gather(target: Path, made: list, chosen, names) -> Path:
+    """Copy into `target` the dump files of the variant `chosen` (of `made`: [(module,
+    its new files)]) for each program name of `names`, or, where its compile wrote none
+    (JAX had compiled that module already), the latest earlier variant's."""
+    target.mkdir(parents=True, exist_ok=True)
+    upto = next(i for i, (m, _) in enumerate(made) if m is chosen)
+    for name in names:
+        for _, files in reversed(made[:upto + 1]):
+            mine = [f for f in files if name in f.name]
+            if mine:
+                for f in mine:
+                    shutil.copy2(f, target / f.name)
+                break
+    return target
+
+
 def _print_liveness(xla_liveness, directory, name) -> None:
-    """XLA's scratch peak of the dump's newest module called `name` and its values."""
+    """XLA's scratch peak of the module called `name` dumped in `directory` and its
+    values."""
     try:
         r = xla_liveness.liveness(directory, name)
     except SystemExit as e:

@@ -28,13 +28,15 @@ _INSTR = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (.*)$", re.M)
 
 
 def _one(directory: Path, name: str | None, suffix: str) -> Path:
-    files = sorted(directory.glob(f"module_*{suffix}"))
+    files = list(directory.glob(f"module_*{suffix}"))
     if name:
         files = [f for f in files if name in f.name]
     if not files:
         raise SystemExit(f"error: no '*{suffix}' file{f' with {name!r}' if name else ''} "
                          f"in {directory}")
-    return files[-1]
+    # the newest written (the module numbers are ids, not an order; as text they sort
+    # module_264071 before module_84100)
+    return max(files, key=lambda f: (f.stat().st_mtime_ns, f.name))
 
 
 def liveness(directory: str, name: str | None = None, top: int = 12) -> dict:

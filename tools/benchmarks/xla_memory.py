@@ -95,16 +95,19 @@ def our_halves(split, args) -> list[dict]:
     return halves
 
 
-def our_split(module, policy, args) -> tuple:
+def our_split(module, policy, args, each=None) -> tuple:
     """Our split form as rp.jit builds it on this backend (`barrier_variants`: on CPU tied
     to the cotangent and not; where XLA keeps barriers, per use and per region): the one
     with the smaller footprint of its larger half (the first of equals). Returns (split
-    module, its halves, tied); each half says its grouping (`barriers`)."""
+    module, its halves, tied); each half says its grouping (`barriers`). `each(split)` is
+    called after each variant is compiled (xla_dump: which dump files it wrote)."""
     best = None
     for v in barrier_variants("split"):
         split = rp.remat(module, policy, mode="split", tie_to_cotangent=v.tie,
                          barrier_groups=v.groups, round_read_back=rounds_read_back("split"))
         halves = our_halves(split, args)
+        if each is not None:
+            each(split)
         for half in halves:
             half["barriers"] = v.groups
             if rounds_read_back("split"):
