@@ -139,6 +139,14 @@ def test_xla_benchmark_merges_a_run_in_pieces():
     assert twice["meta"]["device"] == "H200 for mlp, convnet; H100 for gpt"
     everything = xla_memory.merge(twice, run("ddd", ["mlp", "convnet", "gpt"]))
     assert everything["meta"]["commit"] == "ddd" and len(everything["rows"]) == 6
+    assert "estimates_commit" not in everything["meta"]      # none made again
+    # estimates made again (--re-estimate) stay said of the models a later piece keeps
+    again = dict(everything, meta=dict(
+        everything["meta"], estimates_commit="eee",
+        measured={m: dict(v, estimates_commit="eee")
+                  for m, v in everything["meta"]["measured"].items()}))
+    later = xla_memory.merge(again, run("fff", ["gpt"]))
+    assert later["meta"]["estimates_commit"] == "eee for mlp, convnet; fff for gpt"
 
 
 def test_re_estimate_makes_the_stored_estimates_again():
@@ -157,15 +165,17 @@ def test_re_estimate_makes_the_stored_estimates_again():
         pytest.skip(f"the CPU results were measured with jax {stored['meta']['jax']}")
     mlp = dict(stored, rows=[r for r in stored["rows"] if r["model"] == "mlp"])
     before = copy.deepcopy(mlp["rows"])
+    fields = ("estimate", "estimate_program_order")
     for r in mlp["rows"]:         # make them stale: re-estimating must set them again
-        for half in r["ours"]:
-            half["estimate"] = -1
-        r["joint_ours"]["estimate"] = -1
+        for part in r["ours"] + [r["joint_ours"]]:
+            for f in fields:
+                part[f] = -1
     again = xla_memory.reestimate(copy.deepcopy(mlp), log=lambda *_: None)
     assert len(again["rows"]) == len(before) > 0
     for a, b in zip(again["rows"], before):
-        assert [h["estimate"] for h in a["ours"]] == [h["estimate"] for h in b["ours"]]
-        assert a["joint_ours"]["estimate"] == b["joint_ours"]["estimate"]
+        for f in fields:
+            assert [h[f] for h in a["ours"] + [a["joint_ours"]]] == \
+                [h[f] for h in b["ours"] + [b["joint_ours"]]], (a["short"], f)
         assert a["ours"][0]["temp"] == b["ours"][0]["temp"]          # XLA's figures kept
     other = dict(mlp, meta=dict(mlp["meta"], jax="0.0.1"))
     with pytest.raises(SystemExit, match="measured with jax 0.0.1"):

@@ -165,19 +165,27 @@ def merge(stored: dict | None, new: dict) -> dict:
                                [r["model"] for r in new["rows"]]))
     out["rows"].sort(key=lambda r: order.index(r["model"]))
     out["sweeps"].sort(key=lambda s: order.index(s["model"]))
-    fields = ("commit", "device")
-    before = stored["meta"].get("measured") or {
-        m: {f: stored["meta"].get(f) for f in fields} for m in order}
-    measured = {m: ({f: new["meta"].get(f) for f in fields} if m in models else before[m])
-                for m in order}
+    before = stored["meta"].get("measured") or {m: _measured(stored["meta"]) for m in order}
+    measured = {m: _measured(new["meta"]) if m in models else before[m] for m in order}
     out["meta"]["measured"] = measured
-    for f in fields:
+    for f in ("commit", "device", "estimates_commit"):
         groups: dict = {}
         for m in order:
-            groups.setdefault(measured[m][f], []).append(m)
+            groups.setdefault(measured[m].get(f), []).append(m)
         if len(groups) > 1:
             out["meta"][f] = "; ".join(f"{v} for {', '.join(ms)}" for v, ms in groups.items())
+    if all(measured[m].get("estimates_commit") == measured[m].get("commit") for m in order):
+        out["meta"].pop("estimates_commit", None)      # (none made again)
+    elif len({measured[m].get("estimates_commit") for m in order}) == 1:
+        out["meta"]["estimates_commit"] = measured[order[0]]["estimates_commit"]
     return out
+
+
+def _measured(meta: dict) -> dict:
+    """What `merge` keeps per model: the commit and device it was measured at, and the
+    commit its estimates were made at (`--re-estimate`; else the measuring one)."""
+    return {"commit": meta.get("commit"), "device": meta.get("device"),
+            "estimates_commit": meta.get("estimates_commit", meta.get("commit"))}
 
 
 def reestimate(data: dict, log=print) -> dict:
@@ -204,14 +212,21 @@ def reestimate(data: dict, log=print) -> dict:
                              barrier_groups=r["ours"][0].get("barriers", "per-use"),
                              round_read_back=r["ours"][0].get("round_read_back", False))
             est = estimate_memory(split, model="xla", backend=backend)
+            order = estimate_memory(split)
             for half, name in zip(r["ours"], ("main_fwd", "main_bwd")):
                 half["estimate"] = int(est[name].peak_bytes)
+                half["estimate_program_order"] = int(order[name].peak_bytes)
             joint = rp.remat(module, policy, tie_to_cotangent=needs_tie(backend),
                              barrier_groups=r["joint_ours"].get("barriers", "per-use"))
             r["joint_ours"]["estimate"] = int(
                 estimate_memory(joint, model="xla", backend=backend)["main"].peak_bytes)
+            r["joint_ours"]["estimate_program_order"] = int(
+                estimate_memory(joint)["main"].peak_bytes)
         log(f"xla: {key} re-estimated")
-    data["meta"]["estimates_commit"] = common.git_commit()
+    commit = common.git_commit()
+    data["meta"]["estimates_commit"] = commit
+    for m in data["meta"].get("measured", {}).values():
+        m["estimates_commit"] = commit
     return data
 
 
