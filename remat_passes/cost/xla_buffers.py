@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from collections import defaultdict
 
 from remat_passes.cost.flops import conv_dims, dot_dims
@@ -125,13 +126,11 @@ def split_k_partials(op) -> int:
         return 0
     out = ir.RankedTensorType(op.results[0].type)
     lhs = ir.RankedTensorType(op.operands[0].type).shape
-    k = 1
-    for d in dot_dims(op, "lhs_contracting_dimensions"):
-        k *= lhs[d]
-    elements = 1
-    for d in out.shape:
-        elements *= d
-    if elements > SPLIT_K_MAX_OUTPUT or k < SPLIT_K_MIN_CONTRACTION or elements <= 0:
+    if any(d < 0 for d in list(out.shape) + list(lhs)):
+        return 0                     # symbolic dimensions: no bytes (as everywhere here)
+    k = math.prod(lhs[d] for d in dot_dims(op, "lhs_contracting_dimensions"))
+    elements = math.prod(out.shape)
+    if not 0 < elements <= SPLIT_K_MAX_OUTPUT or k < SPLIT_K_MIN_CONTRACTION:
         return 0
     lo, hi = SPLIT_K_RANGE
     return max(lo, min(hi, k // SPLIT_K_SLICE)) * elements * max(
