@@ -37,7 +37,11 @@ each measured.
 regions the passes apply (a layer JAX would rematerialize at export becomes one `policy`
 or a budget can reach into; see `rp.export`).
 
-`donate_argnums` donates as `jax.jit` does (the donated inputs are deleted after the call).
+Arguments are taken as `jax.jit` takes them: positional and keyword ones are dynamic (traced)
+unless `static_argnums` / `static_argnames` make them static (hashable Python values, part of
+the signature; a parameter static by position is static when passed by keyword, and the other
+way round); `donate_argnums` / `donate_argnames` donate as `jax.jit` does (the donated inputs
+are deleted after the call). A parameter left out takes its default as a Python value.
 `jitted.lower(*args)` gives what was built for those arguments: the rewritten Module, the
 residuals, the remarks, the executables (for XLA's `memory_analysis()`).
 
@@ -162,29 +166,62 @@ def _leaf_key(x) -> tuple:
     return (a.shape, a.dtype, False, None)
 
 
-def _hashable(value, position: int):
+def _hashable(value, position: int | str):
     try:
         hash(value)
     except TypeError:
-        raise TypeError(f"rp.jit: static argument {position} must be hashable, got "
+        raise TypeError(f"rp.jit: static argument {position!r} must be hashable, got "
                         f"{type(value).__name__}") from None
     return value
 
 
-def _keep_parameter_names(wrapper, fun, statics: dict) -> None:
-    """Give `wrapper` (which takes the dynamic arguments) `fun`'s parameter names, so that
-    residuals are described by them ("from the argument params['w1']")."""
+def _signature(fun):
     try:
-        sig = inspect.signature(fun)
+        return inspect.signature(fun)
     except (TypeError, ValueError):
+        return None
+
+
+def _as_names(value, what: str) -> tuple:
+    names = (value,) if isinstance(value, str) else tuple(value)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"rp.jit: {what} takes parameter names (str), got {bad[0]!r}")
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """How one call's arguments were taken apart: the static ones (by position and by
+    keyword, with their values) and the names of the keyword arguments that are dynamic
+    (passed, in this order, after the positional dynamic ones)."""
+    static: tuple = ()           # (position, value) of the static positional arguments
+    static_kw: tuple = ()        # (name, value) of the static keyword arguments, sorted
+    kw_names: tuple = ()         # the dynamic keyword arguments' names, sorted
+
+
+def _keep_parameter_names(wrapper, fun, call: _Call, n_dynamic: int) -> None:
+    """Give `wrapper` (which takes the dynamic arguments, positional ones first, then the
+    keyword ones) `fun`'s parameter names, so that residuals are described by them ("from
+    the argument params['w1']")."""
+    sig = _signature(fun)
+    if sig is None:
         return
     params = list(sig.parameters.values())
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if any(p.kind not in positional for p in params):
+    statics = {i for i, _ in call.static}
+    n_pos = n_dynamic - len(call.kw_names) + len(statics)
+    if n_pos > len(params) or any(p.kind not in positional for p in params[:n_pos]):
+        return       # (more positional arguments than named parameters: *args)
+    kept = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                      default=inspect.Parameter.empty)
+            for i, p in enumerate(params[:n_pos]) if i not in statics]
+    kept += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+             for n in call.kw_names]
+    try:
+        wrapper.__signature__ = sig.replace(parameters=kept)
+    except ValueError:      # (a name twice: leave the wrapper's own)
         return
-    kept = [p.replace(default=inspect.Parameter.empty)
-            for i, p in enumerate(params) if i not in statics]
-    wrapper.__signature__ = sig.replace(parameters=kept)
 
 
 def _result_info(func_op) -> list:
@@ -202,7 +239,9 @@ class Jitted:
                  static_argnums: int | Sequence[int] = (), prevent_cse: bool = True,
                  tie_to_cotangent: bool | None = None, jax_checkpoint: str = "jax",
                  scan_segments: int | str = 0, scan_segments_offload: str | None = None,
-                 barrier_groups: str | None = None, levels: str = "auto", cache_dir=None):
+                 barrier_groups: str | None = None, levels: str = "auto", cache_dir=None,
+                 static_argnames: str | Sequence[str] = (),
+                 donate_argnames: str | Sequence[str] = ()):
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         if barrier_groups is not None and barrier_groups not in BARRIER_GROUPS:
@@ -225,65 +264,96 @@ class Jitted:
                              f"{', '.join(JAX_CHECKPOINT)}, got {jax_checkpoint!r}")
         self.jax_checkpoint = jax_checkpoint
         self.cache_dir = cache.cache_dir(cache_dir)
-        self.static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
-                                           else set(static_argnums)))
-        self.donate_argnums = tuple(sorted({donate_argnums} if isinstance(donate_argnums, int)
-                                           else set(donate_argnums)))
-        both = set(self.static_argnums) & set(self.donate_argnums)
+        static_nums = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
+        donate_nums = {donate_argnums} if isinstance(donate_argnums, int) else set(donate_argnums)
+        static_names = set(_as_names(static_argnames, "static_argnames"))
+        donate_names = set(_as_names(donate_argnames, "donate_argnames"))
+        # as jax.jit: a parameter named static (donated) is so by position too, and one
+        # static (donated) by position is so when passed by keyword
+        sig = _signature(fun)
+        self._params = list(sig.parameters.values()) if sig is not None else []
+        index = {p.name: i for i, p in enumerate(self._params)
+                 if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD}
+        takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in self._params)
+        for names, what in ((static_names, "static_argnames"), (donate_names, "donate_argnames")):
+            unknown = sorted(n for n in names if n not in {p.name for p in self._params}
+                             and not takes_any)
+            if unknown and self._params:
+                raise ValueError(f"rp.jit: {what} names {unknown[0]!r}, which is not a "
+                                 f"parameter of {getattr(fun, '__name__', 'the function')}")
+        for nums, names in ((static_nums, static_names), (donate_nums, donate_names)):
+            nums.update(index[n] for n in names if n in index)
+            names.update(p.name for i, p in enumerate(self._params)
+                         if i in nums and p.name in index)
+        self.static_argnums = tuple(sorted(static_nums))
+        self.donate_argnums = tuple(sorted(donate_nums))
+        self.static_argnames = tuple(sorted(static_names))
+        self.donate_argnames = tuple(sorted(donate_names))
+        both = (set(self.static_argnums) & set(self.donate_argnums)) or (
+            static_names & donate_names)
         if both:
-            raise ValueError(f"rp.jit: arguments {sorted(both)} are both static and donated")
+            raise ValueError(f"rp.jit: arguments {sorted(both, key=str)} are both static "
+                             "and donated")
         self._cache: dict = {}
         self.builds = 0          # how many signatures were exported, rewritten, compiled
         functools.update_wrapper(self, fun)
 
     # ------------------------------------------------------------------ calling --
-    def _split_args(self, args) -> tuple:
+    def _split_args(self, args, kwargs) -> tuple:
+        """(a `_Call`, the dynamic arguments: the positional ones that are not static, then
+        the dynamic keyword arguments by name)."""
         n = len(args)
         for i in self.static_argnums + self.donate_argnums:
-            if i >= n:
+            p = self._params[i] if i < len(self._params) else None
+            if i >= n and (p is None or (p.name not in kwargs
+                                         and p.default is inspect.Parameter.empty)):
                 raise TypeError(f"rp.jit: argument {i} is static or donated, but "
                                 f"{getattr(self.fun, '__name__', 'the function')} was "
                                 f"called with {n} arguments")
-        static = tuple((i, _hashable(args[i], i)) for i in self.static_argnums)
+        static = tuple((i, _hashable(args[i], i)) for i in self.static_argnums if i < n)
+        static_kw = tuple(sorted((k, _hashable(v, k)) for k, v in kwargs.items()
+                                 if k in self.static_argnames))
+        kw_names = tuple(sorted(k for k in kwargs if k not in self.static_argnames))
         dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
-        return static, dynamic
+        return _Call(static, static_kw, kw_names), dynamic + tuple(kwargs[k] for k in kw_names)
 
-    def _key(self, static, dynamic) -> tuple:
+    def _key(self, call, dynamic) -> tuple:
         leaves, tree = jax.tree_util.tree_flatten(dynamic)
-        return static, tree, tuple(_leaf_key(x) for x in leaves)
+        return call, tree, tuple(_leaf_key(x) for x in leaves)
 
-    def __call__(self, *args):
-        static, dynamic = self._split_args(args)
-        return self._lowered(static, dynamic).run(*dynamic)
+    def __call__(self, *args, **kwargs):
+        call, dynamic = self._split_args(args, kwargs)
+        return self._lowered(call, dynamic).run(*dynamic)
 
-    def lower(self, *args) -> Lowered:
+    def lower(self, *args, **kwargs) -> Lowered:
         """What is (or would be) built for `args`: the rewritten Module, its residuals, the
         executables. Builds it if this signature has not been called yet."""
-        return self._lowered(*self._split_args(args))
+        return self._lowered(*self._split_args(args, kwargs))
 
-    def _lowered(self, static, dynamic) -> Lowered:
-        key = self._key(static, dynamic)
+    def _lowered(self, call, dynamic) -> Lowered:
+        key = self._key(call, dynamic)
         lowered = self._cache.get(key)
         if lowered is None:
-            lowered = self._cache[key] = self._build(static, dynamic)
+            lowered = self._cache[key] = self._build(call, dynamic)
         return lowered
 
     # ----------------------------------------------------------------- building --
-    def _build(self, static, dynamic) -> Lowered:
+    def _build(self, call, dynamic) -> Lowered:
         self.builds += 1
         fun = self.fun
-        statics = dict(static)
+        statics, static_kw, kw_names = dict(call.static), dict(call.static_kw), call.kw_names
+        n_pos = len(dynamic) - len(kw_names)
 
         def dynamic_fun(*dyn):
-            it = iter(dyn)
+            it = iter(dyn[:n_pos])
             full = [statics[i] if i in statics else next(it)
-                    for i in range(len(dyn) + len(statics))]
-            return fun(*full)
+                    for i in range(n_pos + len(statics))]
+            return fun(*full, **dict(zip(kw_names, dyn[n_pos:])), **static_kw)
         dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
-        _keep_parameter_names(dynamic_fun, fun, statics)
+        _keep_parameter_names(dynamic_fun, fun, call, len(dynamic))
         exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint)
         mode = default_mode() if self.mode == "auto" else self.mode
-        donated = self._donated_positions(static)
+        donated = self._donated_positions(call, n_pos)
         variants = self._variants(mode)
         built = []
         for v, (module, hit) in zip(variants, self._remat(exported, mode,
@@ -343,16 +413,18 @@ class Jitted:
         return [(found[v], True) if found[v] is not None else (made[v], False)
                 for v in variants]
 
-    def _donated_positions(self, static) -> tuple:
-        """Donated arguments as positions among the dynamic ones."""
-        statics = {i for i, _ in static}
+    def _donated_positions(self, call, n_pos: int) -> tuple:
+        """Donated arguments as positions among the dynamic ones (`n_pos` positional ones,
+        then the keyword ones)."""
+        statics = {i for i, _ in call.static}
         out, k = [], 0
-        for i in range(max(self.donate_argnums + tuple(statics), default=-1) + 1):
+        for i in range(n_pos + len(statics)):
             if i in statics:
                 continue
             if i in self.donate_argnums:
                 out.append(k)
             k += 1
+        out += [n_pos + j for j, name in enumerate(call.kw_names) if name in self.donate_argnames]
         return tuple(out)
 
     def _build_joint(self, exported, module, dynamic, donated) -> Lowered:
@@ -532,7 +604,8 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         prevent_cse: bool = True, tie_to_cotangent: bool | None = None,
         jax_checkpoint: str = "jax", scan_segments: int | str = 0,
         scan_segments_offload: str | None = None, barrier_groups: str | None = None,
-        levels: str = "auto", cache_dir=None) -> Any:
+        levels: str = "auto", cache_dir=None, static_argnames: str | Sequence[str] = (),
+        donate_argnames: str | Sequence[str] = ()) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
@@ -540,7 +613,8 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
     iterations (as `rp.remat`'s; `scan_segments_offload="pinned_host"` keeps those carries
     in host memory); `levels` as `rp.remat`'s (two levels of recomputation under `auto`
     where they lower the peak). Usable as a decorator, with or without
-    arguments. See the module docstring for the modes, `barrier_groups` and `cache_dir`."""
+    arguments. See the module docstring for the arguments (static, donated, keyword), the
+    modes, `barrier_groups` and `cache_dir`."""
     if fun is None:
         return functools.partial(jit, policy=policy, mode=mode, donate_argnums=donate_argnums,
                                  static_argnums=static_argnums, prevent_cse=prevent_cse,
@@ -548,9 +622,11 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
                                  jax_checkpoint=jax_checkpoint, scan_segments=scan_segments,
                                  scan_segments_offload=scan_segments_offload,
                                  barrier_groups=barrier_groups, levels=levels,
-                                 cache_dir=cache_dir)
+                                 cache_dir=cache_dir, static_argnames=static_argnames,
+                                 donate_argnames=donate_argnames)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
                   static_argnums=static_argnums, prevent_cse=prevent_cse,
                   tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
                   scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
-                  barrier_groups=barrier_groups, levels=levels, cache_dir=cache_dir)
+                  barrier_groups=barrier_groups, levels=levels, cache_dir=cache_dir,
+                  static_argnames=static_argnames, donate_argnames=donate_argnames)

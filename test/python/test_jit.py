@@ -313,6 +313,71 @@ def test_decorator_form():
                                rtol=1e-6)
 
 
+def _kw_step(params, x, *, scale=1.0, training=True):
+    """A step with keyword-only arguments: `training` is for Python control flow."""
+    def f(p):
+        h = jnp.tanh(x @ p)
+        return jnp.sum((h if training else h * 0.5) ** 2) * scale
+    value, g = jax.value_and_grad(f)(params)
+    return params - 0.1 * g, value
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_keyword_arguments_as_jax_jit_takes_them(mode):
+    """Keyword arguments are dynamic unless named static (`static_argnames`), and a
+    parameter static by position is static when passed by keyword too, as in jax.jit."""
+    w, x = jnp.ones((4, 4)) * 0.1, jnp.ones((2, 4))
+    want = jax.jit(_kw_step, static_argnames="training")
+    jitted = rp.jit(_kw_step, policy="nothing_saveable", mode=mode,
+                    static_argnames="training")
+    for kwargs in ({}, {"scale": 2.0}, {"scale": 3.0}, {"scale": 2.0, "training": False}):
+        for got, expected in zip(jitted(w, x, **kwargs), want(w, x, **kwargs)):
+            np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert jitted.builds == 3      # no keywords; scale (dynamic: 2.0 and 3.0 share one); training
+    lowered = jitted.lower(w, x=x, scale=2.0)          # x by keyword: a signature of its own
+    assert jitted.builds == 4
+    assert any("from the argument x" in r.description for r in lowered.residuals), \
+        [r.description for r in lowered.residuals]
+
+    def scaled_step(params, x, scale):
+        g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p) ** 2) * scale)(params)
+        return params - 0.1 * g
+    by_position = rp.jit(scaled_step, policy="nothing_saveable", mode=mode, static_argnums=2)
+    for scale in (1.0, 2.0):      # static: a Python float the step may branch on
+        np.testing.assert_allclose(by_position(w, x, scale=scale),
+                                   jax.jit(scaled_step, static_argnums=2)(w, x, scale=scale),
+                                   rtol=1e-6)
+    assert by_position.builds == 2
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_arguments_donated_by_name_are_deleted(mode):
+    params = init(jax.random.key(0))
+    state = OPT.init(params)
+    batch = next(batches(1))
+    expected = jax.jit(step)(params, state, batch)
+    jitted = rp.jit(step, policy="nothing_saveable", mode=mode,
+                    donate_argnames=("params", "opt_state"))
+    out = jitted(params, opt_state=state, batch=batch)
+    assert all(x.is_deleted() for x in jax.tree.leaves((params, state)))
+    assert not any(x.is_deleted() for x in batch)
+    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+
+
+def test_bad_argument_names_are_clear_errors():
+    with pytest.raises(ValueError, match="static_argnames names 'scal', which is not a "
+                                         "parameter of _kw_step"):
+        rp.jit(_kw_step, static_argnames="scal")
+    with pytest.raises(ValueError, match="both static and donated"):
+        rp.jit(_kw_step, static_argnums=0, donate_argnames="params")
+    with pytest.raises(TypeError, match="static argument 'training' must be hashable"):
+        rp.jit(_kw_step, static_argnames="training")(jnp.ones((4, 4)), jnp.ones((2, 4)),
+                                                     training=[True])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bias'"):
+        rp.jit(_kw_step)(jnp.ones((4, 4)), jnp.ones((2, 4)), bias=1.0)
+
+
 def test_a_function_without_a_backward_pass_is_a_clear_error():
     jitted = rp.jit(lambda x: jnp.sin(x) * 2)
     with pytest.raises(rp.RematError, match="has no backward pass.*use jax.jit"):
