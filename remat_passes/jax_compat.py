@@ -24,6 +24,9 @@ primitives a JAX-style      `jax._src.lax.lax.dot_general_p`,            policie
 policy is asked about       `...convolution.conv_general_dilated_p`,
                             `jax.extend.core.Primitive`
 JAX's own saved_residuals   `jax._src.ad_checkpoint.saved_residuals`     tests, tools
+the PRNG implementation of  a key dtype's `_impl`                         rp.jit
+a key type (to wrap a key
+returned by a split half)
 ==========================  ===========================================  =========
 
 What differs by version (the single list; tests ask the installed JAX for its
@@ -243,6 +246,16 @@ def make_exported(**fields):
     for key in unknown:
         fields.pop(key)
     return jax_export.Exported(**fields)
+
+
+def key_impl(dtype):
+    """The PRNG implementation of a typed key dtype (`key<fry>`), as
+    `jax.random.wrap_key_data(..., impl=)` takes it; None for any other dtype. (Public
+    JAX gives it for a key array, `jax.random.key_impl`, not for a dtype.)"""
+    import jax
+    if not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    return dtype._impl
 
 
 def serialize_exported(exp) -> bytes:

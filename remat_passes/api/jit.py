@@ -59,6 +59,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from remat_passes import jax_compat
 from remat_passes.api import cache
 from remat_passes.api.remat import Barriers, remat_variants
 from remat_passes.ir import contract, graph
@@ -158,8 +159,8 @@ class Lowered:
 
 def _leaf_key(x) -> tuple:
     """What of an argument leaf a compiled program depends on."""
-    if isinstance(x, jax.Array):
-        return (x.shape, x.dtype, x.weak_type, x.sharding)
+    if isinstance(x, jax.Array):      # (a typed PRNG key array has no weak_type)
+        return (x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding)
     if isinstance(x, (bool, int, float, complex)):       # Python scalars: weakly typed
         return (type(x),)
     a = np.asarray(x)
@@ -470,7 +471,7 @@ class Jitted:
         device = _one_device(leaves)
         fwd = jax.jit(fwd_exp.call, donate_argnums=fwd_donated,
                       **jax_run.memory_kind_shardings(module, "main_fwd", device)).lower(
-            *[leaves[i] for i in kept]).compile()
+            *[_key_data(leaves[i]) for i in kept]).compile()
         in_kinds = jax_run.memory_kinds(module, "main_bwd", "arg_attrs")
         in_shardings = jax_run.placed_shardings(in_kinds, device) or [None] * len(in_kinds)
         res_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
@@ -488,6 +489,9 @@ class Jitted:
         bwd = jax.jit(bwd_exp.call, donate_argnums=tuple(ours[k] for k in reusable)
                       ).lower(*res_avals).compile()
         n_fwd_out, out_tree = len(fwd_out), ex.out_tree
+        # the halves take and give a typed PRNG key as its data: wrap the keys returned
+        out_keys = {k: impl for k, a in enumerate(ex.out_avals)
+                    if (impl := jax_compat.key_impl(a.dtype)) is not None}
         n_flat_in = len(leaves)
         donated_flat = sorted(donated_leaves)
 
@@ -495,7 +499,7 @@ class Jitted:
             flat = jax.tree_util.tree_leaves(dyn)
             if len(flat) != n_flat_in:
                 raise TypeError("rp.jit: arguments do not match the signature built for")
-            kept_args = [flat[i] for i in kept]
+            kept_args = [_key_data(flat[i]) for i in kept]
             outs = fwd(*kept_args)
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             residuals = [None] * n_res
@@ -508,11 +512,22 @@ class Jitted:
             results = [None] * len(place)
             for k, (half, j) in enumerate(place):
                 results[k] = outs[j] if half == 0 else grads[j]
+                if k in out_keys:
+                    results[k] = jax.random.wrap_key_data(results[k], impl=out_keys[k])
             for i in donated_flat:     # as jax.jit: a donated input is gone after the call
                 if isinstance(flat[i], jax.Array) and not flat[i].is_deleted():
                     flat[i].delete()
             return jax.tree_util.tree_unflatten(out_tree, results)
         return Lowered("split", exported, module, (fwd, bwd), run)
+
+
+def _key_data(x):
+    """A typed PRNG key array as the data a split half takes (the halves are programs of
+    their own, typed by their MLIR: a key is its `uint32` words there); anything else as
+    it is."""
+    if isinstance(x, jax.Array) and jax_compat.key_impl(x.dtype) is not None:
+        return jax.random.key_data(x)
+    return x
 
 
 def _smaller(built: list) -> Lowered:

@@ -365,6 +365,35 @@ def test_arguments_donated_by_name_are_deleted(mode):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_a_typed_prng_key_argument(mode):
+    """A step that takes a `jax.random.key` (a typed key array: it has no weak type) for
+    dropout and returns the next key and an aux value: as jax.jit computes them, the key
+    a typed key again."""
+    def loss_fn(params, x, key):
+        keep = jax.random.bernoulli(key, 0.9, x.shape)
+        h = jnp.tanh(jnp.where(keep, x, 0.0) @ params)
+        return jnp.mean(h ** 2), h.mean()
+
+    def dropout_step(params, x, key):
+        key, sub = jax.random.split(key)
+        (value, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(params, x, sub)
+        return params - 0.1 * g, value, aux, key
+    w, x = jnp.ones((4, 8)) * 0.1, jnp.ones((16, 4))
+    jitted = rp.jit(dropout_step, policy="nothing_saveable", mode=mode)
+    key = jax.random.key(0)
+    for _ in range(2):
+        *got, next_key = jitted(w, x, key)
+        *want, want_key = jax.jit(dropout_step)(w, x, key)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+        assert next_key.dtype == want_key.dtype
+        np.testing.assert_array_equal(jax.random.key_data(next_key),
+                                      jax.random.key_data(want_key))
+        key = next_key
+    assert jitted.builds == 1
+
+
 def test_bad_argument_names_are_clear_errors():
     with pytest.raises(ValueError, match="static_argnames names 'scal', which is not a "
                                          "parameter of _kw_step"):
