@@ -274,11 +274,16 @@ class FunctionAnalysis:
                     "in a call when it has symbolic dimensions): run the inline pass first "
                     "(--inline, or the remat pipeline, which does), then look again; or "
                     if calls else " ")
+            if not calls and any("transpose(" in graph.name_stack(op)
+                                 for op in graph.nested_ops(self.block)):
+                hint = (f" Its backward runs inside a loop body (gradient accumulation: "
+                        "jax.grad inside lax.scan or fori_loop): rp.remat and rp.jit "
+                        "rematerialize inside each iteration, remat-opt does not yet; or ")
             raise RematError(
                 f"error: cannot tell forward from backward in @{self.name}: no argument "
                 f"carries the '{contract.COTANGENT}' attribute and no op location has a JAX "
                 f"'transpose(' name-stack frame.{hint}"
-                f"{'m' if calls else 'M'}ark the cotangent arguments with "
+                f"{'M' if hint == ' ' else 'm'}ark the cotangent arguments with "
                 f"{{{contract.COTANGENT}}} (remat_passes.export_vjp does this), or pass "
                 "cotangent-args=<i,j,...> to remat-partial-eval.", self.func_op.location)
         n = len(self.ops)

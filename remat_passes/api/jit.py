@@ -33,6 +33,10 @@ decides instead. Neither grouping is smaller everywhere (measured on an H200: Eq
 two is never above it. `jitted.lower(*args).barrier_groups` says which ran, `.footprints` what
 each measured.
 
+A step that accumulates gradients over microbatches (`jax.grad` inside `lax.scan`) has its
+backward inside the loop body: the policy applies to each iteration (`regions.loop_backward`),
+in joint form only (the split form has no place for a backward inside a loop).
+
 `jax_checkpoint="regions"` makes the `jax.checkpoint` calls of the model code checkpoint
 regions the passes apply (a layer JAX would rematerialize at export becomes one `policy`
 or a budget can reach into; see `rp.export`).

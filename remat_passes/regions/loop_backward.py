@@ -1,0 +1,113 @@
+"""A backward pass inside a loop body: gradient accumulation, the remat pipeline per body.
+
+A training step that accumulates gradients over microbatches runs `jax.grad` inside a
+`lax.scan` (or `fori_loop`): the function's own top level has no backward pass, each
+iteration of the loop body has one, a forward and its backward. The memory remat saves is
+that of one microbatch's activations, inside the body.
+
+`outline(module_op, func)` moves each such loop body into a private function of its own
+(`@<func>_loop<k>`, its arguments the body's block arguments and then the values it reads
+from outside the loop; the constants it reads are copied in), and leaves a `func.call` of
+it in the body. The pipeline then runs on each of those functions as on a function with
+its own backward (the API's runner does that), and the `inline` pass puts the bodies back.
+
+A body counts when one of its own ops has a JAX `transpose(` name-stack frame (what
+remat-partial-eval reads the backward from, see `analysis.function`). The search starts
+at the function's top level and goes into the bodies of loops that have none (a loop
+over epochs around one over microbatches), not into a body it outlines.
+"""
+from __future__ import annotations
+
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import ir
+
+WHILE = "stablehlo.while"
+
+
+def _transposed(block) -> bool:
+    return any("transpose(" in graph.name_stack(op.operation) for op in block.operations)
+
+
+def has_own_backward(func_op) -> bool:
+    """Does the function's own top level run a backward pass (or take cotangents)?"""
+    return bool(contract.cotangent_args(func_op)) or _transposed(graph.body_block(func_op))
+
+
+def loop_bodies(func_op) -> list:
+    """The body blocks of the loops whose own ops run a backward pass (see the module
+    docstring), in program order; none where the function's top level has one."""
+    if has_own_backward(func_op):
+        return []
+    found, pending = [], [graph.body_block(func_op)]
+    while pending:
+        block = pending.pop(0)
+        for op in block.operations:
+            op = op.operation
+            if op.name != WHILE:
+                continue
+            body = op.regions[1].blocks[0]
+            if _transposed(body):
+                found.append(body)
+            else:
+                pending.append(body)
+    return found
+
+
+def outline(module_op, func: str) -> list[tuple]:
+    """Move each loop body of `func` that runs a backward pass into a private function of
+    its own, called from the body (module docstring). Returns (the new function's name, the
+    loop's location) for each."""
+    func_op = graph.find_func(module_op, func)
+    out = []
+    for k, body in enumerate(loop_bodies(func_op)):
+        name = f"{func}_loop{k}"
+        location = body.owner.location       # (the while op's)
+        _outline_body(module_op, body, name)
+        out.append((name, location))
+    return out
+
+
+def _outline_body(module_op, body, name: str) -> None:
+    ops = [op.operation for op in body.operations]
+    ret = ops.pop()                         # the body's stablehlo.return
+    inside = set(body.arguments) | {r for op in ops for r in op.results}
+    captured, constants = [], []
+    for op in ops:
+        for v in graph.read_values(op):
+            if v in inside or v in captured or v in constants:
+                continue
+            owner = v.owner.operation if isinstance(v, ir.OpResult) else None
+            (constants if owner is not None and owner.name == "stablehlo.constant"
+             else captured).append(v)
+    arg_types = [a.type for a in body.arguments] + [v.type for v in captured]
+    result_types = [v.type for v in ret.operands]
+    loc = ir.Location.unknown()     # (not a name: inlining adds no name-stack frame)
+    with loc:
+        fn = ir.Operation.create(
+            "func.func", regions=1, attributes={
+                "sym_name": ir.StringAttr.get(name),
+                "sym_visibility": ir.StringAttr.get("private"),
+                "function_type": ir.TypeAttr.get(ir.FunctionType.get(arg_types, result_types))},
+            ip=ir.InsertionPoint(module_op.body))
+        names = [f"loop carry {k}" for k in range(len(body.arguments))] + [
+            f"value {k} from outside the loop" for k in range(len(captured))]
+        block = fn.regions[0].blocks.append(
+            *arg_types, arg_locs=[ir.Location.name(n) for n in names])
+        ip = ir.InsertionPoint(block)
+        mapping = {c: ir.Operation.create("stablehlo.constant", results=[c.type],
+                                          attributes={"value": c.owner.attributes["value"]},
+                                          loc=c.owner.location, ip=ip).results[0]
+                   for c in constants}
+        mapping.update(zip(list(body.arguments) + captured, block.arguments))
+        new_ret = ir.Operation.create("func.return", operands=list(ret.operands), ip=ip)
+        for op in ops:
+            op.move_before(new_ret)
+        graph.replace_reads_all(ops + [new_ret], mapping)
+        call = ir.Operation.create(
+            "func.call", results=result_types,
+            operands=list(body.arguments) + captured,
+            attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
+            ip=ir.InsertionPoint(ret))
+        ir.Operation.create("stablehlo.return", operands=list(call.results),
+                            loc=ret.location, ip=ir.InsertionPoint(ret))
+        ret.erase()
