@@ -33,6 +33,11 @@ decides instead. Neither grouping is smaller everywhere (measured on an H200: Eq
 two is never above it. `jitted.lower(*args).barrier_groups` says which ran, `.footprints` what
 each measured.
 
+Called inside `jax.jit` (or under another transformation), the joint form's rewritten
+program becomes part of the program being traced (`Exported.call`); the split form runs two
+executables and says so. On several devices (sharded arguments) the split form's backward
+takes the residuals sharded as the forward's executable returns them.
+
 A step that accumulates gradients over microbatches (`jax.grad` inside `lax.scan`) has its
 backward inside the loop body: the policy applies to each iteration (`regions.loop_backward`),
 in joint form only (the split form has no place for a backward inside a loop).
@@ -125,6 +130,9 @@ class Lowered:
     barrier_groups: str = "per-use"  # where the optimization barriers went (module docstring)
     tied: bool = False           # the recomputation also waits for the cotangent by data
     footprints: dict = dataclasses.field(default_factory=dict)  # per variant built, bytes
+    # the program as a JAX function, for a call under a JAX transformation (jax.jit of a
+    # function that calls the rp.jit one): joint form only
+    traced: Callable | None = dataclasses.field(default=None, repr=False)
 
     @property
     def barriers(self) -> str:
@@ -163,6 +171,8 @@ class Lowered:
 
 def _leaf_key(x) -> tuple:
     """What of an argument leaf a compiled program depends on."""
+    if isinstance(x, jax.core.Tracer):  # (under jax.jit: its abstract value)
+        return (x.shape, x.dtype, getattr(x.aval, "weak_type", False), None)
     if isinstance(x, jax.Array):      # (a typed PRNG key array has no weak_type)
         return (x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding)
     if isinstance(x, (bool, int, float, complex)):       # Python scalars: weakly typed
@@ -328,7 +338,24 @@ class Jitted:
 
     def __call__(self, *args, **kwargs):
         call, dynamic = self._split_args(args, kwargs)
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(dynamic)):
+            return self._call_traced(call, dynamic)
         return self._lowered(call, dynamic).run(*dynamic)
+
+    def _call_traced(self, call, dynamic):
+        """Called under a JAX transformation (inside jax.jit): the rewritten program
+        becomes part of the program being traced (`Exported.call`), built for the tracers'
+        shapes and dtypes."""
+        if (default_mode() if self.mode == "auto" else self.mode) == "split":
+            raise RematError(
+                f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} in split "
+                "form runs two executables and cannot be called inside jax.jit or another "
+                "JAX transformation: call it outside, or use mode='joint' (then the "
+                "rewritten program becomes part of the enclosing one)")
+        specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, weak_type=getattr(x.aval, "weak_type", False))
+            if isinstance(x, jax.core.Tracer) else x, dynamic)
+        return self._lowered(call, specs).traced(*dynamic)
 
     def lower(self, *args, **kwargs) -> Lowered:
         """What is (or would be) built for `args`: the rewritten Module, its residuals, the
@@ -438,7 +465,7 @@ class Jitted:
             raise RematError("error: rp.jit: the rewritten program does not keep the calling "
                              "convention of the function (report this as a bug)")
         compiled = jax.jit(exp.call, donate_argnums=donated).lower(*dynamic).compile()
-        return Lowered("joint", exported, module, (compiled,), compiled)
+        return Lowered("joint", exported, module, (compiled,), compiled, traced=exp.call)
 
     def _build_split(self, exported, module, dynamic, donated) -> Lowered:
         ex = exported.exported
@@ -478,6 +505,10 @@ class Jitted:
             *[_key_data(leaves[i]) for i in kept]).compile()
         in_kinds = jax_run.memory_kinds(module, "main_bwd", "arg_attrs")
         in_shardings = jax_run.placed_shardings(in_kinds, device) or [None] * len(in_kinds)
+        if device is None:    # on several devices: the residuals as the forward hands them
+            made_sh = jax.tree.leaves(fwd.output_shardings)[len(fwd_out):]
+            in_shardings = [leaves[kept[passthrough[r]]].sharding if r in passthrough
+                            else made_sh[made.index(r)] for r in range(n_res)]
         res_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
                      for a, sh in zip(bwd_exp.in_avals, in_shardings)]
         # the residuals fwd made are ours, and so are donated arguments: the backward may

@@ -623,3 +623,56 @@ def test_scan_segments_on_the_mesh(partitioner):
     for name, form in itertools.product(("jit", "shard_map"), ("", " split")):
         a = r[f"{name} auto{form}"]
         assert a.get("segmented") == 1 and a["kept"] <= a["budget"] and a["err"] <= 1e-5, a
+
+
+JIT_SCRIPT = r'''
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sys.path.insert(0, sys.argv[1])
+import remat_passes as rp
+
+mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+
+def loss(w1, w2, x):
+    h = rp.checkpoint_name(jnp.tanh(x @ w1), "h")
+    return jnp.mean(jnp.tanh(h @ w2) ** 2)
+
+def step(w1, w2, x):
+    value, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2, x)
+    return w1 - 0.1 * g1, w2 - 0.1 * g2, value
+
+rng = np.random.default_rng(0)
+w1 = jax.device_put(rng.normal(size=(32, 64)).astype(np.float32) / 8,
+                    NamedSharding(mesh, P(None, "model")))
+w2 = jax.device_put(rng.normal(size=(64, 32)).astype(np.float32) / 8,
+                    NamedSharding(mesh, P("model", None)))
+x = jax.device_put(rng.normal(size=(64, 32)).astype(np.float32), NamedSharding(mesh, P("data")))
+want = jax.jit(step)(w1, w2, x)
+out = {}
+for mode in ("joint", "split"):
+    jitted = rp.jit(step, policy="save_only_these_names('h')", mode=mode)
+    got = jitted(w1, w2, x)
+    out[mode] = {"err": max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                            for a, b in zip(got, want)),
+                 "devices": len(got[0].sharding.device_set)}
+outer = jax.jit(lambda *a: rp.jit(step, policy="save_only_these_names('h')")(*a)[2])
+out["inside jax.jit"] = {"err": float(abs(outer(w1, w2, x) - want[2])), "devices": 8}
+try:
+    jax.jit(lambda *a: rp.jit(step, mode="split")(*a))(w1, w2, x)
+    out["split inside jax.jit"] = "no error"
+except rp.RematError as e:
+    out["split inside jax.jit"] = str(e)
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_rp_jit_of_a_step_on_the_mesh():
+    """rp.jit of a data+tensor-parallel step, joint and split (the backward takes the
+    residuals as the forward's executable shards them) and called inside jax.jit (the
+    rewritten program becomes part of the enclosing one): jax.jit's results."""
+    out = run_script(JIT_SCRIPT, os.path.join(HERE, "..", ".."))
+    for mode in ("joint", "split", "inside jax.jit"):
+        assert out[mode]["err"] < 1e-5 and out[mode]["devices"] == 8, out
+    assert "cannot be called inside jax.jit" in out["split inside jax.jit"], out
