@@ -382,6 +382,7 @@ class Jitted:
                     for i in range(n_pos + len(statics))]
             return fun(*full, **dict(zip(kw_names, dyn[n_pos:])), **static_kw)
         dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
+        dynamic_fun.__qualname__ = getattr(fun, "__qualname__", dynamic_fun.__name__)
         _keep_parameter_names(dynamic_fun, fun, call, len(dynamic))
         exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint)
         mode = default_mode() if self.mode == "auto" else self.mode
