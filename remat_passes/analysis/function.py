@@ -269,16 +269,17 @@ class FunctionAnalysis:
         transposed = self._transposed
         by_name = not self.cotangent_vids
         if by_name and not any(transposed):
-            calls = sum(1 for op in self.ops if op.name == "func.call")
+            calls = sum(1 for op in graph.nested_ops(self.block) if op.name == "func.call")
             hint = (f" @{self.name} calls {calls} function(s) (jax.export wraps the program "
                     "in a call when it has symbolic dimensions): run the inline pass first "
                     "(--inline, or the remat pipeline, which does), then look again; or "
                     if calls else " ")
-            if not calls and any("transpose(" in graph.name_stack(op)
-                                 for op in graph.nested_ops(self.block)):
+            if any("transpose(" in graph.name_stack(op)
+                   for op in graph.nested_ops(self.block)):
                 hint = (f" Its backward runs inside a loop body (gradient accumulation: "
-                        "jax.grad inside lax.scan or fori_loop): rp.remat and rp.jit "
-                        "rematerialize inside each iteration, remat-opt does not yet; or ")
+                        "jax.grad inside lax.scan or fori_loop): run outline-loop-backwards "
+                        "first (the remat pipeline does, after inline), then the passes apply "
+                        "to each iteration; or ")
             raise RematError(
                 f"error: cannot tell forward from backward in @{self.name}: no argument "
                 f"carries the '{contract.COTANGENT}' attribute and no op location has a JAX "

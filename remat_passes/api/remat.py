@@ -4,18 +4,16 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from remat_passes.ir import graph, mlir
+from remat_passes.ir import mlir
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.module import Module, compiled_cost
 from remat_passes.passes.base import PassState, parse_regex
-from remat_passes.passes.diagnostics import Remark
 from remat_passes.passes.manager import expand, run_pipeline
 from remat_passes.passes.place_optimization_barriers import (PlaceOptimizationBarriers,
                                                              parse_groups)
 from remat_passes.passes.remat import Remat
 from remat_passes.passes.remat_partial_eval import parse_levels
 from remat_passes.passes.segment_scans import parse_offload, parse_segments
-from remat_passes.regions import loop_backward
 
 
 def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
@@ -143,52 +141,22 @@ def _run(module, options: dict, variants: tuple, verify: bool) -> list:
     steps = expand([Remat(**options)])
     cut = next((i for i, p in enumerate(steps) if isinstance(p, PlaceOptimizationBarriers)),
                len(steps))
-    run_pipeline(out.op, steps[:1], state, verify_each=False)      # inline
-    # a backward inside loop bodies (gradient accumulation): the pipeline runs on each body
-    targets = _loop_bodies(out, func, options["mode"], state) or [func]
-    per_target = {t: expand([Remat(**dict(options, func=t))]) for t in targets}
-    for t in targets:
-        run_pipeline(out.op, per_target[t][1:cut], state, verify_each=False)
+    run_pipeline(out.op, steps[:cut], state, verify_each=False)
     # (the first variant goes on with the original and the analyses the steps kept)
     copies = [(out, state)] + [(out.clone(), state.fork()) for _ in variants[1:]]
     results = []
     for v, (mod, st) in zip(variants, copies):
-        for t in targets:
-            rest = [dataclasses.replace(p, groups=v.groups, tie_to_cotangent=v.tie)
-                    if isinstance(p, PlaceOptimizationBarriers) else p
-                    for p in per_target[t][cut:]]
-            run_pipeline(mod.op, rest, st, verify_each=False)
-        if targets != [func]:
-            run_pipeline(mod.op, steps[:1], st, verify_each=False)   # the bodies back
+        rest = [dataclasses.replace(p, groups=v.groups, tie_to_cotangent=v.tie)
+                if isinstance(p, PlaceOptimizationBarriers) else p for p in steps[cut:]]
+        run_pipeline(mod.op, rest, st, verify_each=False)
         if verify:   # the result, once (the CLI's --verify-each checks after every step)
             mlir.verify(mod.op.operation, module.filename, after="remat")
-        mod.residuals = [r for t in targets for r in st.residuals.get(t, [])]
+        # (where the backward runs in loop bodies: over the functions made of them)
+        mod.residuals = st.results_of(func)
         mod.remarks = list(st.remarks)
         mod.timings = list(st.timings)
-        mod.plan_reports = [r for t in targets for r in st.plan_reports.get(t, [])]
-        mod.segmented = [s for t in targets for s in st.segmented.get(t, [])]
+        mod.plan_reports = st.results_of(func, "plan_reports")
+        mod.segmented = st.results_of(func, "segmented")    # scan loops segment-scans rewrote
         mod.dim_symbols = st.dim_symbols
         results.append(mod)
     return results
-
-
-def _loop_bodies(out, func: str, mode: str, state) -> list[str]:
-    """Where `func`'s backward runs inside loop bodies (`regions.loop_backward`): each body
-    moved into a function of its own, their names (a remark says so for each); [] where
-    `func` has its own."""
-    with out.op.context:
-        if not loop_backward.loop_bodies(graph.find_func(out.op, func)):
-            return []
-        if mode == "split":
-            raise RematError(
-                f"error: @{func} runs its backward pass inside a loop body (gradient "
-                "accumulation: jax.grad inside lax.scan or fori_loop): it cannot be split into "
-                "a forward and a backward program; use mode='joint', which rematerializes "
-                "inside each iteration")
-        bodies = loop_backward.outline(out.op, func)
-    for name, location in bodies:
-        state.remarks.append(Remark(
-            f"@{func} runs its backward pass inside a loop body (gradient "
-            "accumulation): the policy applies to each iteration's forward and backward "
-            f"(rewritten as @{name}, then inlined back)", location))
-    return [name for name, _ in bodies]

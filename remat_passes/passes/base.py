@@ -68,6 +68,8 @@ class PassState:
     * results: residuals per function (remat-partial-eval), the segment length auto chose
       for scans (`planned_segments`) and what segment-scans did (`segmented`), remarks,
       timings;
+    * `loop_bodies`: function -> the functions outline-loop-backwards made of its loop
+      bodies (the runner runs a later pass that names the function on each of them);
     * `compiled_cost`: what `auto(score=xla)` compiles its candidates with,
       `(module_op, functions) -> (XLA's FLOP count, backend name)` (rp.remat and remat-opt
       give `remat_passes.jax.run.compiled_cost`; a bare pipeline has none).
@@ -84,6 +86,7 @@ class PassState:
         self.planned_segments: dict = {}   # function -> segment-scans' k that auto chose
         self.segmented: dict = {}          # function -> [scan_segments.Segmented]
         self.compiled_cost = None
+        self.loop_bodies: dict = {}        # function -> [its outlined loop bodies]
         self._analyses: dict = {}
 
     def analysis(self, func_op, cotangent_indices=None):
@@ -115,7 +118,19 @@ class PassState:
         other.planned_segments = dict(self.planned_segments)
         other.segmented = {k: list(v) for k, v in self.segmented.items()}
         other.compiled_cost = self.compiled_cost
+        other.loop_bodies = {k: list(v) for k, v in self.loop_bodies.items()}
         return other
+
+    def targets(self, func: str) -> list[str]:
+        """The functions a pass that names `func` runs on: its outlined loop bodies where
+        outline-loop-backwards made some, else `func` itself."""
+        return self.loop_bodies.get(func) or [func]
+
+    def results_of(self, func: str, field: str = "residuals") -> list:
+        """A per-function result (`residuals`, `plan_reports`, `segmented`) of `func`,
+        over the functions it ran on (`targets`)."""
+        table = getattr(self, field)
+        return [r for t in self.targets(func) for r in table.get(t, [])]
 
     def drop(self, name: str | None = None) -> None:
         """Forget the analysis of function `name` (all of them by default)."""

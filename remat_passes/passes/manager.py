@@ -9,6 +9,7 @@ with MLIR's `// -----// IR Dump After ...` headers when asked.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import sys
@@ -159,6 +160,16 @@ def _dump(module, when: str, p, out: TextIO):
     out.write("\n")
 
 
+def _on_targets(p, state: PassState) -> list:
+    """`p`, or where it names a function (`func`) whose loop bodies outline-loop-backwards
+    made functions of, a copy of it for each of those."""
+    func = getattr(p, "func", None)
+    if not isinstance(func, str) or func not in state.loop_bodies or \
+            p.name == "outline-loop-backwards":
+        return [p]
+    return [dataclasses.replace(p, func=t) for t in state.targets(func)]
+
+
 def run_pipeline(module, passes: list, state: PassState | None = None, *,
                  verify_each: bool = True, print_before: bool = False,
                  print_after: bool = False, dump_to: TextIO | None = None) -> PassState:
@@ -182,7 +193,8 @@ def run_pipeline(module, passes: list, state: PassState | None = None, *,
                 if isinstance(p, CorePass):
                     p.apply(module, state, verify=verify_each)
                 else:
-                    p.apply(module, state)
+                    for q in _on_targets(p, state):
+                        q.apply(module, state)
             state.timings.append((p.name, time.perf_counter() - start))
             if not p.preserves_analyses:
                 state.drop()

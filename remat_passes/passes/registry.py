@@ -50,13 +50,15 @@ def registry() -> dict[str, type[ModulePass]]:
     from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
     from remat_passes.passes.inline import Inline
     from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
+    from remat_passes.passes.outline_loop_backwards import OutlineLoopBackwards
     from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
     from remat_passes.passes.remat import Remat
     from remat_passes.passes.remat_partial_eval import RematPartialEval
     from remat_passes.passes.segment_scans import SegmentScans
     from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
-    passes = [Inline, RematPartialEval, InsertReducePrecision, PlaceOptimizationBarriers,
-              AnnotateHostOffload, StripCheckpointNames, SegmentScans, Remat]
+    passes = [Inline, OutlineLoopBackwards, RematPartialEval, InsertReducePrecision,
+              PlaceOptimizationBarriers, AnnotateHostOffload, StripCheckpointNames, SegmentScans,
+              Remat]
     return {p.name: p for p in passes}
 
 

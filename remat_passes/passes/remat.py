@@ -3,6 +3,8 @@
 `remat{policy=... mode=... prevent-cse=...}` expands into
 
     inline
+    outline-loop-backwards{func mode}                (a backward inside loop bodies: the
+                                                      steps below run on each body)
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
     insert-reduce-precision{func region-regex round-read-back}
     segment-scans{segments func offload}             (scan-segments=k; loops rp.scan marked;
@@ -11,6 +13,7 @@
                                                      (only with prevent-cse=true)
     annotate-host-offload{func}
     strip-checkpoint-names
+    inline                                           (the outlined bodies back; else nothing)
 
 and the pipeline runner runs the steps one by one, so `--verify-each` and
 `--mlir-print-ir-before/after-all` apply to each. `remat_passes.remat()` and
@@ -24,6 +27,7 @@ from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
 from remat_passes.passes.base import PipelinePass, option, parse_bool
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
+from remat_passes.passes.outline_loop_backwards import OutlineLoopBackwards
 from remat_passes.passes.place_optimization_barriers import (PlaceOptimizationBarriers,
                                                              parse_groups)
 from remat_passes.passes.remat_partial_eval import PartialEvalOptions, RematPartialEval
@@ -34,9 +38,10 @@ from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 @dataclasses.dataclass
 class Remat(PartialEvalOptions, PipelinePass):
     name = "remat"
-    summary = ("The default pipeline: inline, remat-partial-eval, insert-reduce-precision, "
-               "segment-scans (scan-segments), place-optimization-barriers (prevent-cse), "
-               "annotate-host-offload, strip-checkpoint-names")
+    summary = ("The default pipeline: inline, outline-loop-backwards, remat-partial-eval, "
+               "insert-reduce-precision, segment-scans (scan-segments), "
+               "place-optimization-barriers (prevent-cse), annotate-host-offload, "
+               "strip-checkpoint-names, inline")
 
     prevent_cse: bool = option(
         True, "place optimization barriers around recomputation (outside loops)", parse_bool)
@@ -63,7 +68,8 @@ class Remat(PartialEvalOptions, PipelinePass):
         "memory (segment-scans offload=; default: on the device)", parse_offload)
 
     def expand(self) -> list:
-        steps = [Inline(), RematPartialEval(**self.partial_eval_options()),
+        steps = [Inline(), OutlineLoopBackwards(func=self.func, mode=self.mode),
+                 RematPartialEval(**self.partial_eval_options()),
                  InsertReducePrecision(func=self.func, region_regex=self.region_regex,
                                        round_read_back=self.round_read_back)]
         # (with scan-segments=0: the loops rp.scan marked, and under auto the segments its
@@ -76,5 +82,5 @@ class Remat(PartialEvalOptions, PipelinePass):
                                                    tie_to_cotangent=self.tie_to_cotangent,
                                                    groups=self.barrier_groups,
                                                    function_region=self.policy is not None))
-        steps += [AnnotateHostOffload(func=self.func), StripCheckpointNames()]
+        steps += [AnnotateHostOffload(func=self.func), StripCheckpointNames(), Inline()]
         return steps

@@ -239,7 +239,10 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         st = PassState(region_policies=state.region_policies, filename=state.filename)
         st.dim_symbols = dict(state.dim_symbols or {})
         options = {**self.partial_eval_options(), "policy": candidate, "mode": mode}
-        for step in [Inline(), RematPartialEval(**options)] + list(after):
+        # (a loop body outline-loop-backwards made is called from its loop: inlining would
+        # put it back)
+        inline = [] if _is_loop_body(state, self.func) else [Inline()]
+        for step in inline + [RematPartialEval(**options)] + list(after):
             step.apply(copy, st)
             st.drop()
         return copy, st
@@ -277,6 +280,10 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
         from remat_passes.passes.segment_scans import SegmentScans
         from remat_passes.planner.report import format_flop
+        if _is_loop_body(state, self.func):
+            raise RematError(f"error: {policy.spec} compiles the split form of each candidate "
+                             f"plan, and @{self.func} is a loop body with its own backward "
+                             "(gradient accumulation), which has none: use score=model")
         if state.compiled_cost is None:
             raise RematError(f"error: {policy.spec} compiles its candidate plans with XLA, and "
                              "this pipeline was given no compiler: run it through rp.remat, "
@@ -537,3 +544,8 @@ def planning_problem(module, func: str = "main", policy=None):
                              lambda pos: True)
     p.module = copy      # the ops and values it names live in this copy (an ir.Module)
     return p
+
+
+def _is_loop_body(state, func: str) -> bool:
+    """Is `func` a loop body outline-loop-backwards made a function of?"""
+    return any(func in bodies for bodies in state.loop_bodies.values())

@@ -8,8 +8,9 @@ that of one microbatch's activations, inside the body.
 `outline(module_op, func)` moves each such loop body into a private function of its own
 (`@<func>_loop<k>`, its arguments the body's block arguments and then the values it reads
 from outside the loop; the constants it reads are copied in), and leaves a `func.call` of
-it in the body. The pipeline then runs on each of those functions as on a function with
-its own backward (the API's runner does that), and the `inline` pass puts the bodies back.
+it in the body. The `outline-loop-backwards` pass does that; the passes after it run on
+each of those functions as on a function with its own backward, and the `inline` pass puts
+the bodies back.
 
 A body counts when one of its own ops has a JAX `transpose(` name-stack frame (what
 remat-partial-eval reads the backward from, see `analysis.function`). The search starts

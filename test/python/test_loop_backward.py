@@ -50,7 +50,8 @@ def test_the_gradients_are_jax_jits(policy):
     want = jax.jit(step)(*args())
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(a, b)
-    assert any("inside a loop body" in r and "@main_loop0" in r for r in out.remarks)
+    assert any("inside a loop body" in r and "@main_loop0 while the passes run" in r
+               for r in out.remarks)
     assert "func.call" not in out.text() and "main_loop0" not in out.text()
     if policy == "save_only_these_names('layer_in')":
         named = [r for r in out.residuals if "layer_in" in r.description]
@@ -85,10 +86,22 @@ def test_nested_loops_and_split_form():
         rp.remat(module, "dots_saveable", mode="split")
 
 
-def test_remat_opt_says_where_the_backward_is(tmp_path, capsys):
+def test_remat_opt(tmp_path, capsys):
+    """remat-opt's remat pipeline does the same (outline-loop-backwards, the passes on each
+    body, inline); remat-partial-eval alone says where the backward is."""
     path = tmp_path / "accumulate.mlir"
     rp.export(accumulate(loss), *args()).save(str(path))
-    assert cli.main([str(path), "--remat=policy=nothing_saveable"]) == 1
+    out = tmp_path / "out.mlir"
+    assert cli.main([str(path), "--remat=policy=dots_saveable", "--print-saved-residuals",
+                     "-o", str(out)]) == 0
+    text = out.read_text()
+    body = text[text.index("stablehlo.while"):]
+    assert "stablehlo.optimization_barrier" in body and "func.call" not in text
+    report = capsys.readouterr()
+    assert "// saved residuals of @main_loop0" in report.out + report.err
+    assert cli.main([str(path), "--remat-partial-eval=policy=nothing_saveable"]) == 1
+    assert "run the inline pass first" in capsys.readouterr().err   # (the body calls)
+    assert cli.main([str(path), "--inline", "--remat-partial-eval=policy=nothing_saveable"]) == 1
     err = capsys.readouterr().err
     assert "backward runs inside a loop body (gradient accumulation" in err
-    assert "rp.remat and rp.jit rematerialize inside each iteration" in err
+    assert "run outline-loop-backwards first (the remat pipeline does, after inline)" in err

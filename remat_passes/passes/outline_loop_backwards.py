@@ -1,0 +1,58 @@
+"""outline-loop-backwards: a function whose backward runs inside loop bodies (gradient
+accumulation) gets each such body as a function of its own, for the passes after it.
+
+A training step that accumulates gradients over microbatches runs `jax.grad` inside a
+`lax.scan` or `fori_loop`: its own top level has no backward pass, each loop iteration
+has one (see `regions/loop_backward.py`, which finds the bodies and moves each into a
+private function `@<func>_loop<k>` called from the body). The pass records the new
+functions in the pipeline state (`PassState.loop_bodies[func]`), and the pipeline runner
+then runs every later pass that names `func` (its `func` option) once on each of them
+instead; the `inline` pass at the end of the `remat` pipeline puts the bodies back. A
+function with a backward of its own is left as it is. The split form has no place for a
+backward inside a loop: with `mode=split` the pass stops with an error.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import RematError
+from remat_passes.passes.base import ModulePass, option
+from remat_passes.passes.diagnostics import Remark
+from remat_passes.regions import loop_backward
+
+
+def parse_mode(text: str) -> str:
+    if text not in ("joint", "split"):
+        raise ValueError(f"expected joint or split, got '{text}'")
+    return text
+
+
+@dataclasses.dataclass
+class OutlineLoopBackwards(ModulePass):
+    name = "outline-loop-backwards"
+    summary = ("Move each loop body that runs its own backward pass (gradient accumulation) "
+               "into a function, for the later passes to run on")
+
+    func: str = option("main", "the function whose loop bodies to outline")
+    mode: str = option("joint", "the form remat-partial-eval makes (split: an error where "
+                       "a backward runs inside a loop)", parse_mode)
+
+    def apply(self, module_op, state) -> None:
+        with module_op.context:
+            f = graph.find_func(module_op, self.func)
+            if not loop_backward.loop_bodies(f):
+                return
+            if self.mode == "split":
+                raise RematError(
+                    f"error: @{self.func} runs its backward pass inside a loop body (gradient "
+                    "accumulation: jax.grad inside lax.scan or fori_loop): it cannot be split "
+                    "into a forward and a backward program; use mode='joint', which "
+                    "rematerializes inside each iteration", f.location)
+            bodies = loop_backward.outline(module_op, self.func)
+        state.loop_bodies[self.func] = [name for name, _ in bodies]
+        for name, location in bodies:
+            state.remarks.append(Remark(
+                f"@{self.func} runs its backward pass inside a loop body (gradient "
+                "accumulation): the policy applies to each iteration's forward and backward "
+                f"(the body is @{name} while the passes run)", location))
