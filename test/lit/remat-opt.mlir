@@ -158,6 +158,9 @@
 // LIST-NEXT: func
 // LIST-NEXT: region-regex {{.*}}checkpoint regions
 // LIST-NEXT: round-read-back {{.*}}jax.checkpoint{{.*}}(default: False)
+// LIST-NEXT: outline-loop-backwards {{.*}}gradient accumulation
+// LIST-NEXT: func
+// LIST-NEXT: mode {{.*}}(default: joint)
 // LIST-NEXT: place-optimization-barriers {{.*}}optimization_barrier
 // LIST-NEXT: func
 // LIST-NEXT: in-loops {{.*}}(default: False)
