@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One round of GPU measurements on a lent device machine, as one prepared command (the
+# device is lent for minutes: every step here is one the memory page still waits for).
+#
+#   bash tools/benchmarks/device_round.sh [STEP...]      (run from the repository root)
+#
+# Steps, in this order by default (each writes what it measured under $OUT, so that a
+# round cut off by the machine's time limit still hands back what it finished):
+#   mlp       `xla --models mlp --merge`: the MLP's rows again (round_read_back's effect on
+#             the split forwards: expected 6,292,864 B -> about 2,098,560 B of temp)
+#   equinox   `xla --models equinox --merge` (its rows are still per-use ones)
+#   dumps     `xla_dump` of the programs whose temp or estimate the page still misses
+#   convnet, gpt, mlp-scan, gpt-scan    `xla --models KEY --merge`
+# $OUT gets three files: xla_gpu.json (tools/benchmarks/results/, copied after each step),
+# dumps.txt (what xla_dump printed) and dumps.tgz (the scheduled HLO and buffer
+# assignments it read); `python -m tools.benchmarks render` on the host remakes the page.
+#
+# The machine has jax with CUDA but may lack igraph: wheels downloaded on the host into
+# .whl (see docs/benchmarks.md) are installed first when that folder is there.
+set -u
+OUT="${OUT:-/tmp/device_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+RESULTS=tools/benchmarks/results/xla_gpu.json
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(mlp equinox dumps convnet gpt mlp-scan gpt-scan)
+
+save() { cp "$RESULTS" "$OUT/xla_gpu.json" 2>/dev/null; }
+
+for step in "${steps[@]}"; do
+  echo "== $step ($(date +%T))"
+  case "$step" in
+    dumps)   # (the machine hands back a few files: all dumps go into one archive)
+      : > "$OUT/dumps.txt"
+      mkdir -p /tmp/dumps
+      for program in "mlp except" "convnet off_dots" "mlp-scan off_dots" "gpt auto=0" \
+                     "convnet nothing"; do
+        set -- $program
+        dir="/tmp/dumps/$1_${2//=/_}"
+        rm -rf "$dir"
+        echo "=== $program" >> "$OUT/dumps.txt"
+        python3 -m tools.benchmarks.xla_dump "$1" "$2" "$dir" 2>&1 | grep -v "^[IW][0-9]" \
+          >> "$OUT/dumps.txt"
+      done
+      (cd /tmp/dumps && find . \( -path "*/ours/*" -o -path "*/jax/*" \) \
+         \( -name "*after_optimizations.txt" -o -name "*buffer-assignment.txt" \
+            -o -name "*memory-usage-report.txt" \) -print0 \
+         | tar -czf "$OUT/dumps.tgz" --null -T -) ;;
+    mlp|equinox|convnet|gpt|mlp-scan|gpt-scan)
+      python3 -m tools.benchmarks xla --models "$step" --merge && save ;;
+    *)
+      echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
+echo "== done ($(date +%T))"
