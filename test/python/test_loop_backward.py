@@ -100,7 +100,8 @@ def test_remat_opt(tmp_path, capsys):
     report = capsys.readouterr()
     assert "// saved residuals of @main_loop0" in report.out + report.err
     assert cli.main([str(path), "--remat-partial-eval=policy=nothing_saveable"]) == 1
-    assert "run the inline pass first" in capsys.readouterr().err   # (the body calls)
+    err = capsys.readouterr().err      # (the body calls a function: where JAX put the
+    assert "run the inline pass first" in err or "outline-loop-backwards first" in err  # grad)
     assert cli.main([str(path), "--inline", "--remat-partial-eval=policy=nothing_saveable"]) == 1
     err = capsys.readouterr().err
     assert "backward runs inside a loop body (gradient accumulation" in err
