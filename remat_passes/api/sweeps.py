@@ -14,7 +14,7 @@ from remat_passes.cost import flops
 from remat_passes.cost.devices import PROFILES, default_device
 from remat_passes.cost.memory import estimate_memory, format_bytes
 from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import op_id
+from remat_passes.ir.mlir import RematError, op_id
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.manager import run_pipeline
@@ -75,8 +75,24 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
     return total
 
 
+def _own_backward(module, func: str, what: str) -> None:
+    """A sweep plans `func`'s own backward: say so clearly where it runs inside loop bodies
+    (gradient accumulation; `outline-loop-backwards`), which a sweep does not take."""
+    from remat_passes.regions import loop_backward
+    out = module.clone()
+    run_pipeline(out.op, [Inline()], pass_state(module, out), verify_each=False)
+    with out.op.context:
+        if loop_backward.loop_bodies(graph.find_func(out.op, func)):
+            raise RematError(
+                f"error: {what}: @{func} runs its backward pass inside a loop body (gradient "
+                f"accumulation); {what} plans a function's own backward (export the step of "
+                "one microbatch for it). rp.remat, rp.jit and auto(budget=...) apply the "
+                "policy to each iteration")
+
+
 def bounds(module, func: str = "main", policy: AutoPolicy | None = None) -> tuple[int, int]:
     """(minimum, no-remat) residual bytes a plan can have for `func` of `module`."""
+    _own_backward(module, func, "rp.bounds")
     p = problem_for(module, func, policy)
     return minimum_bytes(p), p.no_remat_bytes()
 
@@ -176,6 +192,7 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
     `plot_pareto` draws the result. `levels` as `rp.remat`'s (at the tightest budgets two
     levels can cost more FLOPs than a larger budget's plan, for a lower peak).
     """
+    _own_backward(module, func, "rp.pareto")
     measure = _Measure(module, func, levels)
     lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device))
     if budgets is None:
@@ -202,6 +219,7 @@ def policy_points(module, policies=FIXED_POLICIES, func: str = "main") -> list[P
     """Each fixed policy (specs, or policies of `rp.policies` / JAX) measured as `pareto`
     measures its plans: where the hand-picked choices sit beside the sweep."""
     from remat_passes.policy.policies import as_policy
+    _own_backward(module, func, "rp.policy_points")
     measure = _Measure(module, func)
     out = []
     for policy in policies:

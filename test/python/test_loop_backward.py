@@ -71,6 +71,14 @@ def test_rp_jit_allocates_less_than_without_remat():
     assert ours < 0.8 * plain, (ours, plain)
 
 
+def test_sweeps_say_they_plan_a_functions_own_backward():
+    module = rp.export(accumulate(loss), *args())
+    for sweep, name in ((rp.bounds, "rp.bounds"), (rp.pareto, "rp.pareto")):
+        with pytest.raises(rp.RematError, match=f"{name}: @main runs its backward pass inside "
+                                                "a loop body.*export the step of one"):
+            sweep(module)
+
+
 def test_nested_loops_and_split_form():
     """A loop over epochs around the one over microbatches: the inner body is the one
     rewritten. The split form has no place for a backward inside a loop: a clear error."""
