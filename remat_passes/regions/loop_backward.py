@@ -63,12 +63,19 @@ def outline(module_op, func: str) -> list[tuple]:
     for k, body in enumerate(loop_bodies(func_op)):
         name = f"{func}_loop{k}"
         location = body.owner.location       # (the while op's)
-        _outline_body(module_op, body, name)
+        _outline_body(module_op, func_op, body, name)
         out.append((name, location))
     return out
 
 
-def _outline_body(module_op, body, name: str) -> None:
+def _argument_name(func_op, v) -> str | None:
+    """The function's own name for `v` where it is one of its arguments ("params[0]")."""
+    if isinstance(v, ir.BlockArgument) and v.owner == graph.body_block(func_op):
+        return graph.arg_name(func_op, v.arg_number)
+    return None
+
+
+def _outline_body(module_op, func_op, body, name: str) -> None:
     ops = [op.operation for op in body.operations]
     ret = ops.pop()                         # the body's stablehlo.return
     inside = set(body.arguments) | {r for op in ops for r in op.results}
@@ -90,8 +97,13 @@ def _outline_body(module_op, body, name: str) -> None:
                 "sym_visibility": ir.StringAttr.get("private"),
                 "function_type": ir.TypeAttr.get(ir.FunctionType.get(arg_types, result_types))},
             ip=ir.InsertionPoint(module_op.body))
-        names = [f"loop carry {k}" for k in range(len(body.arguments))] + [
-            f"value {k} from outside the loop" for k in range(len(captured))]
+        # (what residual descriptions call them: the function's argument a carry starts
+        # from or a value the body reads is, where it is one)
+        inits = list(body.owner.operands)
+        names = [f"{a} (loop carry {k})" if (a := _argument_name(func_op, inits[k]))
+                 else f"loop carry {k}" for k in range(len(body.arguments))] + [
+            _argument_name(func_op, v) or f"value {k} from outside the loop"
+            for k, v in enumerate(captured)]
         block = fn.regions[0].blocks.append(
             *arg_types, arg_locs=[ir.Location.name(n) for n in names])
         ip = ir.InsertionPoint(block)
