@@ -59,9 +59,12 @@ def outline(module_op, func: str) -> list[tuple]:
     its own, called from the body (module docstring). Returns (the new function's name, the
     loop's location) for each."""
     func_op = graph.find_func(module_op, func)
+    taken = set(graph.function_names(module_op))
     out = []
-    for k, body in enumerate(loop_bodies(func_op)):
-        name = f"{func}_loop{k}"
+    for body in loop_bodies(func_op):
+        name = next(n for k in range(len(taken) + 1)
+                    if (n := f"{func}_loop{k}") not in taken)
+        taken.add(name)
         location = body.owner.location       # (the while op's)
         _outline_body(module_op, func_op, body, name)
         out.append((name, location))

@@ -79,6 +79,23 @@ def test_sweeps_say_they_plan_a_functions_own_backward():
             sweep(module)
 
 
+def test_a_name_the_module_has_is_not_taken_again():
+    """The outlined body gets a name no function of the module has (a module rewritten
+    twice, or one with a function called main_loop0 already)."""
+    module = rp.export(accumulate(loss), *args())
+    once = rp.remat(module, "dots_saveable")
+    twice = rp.remat(once, "dots_saveable")
+    for a, b in zip(twice.call(*args()), jax.jit(accumulate(loss))(*args())):
+        np.testing.assert_array_equal(a, b)
+    # a public function called main_loop0 beside main
+    text = module.text(debug_info=True)
+    helper = ("  func.func public @main_loop0(%arg0: tensor<f32>) -> tensor<f32> {\n"
+              "    return %arg0 : tensor<f32>\n  }\n")
+    at = text.index("  func.func public @main")
+    out = rp.remat(rp.Module.parse(text[:at] + helper + text[at:]), "dots_saveable")
+    assert any("@main_loop1" in r for r in out.remarks), out.remarks
+
+
 def test_nested_loops_and_split_form():
     """A loop over epochs around the one over microbatches: the inner body is the one
     rewritten. The split form has no place for a backward inside a loop: a clear error."""
