@@ -51,6 +51,8 @@ unless `static_argnums` / `static_argnames` make them static (hashable Python va
 the signature; a parameter static by position is static when passed by keyword, and the other
 way round); `donate_argnums` / `donate_argnames` donate as `jax.jit` does (the donated inputs
 are deleted after the call). A parameter left out takes its default as a Python value.
+`in_shardings` / `out_shardings` are not taken: the program follows the shardings of the
+arguments it is called with (`jax.device_put` them).
 `jitted.lower(*args)` gives what was built for those arguments: the rewritten Module, the
 residuals, the remarks, the executables (for XLA's `memory_analysis()`).
 
