@@ -378,11 +378,11 @@ class Jitted:
         statics, static_kw, kw_names = dict(call.static), dict(call.static_kw), call.kw_names
         n_pos = len(dynamic) - len(kw_names)
 
-        def dynamic_fun(*dyn):
-            it = iter(dyn[:n_pos])
+        def dynamic_fun(*args):       # (named as jax names the arguments of *args)
+            it = iter(args[:n_pos])
             full = [statics[i] if i in statics else next(it)
                     for i in range(n_pos + len(statics))]
-            return fun(*full, **dict(zip(kw_names, dyn[n_pos:])), **static_kw)
+            return fun(*full, **dict(zip(kw_names, args[n_pos:])), **static_kw)
         dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
         dynamic_fun.__qualname__ = getattr(fun, "__qualname__", dynamic_fun.__name__)
         _keep_parameter_names(dynamic_fun, fun, call, len(dynamic))
