@@ -509,9 +509,9 @@ class Jitted:
         in_kinds = jax_run.memory_kinds(module, "main_bwd", "arg_attrs")
         in_shardings = jax_run.placed_shardings(in_kinds, device) or [None] * len(in_kinds)
         if device is None:    # on several devices: the residuals as the forward hands them
-            made_sh = jax.tree.leaves(fwd.output_shardings)[len(fwd_out):]
+            made_sh = dict(zip(made, jax.tree.leaves(fwd.output_shardings)[len(fwd_out):]))
             in_shardings = [leaves[kept[passthrough[r]]].sharding if r in passthrough
-                            else made_sh[made.index(r)] for r in range(n_res)]
+                            else made_sh[r] for r in range(n_res)]
         res_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
                      for a, sh in zip(bwd_exp.in_avals, in_shardings)]
         # the residuals fwd made are ours, and so are donated arguments: the backward may

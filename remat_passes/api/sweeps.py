@@ -90,9 +90,11 @@ def _own_backward(module, func: str, what: str) -> None:
                 "policy to each iteration")
 
 
-def bounds(module, func: str = "main", policy: AutoPolicy | None = None) -> tuple[int, int]:
-    """(minimum, no-remat) residual bytes a plan can have for `func` of `module`."""
-    _own_backward(module, func, "rp.bounds")
+def bounds(module, func: str = "main", policy: AutoPolicy | None = None, *,
+           what: str = "rp.bounds") -> tuple[int, int]:
+    """(minimum, no-remat) residual bytes a plan can have for `func` of `module` (`what`:
+    who asks, for the error where the function's backward runs inside a loop body)."""
+    _own_backward(module, func, what)
     p = problem_for(module, func, policy)
     return minimum_bytes(p), p.no_remat_bytes()
 
@@ -192,9 +194,9 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
     `plot_pareto` draws the result. `levels` as `rp.remat`'s (at the tightest budgets two
     levels can cost more FLOPs than a larger budget's plan, for a lower peak).
     """
-    _own_backward(module, func, "rp.pareto")
+    lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device),
+                    what="rp.pareto")
     measure = _Measure(module, func, levels)
-    lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device))
     if budgets is None:
         budgets = sorted({int(lo + (hi - lo) * k / max(points - 1, 1)) for k in range(points)})
     out = []

@@ -19,13 +19,8 @@ from remat_passes.ir import graph
 from remat_passes.ir.mlir import RematError
 from remat_passes.passes.base import ModulePass, option
 from remat_passes.passes.diagnostics import Remark
+from remat_passes.passes.remat_partial_eval import parse_mode
 from remat_passes.regions import loop_backward
-
-
-def parse_mode(text: str) -> str:
-    if text not in ("joint", "split"):
-        raise ValueError(f"expected joint or split, got '{text}'")
-    return text
 
 
 @dataclasses.dataclass
@@ -41,7 +36,8 @@ class OutlineLoopBackwards(ModulePass):
     def apply(self, module_op, state) -> None:
         with module_op.context:
             f = graph.find_func(module_op, self.func)
-            if not loop_backward.loop_bodies(f):
+            found = loop_backward.loop_bodies(f)
+            if not found:
                 return
             if self.mode == "split":
                 raise RematError(
@@ -49,7 +45,7 @@ class OutlineLoopBackwards(ModulePass):
                     "accumulation: jax.grad inside lax.scan or fori_loop): it cannot be split "
                     "into a forward and a backward program; use mode='joint', which "
                     "rematerializes inside each iteration", f.location)
-            bodies = loop_backward.outline(module_op, self.func)
+            bodies = loop_backward.outline(module_op, f, found)
         state.loop_bodies[self.func] = [name for name, _ in bodies]
         for name, location in bodies:
             state.remarks.append(Remark(

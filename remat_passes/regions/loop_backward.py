@@ -5,7 +5,7 @@ A training step that accumulates gradients over microbatches runs `jax.grad` ins
 iteration of the loop body has one, a forward and its backward. The memory remat saves is
 that of one microbatch's activations, inside the body.
 
-`outline(module_op, func)` moves each such loop body into a private function of its own
+`outline(module_op, func_op, bodies)` moves each such loop body into a private function of its own
 (`@<func>_loop<k>`, its arguments the body's block arguments and then the values it reads
 from outside the loop; the constants it reads are copied in), and leaves a `func.call` of
 it in the body. The `outline-loop-backwards` pass does that; the passes after it run on
@@ -54,14 +54,14 @@ def loop_bodies(func_op) -> list:
     return found
 
 
-def outline(module_op, func: str) -> list[tuple]:
-    """Move each loop body of `func` that runs a backward pass into a private function of
-    its own, called from the body (module docstring). Returns (the new function's name, the
-    loop's location) for each."""
-    func_op = graph.find_func(module_op, func)
+def outline(module_op, func_op, bodies: list) -> list[tuple]:
+    """Move each of `bodies` (`loop_bodies(func_op)`) into a private function of its own,
+    called from the body (module docstring). Returns (the new function's name, the loop's
+    location) for each."""
+    func = graph.func_name(func_op)
     taken = set(graph.function_names(module_op))
     out = []
-    for body in loop_bodies(func_op):
+    for body in bodies:
         name = next(n for k in range(len(taken) + 1)
                     if (n := f"{func}_loop{k}") not in taken)
         taken.add(name)
