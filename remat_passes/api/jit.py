@@ -73,6 +73,7 @@ import numpy as np
 from remat_passes import jax_compat
 from remat_passes.api import cache
 from remat_passes.api.remat import Barriers, remat_variants
+from remat_passes.cost.xla_schedule import deletes_barriers
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
@@ -95,7 +96,7 @@ def default_mode() -> str:
 def needs_tie(backend: str | None = None) -> bool:
     """Does `backend` need the recomputation tied to the cotangent by data? XLA:CPU
     deletes optimization barriers before it schedules (place-optimization-barriers)."""
-    return (backend or jax.default_backend()) == "cpu"
+    return deletes_barriers(backend)
 
 
 def rounds_read_back(mode: str, backend: str | None = None) -> bool:

@@ -13,6 +13,7 @@ from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost import flops
 from remat_passes.cost.devices import PROFILES, default_device
 from remat_passes.cost.memory import estimate_memory, format_bytes
+from remat_passes.cost.xla_schedule import deletes_barriers
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, op_id
 from remat_passes.passes.inline import Inline
@@ -176,7 +177,9 @@ class _Measure:
     def __call__(self, policy) -> tuple:
         """(split module, activation bytes, host bytes, extra FLOPs, extra %, joint peak)."""
         split = remat(self.module, policy, mode="split", func=self.func, levels=self.levels)
-        joint = remat(self.module, policy, mode="joint", func=self.func, levels=self.levels)
+        # the joint form as rp.jit builds it: where XLA deletes barriers (CPU), tied
+        joint = remat(self.module, policy, mode="joint", func=self.func, levels=self.levels,
+                      tie_to_cotangent=deletes_barriers())
         extra = self._flops(split) - self.base
         host = sum(r.bytes for r in split.residuals if r.offload is not None and
                    r.offload.dst in ("pinned_host", "unpinned_host"))

@@ -42,63 +42,10 @@ dimensions (`symbolic.DimNames`), and `format_memory` prints them.
 Everything is O(number of ops): one pass computes last uses, one sweep
 accumulates live bytes.
 
-`model="xla"` models, on top of that, what XLA's buffer assignment does to live ranges
-(calibrated on XLA:CPU with YNNPACK fusions off, whose buffers XLA does not count, and on
-XLA:GPU for the rules that say so, `python -m tools.benchmarks xla`):
-
-* the caller's arguments stay allocated for the whole call, unless donated
-  (`jax.buffer_donor` or `tf.aliasing_output`): then until their last use;
-* every result slot is an output allocation of its own, there for the whole call (the
-  caller receives it; a returned argument or literal is copied into it). A temporary
-  that dies before the result is made (or where an elementwise op makes it in place)
-  lies inside such an allocation at least as large, when it overlaps none already there:
-  no memory of its own. XLA's buffer assignment tries its existing allocations, the
-  outputs among them, before the heap, largest buffers first; so does the model (each
-  temporary tries at most 16 allocations). The rest share the heap, whose peak, with
-  the arguments and the outputs, is the estimate;
-* constants are literals of the executable, not memory the program allocates;
-* fusion: an elementwise op (or a broadcast, an iota) whose only reader is another such
-  op, or a reduce, is computed inside its reader and never stored; its reader reads its
-  operands instead. One read by several elementwise ops is computed again inside each
-  unless it is expensive (a divide, an exponential, a square root, tanh, ...: XLA:CPU's
-  `IsExpensive`) or reads more than 4 buffers through what is fused into it (XLA stops
-  where the code would grow again and again, as along a gradient summed over many
-  layers). An identity op (below) is no reader to fuse into; on CPU its readers count
-  as the value's readers, since XLA:CPU drops optimization barriers before it fuses.
-  (These rules, the transposed copies and the layout of output allocations are in
-  `cost/xla_buffers.py`.);
-* a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
-  that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
-  on CPU, so is a placement annotation (XLA:CPU drops it);
-* an elementwise op whose operand dies there writes its result into that operand's
-  buffer when the two have the same size (unless the function returns the result: it
-  goes into its output allocation); so do `dynamic_update_slice` and `scatter`
-  into their first operand, and a `while` loop's results into its operands (its carries;
-  inside the loop body, an update of a carry costs nothing new), and a carry the body
-  returns unchanged is the operand's own buffer;
-* a convolution whose operands or result are not in the dimension order XLA's convolution
-  kernels take (batch, spatial..., feature; the kernel spatial..., input, output feature),
-  as in a convolution's weight gradient, works on a transposed copy of each such one, live
-  while it runs; a copy of one of the function's arguments is made at entry (XLA:CPU
-  schedules it first) and held until the convolution. A `dot_general` whose operands are
-  not in the order XLA's matrix kernels take (the left: batch, free, contracting
-  dimensions; the right: batch, contracting, free), as for `x @ W.T` or attention's
-  heads, works on transposed copies of them too, live while it runs;
-* on the CPU backend there is one memory: what is placed in host memory counts.
-* on a GPU (read from XLA:GPU's dumps on an H100, `tools.benchmarks.xla_dump`, and checked
-  against the xla benchmark's footprints on an H100 and an H200): a
-  `dot_general` without batch dimensions whose output is small beside its contraction is
-  computed by XLA:GPU as split-K partial products, summed afterwards: the partials
-  (`xla_buffers.split_k_partials`) are live while it runs, as buffers of their own (not
-  counted inside a loop body: there they put the scanned models' forwards 20-30% over).
-  Its matrix kernels read operands in any dimension order: no transposed copies. A value
-  copied back from host memory is on the device from the start of the program: XLA:GPU
-  starts the copy early.
-
-What it does not model is XLA's own scheduling: without the tie, XLA:CPU may move a
-recomputation earlier than where it is written and hold its results longer (the backward
-halves of the benchmarks' GPT under `dots_saveable`: the estimate is 32% under XLA's
-footprint).
+`model="xla"` models, on top of that, what XLA does to live ranges: which ops it fuses,
+which work on transposed copies, how its buffer assignment lays buffers out
+(`cost/xla_buffers.py`, whose docstring lists the rules), and on CPU the order its
+scheduler runs the ops in (`cost/xla_schedule.py`).
 
 For a split module (`<f>_fwd` / `<f>_bwd` from `remat(..., mode="split")`)
 both functions are estimated on their own; `residual_bytes` of `<f>_fwd` is
@@ -114,6 +61,7 @@ from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
                                             conv_copied, lay_out, split_k_partials,
                                             transposed_dot)
+from remat_passes.cost.xla_schedule import bfs_order
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 
@@ -143,7 +91,9 @@ class FunctionMemory:
     result_bytes: int          # total of the result types, one per slot (host-placed included)
     peak_op: str               # the op at the peak, e.g. 'stablehlo.tanh at f.py:9:12 (mlp)'
     peak_index: int            # its index among the top-level ops (-1: at entry)
-    live_bytes_timeline: list[int]  # bytes live after each top-level op (return excluded)
+    # bytes live after each top-level op (return excluded), in the order they run (with
+    # model="xla" on CPU, XLA:CPU's: cost/xla_schedule.py)
+    live_bytes_timeline: list[int]
     # the largest buffers live at the peak, largest first: (bytes, what it is)
     peak_values: list = dataclasses.field(default_factory=list)
     residual_bytes: int | None = None  # <f>_fwd of a split module: results marked remat.residual
@@ -194,6 +144,11 @@ def _is_alias_op(op) -> bool:
         return contract.float_format(op.operands[0].type) == bits
     return (name == "stablehlo.custom_call" and len(op.operands) == 1
             and len(op.results) == 1 and contract.checkpoint_name(op) is not None)
+
+
+def _literal(value) -> bool:
+    """A constant: a literal of the executable, no buffer a fusion reads."""
+    return isinstance(value, ir.OpResult) and value.owner.name == "stablehlo.constant"
 
 
 def _invariant_carries(while_op) -> list[int]:
@@ -247,6 +202,7 @@ class _Estimator:
         # (model="xla") XLA:CPU has one memory; XLA:GPU's matrix products differ (below)
         self.host_kinds = frozenset() if backend == "cpu" else contract.HOST_KINDS
         self.gpu = self.xla and backend == "gpu"
+        self.cpu = self.xla and backend == "cpu"
         self.dim_symbols = dim_symbols or {}
         self._funcs = None
         self._callee_peaks: dict[str, int] = {}
@@ -305,12 +261,15 @@ class _Estimator:
         users = self._readers(op.results[0])
         if any(self._aliases(u) for u in users):
             return False      # an identity op is no reader to fuse into: it is a view
-        if len(users) == 1:
-            return users[0].name in FUSES_INPUTS
+        if len(users) == 1:    # (or into the transposed copy a convolution works on)
+            return users[0].name in FUSES_INPUTS or (
+                self.cpu and users[0].name == "stablehlo.convolution" and op.name in ELEMENTWISE
+                and op.results[0] in conv_copied(users[0]))
         parent = op.parent
         return bool(users) and op.name not in EXPENSIVE and all(
             u.name in FUSIBLE and u.parent == parent for u in users) and len(
-            {b for v in op.operands for b in fused.get(v, [v])}) <= DUPLICATED_READS
+            {b for v in op.operands for b in fused.get(v, [v]) if not _literal(b)}
+        ) <= DUPLICATED_READS
 
     def _readers(self, value) -> list:
         """The ops that read `value`; on CPU (one memory) through the identity ops that read
@@ -334,16 +293,9 @@ class _Estimator:
             op.name == "stablehlo.reshape" or transposed_dot(op)
             or (not self.host_kinds and contract.placement(op) is not None)))
 
-    def sweep(self, block, count_args: bool, host_args=frozenset(),
-              kept_args=frozenset(), host_results=frozenset()) -> _Sweep:
-        """`kept_args` (model="xla"): arguments the caller keeps for the whole call;
-        `host_results`: result slots in host memory (a value returned only there, as a scan's
-        stacked residuals offloaded, is made in host memory)."""
-        ops = [op.operation for op in block.operations]
-        n = len(ops)
-        has_term = n > 0 and ops[-1].name in _TERMINATORS
-        # Pass 1: last use of every buffer (aliases resolved to their root; a fused value
-        # is read where its reader runs, as the buffers it reads).
+    def _last_uses(self, ops, has_term) -> tuple:
+        """Pass 1 of the sweep: the last use of every buffer (aliases resolved to their
+        root; a fused value is read where its reader runs, as the buffers it reads)."""
         root: dict = {}
         last: dict = {}
         fused: dict = {}     # (model="xla") fused value -> the buffers it reads
@@ -367,6 +319,23 @@ class _Estimator:
                 for k in _invariant_carries(op):
                     o = op.operands[k]
                     root[op.results[k]] = root.get(o, o)
+        return root, last, fused, buffers_read
+
+    def sweep(self, block, count_args: bool, host_args=frozenset(),
+              kept_args=frozenset(), host_results=frozenset()) -> _Sweep:
+        """`kept_args` (model="xla"): arguments the caller keeps for the whole call;
+        `host_results`: result slots in host memory (a value returned only there, as a scan's
+        stacked residuals offloaded, is made in host memory)."""
+        ops = [op.operation for op in block.operations]
+        n = len(ops)
+        has_term = n > 0 and ops[-1].name in _TERMINATORS
+        root, last, fused, buffers_read = self._last_uses(ops, has_term)
+        if self.cpu and has_term:    # (model="xla") in the order XLA:CPU schedules them
+            ops = bfs_order(ops, lambda op: bool(op.results) and op.results[0] in fused or (
+                op.name == "stablehlo.optimization_barrier" or contract.placement(op)),
+                list(block.arguments), lambda op: conv_copied(op)
+                if op.name == "stablehlo.convolution" else ())
+            root, last, fused, buffers_read = self._last_uses(ops, has_term)
         if self.xla:
             for a in block.arguments:
                 if a.arg_number in kept_args:
@@ -547,9 +516,11 @@ class _Estimator:
         if residual_slots or is_split_fwd:
             residual = sum(graph.type_bytes(ftype.results[i]) for i in residual_slots)
         peak_op = "entry (arguments)" if s.peak_op is None else describe_op(s.peak_op)
+        peak_index = s.peak_index if s.peak_op is None or not self.cpu else next(
+            i for i, op in enumerate(block.operations) if op.operation == s.peak_op)
         n_symbolic, symbols = self._symbolic(func_op)
         return FunctionMemory(name=name, peak_bytes=s.peak, argument_bytes=arg_bytes,
-                              result_bytes=res_bytes, peak_op=peak_op, peak_index=s.peak_index,
+                              result_bytes=res_bytes, peak_op=peak_op, peak_index=peak_index,
                               live_bytes_timeline=s.timeline,
                               peak_values=[(b, _describe_value(v)) for b, v in s.at_peak],
                               residual_bytes=residual,

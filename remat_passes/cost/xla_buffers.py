@@ -1,6 +1,63 @@
 """What XLA does to buffers, as `estimate_memory`'s model="xla" sees it (cost/memory.py):
 which ops it fuses, which work on transposed copies of their operands, and how its buffer
 assignment lays a function's buffers out in output allocations and one heap (`lay_out`).
+
+The rules model="xla" adds to the program-order model (calibrated on XLA:CPU with YNNPACK
+fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that say so,
+`python -m tools.benchmarks xla`):
+
+* the caller's arguments stay allocated for the whole call, unless donated
+  (`jax.buffer_donor` or `tf.aliasing_output`): then until their last use;
+* every result slot is an output allocation of its own, there for the whole call (the
+  caller receives it; a returned argument or literal is copied into it). A temporary
+  that dies before the result is made (or where an elementwise op makes it in place)
+  lies inside such an allocation at least as large, when it overlaps none already there:
+  no memory of its own. XLA's buffer assignment tries its existing allocations, the
+  outputs among them, before the heap, largest buffers first; so does the model (each
+  temporary tries at most 16 allocations). The rest share the heap, whose peak, with
+  the arguments and the outputs, is the estimate;
+* constants are literals of the executable, not memory the program allocates;
+* fusion: an elementwise op (or a broadcast, an iota) whose only reader is another such
+  op, or a reduce, is computed inside its reader and never stored; its reader reads its
+  operands instead. One read by several elementwise ops is computed again inside each
+  unless it is expensive (a divide, an exponential, a square root, tanh, ...: XLA:CPU's
+  `IsExpensive`) or reads more than 4 buffers through what is fused into it (XLA stops
+  where the code would grow again and again, as along a gradient summed over many
+  layers; a constant is a literal, no buffer). An identity op (below) is no reader to
+  fuse into; on CPU its readers count as the value's readers, since XLA:CPU drops
+  optimization barriers before it fuses;
+* a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
+  that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
+  on CPU, so is a placement annotation (XLA:CPU drops it);
+* an elementwise op whose operand dies there writes its result into that operand's
+  buffer when the two have the same size (unless the function returns the result: it
+  goes into its output allocation); so do `dynamic_update_slice` and `scatter`
+  into their first operand, and a `while` loop's results into its operands (its carries;
+  inside the loop body, an update of a carry costs nothing new), and a carry the body
+  returns unchanged is the operand's own buffer;
+* a convolution whose operands or result are not in the dimension order XLA's convolution
+  kernels take (batch, spatial..., feature; the kernel spatial..., input, output feature),
+  as in a convolution's weight gradient, works on a transposed copy of each such one, live
+  while it runs; a copy of one of the function's arguments is made at entry (XLA:CPU
+  schedules it first) and held until the convolution; on CPU, an elementwise op whose only
+  reader is such a convolution is computed inside the copy (never stored: measured, the
+  conv net's weight gradients under `dots_saveable`). A `dot_general` whose operands are
+  not in the order XLA's matrix kernels take (the left: batch, free, contracting
+  dimensions; the right: batch, contracting, free), as for `x @ W.T` or attention's
+  heads, works on transposed copies of them too, live while it runs;
+* on the CPU backend there is one memory: what is placed in host memory counts.
+* on a GPU (read from XLA:GPU's dumps on an H100, `tools.benchmarks.xla_dump`, and checked
+  against the xla benchmark's footprints on an H100 and an H200): a
+  `dot_general` without batch dimensions whose output is small beside its contraction is
+  computed by XLA:GPU as split-K partial products, summed afterwards: the partials
+  (`split_k_partials`) are live while it runs, as buffers of their own (not
+  counted inside a loop body: there they put the scanned models' forwards 20-30% over).
+  Its matrix kernels read operands in any dimension order: no transposed copies. A value
+  copied back from host memory is on the device from the start of the program: XLA:GPU
+  starts the copy early.
+
+The order: on CPU, the ops run in the order XLA:CPU's breadth-first scheduler gives them
+(`cost/xla_schedule.py`); elsewhere in program order (XLA:GPU's scheduler is not modelled).
 """
 from __future__ import annotations
 

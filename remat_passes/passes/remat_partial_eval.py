@@ -252,16 +252,22 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         measure each plan's joint peak as XLA would allocate it (`estimate_memory`'s "xla"
         model, for the JAX backend in use; `for_peak` chooses among them)."""
         from remat_passes.cost.memory import estimate_memory
+        from remat_passes.cost.xla_schedule import deletes_barriers
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
         from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
         from remat_passes.passes.segment_scans import SegmentScans
         problem = planning_problem(module_op, self.func, policy)
 
-        def trial(candidate):   # the default pipeline, joint form (barriers split fusions)
+        # the default pipeline, joint form (barriers split fusions), as rp.jit builds it:
+        # where XLA deletes barriers (CPU), the recomputation tied to the cotangent
+        tie = deletes_barriers()
+
+        def trial(candidate):
             copy, st = self._trial(candidate, module_op, state, [
                 InsertReducePrecision(func=self.func, region_regex=self.region_regex),
-                SegmentScans(func=self.func), PlaceOptimizationBarriers(func=self.func),
+                SegmentScans(func=self.func),
+                PlaceOptimizationBarriers(func=self.func, tie_to_cotangent=tie),
                 AnnotateHostOffload(func=self.func), StripCheckpointNames()])
             return (estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
                         self.func].peak_bytes,

@@ -486,9 +486,9 @@ def test_xla_model_fuses_elementwise_chains_and_keeps_arguments():
     # buffer (1K) is there from the start. exp: 1K, dead before the reduce makes the
     # result, so it lies in that output buffer (no memory of its own); dot: + 256K (the
     # peak); reduce: into the output buffer (its region's add updates the accumulator in
-    # place), then the dot is dead.
-    assert f.live_bytes_timeline == [2 * K, 2 * K, 2 * K, 2 * K + 256 * K, 2 * K + 256 * K,
-                                     2 * K]
+    # place), then the dot is dead. In XLA:CPU's order (breadth first) the constant, which
+    # waits for nothing, comes first.
+    assert f.live_bytes_timeline == [2 * K, 2 * K, 2 * K, 2 * K, 2 * K + 256 * K, 2 * K]
     assert f.peak_bytes == 2 * K + 256 * K and f.peak_op.startswith("stablehlo.dot_general")
     program_order = only(est("""
     func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
@@ -527,6 +527,36 @@ def test_xla_model_in_place_update_and_donation():
     assert kept.peak_bytes == donated.peak_bytes == 2 * K + 256 * K
 
 
+def test_xla_model_on_cpu_runs_the_ops_in_xla_cpus_breadth_first_order():
+    """XLA:CPU schedules breadth first and deletes optimization barriers: the dot that
+    reads only the argument x (through a barrier with the chain's end: a recomputation from
+    a residual in a backward) runs at entry, beside the chain's first dot, and its result
+    is held along the chain. In program order it would come after the chain."""
+    d = ("contracting_dims = [1] x [0] : (tensor<256x256xf32>, tensor<256x256xf32>) -> "
+         "tensor<256x256xf32>")
+    text = f"""
+    func.func public @main(%x: tensor<256x256xf32>, %g: tensor<256x256xf32>) -> tensor<256x256xf32> {{
+      %a = stablehlo.dot_general %g, %g, {d}
+      %b = stablehlo.dot_general %a, %a, {d}
+      %c = stablehlo.dot_general %b, %b, {d}
+      %t:2 = stablehlo.optimization_barrier %x, %c : tensor<256x256xf32>, tensor<256x256xf32>
+      %r = stablehlo.dot_general %t#0, %t#0, {d}
+      %o = stablehlo.dot_general %r, %t#1, {d}
+      return %o : tensor<256x256xf32>
+    }}"""
+    cpu = xla_est(text)
+    in_order = xla_est(text, backend="tpu")      # (modelled in program order)
+    # x, g (512K) kept, the output (256K); then r, b and c live at c: 512K + 256K + 3 x 256K
+    assert cpu.peak_bytes == 1536 * K and in_order.peak_bytes == 1280 * K
+    assert cpu.peak_op.startswith("stablehlo.dot_general at line 5") and cpu.peak_index == 2
+    module = rp.Module.parse(text)
+    m = rp.compile(module, "main").lower(jnp.ones((256, 256)), jnp.ones((256, 256))) \
+        .compile().memory_analysis()
+    if jax.default_backend() == "cpu":        # XLA's own figure: 1536K
+        assert m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes \
+            == cpu.peak_bytes
+
+
 def test_xla_model_output_allocations_hold_dead_temporaries():
     """A temporary that dies before a result is made lies in that result's output
     allocation (as large or larger); one still live there takes memory of its own."""
@@ -538,11 +568,15 @@ def test_xla_model_output_allocations_hold_dead_temporaries():
       %b = stablehlo.dot_general %x, %x, contracting_dims = [0] x [1] : (tensor<256x256xf32>, tensor<256x256xf32>) -> tensor<256x256xf32>
       return %b, %r : tensor<256x256xf32>, tensor<256xf32>
     }}"""
-    f = xla_est(text.format())
+    f = xla_est(text.format(), backend="tpu")     # (modelled in program order)
     # x (256K) kept, the outputs b (256K) and r (1K) from entry; a (256K) dies at the
     # reduce, before b is made: it lies in b's allocation. Peak: x + b + r.
     assert f.peak_bytes == 256 * K + 256 * K + K
     assert f.live_bytes_timeline == [513 * K] * 4
+    # XLA:CPU runs both dots first (breadth first: they read only x), so a is live when b
+    # is made and takes 256K of its own (XLA:CPU, YNNPACK fusions off: 795,664 B with
+    # the reduce's 8K of scratch)
+    assert xla_est(text.format()).peak_bytes == 3 * 256 * K + K
     # a and b both read where the add makes the result s (in place, elementwise): one of
     # them lies in s's allocation, the other needs 256K of its own
     late = xla_est(text.format().replace(
@@ -676,8 +710,8 @@ def test_xla_model_counts_the_transposed_copies_of_a_dot_out_of_order():
 @pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
 def test_xla_model_predicts_xla_cpu_on_a_conv_net_backward(policy, monkeypatch):
     """Against XLA:CPU's memory_analysis() of a two-layer conv net's split backward: within
-    15% with the weight gradients' transposed copies counted (measured -10% and -9%), more
-    than 15% under without them (-32%, -37%)."""
+    15% with the weight gradients' transposed copies counted (measured +0.7% and +0.7%),
+    more than 15% under without them."""
     from jax import lax
     from remat_passes.cost import memory
 
