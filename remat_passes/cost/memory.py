@@ -75,7 +75,7 @@ MODELS = ("program-order", "xla")
 # the benchmark models under every policy (docs/benchmarks.md; test_memory checks these
 # against the stored results). On CPU that runs with YNNPACK fusions off: XLA does not
 # count the buffers YNNPACK uses inside them (tools/benchmarks/ynn_probe.py).
-MEASURED = {"cpu": (155, 162, "2 CPUs", ", YNNPACK fusions off"),
+MEASURED = {"cpu": (161, 162, "2 CPUs", ", YNNPACK fusions off"),
             "gpu": (127, 162, "an H100 and an H200", "")}
 
 _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
