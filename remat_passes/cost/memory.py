@@ -57,6 +57,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+from remat_passes import jax_compat
 from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE, EXPENSIVE,
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
                                             conv_copied, lay_out, split_k_partials,
@@ -203,6 +204,8 @@ class _Estimator:
         self.host_kinds = frozenset() if backend == "cpu" else contract.HOST_KINDS
         self.gpu = self.xla and backend == "gpu"
         self.cpu = self.xla and backend == "cpu"
+        # (on CPU) in the order XLA:CPU runs the ops, where it runs them breadth first
+        self.breadth_first = self.cpu and jax_compat.xla_cpu_schedules_breadth_first()
         self.dim_symbols = dim_symbols or {}
         self._funcs = None
         self._callee_peaks: dict[str, int] = {}
@@ -330,7 +333,7 @@ class _Estimator:
         n = len(ops)
         has_term = n > 0 and ops[-1].name in _TERMINATORS
         root, last, fused, buffers_read = self._last_uses(ops, has_term)
-        if self.cpu and has_term:    # (model="xla") in the order XLA:CPU schedules them
+        if self.breadth_first and has_term:   # (model="xla") as XLA:CPU schedules them
             ops = bfs_order(ops, lambda op: bool(op.results) and op.results[0] in fused or (
                 op.name == "stablehlo.optimization_barrier" or contract.placement(op)),
                 list(block.arguments), lambda op: conv_copied(op)

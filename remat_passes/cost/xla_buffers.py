@@ -56,8 +56,9 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   copied back from host memory is on the device from the start of the program: XLA:GPU
   starts the copy early.
 
-The order: on CPU, the ops run in the order XLA:CPU's breadth-first scheduler gives them
-(`cost/xla_schedule.py`); elsewhere in program order (XLA:GPU's scheduler is not modelled).
+The order: on CPU with jaxlib 0.10, the ops run in the order XLA:CPU's breadth-first
+scheduler gives them (`cost/xla_schedule.py`); elsewhere in program order (the schedulers of
+later XLA:CPU and of XLA:GPU are not modelled).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The order XLA:CPU runs a function's ops in, for `estimate_memory(model="xla")` on CPU.
 
-XLA:CPU schedules each computation with its concurrency-optimized scheduler (on by default,
-`--xla_cpu_enable_concurrency_optimized_scheduler`; `BFSMemoryScheduler` in XLA): a
-breadth-first topological order. The parameters and constants are ready first; an
+XLA:CPU in jaxlib 0.10 schedules each computation with its concurrency-optimized scheduler
+(on by default, `--xla_cpu_enable_concurrency_optimized_scheduler`; `BFSMemoryScheduler` in
+XLA): a breadth-first topological order. (Later jaxlibs do not: measured on 0.11.2 and 0.12,
+`jax_compat.xla_cpu_schedules_breadth_first`; the estimate keeps program order there.) The parameters and constants are ready first; an
 instruction is queued, first in first out, when the last of its operands has run. So an
 op that reads only the function's arguments runs at the start of the program wherever it
 is written (in a split backward: a recomputation from residuals alone, the transposed copy

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 
 import remat_passes as rp
+from remat_passes.api.jit import needs_tie
 from remat_passes.api.sweeps import bounds, problem_for, recompute_seconds
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.devices import PROFILES
@@ -56,6 +57,13 @@ def device_bytes(out) -> tuple[int, int]:
     return activation_bytes(out.residuals), host
 
 
+def joint_form(module, policy):
+    """The joint form whose peak this page gives: as rp.jit builds it (where XLA deletes
+    optimization barriers, on CPU, the recomputation tied to the cotangent; untied, the
+    estimate has XLA:CPU run it as early as it can, as XLA does)."""
+    return rp.remat(module, policy, mode="joint", levels=LEVELS, tie_to_cotangent=needs_tie())
+
+
 def point(model: Model, module, policy, ref, joint=False) -> dict:
     """One policy on one model: bytes, cost, model seconds, grads (split; joint too)."""
     t = time.perf_counter()
@@ -78,7 +86,7 @@ def point(model: Model, module, policy, ref, joint=False) -> dict:
         sol = split.plan_reports[0].solution
         row.update(solve_s=sol.seconds, method=sol.method, planned_s=sol.cost)
     if joint:
-        out = rp.remat(module, policy, mode="joint", levels=LEVELS)
+        out = joint_form(module, policy)
         row["peak"] = int(estimate_memory(out, model=PEAK_MODEL).peak_bytes)
         row["err_joint"] = run_joint_form(model, out, ref)
     return row
@@ -169,7 +177,7 @@ def objective_peak(model: Model, module, lowest: int, highest: int, progress) ->
         progress(f"{model.key}: peak budget {b} B")
         t = time.perf_counter()
         try:
-            joint = rp.remat(module, auto(b, device=DEVICE, objective="peak"), levels=LEVELS)
+            joint = joint_form(module, auto(b, device=DEVICE, objective="peak"))
             rep = joint.plan_reports[0]
             rows.append({"budget": b,
                          "peak": int(estimate_memory(joint, model=PEAK_MODEL).peak_bytes),
@@ -188,10 +196,10 @@ def refresh_peaks(data: dict, progress=print) -> dict:
         model = MODELS[key]()
         module = rp.export_vjp(model.build(_identity), *model.args)
         progress(f"{key}: joint peaks")
-        out["base_peak"] = int(estimate_memory(rp.remat(module, None), model=PEAK_MODEL)
+        out["base_peak"] = int(estimate_memory(joint_form(module, None), model=PEAK_MODEL)
                                .peak_bytes)
         for row in out["sweep"]:
-            joint = rp.remat(module, auto(row["budget"], device=DEVICE), levels=LEVELS)
+            joint = joint_form(module, auto(row["budget"], device=DEVICE))
             row["auto"]["peak"] = int(estimate_memory(joint, model=PEAK_MODEL).peak_bytes)
         out["peak"] = objective_peak(model, module, _lowest_peak(out), out["base_peak"],
                                      progress)
@@ -483,8 +491,9 @@ def render(data, png_rel: str) -> str:
     L += ["", "### `objective=peak`", "",
           "Peak budgets from the lowest joint peak of the sweep's plans to that of no "
           "remat; the joint form's peak estimate of the plan against each (`rp.estimate_memory"
-          f"(joint, model='{PEAK_MODEL}')`, what objective=peak bounds; the joint peaks on this "
-          "page are that estimate"
+          f"(joint, model='{PEAK_MODEL}')`, what objective=peak bounds, of the joint form as "
+          "rp.jit builds it (on CPU tied to the cotangent); the joint peaks on this page are "
+          "that estimate"
           + (f", measured again at {m['peaks_commit']} when the estimate changed"
              if m.get("peaks_commit") else "") + "):", "",
           "| model | " + " | ".join(f"budget {k + 1}" for k in range(PEAK_POINTS)) + " |",
