@@ -36,13 +36,16 @@ answers instead of encoding any of these):
   policies of `jax.checkpoint_policies` are frozen dataclass objects
   (`DotsSaveable`, `SaveOnlyTheseNames`, ...). Python >= 3.11.
   XLA:CPU schedules breadth first (its concurrency-optimized scheduler): an op runs
-  as soon as what it reads is ready (`xla_cpu_schedules_breadth_first`).
+  as soon as what it reads is ready (`xla_cpu_schedules_breadth_first`); it deletes
+  optimization barriers before it fuses.
 * 0.11.0: those classes are also exported from `jax.checkpoint_policies`
   (`SaveOnlyTheseNames`, `SaveAnyNamesButThese`,
   `SaveAndOffloadOnlyTheseNames`). Python >= 3.12 from here on.
 * 0.11.1: `Exported._has_named_shardings` is gone.
 * 0.11.2 (measured; perhaps earlier): XLA:CPU no longer runs ops breadth first (not
-  on a program where that holds one more buffer, whichever `xla_cpu_scheduler_type`).
+  on a program where that holds one more buffer, whichever `xla_cpu_scheduler_type`),
+  and optimization barriers split its fusions, as on GPU
+  (`xla_cpu_fuses_across_barriers`).
 * 0.11.2: `tanh` is differentiated through `one_minus_square(tanh(x))`, so
   `jax.checkpoint` saves other residuals for tanh layers.
 * 0.12.0: the built-in policies are plain closures again (no classes);
@@ -118,6 +121,16 @@ def check_installed_version(dists=("jax", "jaxlib")) -> None:
                 f"remat_passes supports {dist} {supported_range()}; {dist} {text} is installed. "
                 f"Install a supported {dist}, or set {SKIP_CHECK_ENV}=1 to try this one "
                 "anyway (it uses JAX internals that may have moved).")
+
+
+def xla_cpu_fuses_across_barriers() -> bool:
+    """Does the installed jaxlib's XLA:CPU delete optimization barriers before it fuses, so
+    that where they go does not change its fusions? Measured on the benchmarks' GPT under
+    `nothing_saveable` (joint form, XLA's footprint): 0.10.2 does (18,456,196 B with a
+    barrier per recomputation or per checkpoint region); 0.11.2 and 0.12 do not
+    (20,553,348 B per recomputation, 18,456,196 B per region; `jax.checkpoint`'s:
+    18,456,180 B)."""
+    return _parse_version(installed_version("jaxlib") or "0") < (0, 11)
 
 
 def xla_cpu_schedules_breadth_first() -> bool:

@@ -26,7 +26,9 @@ Arguments and results are the function's own pytrees in both forms:
 "per-use" (one per recomputation, at its consumer), "per-region" (one per checkpoint region,
 as `jax.checkpoint`) or "smaller": build both, compile both, run the one with the smaller XLA
 footprint (temp + arguments + outputs; the larger half in split form). The default is
-"smaller" on a backend that keeps barriers (GPU, TPU) and "per-use" on CPU, where the tie
+"smaller" on a backend that keeps barriers (GPU, TPU, and CPU from jaxlib 0.11: there
+XLA:CPU's fusions stop at barriers too; measured, the benchmarks' GPT under `nothing_saveable`
+20.6 MB per use, 18.5 MB per region) and "per-use" on CPU with jaxlib 0.10, where the tie
 decides instead. Neither grouping is smaller everywhere (measured on an H200: Equinox under
 `nothing_saveable` 5.51 MB per use, 3.86 MB per region; under `dots_saveable` 3.29 MB per use,
 3.73 MB per region); per region matches `jax.checkpoint`'s footprint, so the smaller of the
@@ -110,12 +112,16 @@ def barrier_variants(mode: str, tie_to_cotangent: bool | None = None,
                      barrier_groups: str | None = None, prevent_cse: bool = True) -> tuple:
     """The barrier variants rp.jit builds, compiles and runs the smallest of (module
     docstring): both groupings for "smaller", and by default where barriers decide (a
-    backend that keeps them, no tie); in split form on CPU, by default, the recomputation
+    backend that keeps them, no tie; CPU from jaxlib 0.11); in split form on CPU, by
+    default, the recomputation
     tied to the cotangent and not. The benchmarks build what rp.jit would from this too."""
     tie = needs_tie() if tie_to_cotangent is None else tie_to_cotangent
     if not prevent_cse:
         return (Barriers("per-use"),)      # no barriers at all
-    chosen = barrier_groups or ("per-use" if tie else "smaller")
+    # where XLA:CPU deletes barriers before it fuses (jaxlib 0.10) the grouping changes
+    # nothing there: one variant; later ones split fusions at barriers, as GPUs do
+    chosen = barrier_groups or ("per-use" if tie and jax_compat.xla_cpu_fuses_across_barriers()
+                                else "smaller")
     groupings = ("per-use", "per-region") if chosen == "smaller" else (chosen,)
     ties = (True, False) if tie and mode == "split" and tie_to_cotangent is None else (tie,)
     return tuple(Barriers(g, t) for t in ties for g in groupings)
