@@ -60,8 +60,8 @@ from collections import defaultdict
 from remat_passes import jax_compat
 from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE, EXPENSIVE,
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
-                                            conv_copied, lay_out, split_k_partials,
-                                            transposed_dot)
+                                            Fused, conv_copied, is_literal, lay_out,
+                                            reads_through, split_k_partials, transposed_dot)
 from remat_passes.cost.xla_schedule import bfs_order
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
@@ -145,44 +145,6 @@ def _is_alias_op(op) -> bool:
         return contract.float_format(op.operands[0].type) == bits
     return (name == "stablehlo.custom_call" and len(op.operands) == 1
             and len(op.results) == 1 and contract.checkpoint_name(op) is not None)
-
-
-def _literal(value) -> bool:
-    """A constant: a literal of the executable, no buffer a fusion reads."""
-    return isinstance(value, ir.OpResult) and value.owner.name == "stablehlo.constant"
-
-
-class _Fused:
-    """(model="xla") a value computed inside its readers: what it reads, buffers and other
-    such values. Expanded only where an op that is stored reads it (`_buffers`), so a chain
-    fused end to end (a gradient summed over many layers) is walked once, by its reader."""
-    __slots__ = ("parts",)
-
-    def __init__(self, parts):
-        self.parts = parts
-
-
-def _buffers(parts, limit: int | None = None) -> list:
-    """The buffers `parts` (buffers and `_Fused` values) read, in order, each once; with
-    `limit`, it stops once more than `limit` of them are no literal."""
-    out, seen, walked, counted = [], set(), set(), 0
-    stack = [iter(parts)]
-    while stack:
-        for p in stack[-1]:
-            if isinstance(p, _Fused):
-                if id(p) not in walked:
-                    walked.add(id(p))
-                    stack.append(iter(p.parts))
-                    break
-            elif p not in seen:
-                seen.add(p)
-                out.append(p)
-                counted += limit is not None and not _literal(p)
-                if limit is not None and counted > limit:
-                    return out
-        else:
-            stack.pop()
-    return out
 
 
 def _invariant_carries(while_op) -> list[int]:
@@ -304,8 +266,8 @@ class _Estimator:
         parent = op.parent
         return bool(users) and op.name not in EXPENSIVE and all(
             u.name in FUSIBLE and u.parent == parent for u in users) and len(
-            [b for b in _buffers([fused.get(v, v) for v in op.operands], DUPLICATED_READS)
-             if not _literal(b)]) <= DUPLICATED_READS
+            [b for b in reads_through([fused.get(v, v) for v in op.operands], DUPLICATED_READS)
+             if not is_literal(b)]) <= DUPLICATED_READS
 
     def _readers(self, value) -> list:
         """The ops that read `value`; on CPU (one memory) through the identity ops that read
@@ -334,20 +296,20 @@ class _Estimator:
         root; a fused value is read where its reader runs, as the buffers it reads)."""
         root: dict = {}
         last: dict = {}
-        fused: dict = {}     # (model="xla") fused value -> what it reads (a _Fused)
+        fused: dict = {}     # (model="xla") fused value -> what it reads (a Fused)
         buffers_read = []    # per op: the buffers it reads (through fused values)
         for i, op in enumerate(ops):
             values = graph.read_values(op)
             if self.xla and not (has_term and op == ops[-1]) and self._fused(op, fused):
                 # read where its readers run (they come later): nothing to note here
-                fused[op.results[0]] = _Fused([fused.get(v) or root.get(v, v)
+                fused[op.results[0]] = Fused([fused.get(v) or root.get(v, v)
                                                for v in values])
                 buffers_read.append(())
                 continue
             reads = []
             for v in values:
                 f = fused.get(v)
-                reads += [root.get(v, v)] if f is None else _buffers(f.parts)
+                reads += [root.get(v, v)] if f is None else reads_through(f.parts)
             buffers_read.append(reads)
             for r in reads:
                 last[r] = i

@@ -96,6 +96,44 @@ UPDATES_OPERAND_0 = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.scat
 PLACEMENT_TRIES = 16
 
 
+def is_literal(value) -> bool:
+    """A constant: a literal of the executable, no buffer a fusion reads."""
+    return isinstance(value, ir.OpResult) and value.owner.name == "stablehlo.constant"
+
+
+class Fused:
+    """(model="xla") a value computed inside its readers: what it reads, buffers and other
+    such values. Expanded only where an op that is stored reads it (`reads_through`), so a chain
+    fused end to end (a gradient summed over many layers) is walked once, by its reader."""
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        self.parts = parts
+
+
+def reads_through(parts, limit: int | None = None) -> list:
+    """The buffers `parts` (buffers and `Fused` values) read, in order, each once; with
+    `limit`, it stops once more than `limit` of them are no literal."""
+    out, seen, walked, counted = [], set(), set(), 0
+    stack = [iter(parts)]
+    while stack:
+        for p in stack[-1]:
+            if isinstance(p, Fused):
+                if id(p) not in walked:
+                    walked.add(id(p))
+                    stack.append(iter(p.parts))
+                    break
+            elif p not in seen:
+                seen.add(p)
+                out.append(p)
+                counted += limit is not None and not is_literal(p)
+                if limit is not None and counted > limit:
+                    return out
+        else:
+            stack.pop()
+    return out
+
+
 def conv_copies(op) -> int:
     """model="xla": the bytes of the transposed copies XLA makes of a convolution's operands
     and result whose dimensions are not in the order its convolution kernels take (input

@@ -2,13 +2,14 @@
 
 XLA:CPU in jaxlib 0.10 schedules each computation with its concurrency-optimized scheduler
 (on by default, `--xla_cpu_enable_concurrency_optimized_scheduler`; `BFSMemoryScheduler` in
-XLA): a breadth-first topological order. (Later jaxlibs do not: measured on 0.11.2 and 0.12,
-`jax_compat.xla_cpu_schedules_breadth_first`; the estimate keeps program order there.) The parameters and constants are ready first; an
-instruction is queued, first in first out, when the last of its operands has run. So an
-op that reads only the function's arguments runs at the start of the program wherever it
-is written (in a split backward: a recomputation from residuals alone, the transposed copy
-of a residual), and one reading a value made early runs soon after it, not where its
-reader needs it. Its result is held until then.
+XLA): a breadth-first topological order. (Later jaxlibs do not: measured on 0.11.2 and
+0.12, `jax_compat.xla_cpu_schedules_breadth_first`; the estimate keeps program order
+there.) The parameters and constants are ready first; an instruction is queued, first in
+first out, when the last of its operands has run. So an op that reads only the function's
+arguments runs at the start of the program wherever it is written (in a split backward: a
+recomputation from residuals alone, the transposed copy of a residual), and one reading a
+value made early runs soon after it, not where its reader needs it. Its result is held
+until then.
 
 `bfs_order` gives a block's ops in that order, on the graph XLA schedules: an op fused
 into its readers is no instruction of its own (a reader waits for what the fused op
