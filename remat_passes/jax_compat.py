@@ -130,14 +130,18 @@ def xla_cpu_fuses_across_barriers() -> bool:
     barrier per recomputation or per checkpoint region); 0.11.2 and 0.12 do not
     (20,553,348 B per recomputation, 18,456,196 B per region; `jax.checkpoint`'s:
     18,456,180 B)."""
-    return _parse_version(installed_version("jaxlib") or "0") < (0, 11)
+    return _jaxlib_below((0, 11))
 
 
 def xla_cpu_schedules_breadth_first() -> bool:
     """Does the installed jaxlib's XLA:CPU run ops breadth first (cost/xla_schedule.py)?
     Measured on a program whose breadth-first order holds one more buffer (test_memory):
     0.10.2 does (1,572,864 B); 0.11.2 and 0.12 do not (1,310,720 B, the program order's)."""
-    return _parse_version(installed_version("jaxlib") or "0") < (0, 11)
+    return _jaxlib_below((0, 11))
+
+
+def _jaxlib_below(version: tuple[int, ...]) -> bool:
+    return _parse_version(installed_version("jaxlib") or "0") < version
 
 
 def jax_version() -> tuple[int, ...]:

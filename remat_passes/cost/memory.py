@@ -520,7 +520,7 @@ class _Estimator:
         if residual_slots or is_split_fwd:
             residual = sum(graph.type_bytes(ftype.results[i]) for i in residual_slots)
         peak_op = "entry (arguments)" if s.peak_op is None else describe_op(s.peak_op)
-        peak_index = s.peak_index if s.peak_op is None or not self.cpu else next(
+        peak_index = s.peak_index if s.peak_op is None or not self.breadth_first else next(
             i for i, op in enumerate(block.operations) if op.operation == s.peak_op)
         n_symbolic, symbols = self._symbolic(func_op)
         return FunctionMemory(name=name, peak_bytes=s.peak, argument_bytes=arg_bytes,

@@ -52,34 +52,58 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: ()) -> lis
     through = [passes_through(op) for op in body]
     arg_slot = {a: -1 - k for k, a in enumerate(arguments)}
     readers: list = [[] for _ in range(n)]   # the ops reading op i's results directly
+    parts: list = [()] * n                   # an op passing through: where its inputs come from
     waits: list = [()] * n                   # the instructions op i waits for; a copy: n + k
 
     def owner(v):
         return index.get(op_id(v.owner)) if isinstance(v, ir.OpResult) else None
 
-    def producers(v) -> tuple:
+    def source(v):
+        """What v comes from: an argument's slot, an op (one passing through included) or
+        None (defined outside the block: a capture)."""
         if v in arg_slot:
-            return (arg_slot[v],)
+            return arg_slot[v]
         j = owner(v)
-        if j is None:
-            return ()                        # defined outside the block (a capture)
-        if not through[j]:
-            return (j,)
-        if body[j].name == "stablehlo.optimization_barrier":   # deleted: result k is
-            return producers(body[j].operands[v.result_number])  # operand k
-        return waits[j]
+        if j is not None and through[j] and body[j].name == "stablehlo.optimization_barrier":
+            return source(body[j].operands[v.result_number])   # deleted: result k is operand k
+        return j
+
+    def producers(values) -> list:
+        """The instructions reading `values` waits for, through the ops that pass through
+        (walked here, where an instruction reads them: a fused chain once), in order, once
+        each."""
+        out, seen, walked = [], set(), set()
+        stack = [iter([source(v) for v in values])]
+        while stack:
+            for s in stack[-1]:
+                if s is not None and s >= 0 and through[s]:
+                    if s not in walked:
+                        walked.add(s)
+                        stack.append(iter(parts[s]))
+                        break
+                elif s is not None and s not in seen:
+                    seen.add(s)
+                    out.append(s)
+            else:
+                stack.pop()
+        return out
 
     for i, op in enumerate(body):
-        copies = set(copied(op)) if not through[i] else ()
-        deps = []
-        for v in graph.read_values(op):
-            if v in copies:
-                deps.append(len(waits))       # the copy (numbered after the ops)
-                waits.append(producers(v))
-            else:
-                deps += producers(v)
+        values = graph.read_values(op)
+        for v in values:
             if owner(v) is not None:
                 readers[owner(v)].append(i)
+        if through[i]:
+            parts[i] = [source(v) for v in values]
+            continue
+        copies = set(copied(op))
+        deps = []
+        for v in values:
+            if v in copies:
+                deps.append(len(waits))       # the copy (numbered after the ops)
+                waits.append(producers([v]))
+            else:
+                deps += producers([v])
         waits[i] = tuple(dict.fromkeys(deps))
     users: dict = {}
     pending = [0] * len(waits)
