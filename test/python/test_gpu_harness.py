@@ -147,6 +147,16 @@ def test_xla_benchmark_merges_a_run_in_pieces():
                   for m, v in everything["meta"]["measured"].items()}))
     later = xla_memory.merge(again, run("fff", ["gpt"]))
     assert later["meta"]["estimates_commit"] == "eee for mlp, convnet; fff for gpt"
+    # the page says it per model: only mlp and convnet have estimates made again, and only
+    # the rows measured before round_read_back (gpt's here) are said to predate it
+    for r in later["rows"]:
+        r["ours"] = [{"round_read_back": r["model"] != "gpt"}]
+    text = xla_memory._provenance_text(later)
+    assert "The split rows of gpt were measured before" in text
+    assert "made again at eee for mlp, convnet from" in text and "fff" not in text
+    for r in later["rows"]:
+        r["ours"] = [{}]
+    assert " The split rows were measured before" in xla_memory._provenance_text(later)
 
 
 def test_re_estimate_makes_the_stored_estimates_again():

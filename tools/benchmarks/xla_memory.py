@@ -181,6 +181,38 @@ def merge(stored: dict | None, new: dict) -> dict:
     return out
 
 
+def _provenance_text(data: dict) -> str:
+    """The page's sentences on which rows predate rp.jit's GPU rounding of read-back
+    residuals, and which models' estimates were made again (`--re-estimate`), per model:
+    a results file merged from pieces can mix both."""
+    meta, text = data["meta"], ""
+    unrounded = [m for m in dict.fromkeys(r["model"] for r in data["rows"])
+                 if not any(r["ours"][0].get("round_read_back")
+                            for r in data["rows"] if r["model"] == m)]
+    if meta["backend"] == "gpu" and unrounded:
+        which = "The split rows" if len(unrounded) == len(
+            {r["model"] for r in data["rows"]}) else f"The split rows of {', '.join(unrounded)}"
+        text += (f" {which} were measured before rp.jit rounded, on a GPU, the f32 residuals "
+                 "the backward only reads back (`round_read_back`, as jax.checkpoint does); "
+                 "the next run on the device measures that.")
+    measured = meta.get("measured") or {}
+    again = {m: v["estimates_commit"] for m, v in measured.items()
+             if v.get("estimates_commit") and v["estimates_commit"] != v.get("commit")}
+    if not measured and meta.get("estimates_commit"):
+        again = {None: meta["estimates_commit"]}
+    if again:
+        groups: dict = {}
+        for m, c in again.items():
+            groups.setdefault(c, []).append(m)
+        at = "; ".join(f"at {c}" + (f" for {', '.join(ms)}" if None not in ms and
+                                    len(again) < len(measured) else "")
+                       for c, ms in groups.items())
+        text += (f" The estimates were made again {at} from the same exports "
+                 "(`--re-estimate`: the estimate is static, XLA's figures are the measured "
+                 "ones).")
+    return text
+
+
 def _measured(meta: dict) -> dict:
     """What `merge` keeps per model: the commit and device it was measured at, and the
     commit its estimates were made at (`--re-estimate`; else the measuring one)."""
@@ -309,14 +341,7 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
              + (" on the device (in pieces: `--models mlp,convnet --merge`, and so on)"
                 if meta["backend"] != "cpu" else "") + "."
              + (f" XLA flags: `{meta['xla_flags']}`." if meta.get("xla_flags") else "")
-             + (" The split rows were measured before rp.jit rounded, on a GPU, the f32 "
-                "residuals the backward only reads back (`round_read_back`, as "
-                "jax.checkpoint does); the next run on the device measures that."
-                if meta["backend"] == "gpu" and not any(
-                    r["ours"][0].get("round_read_back") for r in data["rows"]) else "")
-             + (f" The estimates were made again at {meta['estimates_commit']} from the same "
-                "exports (`--re-estimate`: the estimate is static, XLA's figures are the "
-                "measured ones)." if meta.get("estimates_commit") else ""),
+             + _provenance_text(data),
              ""]
     probe = ynn_probe.render(data.get("ynn_probe", {}))
     if probe:
