@@ -93,7 +93,8 @@ def _dot_flops(op) -> float:
     return 2.0 * elements(op.results[0].type) * k
 
 
-def _i64s(op, name, default):
+def i64s(op, name, default):
+    """An op's integer-array attribute as a list (`default` where it is absent)."""
     if name not in op.attributes:
         return default
     attr = op.attributes[name]
@@ -117,10 +118,10 @@ def _conv_flops(op) -> float:
     lhs, rhs, out = dims
     spatial = [d for d in lhs if d.isdigit()]
     n = len(spatial)
-    strides = _i64s(op, "window_strides", [1] * n)
-    lhs_dil = _i64s(op, "lhs_dilation", [1] * n)
-    rhs_dil = _i64s(op, "rhs_dilation", [1] * n)
-    pad = _i64s(op, "padding", [0] * (2 * n))
+    strides = i64s(op, "window_strides", [1] * n)
+    lhs_dil = i64s(op, "lhs_dilation", [1] * n)
+    rhs_dil = i64s(op, "rhs_dilation", [1] * n)
+    pad = i64s(op, "padding", [0] * (2 * n))
     macs = out_t[out.index("b")] * rhs_t[rhs.index("o")] * rhs_t[rhs.index("i")]
     for j, d in enumerate(spatial):
         size = (lhs_t[lhs.index(d)] - 1) * lhs_dil[j] + 1

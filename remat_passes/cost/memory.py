@@ -60,7 +60,8 @@ from collections import defaultdict
 from remat_passes import jax_compat
 from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE, EXPENSIVE,
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
-                                            Fused, conv_copied, is_literal, lay_out,
+                                            Fused, conv_copied, conv_padded_input,
+                                            is_literal, lay_out,
                                             reads_through, split_k_partials, transposed_dot)
 from remat_passes.cost.xla_schedule import bfs_order
 from remat_passes.ir import contract, graph
@@ -240,6 +241,8 @@ class _Estimator:
             # its kernels read operands in any order. Inside a loop body the partials are
             # not counted: measured, they put the scanned models' forwards 20-30% over
             return split_k_partials(op) if top else 0
+        if self.gpu and op.name == "stablehlo.convolution":
+            return conv_padded_input(op)     # cuDNN reads its operands in any layout
         if self.xla and op.name in COPIES:
             return COPIES[op.name](op)
         best = 0
@@ -410,9 +413,11 @@ class _Estimator:
             during = live + produced
             if len(op.regions) or op.name == "func.call" or (self.xla and op.name in COPIES):
                 inside = self._internal_bytes(op, top=count_args)
+                if self.gpu and op.name == "stablehlo.convolution" and inside:
+                    inside -= self._padded_past_input(op, i, root, fused, last, size)
                 during += inside
                 if laid_out and inside:
-                    if op.name == "stablehlo.convolution":
+                    if op.name == "stablehlo.convolution" and not self.gpu:
                         inside -= self._argument_copies(op, root, i, buffers)
                     scratch[i] = (inside, _scratch_kind(op, self.gpu))
             if during > peak:
@@ -436,6 +441,20 @@ class _Estimator:
                     at_peak.append((inside, "temporaries inside the op at the peak"))
             at_peak = sorted(at_peak, key=lambda t: -t[0])[:PEAK_VALUES]
         return _Sweep(peak, peak_index, peak_op, timeline, len(timeline), at_peak)
+
+    @staticmethod
+    def _padded_past_input(op, i, root, fused, last, size) -> int:
+        """model="xla" on a GPU: XLA:GPU pads a convolution's input (conv_padded_input) in
+        an op of its own, just before it: an input that dies there is freed before the
+        result is made, so the copy is live with the input or with the result, never with
+        both. Returns the bytes the sweep's input + copy + result counts over that."""
+        padded = conv_padded_input(op)
+        lhs = op.operands[0]
+        f = fused.get(lhs)
+        reads = [root.get(lhs, lhs)] if f is None else reads_through(f.parts)
+        dying = sum(size.get(r, 0) for r in reads
+                    if last.get(r) == i and not isinstance(r, ir.BlockArgument))
+        return min(padded, dying, graph.type_bytes(op.results[0].type))
 
     @staticmethod
     def _argument_copies(op, root, i, buffers) -> int:
@@ -560,6 +579,8 @@ def _scratch_kind(op, gpu: bool) -> str | None:
     in an output allocation, or None for the temporaries of a region or a callee."""
     if op.name == "stablehlo.dot_general" and gpu:
         return "split-K partial products"
+    if op.name == "stablehlo.convolution" and gpu:
+        return "a padded copy of the input"
     if op.name in COPIES:
         return "transposed copies of the op's operands"
     return None

@@ -54,7 +54,10 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   counted inside a loop body: there they put the scanned models' forwards 20-30% over).
   Its matrix kernels read operands in any dimension order: no transposed copies. A value
   copied back from host memory is on the device from the start of the program: XLA:GPU
-  starts the copy early.
+  starts the copy early. A convolution whose padding differs on the two sides of a
+  spatial dimension works on a padded copy of its input (`conv_padded_input`), made just
+  before it: live with the input where it is made, and with the result while the
+  convolution runs.
 
 The order: on CPU with jaxlib 0.10, the ops run in the order XLA:CPU's breadth-first
 scheduler gives them (`cost/xla_schedule.py`); elsewhere in program order (the schedulers of
@@ -67,7 +70,7 @@ import dataclasses
 import math
 from collections import defaultdict
 
-from remat_passes.cost.flops import conv_dims, dot_dims
+from remat_passes.cost.flops import conv_dims, dot_dims, i64s
 from remat_passes.ir import graph
 from remat_passes.ir.mlir import ir
 
@@ -153,6 +156,33 @@ def conv_copied(op) -> list:
                                             (rhs, spatial + ["i", "o"], op.operands[1]),
                                             (out, ["b"] + spatial + ["f"], op.results[0]))
             if dims != want]
+
+
+def conv_padded_input(op) -> int:
+    """model="xla" on a GPU: the bytes of the padded copy XLA:GPU makes of a convolution's
+    input where the padding of a spatial dimension differs on its two sides (a stride-2
+    'SAME' convolution's 0 and 1): cuDNN pads symmetrically only, so XLA moves all of the
+    padding into a `pad` of the input, an op of its own just before the convolution (read
+    from XLA:GPU's dumps of the conv net on an H200: `loop_pad_fusion` f32[8,33,33,16] of
+    an f32[8,32,32,16] input). A convolution with lhs dilation (the gradient of a strided
+    one with respect to its input) is cuDNN's backward-input convolution: no pad."""
+    dims = conv_dims(op)
+    if dims is None:
+        return 0
+    lhs = dims[0]
+    spatial = [d for d in lhs if d.isdigit()]
+    n = len(spatial)
+    pad = i64s(op, "padding", [0] * (2 * n))
+    if any(d != 1 for d in i64s(op, "lhs_dilation", [1] * n)) or all(
+            pad[2 * j] == pad[2 * j + 1] for j in range(n)):
+        return 0
+    t = ir.RankedTensorType(op.operands[0].type)
+    shape = list(t.shape)
+    if any(d < 0 for d in shape):
+        return 0                     # symbolic dimensions: no bytes (as everywhere here)
+    for j, d in enumerate(spatial):
+        shape[lhs.index(d)] += max(pad[2 * j], 0) + max(pad[2 * j + 1], 0)
+    return math.prod(shape) * graph.type_bytes(t) // max(math.prod(t.shape), 1)
 
 
 def dot_copies(op) -> int:

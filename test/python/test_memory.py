@@ -892,6 +892,34 @@ def test_xla_model_counts_split_k_partials_on_a_gpu():
     assert partials(looped) == 0
 
 
+def test_xla_model_pads_a_convolutions_input_on_a_gpu():
+    """XLA:GPU gives cuDNN symmetric padding only: a convolution padded 0 below and 1 above
+    (a stride-2 'SAME' one) works on a padded copy of its input, made just before it. The
+    copy is live with the input where it is made and with the result while the
+    convolution runs (the input dies in between). cuDNN reads any layout: no transposed
+    copies on a GPU. Symmetric padding, or lhs dilation (cuDNN's backward-input
+    convolution), pads nothing."""
+    def conv(pad, hw=16, lhs_dilation=""):
+        o = f"tensor<8x{hw}x{hw}x32xf32>"
+        return f"""
+    func.func @main(%x: tensor<8x32x32x16xf32>, %w: tensor<3x3x16x32xf32>) -> {o} {{
+      %a = stablehlo.sine %x : tensor<8x32x32x16xf32>
+      %0 = stablehlo.convolution(%a, %w) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{stride = [2, 2], pad = {pad}{lhs_dilation}}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<8x32x32x16xf32>, tensor<3x3x16x32xf32>) -> {o}
+      return %0 : {o}
+    }}"""
+    x, w = 8 * 32 * 32 * 16 * 4, 3 * 3 * 16 * 32 * 4
+    out, padded = 8 * 16 * 16 * 32 * 4, 8 * 33 * 33 * 16 * 4
+    # the copy is live with `a` (the pad) or with the result (the convolution): the larger
+    gpu = xla_est(conv("[[0, 1], [0, 1]]"), "gpu")
+    assert gpu.peak_bytes == x + w + padded + max(x, out), gpu.peak_values
+    assert any(what == "a padded copy of the input" for _, what in gpu.peak_values)
+    # symmetric padding: x, w, a and the result, while the convolution runs
+    assert xla_est(conv("[[1, 1], [1, 1]]"), "gpu").peak_bytes == x + w + x + out
+    # lhs dilation (63 wide, padded to 64: 31 outputs): no copy
+    dilated = conv("[[0, 1], [0, 1]]", 31, ", lhs_dilate = [2, 2]")
+    assert xla_est(dilated, "gpu").peak_bytes == x + w + x + 8 * 31 * 31 * 32 * 4
+
+
 def test_xla_model_copies_host_values_in_early_on_a_gpu():
     """XLA:GPU starts the copy of a value from host memory back to the device early (at the
     start of the program, measured on the offload policies' backward halves): its device
