@@ -57,7 +57,9 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   starts the copy early. A convolution whose padding differs on the two sides of a
   spatial dimension works on a padded copy of its input (`conv_padded_input`), made just
   before it: live with the input where it is made, and with the result while the
-  convolution runs.
+  convolution runs. Not modelled: cuDNN's workspace, which XLA's autotuner picks per
+  convolution (881,327 B for the conv net's first weight gradient on an H200, none for
+  most others).
 
 The order: on CPU with jaxlib 0.10, the ops run in the order XLA:CPU's breadth-first
 scheduler gives them (`cost/xla_schedule.py`); elsewhere in program order (the schedulers of
