@@ -61,7 +61,8 @@ from remat_passes import jax_compat
 from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE, EXPENSIVE,
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
                                             Fused, conv_copied, conv_padded_input,
-                                            is_literal, lay_out,
+                                            copy_ready_at, is_literal, lay_out,
+                                            padded_past_input,
                                             reads_through, split_k_partials, transposed_dot)
 from remat_passes.cost.xla_schedule import bfs_order
 from remat_passes.ir import contract, graph
@@ -359,6 +360,7 @@ class _Estimator:
         laid_out = self.xla and count_args and has_term and ops[-1].name == "func.return"
         buffers: dict = {}
         scratch: dict = {}
+        position = None   # (model="xla" on a GPU, where needed) op -> its index
         live = 0
         returned = {root.get(v, v) for v in ops[-1].operands} if laid_out else set()
         in_host = set()
@@ -406,7 +408,10 @@ class _Estimator:
                     if b:
                         buffers[r] = Buffer(i, last.get(r, i), b, r)
                         if self.gpu and contract.placement(op) == "device":
-                            buffers[r].start = 0   # prefetched: XLA:GPU copies it in early
+                            # prefetched: XLA:GPU starts the copy in as early as it can
+                            if position is None:
+                                position = {op_id(o): k for k, o in enumerate(ops)}
+                            buffers[r].start = copy_ready_at(op.operands[0], position)
                 if self.xla:
                     produced -= self._reused(op, buffers_read[i], root, last, size, free_at, i,
                                              buffers, returned)
@@ -414,7 +419,7 @@ class _Estimator:
             if len(op.regions) or op.name == "func.call" or (self.xla and op.name in COPIES):
                 inside = self._internal_bytes(op, top=count_args)
                 if self.gpu and op.name == "stablehlo.convolution" and inside:
-                    inside -= self._padded_past_input(op, i, root, fused, last, size)
+                    inside -= padded_past_input(op, i, root, fused, last, size)
                 during += inside
                 if laid_out and inside:
                     if op.name == "stablehlo.convolution" and not self.gpu:
@@ -441,20 +446,6 @@ class _Estimator:
                     at_peak.append((inside, "temporaries inside the op at the peak"))
             at_peak = sorted(at_peak, key=lambda t: -t[0])[:PEAK_VALUES]
         return _Sweep(peak, peak_index, peak_op, timeline, len(timeline), at_peak)
-
-    @staticmethod
-    def _padded_past_input(op, i, root, fused, last, size) -> int:
-        """model="xla" on a GPU: XLA:GPU pads a convolution's input (conv_padded_input) in
-        an op of its own, just before it: an input that dies there is freed before the
-        result is made, so the copy is live with the input or with the result, never with
-        both. Returns the bytes the sweep's input + copy + result counts over that."""
-        padded = conv_padded_input(op)
-        lhs = op.operands[0]
-        f = fused.get(lhs)
-        reads = [root.get(lhs, lhs)] if f is None else reads_through(f.parts)
-        dying = sum(size.get(r, 0) for r in reads
-                    if last.get(r) == i and not isinstance(r, ir.BlockArgument))
-        return min(padded, dying, graph.type_bytes(op.results[0].type))
 
     @staticmethod
     def _argument_copies(op, root, i, buffers) -> int:

@@ -53,8 +53,8 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   (`split_k_partials`) are live while it runs, as buffers of their own (not
   counted inside a loop body: there they put the scanned models' forwards 20-30% over).
   Its matrix kernels read operands in any dimension order: no transposed copies. A value
-  copied back from host memory is on the device from the start of the program: XLA:GPU
-  starts the copy early. A convolution whose padding differs on the two sides of a
+  copied back from host memory is on the device from as early as the copy can start
+  (`copy_ready_at`): XLA:GPU starts it early. A convolution whose padding differs on the two sides of a
   spatial dimension works on a padded copy of its input (`conv_padded_input`), made just
   before it: live with the input where it is made, and with the result while the
   convolution runs. Not modelled: cuDNN's workspace, which XLA's autotuner picks per
@@ -74,7 +74,7 @@ from collections import defaultdict
 
 from remat_passes.cost.flops import conv_dims, dot_dims, i64s
 from remat_passes.ir import graph
-from remat_passes.ir.mlir import ir
+from remat_passes.ir.mlir import ir, op_id
 
 ELEMENTWISE = frozenset("stablehlo." + n for n in (
     "abs add and atan2 cbrt ceil clamp compare complex convert cosine divide exponential "
@@ -185,6 +185,30 @@ def conv_padded_input(op) -> int:
     for j, d in enumerate(spatial):
         shape[lhs.index(d)] += max(pad[2 * j], 0) + max(pad[2 * j + 1], 0)
     return math.prod(shape) * graph.type_bytes(t) // max(math.prod(t.shape), 1)
+
+
+def padded_past_input(op, i, root, fused, last, size) -> int:
+    """The padded copy of convolution `op` (op `i` of a sweep; conv_padded_input) is made
+    in an op of its own, just before it: an input that dies there is freed before the
+    result is made, so the copy is live with the input or with the result, never with
+    both. Returns the bytes a sweep's input + copy + result counts over that (`root`,
+    `fused`, `last`, `size`: the sweep's aliases, fused values, last uses and sizes)."""
+    lhs = op.operands[0]
+    f = fused.get(lhs)
+    reads = [root.get(lhs, lhs)] if f is None else reads_through(f.parts)
+    dying = sum(size.get(r, 0) for r in reads
+                if last.get(r) == i and not isinstance(r, ir.BlockArgument))
+    return min(conv_padded_input(op), dying, graph.type_bytes(op.results[0].type))
+
+
+def copy_ready_at(value, position) -> int:
+    """On a GPU, the first op at which a copy of `value` from host memory may be in flight:
+    XLA:GPU starts it as early as it can, at the start for an argument, else right after
+    the op that makes it (an optimization barrier holding the host value, as JAX places
+    one and annotate-host-offload too). `position`: op -> its index."""
+    if isinstance(value, ir.BlockArgument):
+        return 0
+    return position.get(op_id(value.owner), -1) + 1
 
 
 def dot_copies(op) -> int:

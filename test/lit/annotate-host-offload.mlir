@@ -97,15 +97,16 @@ module @two_residuals {
 // -----
 
 // The backward reads the residual through an optimization barrier (as after
-// place-optimization-barriers): the barrier is the first backward use, so the
-// device copy comes right before it and the barrier reads it.
+// place-optimization-barriers): the barrier is the first backward use, so it holds
+// the host value and the device copy is made from its result, right after it (as in
+// JAX's split of jax.checkpoint: XLA cannot start the copy before the barrier).
 // CHECK-LABEL: module @through_barrier
 // CHECK: %[[D:.*]] = stablehlo.dot_general %arg0, %arg1
 // CHECK-NEXT: %[[H:.*]] = stablehlo.custom_call @annotate_device_placement(%[[D]]) {{.*}}_xla_buffer_placement = "pinned_host"
 // CHECK-NEXT: %[[S:.*]] = stablehlo.sine %[[D]]
-// CHECK-NEXT: %[[V:.*]] = stablehlo.custom_call @annotate_device_placement(%[[H]]) {{.*}}_xla_buffer_placement = "device"
-// CHECK-NEXT: %[[B:.*]]:2 = stablehlo.optimization_barrier %[[V]], %arg2
-// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[B]]#0
+// CHECK-NEXT: %[[B:.*]]:2 = stablehlo.optimization_barrier %[[H]], %arg2
+// CHECK-NEXT: %[[V:.*]] = stablehlo.custom_call @annotate_device_placement(%[[B]]#0) {{.*}}_xla_buffer_placement = "device"
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[V]]
 // CHECK-NEXT: stablehlo.multiply %arg2, %[[C]]
 // CHECK-NEXT: return
 module @through_barrier {

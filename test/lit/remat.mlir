@@ -127,8 +127,8 @@
 // OFFLOAD-NEXT: %[[H:.*]] = stablehlo.custom_call @annotate_device_placement(%[[D]]) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "pinned_host"}} : (tensor<4xf32>) -> tensor<4xf32>
 // OFFLOAD-NEXT: %[[T:.*]] = stablehlo.tanh %[[D]]
 // OFFLOAD-NEXT: %[[S:.*]] = stablehlo.sine %[[T]]
-// OFFLOAD-NEXT: %[[V:.*]] = stablehlo.custom_call @annotate_device_placement(%[[H]]) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "device"}} : (tensor<4xf32>) -> tensor<4xf32>
-// OFFLOAD-NEXT: %[[B1:.*]]:2 = stablehlo.optimization_barrier %[[V]], %arg2 :
+// OFFLOAD-NEXT: %[[B1:.*]]:2 = stablehlo.optimization_barrier %[[H]], %arg2 :
+// OFFLOAD-NEXT: %[[V:.*]] = stablehlo.custom_call @annotate_device_placement(%[[B1]]#0) {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "device"}} : (tensor<4xf32>) -> tensor<4xf32>
 // OFFLOAD-NOT: remat.offload
 // OFFLOAD: return %[[S]]
 
@@ -141,8 +141,8 @@
 // OFFSPLIT-NEXT: %[[H:.*]] = stablehlo.custom_call @annotate_device_placement(%[[D]]) {{.*}}_xla_buffer_placement = "pinned_host"
 // OFFSPLIT: return {{.*}}, %[[H]] :
 // OFFSPLIT: func.func @main_bwd({{.*}}%arg2: tensor<4xf32> {mhlo.memory_kind = "pinned_host"
-// OFFSPLIT-NEXT: %[[V:.*]] = stablehlo.custom_call @annotate_device_placement(%arg2) {{.*}}_xla_buffer_placement = "device"
-// OFFSPLIT-NEXT: stablehlo.optimization_barrier %[[V]], %arg3 :
+// OFFSPLIT-NEXT: %[[B:.*]]:2 = stablehlo.optimization_barrier %arg2, %arg3 :
+// OFFSPLIT-NEXT: stablehlo.custom_call @annotate_device_placement(%[[B]]#0) {{.*}}_xla_buffer_placement = "device"
 module @layer {
   func.func @main(%w: tensor<4x4xf32>, %x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4x4xf32>, tensor<4xf32>) {
     %d = stablehlo.dot_general %w, %x, contracting_dims = [1] x [0] : (tensor<4x4xf32>, tensor<4xf32>) -> tensor<4xf32>

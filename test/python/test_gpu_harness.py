@@ -157,6 +157,12 @@ def test_xla_benchmark_merges_a_run_in_pieces():
     for r in later["rows"]:
         r["ours"] = [{}]
     assert " The split rows were measured before" in xla_memory._provenance_text(later)
+    # an offload row measured before the host copy came after its barrier says so
+    assert "offload rows" not in xla_memory._provenance_text(later)
+    later["rows"][0]["policy"] = "offload_dot_with_no_batch_dims(device, pinned_host)"
+    assert "The offload rows of mlp were measured before" in xla_memory._provenance_text(later)
+    later["rows"][0]["ours"] = [{"host_copy_after_barrier": True}]
+    assert "offload rows" not in xla_memory._provenance_text(later)
 
 
 def test_re_estimate_makes_the_stored_estimates_again():

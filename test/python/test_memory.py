@@ -943,6 +943,16 @@ def test_xla_model_copies_host_values_in_early_on_a_gpu():
     # On a GPU the 4K copied in is there beside them: 15K
     assert xla_est(text, "tpu").peak_bytes == 11 * K
     assert xla_est(text, "gpu").peak_bytes == 15 * K
+    # held by an optimization barrier with the sum (as annotate-host-offload places it,
+    # as JAX does), the copy cannot start before the barrier: the tanh is gone by then,
+    # and the peak is the CPU's 11K again (at the tanh: x, the result, tanh and a sum)
+    held = text.replace(
+        "%d = stablehlo.custom_call @annotate_device_placement(%h)",
+        "%hb:2 = stablehlo.optimization_barrier %h, %s1 : tensor<1024xf32>, tensor<256xf32>\n"
+        "      %d = stablehlo.custom_call @annotate_device_placement(%hb#0)").replace(
+        "%s = stablehlo.add %s1, %s2", "%s = stablehlo.add %hb#1, %s2")
+    assert "%hb#0" in held and "%hb#1, %s2" in held
+    assert xla_est(held, "gpu").peak_bytes == 11 * K
 
 
 def test_xla_model_makes_values_returned_to_host_memory_there():

@@ -6,11 +6,14 @@
 #
 # Steps, in this order by default (each writes what it measured under $OUT, so that a
 # round cut off by the machine's time limit still hands back what it finished):
-#   mlp       `xla --models mlp --merge`: the MLP's rows again (round_read_back's effect on
-#             the split forwards: expected 6,292,864 B -> about 2,098,560 B of temp)
-#   equinox   `xla --models equinox --merge` (its rows are still per-use ones)
-#   dumps     `xla_dump` of the programs whose temp or estimate the page still misses
-#   convnet, gpt, mlp-scan, gpt-scan    `xla --models KEY --merge`
+#   gpt       `xla --models gpt --merge`: its rows predate round_read_back (split forward
+#             temp 1,451,328 B vs JAX's 1,058,784 B under none/all/except)
+#   mlp-scan  the offload rows with the copy back to the device after its barrier (expected:
+#             off_dots backward temp 4,460,864 B -> JAX's 4,199,232 B); ~45 s on an H200
+#   dumps     `xla_dump` of the programs whose estimate the page still misses
+#   equinox, convnet, mlp, gpt-scan    `xla --models KEY --merge` (their offload rows)
+#   (on an H200, 2026-11-27: mlp + equinox ~4 min, dumps ~1 min, convnet + gpt-scan
+#   ~2.5 min; gpt more than 4.5 min)
 # $OUT gets three files: xla_gpu.json (tools/benchmarks/results/, copied after each step),
 # dumps.txt (what xla_dump printed) and dumps.tgz (the scheduled HLO and buffer
 # assignments it read); `python -m tools.benchmarks render` on the host remakes the page.
@@ -29,7 +32,7 @@ else
 fi
 RESULTS=tools/benchmarks/results/xla_gpu.json
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(mlp equinox dumps convnet gpt mlp-scan gpt-scan)
+[ ${#steps[@]} -eq 0 ] && steps=(gpt mlp-scan dumps equinox convnet mlp gpt-scan)
 
 save() { cp "$RESULTS" "$OUT/xla_gpu.json" 2>/dev/null; }
 
@@ -39,8 +42,8 @@ for step in "${steps[@]}"; do
     dumps)   # (the machine hands back a few files: all dumps go into one archive)
       : > "$OUT/dumps.txt"
       mkdir -p /tmp/dumps
-      for program in "mlp except" "convnet off_dots" "mlp-scan off_dots" "gpt auto=0" \
-                     "convnet nothing"; do
+      for program in "mlp-scan off_dots" "equinox only" "convnet none" "gpt off_dots" \
+                     "equinox off_names"; do
         set -- $program
         dir="/tmp/dumps/$1_${2//=/_}"
         rm -rf "$dir"

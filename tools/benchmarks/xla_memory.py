@@ -112,6 +112,7 @@ def our_split(module, policy, args, each=None) -> tuple:
             half["barriers"] = v.groups
             if rounds_read_back("split"):
                 half["round_read_back"] = True
+            half["host_copy_after_barrier"] = True    # (annotate-host-offload, b67dd6a+)
         if best is None or common.xla_peak(halves) < common.xla_peak(best[1]):
             best = (split, halves, v.tie)
     return best
@@ -195,6 +196,15 @@ def _provenance_text(data: dict) -> str:
         text += (f" {which} were measured before rp.jit rounded, on a GPU, the f32 residuals "
                  "the backward only reads back (`round_read_back`, as jax.checkpoint does); "
                  "the next run on the device measures that.")
+    before = [m for m in dict.fromkeys(r["model"] for r in data["rows"]) if any(
+        "offload" in r.get("policy", "") and not r["ours"][0].get("host_copy_after_barrier")
+        for r in data["rows"] if r["model"] == m)]
+    if meta["backend"] == "gpu" and before:
+        text += (f" The offload rows of {', '.join(before)} were measured before "
+                 "annotate-host-offload made the copy back to the device after the "
+                 "optimization barrier that holds the host value (as JAX does); their "
+                 "programs have changed since, so their estimates are not made again; the "
+                 "next run on the device measures them.")
     measured = meta.get("measured") or {}
     again = {m: v["estimates_commit"] for m, v in measured.items()
              if v.get("estimates_commit") and v["estimates_commit"] != v.get("commit")}
@@ -239,6 +249,9 @@ def reestimate(data: dict, log=print) -> dict:
         module = rp.export_vjp(model.build(_identity), *model.args)
         cases = {c.short: c for c in cases_for(model)}
         for r in (r for r in data["rows"] if r["model"] == key):
+            if backend != "cpu" and "offload" in r["policy"] and not r["ours"][0].get(
+                    "host_copy_after_barrier"):
+                continue    # measured on a program built differently (see _provenance_text)
             policy = cases[r["short"]].our_policy
             split = rp.remat(module, policy, mode="split", tie_to_cotangent=r["split_tied"],
                              barrier_groups=r["ours"][0].get("barriers", "per-use"),
