@@ -404,7 +404,8 @@ class Jitted:
                 continue       # (one barrier per region either way, no tie placed, ...)
             build = self._build_joint if mode == "joint" else self._build_split
             lowered = build(exported, module, dynamic, donated)
-            lowered.from_cache, lowered.barrier_groups, lowered.tied = hit, v.groups, v.tie
+            lowered.from_cache, lowered.barrier_groups = hit, v.groups
+            lowered.tied = v.tie and _ties(module) > _ties(exported)   # (placed, not asked)
             built.append(lowered)
         return _smaller(built)
 
@@ -573,6 +574,12 @@ def _key_data(x):
     if isinstance(x, jax.Array) and jax_compat.key_impl(x.dtype) is not None:
         return jax.random.key_data(x)
     return x
+
+
+def _ties(module) -> int:
+    """How many ties to the cotangent (place-optimization-barriers' `is_finite` of it) the
+    module has: none are placed where nothing is recomputed."""
+    return str(module).count("stablehlo.is_finite")
 
 
 def _smaller(built: list) -> Lowered:

@@ -150,7 +150,9 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
         lowest = min(t[0] for t in tried)
         raise RematError(
             f"error: {policy.spec}: the peak budget, {budget} B, is below the lowest joint "
-            f"peak the plans reach, {lowest} B (without remat: {measure(hi)[0]} B)")
+            f"peak of the {len(tried)} plans tried, {lowest} B (without remat: "
+            f"{measure(hi)[0]} B; the peak is not monotone in the residual bytes, so a plan "
+            "between the residual budgets tried may peak lower)")
     return min(fits, key=lambda t: t[1])[2]
 
 

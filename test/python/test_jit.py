@@ -312,6 +312,20 @@ def test_split_on_cpu_builds_tied_and_untied_and_runs_the_smaller(monkeypatch, r
         assert kept.tied and all(", tied" in k for k in kept.footprints)  # asked, or joint
 
 
+def test_tied_says_whether_a_tie_was_placed():
+    """`Lowered.tied` is what runs, not what was asked: where nothing is recomputed no tie
+    to the cotangent is placed, and it says False (a plan whose recomputation reads more
+    than the arguments is tied: True)."""
+    params = init(jax.random.key(0))
+    sample = (params, OPT.init(params), next(batches(1)))
+    none = rp.jit(step, policy="everything_saveable", tie_to_cotangent=True).lower(*sample)
+    assert "stablehlo.is_finite" not in none.module.text()
+    assert not none.tied and ", tied" not in none.barriers
+    some = rp.jit(step, policy="save_only_these_names('act')",
+                  tie_to_cotangent=True).lower(*sample)
+    assert "stablehlo.is_finite" in some.module.text() and some.tied
+
+
 def test_decorator_form():
     @rp.jit(policy="dots_saveable", mode="joint")
     def grad_fn(w, x):

@@ -291,7 +291,7 @@ def test_objective_peak_looks_between_grid_points_where_none_fits():
     tried.clear()
     chosen = for_peak(P.auto(budget=945, objective="peak"), 0, 1200, trial)
     assert abs(chosen.budget.resolve(0) - 540) <= 5 and 20 < len(set(tried)) <= 27
-    with pytest.raises(rp.RematError, match="below the lowest joint peak the plans reach"):
+    with pytest.raises(rp.RematError, match="below the lowest joint peak of the [0-9]+ plans tried"):
         for_peak(P.auto(budget=900, objective="peak"), 0, 1200, trial)
 
 
