@@ -96,7 +96,9 @@ def estimated_peak(a, plan) -> int:
         trial = copy.copy(plan)
         trial.analysis = b
         materialize(trial)
-        return estimate_function(twin, model="xla")
+        # (for the backend in use; in program order: the twin has no barriers yet, and the
+        # ones rp.jit places, tied to the cotangent on CPU, keep XLA to that order)
+        return estimate_function(twin, model="xla", in_program_order=True)
     finally:
         twin.erase()
 

@@ -625,23 +625,35 @@ def estimate_memory(module, function=None, dim_symbols=None,
     with module_op.context:
         dim_symbols = getattr(module, "dim_symbols", None) if dim_symbols is None \
             else dim_symbols
-        if model == "xla" and backend is None:
-            import jax
-            backend = jax.default_backend()
         est = _Estimator(module_op, argument_dims(module_op) if dim_symbols is None
-                         else dim_symbols, model, backend if model == "xla" else None)
+                         else dim_symbols, model, _backend(model, backend))
         names = _select(est, function)
         funcs = est.functions()
         return MemoryEstimate({n: est.function(funcs[n]) for n in names})
 
 
-def estimate_function(func_op, model: str = "program-order") -> int:
-    """The peak bytes of one function (`estimate_memory`'s model; device memory only), for
-    a pass comparing versions of a function it holds."""
+def estimate_function(func_op, model: str = "program-order", backend=None,
+                      in_program_order: bool = False) -> int:
+    """The peak bytes of one function (`estimate_memory`'s model, for `backend` as there;
+    device memory only), for a pass comparing versions of a function it holds.
+    `in_program_order`: never in XLA:CPU's breadth-first order (a version without the
+    barriers and ties that keep XLA to the program's order where it will run)."""
     op = func_op.operation
     while op.name != "builtin.module":
         op = op.parent
-    return _Estimator(op.opview, model=model).function(func_op).peak_bytes
+    est = _Estimator(op.opview, model=model, backend=_backend(model, backend))
+    est.breadth_first = est.breadth_first and not in_program_order
+    return est.function(func_op).peak_bytes
+
+
+def _backend(model: str, backend: str | None) -> str | None:
+    """The backend the xla model models: `backend`, else JAX's default one."""
+    if model != "xla":
+        return None
+    if backend is None:
+        import jax
+        backend = jax.default_backend()
+    return backend
 
 
 # ------------------------------------------------------------------ report --

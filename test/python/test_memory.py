@@ -890,6 +890,13 @@ def test_xla_model_counts_split_k_partials_on_a_gpu():
       return %r#1 : tensor<128x512xf32>
     }"""
     assert partials(looped) == 0
+    # estimate_function (what the two-level decision compares) models the backend too
+    from remat_passes.cost.memory import estimate_function
+    m = rp.Module.parse(dot(128, 512))
+    with m.op.context:
+        f = m.op.body.operations[0]
+        gpu, cpu = (estimate_function(f, "xla", backend=b) for b in ("gpu", "cpu"))
+    assert gpu - cpu == 8 * 128 * 512 * 4
 
 
 def test_xla_model_pads_a_convolutions_input_on_a_gpu():
