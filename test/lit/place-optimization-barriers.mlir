@@ -7,6 +7,7 @@
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TIE
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TWICE
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers | filecheck %s --check-prefix=NOTIE
+// RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers='groups=per-region function-region=true tie-to-cotangent=true' | filecheck %s --check-prefix=REGIONTIE
 // RUN: sed -n '/^module @no_activation/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=NOACT
 // Two levels of recomputation (remat.levels = 2, set by remat-partial-eval): the groups are
 // tied although the forward keeps no activation, and a group reading arguments alone gets
@@ -307,6 +308,17 @@ module @split {
 // TWICE-NOT: stablehlo.is_finite
 // NOTIE-LABEL: module @tie
 // NOTIE-NOT: is_finite
+// groups=per-region under a module policy: JAX's one barrier over what the backward reads
+// from the forward, with the cotangent, and the group's computed input tied after it.
+// REGIONTIE-LABEL: module @tie
+// REGIONTIE: %[[B:.*]]:4 = stablehlo.optimization_barrier {{[^%]*}}%{{[^,]*}}, %[[H:[^,]*]], %arg0, %arg2
+// REGIONTIE-NEXT: stablehlo.multiply %arg2, %[[B]]#0
+// REGIONTIE-NEXT: %{{.*}} = stablehlo.slice %[[B]]#3 [0:1, 0:1]
+// REGIONTIE: %[[H1:.*]] = stablehlo.multiply %[[B]]#1, %{{.*}} {remat.barrier}
+// REGIONTIE-NEXT: stablehlo.tanh %[[H1]] {remat.recompute = 3 : i64}
+// REGIONTIE-NEXT: stablehlo.transpose %[[B]]#2
+// REGIONTIE-NOT: stablehlo.optimization_barrier
+// REGIONTIE-NOT: stablehlo.is_finite
 module @tie {
   func.func @main(%w: tensor<4x4xf32>, %x: tensor<2x4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
     %h = stablehlo.sine %x : tensor<2x4xf32>
