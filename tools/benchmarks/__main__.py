@@ -4,7 +4,8 @@
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
   scaling  pass time and memory against module size          -> results/scaling.json
   memory   static peak-memory figures                        -> results/memory.json
-  xla      XLA's memory of our halves beside JAX's -> results/xla.json (xla_gpu.json on a GPU)
+  xla      XLA's memory of our halves beside JAX's -> results/xla.json (xla_gpu.json on a GPU,
+           xla_cpu_jax0_12.json on CPU with jax 0.12: see xla_memory.results_name)
   startup  remat-opt start-up time against `import jax`      -> results/startup.json
   train    a training step through rp.jit beside jax.jit     -> results/train.json
   gpu      XLA memory and step time of every plan (on a GPU)  -> results/gpu.json
@@ -95,7 +96,7 @@ def run_xla(argv) -> None:
                          "checkout (static: no device needed; same jax as measured)")
     args = ap.parse_args(argv)
     if args.re_estimate:
-        name = "xla" if args.re_estimate == "cpu" else f"xla_{args.re_estimate}"
+        name = xla_memory.results_name(args.re_estimate)
         stored = common.read_json(name)
         if stored is None:
             ap.error(f"no stored results {name}.json to re-estimate")
@@ -118,7 +119,7 @@ def run_xla(argv) -> None:
     if ynn_off and backend == "cpu":
         _log("xla: what memory_analysis() misses inside YNNPACK fusions")
         data["ynn_probe"] = ynn_probe.probe()
-    name = "xla" if backend == "cpu" else f"xla_{backend}"
+    name = xla_memory.results_name(backend)
     if args.merge:
         data = xla_memory.merge(common.read_json(name), data)
     _log(f"wrote {common.write_json(name, data)}")

@@ -411,6 +411,11 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     if allocated is not None:
         from tools.benchmarks import xla_memory
         parts.append(xla_memory.render(allocated))
+    for path in sorted(common.RESULTS.glob("xla_cpu_jax*.json")):   # later jaxlibs' XLA:CPU
+        from tools.benchmarks import xla_memory
+        later = common.read_json(path.stem)
+        parts.append(xla_memory.render(
+            later, f"Memory as XLA allocates it, jax {later['meta']['jax']} (XLA:CPU)"))
     on_device = common.read_json("xla_gpu")  # (optional: `xla` run on the device machine)
     if on_device is not None:
         from tools.benchmarks import xla_memory

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 import remat_passes as rp
+from remat_passes import jax_compat
 from remat_passes.api.jit import barrier_variants, needs_tie, rounds_read_back
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.memory import estimate_memory
@@ -149,6 +150,19 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
         log(f"xla: {key} sweep of {SWEEP_POINTS} budgets")
     meta = dict(common.machine(), device=jax.devices()[0].device_kind)
     return {"meta": meta, "tie_to_cotangent": tie, "rows": rows, "sweeps": sweeps}
+
+
+def results_name(backend: str) -> str:
+    """The results file of a run on `backend` with the installed jax: `xla` for XLA:CPU of
+    the oldest supported jaxlib (0.10, CI's first leg; the figures `--print-memory` quotes),
+    `xla_cpu_jax0_12` (and so on) for a later one, whose XLA:CPU differs (it keeps
+    optimization barriers through fusion and schedules in program order: jax_compat), and
+    `xla_gpu` on a GPU."""
+    if backend != "cpu":
+        return f"xla_{backend}"
+    if jax_compat.xla_cpu_fuses_across_barriers():
+        return "xla"
+    return "xla_cpu_jax" + "_".join(jax.__version__.split(".")[:2])
 
 
 def merge(stored: dict | None, new: dict) -> dict:
@@ -344,7 +358,11 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
              f"{meta['commit']}): ours (`rp.remat(..., mode='split')`"
              + (", as rp.jit makes it on CPU: with the recomputation tied to the cotangent "
                 "and without, the one with the smaller footprint (marked † where that is the "
-                "untied one)" if data.get("tie_to_cotangent") else _groups_text(data))
+                "untied one)" + (" and, on this jaxlib, with one barrier per recomputation "
+                                 "and one per checkpoint region (marked ‡ where per region)"
+                                 if any(r["ours"][0].get("barriers") == "per-region"
+                                        for r in data["rows"]) else "")
+                if data.get("tie_to_cotangent") else _groups_text(data))
              + ") beside JAX's split of "
              "`jax.checkpoint(model, policy)` (`jax.vjp`, forward and backward jitted "
              "separately). **temp** is XLA's scratch buffer; **footprint** = temp + arguments "
