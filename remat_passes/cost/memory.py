@@ -201,8 +201,9 @@ class _Estimator:
         self.host_kinds = frozenset() if backend == "cpu" else contract.HOST_KINDS
         self.gpu = self.xla and backend == "gpu"
         self.cpu = self.xla and backend == "cpu"
-        # (on CPU) in the order XLA:CPU runs the ops, where it runs them breadth first
+        # (on CPU) as XLA:CPU runs the ops and fuses across barriers, where it does (0.10)
         self.breadth_first = self.cpu and jax_compat.xla_cpu_schedules_breadth_first()
+        self.fuse_across = self.cpu and jax_compat.xla_cpu_fuses_across_barriers()
         self.dim_symbols = dim_symbols or {}
         self._funcs = None
         self._callee_peaks: dict[str, int] = {}
@@ -275,13 +276,14 @@ class _Estimator:
 
     def _readers(self, value) -> list:
         """The ops that read `value`; on CPU (one memory) through the identity ops that read
-        it, since XLA:CPU drops optimization barriers before it fuses (a view's readers are
-        its operand's)."""
+        it (a view's readers are its operand's), and through barriers where XLA:CPU drops
+        them before it fuses (jaxlib 0.10)."""
         out = []
         for use in value.uses:
             op = use.owner.operation
-            if not self.host_kinds and self._aliases(op) and len(op.results) == len(
-                    op.operands):
+            through = self.fuse_across or op.name != "stablehlo.optimization_barrier"
+            if through and not self.host_kinds and self._aliases(op) and len(
+                    op.results) == len(op.operands):
                 out += self._readers(op.results[use.operand_number])
             else:
                 out.append(op)

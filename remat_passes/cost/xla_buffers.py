@@ -25,7 +25,8 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   where the code would grow again and again, as along a gradient summed over many
   layers; a constant is a literal, no buffer). An identity op (below) is no reader to
   fuse into; on CPU its readers count as the value's readers, since XLA:CPU drops
-  optimization barriers before it fuses;
+  optimization barriers before it fuses (jaxlib 0.10; from 0.11 its fusions stop at
+  barriers, as XLA:GPU's: there a barrier's readers are not the value's);
 * a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
   that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
   on CPU, so is a placement annotation (XLA:CPU drops it);

@@ -899,6 +899,28 @@ def test_xla_model_counts_split_k_partials_on_a_gpu():
     assert gpu - cpu == 8 * 128 * 512 * 4
 
 
+def test_xla_model_fuses_across_barriers_only_where_xla_cpu_does(monkeypatch):
+    """XLA:CPU of jaxlib 0.10 drops optimization barriers before it fuses: an elementwise
+    op read through a barrier is computed inside the barrier's reader, never stored. From
+    jaxlib 0.11 its fusions stop at barriers (as XLA:GPU's): the op is stored (measured on
+    jax 0.12: the conv net's joint form under everything_saveable, estimate 33% under ->
+    0%)."""
+    from remat_passes import jax_compat
+    text = """
+    func.func @main(%x: tensor<256xf32>) -> tensor<f32> {
+      %z = stablehlo.constant dense<0.0> : tensor<f32>
+      %0 = stablehlo.sine %x : tensor<256xf32>
+      %1 = stablehlo.optimization_barrier %0 : tensor<256xf32>
+      %2 = stablehlo.reduce(%1 init: %z) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+      return %2 : tensor<f32>
+    }"""
+    peaks = {}
+    for across in (True, False):
+        monkeypatch.setattr(jax_compat, "xla_cpu_fuses_across_barriers", lambda a=across: a)
+        peaks[across] = xla_est(text).peak_bytes
+    assert peaks[False] - peaks[True] == 1 * K      # the sine's buffer
+
+
 def test_xla_model_pads_a_convolutions_input_on_a_gpu():
     """XLA:GPU gives cuDNN symmetric padding only: a convolution padded 0 below and 1 above
     (a stride-2 'SAME' one) works on a padded copy of its input, made just before it. The
