@@ -397,7 +397,7 @@ class Jitted:
         mode = default_mode() if self.mode == "auto" else self.mode
         donated = self._donated_positions(call, n_pos)
         variants = self._variants(mode)
-        built = []
+        built, own = [], _ties(exported) if any(v.tie for v in variants) else 0
         for v, (module, hit) in zip(variants, self._remat(exported, mode,
                                                            dynamic_fun.__name__, variants)):
             if any(module.bytecode() == b.module.bytecode() for b in built):
@@ -405,7 +405,7 @@ class Jitted:
             build = self._build_joint if mode == "joint" else self._build_split
             lowered = build(exported, module, dynamic, donated)
             lowered.from_cache, lowered.barrier_groups = hit, v.groups
-            lowered.tied = v.tie and _ties(module) > _ties(exported)   # (placed, not asked)
+            lowered.tied = v.tie and _ties(module) > own   # (placed, not only asked)
             built.append(lowered)
         return _smaller(built)
 
@@ -577,8 +577,9 @@ def _key_data(x):
 
 
 def _ties(module) -> int:
-    """How many ties to the cotangent (place-optimization-barriers' `is_finite` of it) the
-    module has: none are placed where nothing is recomputed."""
+    """How many `is_finite` ops the module has: place-optimization-barriers' ties to the
+    cotangent, beyond the exported function's own (none are placed where nothing is
+    recomputed)."""
     return str(module).count("stablehlo.is_finite")
 
 

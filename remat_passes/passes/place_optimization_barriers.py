@@ -161,6 +161,22 @@ def _tieable(v) -> bool:
     return t.has_static_shape and str(t.element_type).startswith(("f", "bf"))
 
 
+def _tie_source(ct) -> bool:
+    """Can the ties read `ct` (a floating-point tensor of static shape with an element)?"""
+    return _tieable(ct) and bool(graph.type_elements(ct.type))
+
+
+def _tied(values: list, ct: ir.Value, before, note) -> list:
+    """`values` read through a tie to `ct` (`_tie`), made right before op `before`; the
+    ops made for it are reported to `note`."""
+    with before.location:
+        tied, made = _tie(values, ct, ir.InsertionPoint(before))
+    if note is not None:
+        for op in made:
+            note(op, before)
+    return tied
+
+
 def _to_tie(group, inputs, is_argument, with_arguments: bool = False) -> list:
     """The inputs of `group` to read through a tie: walking its ops in order, an op that
     reads a computed input (not an argument of the function) but nothing tied yet,
@@ -330,16 +346,11 @@ def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None,
                 loc=first.location)
             contract.mark_barrier(barrier)
             mapping.update(zip(kind, barrier.results))
-            if tie is not None and same and _tieable(ct) and graph.type_elements(ct.type):
+            if tie is not None and same and _tie_source(ct):
                 chosen = _to_tie(group, kind, tie, tie_arguments)
                 if chosen:
-                    with first.location:
-                        tied, made = _tie([mapping[v] for v in chosen], barrier.results[-1],
-                                          ir.InsertionPoint(first))
-                    mapping.update(zip(chosen, tied))
-                    if note is not None:
-                        for op in made:
-                            note(op, first)
+                    mapping.update(zip(chosen, _tied([mapping[v] for v in chosen],
+                                                     barrier.results[-1], first, note)))
             if note is not None:
                 note(barrier.operation, first)
         graph.replace_reads_all(group.ops, mapping)
@@ -398,18 +409,13 @@ def place_over_residuals(a, block, groups, is_shape, note=None, tie=None,
         note(barrier.operation, first)
     mapping = dict(zip(values, barrier.results))
     chosen = [_to_tie(g, [v for v in g.inputs() if v in mapping], tie, tie_arguments)
-              if tie is not None and ct is not None else [] for g in groups]
+              if tie is not None and ct is not None and _tie_source(ct) else [] for g in groups]
     graph.replace_reads_all(readers + [op for g in groups for op in g.ops], mapping)
     for group, picked in zip(groups, chosen):
         if picked:
-            first_op = group.ops[0]
-            with first_op.location:
-                tied, made = _tie([mapping[v] for v in picked], barrier.results[-1],
-                                  ir.InsertionPoint(first_op))
-            graph.replace_reads_all(group.ops, dict(zip((mapping[v] for v in picked), tied)))
-            if note is not None:
-                for op in made:
-                    note(op, first_op)
+            held = [mapping[v] for v in picked]
+            tied = _tied(held, barrier.results[-1], group.ops[0], note)
+            graph.replace_reads_all(group.ops, dict(zip(held, tied)))
     return 1
 
 
@@ -509,7 +515,8 @@ class PlaceOptimizationBarriers(ModulePass):
             # (tied: where a cotangent argument can be the ties' source, else place() ties
             # each group to its consumer's incoming cotangent)
             if self.groups == "per-region" and self.function_region and target == name \
-                    and (tie is None or any(_tieable(a.args[i]) for i in a.cotangent_indices)) \
+                    and (tie is None or any(_tie_source(a.args[i])
+                                            for i in a.cotangent_indices)) \
                     and _manual_test(a) is None and not any(
                         graph.scope_chain(op) for g in groups for op in g.ops):
                 place_over_residuals(a, graph.body_block(f),
