@@ -113,7 +113,7 @@ def our_split(module, policy, args, each=None) -> tuple:
             half["barriers"] = v.groups
             if rounds_read_back("split"):
                 half["round_read_back"] = True
-            half["host_copy_after_barrier"] = True    # (annotate-host-offload, b67dd6a+)
+            half["host_copy_after_barrier"] = True    # (annotate-host-offload, c195506 on)
         if best is None or common.xla_peak(halves) < common.xla_peak(best[1]):
             best = (split, halves, v.tie)
     return best
@@ -196,6 +196,14 @@ def merge(stored: dict | None, new: dict) -> dict:
     return out
 
 
+def _old_offload_program(row: dict) -> bool:
+    """An offload policy's row measured before annotate-host-offload made the copy back to
+    the device after the barrier holding the host value (c195506): its program is not the
+    one the passes build now."""
+    return "offload" in row.get("policy", "") and not row["ours"][0].get(
+        "host_copy_after_barrier")
+
+
 def _provenance_text(data: dict) -> str:
     """The page's sentences on which rows predate rp.jit's GPU rounding of read-back
     residuals, and which models' estimates were made again (`--re-estimate`), per model:
@@ -211,8 +219,7 @@ def _provenance_text(data: dict) -> str:
                  "the backward only reads back (`round_read_back`, as jax.checkpoint does); "
                  "the next run on the device measures that.")
     before = [m for m in dict.fromkeys(r["model"] for r in data["rows"]) if any(
-        "offload" in r.get("policy", "") and not r["ours"][0].get("host_copy_after_barrier")
-        for r in data["rows"] if r["model"] == m)]
+        _old_offload_program(r) for r in data["rows"] if r["model"] == m)]
     if meta["backend"] == "gpu" and before:
         text += (f" The offload rows of {', '.join(before)} were measured before "
                  "annotate-host-offload made the copy back to the device after the "
@@ -263,8 +270,7 @@ def reestimate(data: dict, log=print) -> dict:
         module = rp.export_vjp(model.build(_identity), *model.args)
         cases = {c.short: c for c in cases_for(model)}
         for r in (r for r in data["rows"] if r["model"] == key):
-            if backend != "cpu" and "offload" in r["policy"] and not r["ours"][0].get(
-                    "host_copy_after_barrier"):
+            if backend != "cpu" and _old_offload_program(r):
                 continue    # measured on a program built differently (see _provenance_text)
             policy = cases[r["short"]].our_policy
             split = rp.remat(module, policy, mode="split", tie_to_cotangent=r["split_tied"],
