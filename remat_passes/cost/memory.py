@@ -73,14 +73,6 @@ __all__ = ["FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory
 
 _TERMINATORS = ("func.return", "stablehlo.return")
 MODELS = ("program-order", "xla")
-# How often model="xla" is within 15% of XLA's footprint, per backend: (split halves and
-# joint programs within, measured, where, note), from `python -m tools.benchmarks xla` on
-# the benchmark models under every policy (docs/benchmarks.md; test_memory checks these
-# against the stored results). On CPU that runs with YNNPACK fusions off: XLA does not
-# count the buffers YNNPACK uses inside them (tools/benchmarks/ynn_probe.py).
-MEASURED = {"cpu": (161, 162, "2 CPUs", ", YNNPACK fusions off"),
-            "gpu": (136, 162, "an H200 and an H100", "")}
-
 _DONATED = ("jax.buffer_donor", "tf.aliasing_output")
 PEAK_VALUES = 5     # how many of the buffers live at the peak a report names
 
@@ -425,7 +417,7 @@ class _Estimator:
                 during += inside
                 if laid_out and inside:
                     if op.name == "stablehlo.convolution" and not self.gpu:
-                        inside -= self._argument_copies(op, root, i, buffers)
+                        inside -= self._argument_copies(op, root, fused, i, buffers)
                     scratch[i] = (inside, _scratch_kind(op, self.gpu))
             if during > peak:
                 peak, peak_index, peak_op = during, i, op
@@ -450,18 +442,24 @@ class _Estimator:
         return _Sweep(peak, peak_index, peak_op, timeline, len(timeline), at_peak)
 
     @staticmethod
-    def _argument_copies(op, root, i, buffers) -> int:
+    def _argument_copies(op, root, fused, i, buffers) -> int:
         """model="xla": the transposed copies a convolution works on of the function's
-        arguments are made early (at entry, as XLA:CPU schedules them) and held until it
-        runs: a buffer each in `buffers`. Returns their bytes."""
+        arguments, or of an elementwise chain fused into the copy that reads arguments alone
+        (a split backward's relu(residual + bias)), are made early (at entry, as XLA:CPU
+        schedules them) and held until it runs: a buffer each in `buffers`. Returns their
+        bytes."""
         early = 0
         for v in conv_copied(op):
             r = root.get(v, v)
-            if v is not op.results[0] and isinstance(r, ir.BlockArgument) and r in buffers:
-                b = graph.type_bytes(v.type)
-                buffers[(r, i)] = Buffer(-1, i, b, f"{v.type} argument #{r.arg_number}, "
-                                          "a transposed copy")
-                early += b
+            reads = [r] if v not in fused else [
+                b for b in reads_through(fused[v].parts) if not is_literal(b)]
+            if v is op.results[0] or not reads or not all(
+                    isinstance(b, ir.BlockArgument) and b in buffers for b in reads):
+                continue
+            b = graph.type_bytes(v.type)
+            what = f"argument #{r.arg_number}" if v not in fused else "arguments"
+            buffers[(r, i)] = Buffer(-1, i, b, f"{v.type} {what}, a transposed copy")
+            early += b
         return early
 
     @staticmethod
@@ -659,16 +657,6 @@ def _backend(model: str, backend: str | None) -> str | None:
 
 
 # ------------------------------------------------------------------ report --
-def model_line(backend: str) -> str:
-    """The line `--print-memory --memory-model=xla` starts with: the backend modelled and how
-    close the model came to XLA there."""
-    if backend not in MEASURED:
-        return f"// memory model: xla ({backend} backend; not measured against XLA there)"
-    within, total, where, note = MEASURED[backend]
-    return (f"// memory model: xla ({backend} backend; within 15% of XLA's footprint on "
-            f"{within} of {total} benchmark programs measured on {where}{note})")
-
-
 def format_bytes(n: int) -> str:
     """'512 B', '64.0 KiB', '3.27 MiB'."""
     if n < 1024:

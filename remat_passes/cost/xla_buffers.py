@@ -39,10 +39,11 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
 * a convolution whose operands or result are not in the dimension order XLA's convolution
   kernels take (batch, spatial..., feature; the kernel spatial..., input, output feature),
   as in a convolution's weight gradient, works on a transposed copy of each such one, live
-  while it runs; a copy of one of the function's arguments is made at entry (XLA:CPU
-  schedules it first) and held until the convolution; on CPU, an elementwise op whose only
-  reader is such a convolution is computed inside the copy (never stored: measured, the
-  conv net's weight gradients under `dots_saveable`). A `dot_general` whose operands are
+  while it runs; on CPU, an elementwise op whose only reader is such a convolution is
+  computed inside the copy (never stored: measured, the conv net's weight gradients under
+  `dots_saveable`), and a copy of what reads only the function's arguments (one of them,
+  or such an elementwise chain: a split backward's relu(residual + bias)) is made at entry
+  (XLA:CPU schedules it first) and held until the convolution. A `dot_general` whose operands are
   not in the order XLA's matrix kernels take (the left: batch, free, contracting
   dimensions; the right: batch, contracting, free), as for `x @ W.T` or attention's
   heads, works on transposed copies of them too, live while it runs;
@@ -76,6 +77,36 @@ from collections import defaultdict
 from remat_passes.cost.flops import conv_dims, dot_dims, i64s
 from remat_passes.ir import graph
 from remat_passes.ir.mlir import ir, op_id
+
+# How often model="xla" is within 15% of XLA's footprint, per backend and, on CPU, per
+# XLA:CPU generation (jaxlib 0.10's deletes barriers before it fuses and schedules breadth
+# first; later ones do neither: jax_compat): (split halves and joint programs within,
+# measured, where, note), from `python -m tools.benchmarks xla` on the benchmark models
+# under every policy (docs/benchmarks.md; test_memory checks these against the stored
+# results: xla.json, xla_cpu_jax0_12.json, xla_gpu.json). On CPU that runs with YNNPACK
+# fusions off: XLA does not count the buffers YNNPACK uses inside them (ynn_probe.py).
+MEASURED = {"cpu": (161, 162, "2 CPUs, jaxlib 0.10", ", YNNPACK fusions off"),
+            "cpu, jaxlib >= 0.11": (157, 162, "2 CPUs, jaxlib 0.12", ", YNNPACK fusions off"),
+            "gpu": (136, 162, "an H200 and an H100", "")}
+
+
+def measured_key(backend: str) -> str:
+    """The MEASURED entry of `backend` with the installed jaxlib."""
+    from remat_passes import jax_compat
+    if backend == "cpu" and not jax_compat.xla_cpu_fuses_across_barriers():
+        return "cpu, jaxlib >= 0.11"
+    return backend
+
+
+def model_line(backend: str) -> str:
+    """The line `--print-memory --memory-model=xla` starts with: the backend modelled and how
+    close the model came to XLA there (with the installed jaxlib's XLA:CPU on CPU)."""
+    if backend not in MEASURED:
+        return f"// memory model: xla ({backend} backend; not measured against XLA there)"
+    within, total, where, note = MEASURED[measured_key(backend)]
+    return (f"// memory model: xla ({backend} backend; within 15% of XLA's footprint on "
+            f"{within} of {total} benchmark programs measured on {where}{note})")
+
 
 ELEMENTWISE = frozenset("stablehlo." + n for n in (
     "abs add and atan2 cbrt ceil clamp compare complex convert cosine divide exponential "

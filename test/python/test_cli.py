@@ -441,7 +441,7 @@ def test_short_runs_do_not_import_jax(files, tmp_path):
 def test_memory_backend_chooses_the_backend_the_xla_model_models(files, tmp_path, capsys):
     """--memory-backend=gpu estimates a GPU's memory wherever remat-opt runs: the report's
     first line names that backend and the model's measured error there."""
-    from remat_passes.cost.memory import model_line
+    from remat_passes.cost.xla_buffers import model_line
     reports = {}
     for backend in ("gpu", "cpu"):
         assert cli.main([str(files["vjp"]), "--print-memory", "--memory-model=xla",
