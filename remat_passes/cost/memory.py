@@ -61,7 +61,8 @@ from remat_passes import jax_compat
 from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE, EXPENSIVE,
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
                                             Fused, conv_copied, conv_padded_input,
-                                            copy_ready_at, is_literal, lay_out,
+                                            copies_made_early, copy_ready_at,
+                                            early_copies, is_literal, lay_out,
                                             padded_past_input,
                                             reads_through, split_k_partials, transposed_dot)
 from remat_passes.cost.xla_schedule import bfs_order
@@ -289,13 +290,16 @@ class _Estimator:
             op.name == "stablehlo.reshape" or transposed_dot(op)
             or (not self.host_kinds and contract.placement(op) is not None)))
 
-    def _last_uses(self, ops, has_term) -> tuple:
+    def _last_uses(self, ops, has_term, copies_after=None) -> tuple:
         """Pass 1 of the sweep: the last use of every buffer (aliases resolved to their
-        root; a fused value is read where its reader runs, as the buffers it reads)."""
+        root; a fused value is read where its reader runs, as the buffers it reads), and
+        (model="xla", CPU) where a convolution's transposed copies are made early: op
+        index -> {value copied: where (-1: at entry)} (`xla_buffers.early_copies`)."""
         root: dict = {}
         last: dict = {}
         fused: dict = {}     # (model="xla") fused value -> what it reads (a Fused)
         buffers_read = []    # per op: the buffers it reads (through fused values)
+        copies_at: dict = {}
         for i, op in enumerate(ops):
             values = graph.read_values(op)
             if self.xla and not (has_term and op == ops[-1]) and self._fused(op, fused):
@@ -304,13 +308,23 @@ class _Estimator:
                                                for v in values])
                 buffers_read.append(())
                 continue
-            reads = []
+            early = early_copies(op, root, fused, copies_after) \
+                if self.cpu and op.name == "stablehlo.convolution" else {}
+            if early:
+                copies_at[i] = early
+            reads, copied, direct = [], {}, set()   # copied: read by an early copy, where
             for v in values:
                 f = fused.get(v)
-                reads += [root.get(v, v)] if f is None else reads_through(f.parts)
+                got = [root.get(v, v)] if f is None else reads_through(f.parts)
+                reads += got
+                if v in early:
+                    copied.update((r, early[v]) for r in got)
+                else:
+                    direct.update(got)
             buffers_read.append(reads)
             for r in reads:
-                last[r] = i
+                last[r] = max(last.get(r, -1), copied[r]) if r in copied and \
+                    r not in direct else i
             if self._aliases(op):
                 for r, o in zip(op.results, op.operands):
                     if o in fused:       # (model="xla") a view of a value never stored
@@ -321,7 +335,7 @@ class _Estimator:
                 for k in _invariant_carries(op):
                     o = op.operands[k]
                     root[op.results[k]] = root.get(o, o)
-        return root, last, fused, buffers_read
+        return root, last, fused, buffers_read, copies_at
 
     def sweep(self, block, count_args: bool, host_args=frozenset(),
               kept_args=frozenset(), host_results=frozenset()) -> _Sweep:
@@ -331,13 +345,14 @@ class _Estimator:
         ops = [op.operation for op in block.operations]
         n = len(ops)
         has_term = n > 0 and ops[-1].name in _TERMINATORS
-        root, last, fused, buffers_read = self._last_uses(ops, has_term)
+        root, last, fused, buffers_read, copies_at = self._last_uses(ops, has_term)
         if self.breadth_first and has_term:   # (model="xla") as XLA:CPU schedules them
+            after: dict = {}
             ops = bfs_order(ops, lambda op: bool(op.results) and op.results[0] in fused or (
                 op.name == "stablehlo.optimization_barrier" or contract.placement(op)),
                 list(block.arguments), lambda op: conv_copied(op)
-                if op.name == "stablehlo.convolution" else ())
-            root, last, fused, buffers_read = self._last_uses(ops, has_term)
+                if op.name == "stablehlo.convolution" else (), after)
+            root, last, fused, buffers_read, copies_at = self._last_uses(ops, has_term, after)
         if self.xla:
             for a in block.arguments:
                 if a.arg_number in kept_args:
@@ -417,7 +432,7 @@ class _Estimator:
                 during += inside
                 if laid_out and inside:
                     if op.name == "stablehlo.convolution" and not self.gpu:
-                        inside -= self._argument_copies(op, root, fused, i, buffers)
+                        inside -= copies_made_early(copies_at.get(i, {}), i, buffers)
                     scratch[i] = (inside, _scratch_kind(op, self.gpu))
             if during > peak:
                 peak, peak_index, peak_op = during, i, op
@@ -440,27 +455,6 @@ class _Estimator:
                     at_peak.append((inside, "temporaries inside the op at the peak"))
             at_peak = sorted(at_peak, key=lambda t: -t[0])[:PEAK_VALUES]
         return _Sweep(peak, peak_index, peak_op, timeline, len(timeline), at_peak)
-
-    @staticmethod
-    def _argument_copies(op, root, fused, i, buffers) -> int:
-        """model="xla": the transposed copies a convolution works on of the function's
-        arguments, or of an elementwise chain fused into the copy that reads arguments alone
-        (a split backward's relu(residual + bias)), are made early (at entry, as XLA:CPU
-        schedules them) and held until it runs: a buffer each in `buffers`. Returns their
-        bytes."""
-        early = 0
-        for v in conv_copied(op):
-            r = root.get(v, v)
-            reads = [r] if v not in fused else [
-                b for b in reads_through(fused[v].parts) if not is_literal(b)]
-            if v is op.results[0] or not reads or not all(
-                    isinstance(b, ir.BlockArgument) and b in buffers for b in reads):
-                continue
-            b = graph.type_bytes(v.type)
-            what = f"argument #{r.arg_number}" if v not in fused else "arguments"
-            buffers[(r, i)] = Buffer(-1, i, b, f"{v.type} {what}, a transposed copy")
-            early += b
-        return early
 
     @staticmethod
     def _in_place(op, buffers, root) -> list:

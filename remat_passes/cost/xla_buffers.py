@@ -192,6 +192,43 @@ def conv_copied(op) -> list:
             if dims != want]
 
 
+def early_copies(op, root, fused, copies_after) -> dict:
+    """model="xla" on CPU: the transposed copies convolution `op` works on (`conv_copied`)
+    that XLA:CPU makes before it runs: {operand: the index of the op after which its copy is
+    made (-1: at entry)}. A copy of what reads only the function's arguments (one of them,
+    or an elementwise chain fused into the copy: a split backward's relu(residual + bias))
+    is made at entry (XLA:CPU schedules it first); where XLA:CPU runs ops breadth first
+    (jaxlib 0.10), every copy is made where that order runs it (`copies_after`, from
+    xla_schedule.bfs_order), and the value copied can die there. `root`: alias -> its
+    buffer; `fused`: a value computed inside its readers -> its `Fused`."""
+    out = {}
+    for v in conv_copied(op):
+        if v is op.results[0]:
+            continue
+        if copies_after is not None:
+            at = copies_after.get((op_id(op), v))
+        else:
+            reads = [root.get(v, v)] if v not in fused else [
+                b for b in reads_through(fused[v].parts) if not is_literal(b)]
+            at = -1 if reads and all(isinstance(b, ir.BlockArgument) for b in reads) \
+                else None
+        if at is not None:
+            out[v] = at
+    return out
+
+
+def copies_made_early(copies, i, buffers) -> int:
+    """The early copies (`early_copies`) of the convolution at index `i`, each a buffer in
+    `buffers` from the op it is made after until the convolution. Returns their bytes."""
+    early = 0
+    for v, at in copies.items():
+        b = graph.type_bytes(v.type)
+        buffers[(v, i)] = Buffer(at, i, b, f"{v.type}, a transposed copy made "
+                                 + ("at entry" if at < 0 else "early"))
+        early += b
+    return early
+
+
 def conv_padded_input(op) -> int:
     """model="xla" on a GPU: the bytes of the padded copy XLA:GPU makes of a convolution's
     input where the padding of a spatial dimension differs on its two sides (a stride-2

@@ -37,13 +37,17 @@ def deletes_barriers(backend: str | None = None) -> bool:
     return backend == "cpu"
 
 
-def bfs_order(ops: list, passes_through, arguments, copied=lambda op: ()) -> list:
+def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
+              copies_after: dict | None = None) -> list:
     """`ops` (a block's top-level ops, its terminator last) in XLA:CPU's breadth-first
     order. `passes_through(op)`: is op no instruction of its own (fused into its readers,
     or deleted)? Such an op goes right before the first instruction that reads it.
     `arguments`: the block's arguments, ready first, in order. `copied(op)`: the operands
     op works on transposed copies of; each copy is an instruction of its own, which op
-    waits for (so op runs a step after the ops that read the same values directly)."""
+    waits for (so op runs a step after the ops that read the same values directly).
+    `copies_after`, if given, gets where each copy runs: (op id, operand) -> the index in
+    the order returned of the op it runs after (-1: at entry, as one of arguments and
+    literals alone)."""
     if len(ops) < 3:
         return ops
     body, term = ops[:-1], ops[-1]
@@ -54,6 +58,8 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: ()) -> lis
     readers: list = [[] for _ in range(n)]   # the ops reading op i's results directly
     parts: list = [()] * n                   # an op passing through: where its inputs come from
     waits: list = [()] * n                   # the instructions op i waits for; a copy: n + k
+    copy_of: dict = {}                       # a copy's number -> (op index, operand)
+    ran_after: dict = {}                     # a copy's number -> the op it runs after
 
     def owner(v):
         return index.get(op_id(v.owner)) if isinstance(v, ir.OpResult) else None
@@ -101,6 +107,7 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: ()) -> lis
         for v in values:
             if v in copies:
                 deps.append(len(waits))       # the copy (numbered after the ops)
+                copy_of[len(waits)] = (i, v)
                 waits.append(producers([v]))
             else:
                 deps += producers([v])
@@ -121,6 +128,9 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: ()) -> lis
         d = queue.popleft()
         if 0 <= d < n:
             order.append(d)
+        elif d >= n and order and any(w >= 0 and body[w].name != "stablehlo.constant"
+                                      for w in waits[d]):
+            ran_after[d] = order[-1]      # (of arguments and literals alone: at entry)
         for u in users.get(d, ()):
             pending[u] -= 1
             if pending[u] == 0:
@@ -131,10 +141,15 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: ()) -> lis
         for j in readers[i]:
             first[i] = min(first[i], first[j] if through[j] else position[j])
     later = sorted((i for i in range(n) if through[i]), key=lambda i: (first[i], i))
-    out, k = [], 0
+    out, k, at = [], 0, {}
     for i in order:
         while k < len(later) and first[later[k]] <= position[i]:
             out.append(body[later[k]])
             k += 1
+        at[i] = len(out)
         out.append(body[i])
+    if copies_after is not None:
+        for c, (i, v) in copy_of.items():
+            j = ran_after.get(c)
+            copies_after[(op_id(body[i]), v)] = -1 if j is None else at[j]
     return out + [body[i] for i in later[k:]] + [term]
