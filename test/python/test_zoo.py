@@ -103,9 +103,10 @@ def test_the_flax_rows_hold():
     fixed policy in both forms, gradients within the zoo's tolerance of `jax.grad`, residual
     bytes at most `jax.checkpoint`'s, remat-opt's residuals the Python API's, `auto`
     within its budget, and `nn.remat` made regions at most JAX's bytes. (XLA:CPU's joint
-    footprint is a figure of the benchmark page, not held here.)"""
+    footprint and split temp bytes are figures of the benchmark page, not measured here.)"""
     pytest.importorskip("flax")
-    data = zoo.measure(["flax"], lambda *a: None, use_environment=True)
-    results = [(t, ok) for t, ok in zoo.checks(data) if "joint footprint" not in t]
+    data = zoo.measure(["flax"], lambda *a: None, use_environment=True, compiled=False)
+    results = zoo.checks(data)
+    assert not any("footprint" in t or " temp " in t for t, _ in results)
     assert len(results) >= 4 * 2 * 4, results
     assert all(ok for _, ok in results), [t for t, ok in results if not ok]

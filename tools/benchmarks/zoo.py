@@ -373,10 +373,23 @@ def _joint_footprints(module, loss, policy, args) -> tuple[int, int]:
             common.xla_footprint(common.xla_memory(theirs)))
 
 
-def measure(keys=tuple(MODELS), log=print, use_environment: bool = False) -> dict:
+def _split_temps(module, checkpointed, policy, args) -> list:
+    """XLA's temp bytes of each split half, [[ours, JAX's] forward, [ours, JAX's] backward]:
+    ours as rp.jit builds the split form on this backend (the xla benchmark's
+    `our_split`), JAX's the forward and backward of `jax.vjp` of the checkpointed loss,
+    jitted apart (`jax_halves`)."""
+    from tools.benchmarks import xla_memory
+    _, ours, _ = xla_memory.our_split(module, policy, args)
+    theirs = xla_memory.jax_halves(checkpointed, args)
+    return [[a["temp"], b["temp"]] for a, b in zip(ours, theirs)]
+
+
+def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
+            compiled: bool = True) -> dict:
     """The rows of `keys`. `use_environment`: the libraries as this environment has them,
     none installed into `.zoo` (the test suite runs the Flax rows so: flax is a test
-    dependency)."""
+    dependency). `compiled=False` leaves out what XLA's compiled programs give (the joint
+    footprints, the split halves' temp bytes)."""
     import remat_passes as rp
     from remat_passes.api.jit import needs_tie
     from remat_passes.core.residuals import activation_bytes
@@ -416,8 +429,10 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False) -> dic
                        "no_policy_difference": _difference(got, unchanged),
                        "jax_difference": jax_difference, "remat_s": seconds,
                        "activations": activation_bytes(out.residuals)}
-                if form == "joint":
+                if compiled and form == "joint":
                     row["footprint"] = list(_joint_footprints(out, loss, policy, (params,)))
+                elif compiled:
+                    row["temp"] = _split_temps(module, checkpointed, policy, (params,))
                 rows.append(row)
                 if policy == "dots_saveable" and form == "joint":
                     budget = row["activations"]
@@ -487,6 +502,8 @@ def checks(data) -> list[tuple[str, bool]]:
         if "footprint" in r:
             a, b = r["footprint"]
             out.append((f"{name}: joint footprint {a:,} B vs JAX's {b:,} B", a <= b * 1.02))
+        for half, (a, b) in zip(("forward", "backward"), r.get("temp", ())):
+            out.append((f"{name}: {half} temp {a:,} B vs JAX's {b:,} B", a <= b * 1.02))
         if "budget" in r:
             out.append((f"{name}: activations {r['activations']:,} B within the budget",
                         r["activations"] <= r["budget"]))
@@ -516,7 +533,10 @@ def render(data) -> str:
              "largest gradient; the footprint is XLA's (temp + arguments + outputs - aliased) "
              "of the joint program: ours as `rp.jit` builds it here"
              + (" (tied to the cotangent on CPU)" if data.get("tie_to_cotangent") else "")
-             + ", JAX's `jax.jit` of `jax.vjp` of the checkpointed loss. Regenerate with "
+             + ", JAX's `jax.jit` of `jax.vjp` of the checkpointed loss; the split temp is "
+             "XLA's scratch of each half of the split form, ours as `rp.jit` builds it "
+             "(as in [Memory as XLA allocates it](#memory-as-xla-allocates-it)), JAX's the "
+             "forward and backward of `jax.vjp` jitted apart (where measured). Regenerate with "
              "`python -m tools.benchmarks zoo`. The Flax rows also run in the test suite, and "
              "so in CI (`test_zoo.py::test_the_flax_rows_hold`, with the flax of the test "
              "environment; the other libraries are gigabytes).", ""]
@@ -526,7 +546,8 @@ def render(data) -> str:
                      else ""), "",
                   "| policy | form | residuals ours / JAX / remat-opt | bytes ours / JAX | "
                   "gradient error | from no policy / JAX's | joint footprint ours / JAX | "
-                  "rp.remat |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+                  "split temp fwd / bwd, ours / JAX | rp.remat |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in data["rows"]:
             if r["model"] != key:
                 continue
@@ -535,17 +556,19 @@ def render(data) -> str:
                 if "footprint" in r:
                     a, b = r["footprint"]
                     fp = f"{a:,} / {b:,} ({a / b:.2f})"
+                temp = " / ".join(f"{a:,} / {b:,} ({a / b:.2f})" if b else f"{a:,} / 0"
+                                  for a, b in r.get("temp", ()))
                 cli = r.get("cli", ["", ""])
                 parts.append(f"| `{r['policy']}` | {r.get('form', 'joint')} | {r['ours'][0]} / "
                              f"{r['jax'][0]} / {cli[0]} | {r['ours'][1]:,} / {r['jax'][1]:,} | "
                              f"{r['grad_error']:.1e} | "
                              + (f"{r['no_policy_difference']:.1e} / {r['jax_difference']:.1e}"
                                 if "no_policy_difference" in r else "")
-                             + f" | {fp} | {r['remat_s']:.2f} s |")
+                             + f" | {fp} | {temp} | {r['remat_s']:.2f} s |")
             else:
                 parts.append(f"| `{r['policy']}` (the activations of `dots_saveable`) | joint | "
                              f"{r['ours'][0]} | {r['ours'][1]:,} (activations "
-                             f"{r['activations']:,}) | {r['grad_error']:.1e} | | | |")
+                             f"{r['activations']:,}) | {r['grad_error']:.1e} | | | | |")
         for e in data["own"]:
             if e["model"] == key:
                 j, x, g = e["jax_saves"], e["export_jax"], e["export_regions"]
@@ -564,7 +587,8 @@ def render(data) -> str:
               f"within {GRAD_TOL:g} of jax.grad; the difference from the module with no policy "
               "no larger than JAX's checkpoint's from jax.grad, in bf16 to the last bit where "
               "JAX's is exact; remat-opt's residuals the Python API's; residual bytes at most "
-              "JAX's; the joint footprint at most JAX's + 2%; auto within its budget). Missed:",
+              "JAX's; the joint footprint and the temp of each split half at most JAX's + 2%; "
+              "auto within its budget). Missed:",
               ""]
     parts += [f"- {text}" for text in missed] or ["- none"]
     return "\n".join(parts) + "\n"
