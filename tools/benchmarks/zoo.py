@@ -546,7 +546,7 @@ def render(data) -> str:
                      else ""), "",
                   "| policy | form | residuals ours / JAX / remat-opt | bytes ours / JAX | "
                   "gradient error | from no policy / JAX's | joint footprint ours / JAX | "
-                  "split temp fwd / bwd, ours / JAX | rp.remat |",
+                  "split temp ours / JAX | rp.remat |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in data["rows"]:
             if r["model"] != key:
@@ -556,8 +556,8 @@ def render(data) -> str:
                 if "footprint" in r:
                     a, b = r["footprint"]
                     fp = f"{a:,} / {b:,} ({a / b:.2f})"
-                temp = " / ".join(f"{a:,} / {b:,} ({a / b:.2f})" if b else f"{a:,} / 0"
-                                  for a, b in r.get("temp", ()))
+                temp = "; ".join(f"{half} {a:,} / {b:,}" + (f" ({a / b:.2f})" if b else "")
+                                 for half, (a, b) in zip(("fwd", "bwd"), r.get("temp", ())))
                 cli = r.get("cli", ["", ""])
                 parts.append(f"| `{r['policy']}` | {r.get('form', 'joint')} | {r['ours'][0]} / "
                              f"{r['jax'][0]} / {cli[0]} | {r['ours'][1]:,} / {r['jax'][1]:,} | "
