@@ -250,10 +250,12 @@ def maxtext_model(remat_policy: str | None = None):
     """(loss, params, description): a tiny MaxText llama2 decoder (`transformer_as_linen`
     from a `pyconfig` of `llama2-7b` shrunk: two layers, embed 64, 4 heads of 16, MLP 128,
     vocabulary 256, not scanned), next-token loss on fixed random tokens. MaxText wraps
-    every decoder layer in `jax.checkpoint` with the policy of its `remat_policy` preset;
-    with `remat_policy=None` the harness calls each layer without it (`NNXDecoder.
-    _apply_layer_with_remat` replaced while the loss is traced), so that, as for the other
-    libraries, the policies under test apply to the whole model."""
+    every decoder layer in `jax.checkpoint` with the policy of its `remat_policy` preset
+    (`none` included: its policy None is JAX's default, nothing saveable); with
+    `remat_policy=None` the harness calls each layer without it (`jax.checkpoint` and
+    `NNXDecoder._apply_layer_with_remat` replaced while the model is traced: the llama2
+    path calls `jax.checkpoint` itself), so that, as for the other libraries, the policies
+    under test apply to the whole model."""
     import os
     from maxtext.configs import pyconfig
     from maxtext.layers import nnx_decoders
@@ -283,13 +285,16 @@ def maxtext_model(remat_policy: str | None = None):
         return layer(y, **kwargs)
 
     def loss(params):
+        checkpoint = jax.checkpoint
         if remat_policy is None:
             nnx_decoders.NNXDecoder._apply_layer_with_remat = plain
+            jax.checkpoint = lambda fun, **kwargs: fun
         try:
             logits = model.apply({"params": params}, tokens, positions,
                                  decoder_segment_ids=segments, enable_dropout=False)
         finally:
             nnx_decoders.NNXDecoder._apply_layer_with_remat = with_remat
+            jax.checkpoint = checkpoint
         logp = jax.nn.log_softmax(logits.astype(jnp.float32))
         return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], -1))
     what = (f"its layers in `jax.checkpoint` (`remat_policy={remat_policy}`)" if remat_policy
