@@ -267,6 +267,20 @@ class _Estimator:
             [b for b in reads_through([fused.get(v, v) for v in op.operands], DUPLICATED_READS)
              if not is_literal(b)]) <= DUPLICATED_READS
 
+    def _duplicated(self, op, fused) -> bool:
+        """model="xla" on CPU where barriers stop fusion (jaxlib 0.11 on): is elementwise
+        `op`, stored for an optimization barrier that reads it, also computed again inside
+        the fusions of its elementwise readers (a ReLU fused into a convolution's copy, a
+        GELU's)? XLA:CPU duplicates such a cheap producer into them: they read its inputs."""
+        if not self.cpu or self.fuse_across or op.name not in ELEMENTWISE or \
+                op.name in EXPENSIVE or len(op.results) != 1:
+            return False
+        users = [u.owner.operation for u in op.results[0].uses]
+        return any(u.name == "stablehlo.optimization_barrier" for u in users) and any(
+            u.name in ELEMENTWISE for u in users) and len(
+            [b for b in reads_through([fused.get(v, v) for v in op.operands], DUPLICATED_READS)
+             if not is_literal(b)]) <= DUPLICATED_READS
+
     def _readers(self, value) -> list:
         """The ops that read `value`; on CPU (one memory) through the identity ops that read
         it (a view's readers are its operand's), and through barriers where XLA:CPU drops
@@ -298,16 +312,19 @@ class _Estimator:
         root: dict = {}
         last: dict = {}
         fused: dict = {}     # (model="xla") fused value -> what it reads (a Fused)
+        again: dict = {}     # (model="xla") a value `_duplicated`: -> what it reads (a Fused)
         buffers_read = []    # per op: the buffers it reads (through fused values)
         copies_at: dict = {}
         for i, op in enumerate(ops):
             values = graph.read_values(op)
             if self.xla and not (has_term and op == ops[-1]) and self._fused(op, fused):
                 # read where its readers run (they come later): nothing to note here
-                fused[op.results[0]] = Fused([fused.get(v) or root.get(v, v)
+                fused[op.results[0]] = Fused([fused.get(v) or again.get(v) or root.get(v, v)
                                                for v in values])
                 buffers_read.append(())
                 continue
+            if self.xla and op.results and self._duplicated(op, fused):
+                again[op.results[0]] = Fused([fused.get(v) or root.get(v, v) for v in values])
             early = early_copies(op, root, fused, copies_after) \
                 if self.cpu and op.name == "stablehlo.convolution" else {}
             if early:

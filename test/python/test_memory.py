@@ -734,6 +734,46 @@ def test_xla_model_makes_a_convolutions_copies_where_xla_cpu_runs_them(monkeypat
         assert (8 * K, scratch) in computed.peak_values
 
 
+def test_xla_model_duplicates_what_a_barrier_reads_into_a_convolutions_copy(monkeypatch):
+    """Where XLA:CPU keeps barriers through fusion (jaxlib 0.11 on), an elementwise value a
+    barrier reads is stored for it, and the transposed copy a convolution works on of what
+    it feeds computes it again from its inputs (the joint conv net under `dots_saveable`:
+    the recomputed pre-activation, read by the next group's barrier and, through the ReLU,
+    by a weight gradient's copy; estimate -28% of XLA's footprint before, -12% after). So
+    what the value is computed from is held until that convolution, beside the value."""
+    from remat_passes import jax_compat
+    from remat_passes.cost import memory
+    text = """
+    func.func @main(%w: tensor<4x8x16xf32>, %b: tensor<16xf32>, %g: tensor<4x8x32xf32>,
+                    %m: tensor<128x128xf32>) -> (tensor<3x16x32xf32>, tensor<f32>) {
+      %c = stablehlo.constant dense<0.0> : tensor<f32>
+      %x = stablehlo.dot_general %w, %w, batching_dims = [0, 1] x [0, 1], contracting_dims = [2] x [2] : (tensor<4x8x16xf32>, tensor<4x8x16xf32>) -> tensor<4x8xf32>
+      %xb = stablehlo.broadcast_in_dim %x, dims = [0, 1] : (tensor<4x8xf32>) -> tensor<4x8x16xf32>
+      %bb = stablehlo.broadcast_in_dim %b, dims = [2] : (tensor<16xf32>) -> tensor<4x8x16xf32>
+      %z = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<4x8x16xf32>
+      %y = stablehlo.multiply %w, %xb : tensor<4x8x16xf32>
+      %0 = stablehlo.add %y, %bb : tensor<4x8x16xf32>
+      %1:2 = stablehlo.optimization_barrier %0, %g : tensor<4x8x16xf32>, tensor<4x8x32xf32>
+      %3 = stablehlo.dot_general %m, %m, contracting_dims = [1] x [0] : (tensor<128x128xf32>, tensor<128x128xf32>) -> tensor<128x128xf32>
+      %4 = stablehlo.reduce(%3 init: %c) applies stablehlo.add across dimensions = [0, 1] : (tensor<128x128xf32>, tensor<f32>) -> tensor<f32>
+      %5 = stablehlo.maximum %0, %z : tensor<4x8x16xf32>
+      %6 = stablehlo.convolution(%5, %g) dim_numbers = [f, 0, b]x[i, 0, o]->[0, b, f], window = {pad = [[1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<4x8x16xf32>, tensor<4x8x32xf32>) -> tensor<3x16x32xf32>
+      %7 = stablehlo.multiply %1#0, %1#0 : tensor<4x8x16xf32>
+      %8 = stablehlo.reduce(%7 init: %c) applies stablehlo.add across dimensions = [0, 1, 2] : (tensor<4x8x16xf32>, tensor<f32>) -> tensor<f32>
+      %9 = stablehlo.add %8, %4 : tensor<f32>
+      return %6, %9 : tensor<3x16x32xf32>, tensor<f32>
+    }"""
+    monkeypatch.setattr(jax_compat, "xla_cpu_fuses_across_barriers", lambda: False)
+    monkeypatch.setattr(jax_compat, "xla_cpu_schedules_breadth_first", lambda: False)
+    monkeypatch.setattr(memory, "PEAK_VALUES", 12)      # every buffer live at the peak
+    f = xla_est(text)
+    assert f.peak_op.startswith("stablehlo.dot_general at line 12")
+    # at the second product: the sum (2K), stored for the barrier, and x (128 B), which
+    # the copy reads to compute it again
+    assert (2 * K, "tensor<4x8x16xf32> from stablehlo.add at line 10") in f.peak_values
+    assert (128, "tensor<4x8xf32> from stablehlo.dot_general at line 5") in f.peak_values
+
+
 def test_xla_model_counts_the_transposed_copies_of_a_dot_out_of_order():
     """A matrix is read transposed where it is: x @ W and x @ W.T cost their result. An
     operand of more dimensions out of the kernels' order (the right one with its free
