@@ -86,7 +86,7 @@ from remat_passes.ir.mlir import ir, op_id
 # results: xla.json, xla_cpu_jax0_12.json, xla_gpu.json). On CPU that runs with YNNPACK
 # fusions off: XLA does not count the buffers YNNPACK uses inside them (ynn_probe.py).
 MEASURED = {"cpu": (161, 162, "2 CPUs, jaxlib 0.10", ", YNNPACK fusions off"),
-            "cpu, jaxlib >= 0.11": (158, 162, "2 CPUs, jaxlib 0.12", ", YNNPACK fusions off"),
+            "cpu, jaxlib >= 0.11": (159, 162, "2 CPUs, jaxlib 0.12", ", YNNPACK fusions off"),
             "gpu": (136, 162, "an H200 and an H100", "")}
 
 
