@@ -26,7 +26,9 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   layers; a constant is a literal, no buffer). An identity op (below) is no reader to
   fuse into; on CPU its readers count as the value's readers, since XLA:CPU drops
   optimization barriers before it fuses (jaxlib 0.10; from 0.11 its fusions stop at
-  barriers, as XLA:GPU's: there a barrier's readers are not the value's);
+  barriers, as XLA:GPU's: there a barrier's readers are not the value's, and a cheap
+  value a barrier reads is stored for it and computed again inside its elementwise
+  readers, which read its inputs);
 * a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
   that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
   on CPU, so is a placement annotation (XLA:CPU drops it);
@@ -43,7 +45,9 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   computed inside the copy (never stored: measured, the conv net's weight gradients under
   `dots_saveable`), and a copy of what reads only the function's arguments (one of them,
   or such an elementwise chain: a split backward's relu(residual + bias)) is made at entry
-  (XLA:CPU schedules it first) and held until the convolution. A `dot_general` whose operands are
+  (XLA:CPU schedules it first) and held until the convolution; with jaxlib 0.10, which runs
+  ops breadth first, any copy is made as soon as what it copies is there (`early_copies`).
+  A `dot_general` whose operands are
   not in the order XLA's matrix kernels take (the left: batch, free, contracting
   dimensions; the right: batch, contracting, free), as for `x @ W.T` or attention's
   heads, works on transposed copies of them too, live while it runs;
