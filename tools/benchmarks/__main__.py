@@ -197,7 +197,16 @@ def run_zoo(argv) -> None:
     unknown = [k for k in keys if k not in zoo.MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(zoo.MODELS)}")
-    data = zoo.merge(common.read_json("zoo"), zoo.measure(keys, _log))
+    # as the xla benchmark does: XLA:CPU's YNNPACK fusions hide their buffers from
+    # memory_analysis(), so the footprints and temp bytes are taken without them
+    from tools.benchmarks import ynn_probe
+    if ynn_probe.supported():
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
+                                   + ynn_probe.YNN_OFF).strip()
+    new = zoo.measure(keys, _log)
+    for m in new["models"].values():
+        m["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    data = zoo.merge(common.read_json("zoo"), new)
     _log(f"wrote {common.write_json('zoo', data)}")
 
 

@@ -551,7 +551,10 @@ def render(data) -> str:
              "environment; the other libraries are gigabytes).", ""]
     for key, m in data["models"].items():
         parts += [f"### {key}: {m['model']}", "", f"`{m['library']}`"
-                  + (f" (measured at commit {m['commit']}, jax {m['jax']})" if "commit" in m
+                  + (f" (measured at commit {m['commit']}, jax {m['jax']}"
+                     + (f", XLA flags `{m['xla_flags']}`" if m.get("xla_flags") else
+                        ", XLA's default flags (YNNPACK fusions on, whose buffers "
+                        "memory_analysis() does not count)") + ")" if "commit" in m
                      else ""), "",
                   "| policy | form | residuals ours / JAX / remat-opt | bytes ours / JAX | "
                   "gradient error | from no policy / JAX's | joint footprint ours / JAX | "
