@@ -473,7 +473,8 @@ def _baked_recomputation(a, func: str, policies: ScopePolicies) -> list[str]:
             "decides only outside them; jax.checkpoint(f, policy) around the same model lets "
             "policy decide inside them too (the outermost wins). Export with "
             "jax_checkpoint=\"regions\" (rp.export, rp.export_vjp, rp.jit) to make them "
-            "regions the passes apply"]
+            "regions the passes apply, each with its own policy, and wrap the model in "
+            "rp.checkpoint(f, policy=...) for that policy to decide inside them too"]
 
 
 class _IterationPolicy:

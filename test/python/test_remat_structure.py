@@ -748,4 +748,5 @@ def test_a_module_policy_says_it_does_not_reach_into_jax_checkpoint_regions():
     remark = [r for r in rp.remat(module, P.everything_saveable).remarks
               if "rematted_computation" in r]
     assert remark and 'jax_checkpoint="regions"' in remark[0], remark
+    assert "rp.checkpoint(f, policy=...)" in remark[0]      # what reproduces JAX's nesting
     assert not [r for r in rp.remat(module).remarks if "rematted_computation" in r]
