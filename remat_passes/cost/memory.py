@@ -58,11 +58,11 @@ import dataclasses
 from collections import defaultdict
 
 from remat_passes import jax_compat
-from remat_passes.cost.xla_buffers import (COPIES, DUPLICATED_READS, ELEMENTWISE, EXPENSIVE,
+from remat_passes.cost.xla_buffers import (COPIES, ELEMENTWISE, EXPENSIVE,
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
                                             Fused, conv_copied, conv_padded_input,
                                             copies_made_early, copy_ready_at,
-                                            early_copies, is_literal, lay_out,
+                                            early_copies, few_reads, lay_out,
                                             padded_past_input,
                                             reads_through, split_k_partials, transposed_dot)
 from remat_passes.cost.xla_schedule import bfs_order
@@ -263,9 +263,8 @@ class _Estimator:
                 and op.results[0] in conv_copied(users[0]))
         parent = op.parent
         return bool(users) and op.name not in EXPENSIVE and all(
-            u.name in FUSIBLE and u.parent == parent for u in users) and len(
-            [b for b in reads_through([fused.get(v, v) for v in op.operands], DUPLICATED_READS)
-             if not is_literal(b)]) <= DUPLICATED_READS
+            u.name in FUSIBLE and u.parent == parent for u in users) and \
+            few_reads(op, fused)
 
     def _duplicated(self, op, fused) -> bool:
         """model="xla" on CPU where barriers stop fusion (jaxlib 0.11 on): is elementwise
@@ -277,9 +276,7 @@ class _Estimator:
             return False
         users = [u.owner.operation for u in op.results[0].uses]
         return any(u.name == "stablehlo.optimization_barrier" for u in users) and any(
-            u.name in ELEMENTWISE for u in users) and len(
-            [b for b in reads_through([fused.get(v, v) for v in op.operands], DUPLICATED_READS)
-             if not is_literal(b)]) <= DUPLICATED_READS
+            u.name in ELEMENTWISE for u in users) and few_reads(op, fused)
 
     def _readers(self, value) -> list:
         """The ops that read `value`; on CPU (one memory) through the identity ops that read

@@ -196,6 +196,15 @@ def conv_copied(op) -> list:
             if dims != want]
 
 
+def few_reads(op, fused) -> bool:
+    """Does `op` read at most DUPLICATED_READS buffers (no literal), through what is `fused`
+    into it (value -> its `Fused`)? XLA duplicates a cheap producer into its readers only
+    then."""
+    return len([b for b in reads_through([fused.get(v, v) for v in op.operands],
+                                         DUPLICATED_READS)
+                if not is_literal(b)]) <= DUPLICATED_READS
+
+
 def early_copies(op, root, fused, copies_after) -> dict:
     """model="xla" on CPU: the transposed copies convolution `op` works on (`conv_copied`)
     that XLA:CPU makes before it runs: {operand: the index of the op after which its copy is
