@@ -109,10 +109,7 @@ def run_xla(argv) -> None:
     # XLA:CPU's YNNPACK fusions hide their buffers from memory_analysis(): measure without
     # them (set before XLA's CPU client starts; `ynn_probe` shows what they hide)
     from tools.benchmarks import ynn_probe
-    ynn_off = ynn_probe.supported()
-    if ynn_off:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
-                                   + ynn_probe.YNN_OFF).strip()
+    ynn_off = ynn_probe.turn_off()
     data = xla_memory.measure(keys, _log)
     backend = data["meta"]["backend"]     # a device's run has its own file (and page section)
     data["meta"]["xla_flags"] = os.environ.get("XLA_FLAGS", "")
@@ -200,9 +197,7 @@ def run_zoo(argv) -> None:
     # as the xla benchmark does: XLA:CPU's YNNPACK fusions hide their buffers from
     # memory_analysis(), so the footprints and temp bytes are taken without them
     from tools.benchmarks import ynn_probe
-    if ynn_probe.supported():
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
-                                   + ynn_probe.YNN_OFF).strip()
+    ynn_probe.turn_off()
     new = zoo.measure(keys, _log)
     for m in new["models"].values():
         m["xla_flags"] = os.environ.get("XLA_FLAGS", "")

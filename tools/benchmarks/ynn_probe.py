@@ -80,6 +80,15 @@ def supported() -> bool:
     return proc.returncode == 0
 
 
+def turn_off() -> bool:
+    """Measure without YNNPACK fusions from here on, where this jaxlib knows the flag: add
+    YNN_OFF to XLA_FLAGS (before XLA's CPU client starts). Returns whether it did."""
+    if not supported():
+        return False
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + YNN_OFF).strip()
+    return True
+
+
 def probe() -> dict:
     """The conv chain with YNNPACK fusions as XLA:CPU forms them by default, and off."""
     return {"default": _run(""), "ynn_off": _run(YNN_OFF)}
