@@ -369,11 +369,16 @@ def _cli_residuals(module, policy: str, mode: str) -> tuple[int, int]:
 
 
 def _joint_footprints(module, loss, policy, args) -> tuple[int, int]:
+    """XLA's footprint (temp + arguments + outputs) of our joint program and of JAX's
+    `jax.vjp` of the checkpointed loss. Both take every parameter: jax.jit would drop a
+    parameter the loss never reads (keras-hub's Llama: the 16 KiB output embedding, as
+    the loss reads the hidden states) from its arguments' count, although the array is
+    in memory all the same (`keep_unused=True`)."""
     import remat_passes as rp
     ct = jnp.ones(())
     ours = rp.compile(module, "main").lower(*args, ct).compile()
     fun = jax.checkpoint(loss, policy=getattr(jax.checkpoint_policies, policy))
-    theirs = jax.jit(lambda *a: jax.vjp(fun, *a)[1](ct)).lower(*args).compile()
+    theirs = jax.jit(lambda *a: jax.vjp(fun, *a)[1](ct), keep_unused=True).lower(*args).compile()
     return (common.xla_footprint(common.xla_memory(ours)),
             common.xla_footprint(common.xla_memory(theirs)))
 
@@ -542,7 +547,9 @@ def render(data) -> str:
              "largest gradient; the footprint is XLA's (temp + arguments + outputs - aliased) "
              "of the joint program: ours as `rp.jit` builds it here"
              + (" (tied to the cotangent on CPU)" if data.get("tie_to_cotangent") else "")
-             + ", JAX's `jax.jit` of `jax.vjp` of the checkpointed loss; the split temp is "
+             + ", JAX's `jax.jit` of `jax.vjp` of the checkpointed loss, with every "
+             "parameter kept (`keep_unused=True`: one the loss never reads is in memory all "
+             "the same, and ours counts it); the split temp is "
              "XLA's scratch of each half of the split form, ours as `rp.jit` builds it "
              "(as in [Memory as XLA allocates it](#memory-as-xla-allocates-it)), JAX's the "
              "forward and backward of `jax.vjp` jitted apart (where measured). Regenerate with "
