@@ -70,10 +70,9 @@ import inspect
 from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 
 from remat_passes import jax_compat
-from remat_passes.api import cache
+from remat_passes.api import arguments, cache
 from remat_passes.api.remat import Barriers, remat_variants
 from remat_passes.cost.xla_schedule import deletes_barriers
 from remat_passes.ir import contract, graph
@@ -178,76 +177,6 @@ class Lowered:
         return max(sizes) if sizes else None
 
 
-def _leaf_key(x) -> tuple:
-    """What of an argument leaf a compiled program depends on."""
-    if isinstance(x, jax.core.Tracer):  # (under jax.jit: its abstract value)
-        return (x.shape, x.dtype, getattr(x.aval, "weak_type", False), None)
-    if isinstance(x, jax.Array):      # (a typed PRNG key array has no weak_type)
-        return (x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding)
-    if isinstance(x, (bool, int, float, complex)):       # Python scalars: weakly typed
-        return (type(x),)
-    a = np.asarray(x)
-    return (a.shape, a.dtype, False, None)
-
-
-def _hashable(value, position: int | str):
-    try:
-        hash(value)
-    except TypeError:
-        raise TypeError(f"rp.jit: static argument {position!r} must be hashable, got "
-                        f"{type(value).__name__}") from None
-    return value
-
-
-def _signature(fun):
-    try:
-        return inspect.signature(fun)
-    except (TypeError, ValueError):
-        return None
-
-
-def _as_names(value, what: str) -> tuple:
-    names = (value,) if isinstance(value, str) else tuple(value)
-    bad = [n for n in names if not isinstance(n, str)]
-    if bad:
-        raise TypeError(f"rp.jit: {what} takes parameter names (str), got {bad[0]!r}")
-    return names
-
-
-@dataclasses.dataclass(frozen=True)
-class _Call:
-    """How one call's arguments were taken apart: the static ones (by position and by
-    keyword, with their values) and the names of the keyword arguments that are dynamic
-    (passed, in this order, after the positional dynamic ones)."""
-    static: tuple = ()           # (position, value) of the static positional arguments
-    static_kw: tuple = ()        # (name, value) of the static keyword arguments, sorted
-    kw_names: tuple = ()         # the dynamic keyword arguments' names, sorted
-
-
-def _keep_parameter_names(wrapper, fun, call: _Call, n_dynamic: int) -> None:
-    """Give `wrapper` (which takes the dynamic arguments, positional ones first, then the
-    keyword ones) `fun`'s parameter names, so that residuals are described by them ("from
-    the argument params['w1']")."""
-    sig = _signature(fun)
-    if sig is None:
-        return
-    params = list(sig.parameters.values())
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    statics = {i for i, _ in call.static}
-    n_pos = n_dynamic - len(call.kw_names) + len(statics)
-    if n_pos > len(params) or any(p.kind not in positional for p in params[:n_pos]):
-        return       # (more positional arguments than named parameters: *args)
-    kept = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                      default=inspect.Parameter.empty)
-            for i, p in enumerate(params[:n_pos]) if i not in statics]
-    kept += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-             for n in call.kw_names]
-    try:
-        wrapper.__signature__ = sig.replace(parameters=kept)
-    except ValueError:      # (a name twice: leave the wrapper's own)
-        return
-
-
 def _result_info(func_op) -> list:
     """Per result of a function: (its `jax.result_info` as text, or None; is it a residual)."""
     return [(str(e["jax.result_info"]) if "jax.result_info" in e else None,
@@ -290,11 +219,11 @@ class Jitted:
         self.cache_dir = cache.cache_dir(cache_dir)
         static_nums = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
         donate_nums = {donate_argnums} if isinstance(donate_argnums, int) else set(donate_argnums)
-        static_names = set(_as_names(static_argnames, "static_argnames"))
-        donate_names = set(_as_names(donate_argnames, "donate_argnames"))
+        static_names = set(arguments.as_names(static_argnames, "static_argnames"))
+        donate_names = set(arguments.as_names(donate_argnames, "donate_argnames"))
         # as jax.jit: a parameter named static (donated) is so by position too, and one
         # static (donated) by position is so when passed by keyword
-        sig = _signature(fun)
+        sig = arguments.signature(fun)
         self._params = list(sig.parameters.values()) if sig is not None else []
         index = {p.name: i for i, p in enumerate(self._params)
                  if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD}
@@ -324,8 +253,8 @@ class Jitted:
 
     # ------------------------------------------------------------------ calling --
     def _split_args(self, args, kwargs) -> tuple:
-        """(a `_Call`, the dynamic arguments: the positional ones that are not static, then
-        the dynamic keyword arguments by name)."""
+        """(an `arguments.Call`, the dynamic arguments: the positional ones that are not
+        static, then the dynamic keyword arguments by name)."""
         n = len(args)
         for i in self.static_argnums + self.donate_argnums:
             p = self._params[i] if i < len(self._params) else None
@@ -334,16 +263,18 @@ class Jitted:
                 raise TypeError(f"rp.jit: argument {i} is static or donated, but "
                                 f"{getattr(self.fun, '__name__', 'the function')} was "
                                 f"called with {n} arguments")
-        static = tuple((i, _hashable(args[i], i)) for i in self.static_argnums if i < n)
-        static_kw = tuple(sorted((k, _hashable(v, k)) for k, v in kwargs.items()
+        static = tuple((i, arguments.hashable(args[i], i))
+                       for i in self.static_argnums if i < n)
+        static_kw = tuple(sorted((k, arguments.hashable(v, k)) for k, v in kwargs.items()
                                  if k in self.static_argnames))
         kw_names = tuple(sorted(k for k in kwargs if k not in self.static_argnames))
         dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
-        return _Call(static, static_kw, kw_names), dynamic + tuple(kwargs[k] for k in kw_names)
+        return (arguments.Call(static, static_kw, kw_names),
+                dynamic + tuple(kwargs[k] for k in kw_names))
 
     def _key(self, call, dynamic) -> tuple:
         leaves, tree = jax.tree_util.tree_flatten(dynamic)
-        return call, tree, tuple(_leaf_key(x) for x in leaves)
+        return call, tree, tuple(arguments.leaf_key(x) for x in leaves)
 
     def __call__(self, *args, **kwargs):
         call, dynamic = self._split_args(args, kwargs)
@@ -392,7 +323,7 @@ class Jitted:
             return fun(*full, **dict(zip(kw_names, args[n_pos:])), **static_kw)
         dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
         dynamic_fun.__qualname__ = getattr(fun, "__qualname__", dynamic_fun.__name__)
-        _keep_parameter_names(dynamic_fun, fun, call, len(dynamic))
+        arguments.keep_parameter_names(dynamic_fun, fun, call, len(dynamic))
         exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint)
         mode = default_mode() if self.mode == "auto" else self.mode
         donated = self._donated_positions(call, n_pos)

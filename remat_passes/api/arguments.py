@@ -1,0 +1,80 @@
+"""How `rp.jit` takes a call's arguments apart (static, dynamic, by keyword), what of them
+a compiled program depends on (its signature), and where the arguments are placed
+(`in_shardings`)."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import jax
+import numpy as np
+
+
+def leaf_key(x) -> tuple:
+    """What of an argument leaf a compiled program depends on."""
+    if isinstance(x, jax.core.Tracer):  # (under jax.jit: its abstract value)
+        return (x.shape, x.dtype, getattr(x.aval, "weak_type", False), None)
+    if isinstance(x, jax.Array):      # (a typed PRNG key array has no weak_type)
+        return (x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding)
+    if isinstance(x, (bool, int, float, complex)):       # Python scalars: weakly typed
+        return (type(x),)
+    a = np.asarray(x)
+    return (a.shape, a.dtype, False, None)
+
+
+def hashable(value, position: int | str):
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"rp.jit: static argument {position!r} must be hashable, got "
+                        f"{type(value).__name__}") from None
+    return value
+
+
+def signature(fun):
+    try:
+        return inspect.signature(fun)
+    except (TypeError, ValueError):
+        return None
+
+
+def as_names(value, what: str) -> tuple:
+    names = (value,) if isinstance(value, str) else tuple(value)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"rp.jit: {what} takes parameter names (str), got {bad[0]!r}")
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """How one call's arguments were taken apart: the static ones (by position and by
+    keyword, with their values) and the names of the keyword arguments that are dynamic
+    (passed, in this order, after the positional dynamic ones)."""
+    static: tuple = ()           # (position, value) of the static positional arguments
+    static_kw: tuple = ()        # (name, value) of the static keyword arguments, sorted
+    kw_names: tuple = ()         # the dynamic keyword arguments' names, sorted
+
+
+def keep_parameter_names(wrapper, fun, call: Call, n_dynamic: int) -> None:
+    """Give `wrapper` (which takes the dynamic arguments, positional ones first, then the
+    keyword ones) `fun`'s parameter names, so that residuals are described by them ("from
+    the argument params['w1']")."""
+    sig = signature(fun)
+    if sig is None:
+        return
+    params = list(sig.parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    statics = {i for i, _ in call.static}
+    n_pos = n_dynamic - len(call.kw_names) + len(statics)
+    if n_pos > len(params) or any(p.kind not in positional for p in params[:n_pos]):
+        return       # (more positional arguments than named parameters: *args)
+    kept = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                      default=inspect.Parameter.empty)
+            for i, p in enumerate(params[:n_pos]) if i not in statics]
+    kept += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+             for n in call.kw_names]
+    try:
+        wrapper.__signature__ = sig.replace(parameters=kept)
+    except ValueError:      # (a name twice: leave the wrapper's own)
+        return
