@@ -1,6 +1,5 @@
 """How `rp.jit` takes a call's arguments apart (static, dynamic, by keyword), what of them
-a compiled program depends on (its signature), and where the arguments are placed
-(`in_shardings`)."""
+a compiled program depends on (its signature), and where it puts them (`in_shardings`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -78,3 +77,51 @@ def keep_parameter_names(wrapper, fun, call: Call, n_dynamic: int) -> None:
         wrapper.__signature__ = sig.replace(parameters=kept)
     except ValueError:      # (a name twice: leave the wrapper's own)
         return
+
+
+class _Part(tuple):
+    """The shardings of one part of a tree (a leaf of `shardings_of`'s prefix)."""
+
+
+def shardings_of(shardings, what: str, tree) -> list:
+    """`shardings` (as jax.jit's `in_shardings` / `out_shardings`: a Sharding, None, or a
+    pytree prefix of `tree` of them) as one per leaf of `tree` (None: unspecified)."""
+    is_leaf = lambda s: s is None or isinstance(s, jax.sharding.Sharding)  # noqa: E731
+    try:
+        per_part = jax.tree_util.tree_map(
+            lambda s, part: _Part([s] * len(jax.tree_util.tree_leaves(part))), shardings,
+            tree, is_leaf=is_leaf)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"rp.jit: {what} must be a Sharding, None, or a pytree prefix of "
+                         f"the {'arguments' if what == 'in_shardings' else 'results'} "
+                         f"(as jax.jit's): {e}") from None
+    flat = [s for part in jax.tree_util.tree_leaves(
+        per_part, is_leaf=lambda x: isinstance(x, _Part)) for s in part]
+    bad = [s for s in flat if not is_leaf(s)]
+    if bad:
+        got = ("a PartitionSpec: give it its mesh, NamedSharding(mesh, spec)"
+               if isinstance(bad[0], jax.sharding.PartitionSpec) else type(bad[0]).__name__)
+        raise TypeError(f"rp.jit: {what} takes jax.sharding.Sharding objects (or None), "
+                        f"got {got}")
+    return flat
+
+
+def place(args: tuple, in_shardings) -> tuple:
+    """The positional dynamic `args` put where `in_shardings` says, as jax.jit puts them:
+    an array not yet committed to a device (a NumPy array, a Python scalar, a jax.Array
+    made without a device) goes there; one committed elsewhere is an error (jax.jit does
+    not move it either); a tracer (under jax.jit) stays as it is, the sharding being
+    the exported program's."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    placed = []
+    for i, (x, s) in enumerate(zip(leaves, shardings_of(in_shardings, "in_shardings", args))):
+        if s is None or isinstance(x, jax.core.Tracer):
+            placed.append(x)
+            continue
+        if isinstance(x, jax.Array) and x.committed and not x.sharding.is_equivalent_to(
+                s, x.ndim):
+            raise ValueError(f"rp.jit: argument leaf {i} is on {x.sharding}, and in_shardings "
+                             f"says {s}: put it there with jax.device_put (as jax.jit, rp.jit "
+                             "does not move a committed array)")
+        placed.append(jax.device_put(x, s))
+    return jax.tree_util.tree_unflatten(tree, placed)

@@ -53,8 +53,11 @@ unless `static_argnums` / `static_argnames` make them static (hashable Python va
 the signature; a parameter static by position is static when passed by keyword, and the other
 way round); `donate_argnums` / `donate_argnames` donate as `jax.jit` does (the donated inputs
 are deleted after the call). A parameter left out takes its default as a Python value.
-`in_shardings` / `out_shardings` are not taken: the program follows the shardings of the
-arguments it is called with (`jax.device_put` them).
+`in_shardings` / `out_shardings` are taken as `jax.jit` takes them (a Sharding, None, or a
+pytree prefix of the dynamic positional arguments / of the results): an argument not yet
+on a device is put there, one committed elsewhere is an error, and the exported program
+carries them, so the results come out so sharded in both forms. Without them the program
+follows the shardings of the arguments it is called with.
 `jitted.lower(*args)` gives what was built for those arguments: the rewritten Module, the
 residuals, the remarks, the executables (for XLA's `memory_analysis()`).
 
@@ -194,7 +197,9 @@ class Jitted:
                  scan_segments: int | str = 0, scan_segments_offload: str | None = None,
                  barrier_groups: str | None = None, levels: str = "auto", cache_dir=None,
                  static_argnames: str | Sequence[str] = (),
-                 donate_argnames: str | Sequence[str] = ()):
+                 donate_argnames: str | Sequence[str] = (), in_shardings=None,
+                 out_shardings=None):
+        self.in_shardings, self.out_shardings = in_shardings, out_shardings
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         if barrier_groups is not None and barrier_groups not in BARRIER_GROUPS:
@@ -269,6 +274,11 @@ class Jitted:
                                  if k in self.static_argnames))
         kw_names = tuple(sorted(k for k in kwargs if k not in self.static_argnames))
         dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        if self.in_shardings is not None:
+            if kw_names:
+                raise ValueError(f"rp.jit: with in_shardings, pass the dynamic arguments by "
+                                 f"position (as jax.jit): got {', '.join(kw_names)} by keyword")
+            dynamic = arguments.place(dynamic, self.in_shardings)
         return (arguments.Call(static, static_kw, kw_names),
                 dynamic + tuple(kwargs[k] for k in kw_names))
 
@@ -292,9 +302,12 @@ class Jitted:
                 "form runs two executables and cannot be called inside jax.jit or another "
                 "JAX transformation: call it outside, or use mode='joint' (then the "
                 "rewritten program becomes part of the enclosing one)")
-        specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, weak_type=getattr(x.aval, "weak_type", False))
-            if isinstance(x, jax.core.Tracer) else x, dynamic)
+        leaves, tree = jax.tree_util.tree_flatten(dynamic)
+        placed = ([None] * len(leaves) if self.in_shardings is None else
+                  arguments.shardings_of(self.in_shardings, "in_shardings", dynamic))
+        specs = jax.tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(
+            x.shape, x.dtype, weak_type=getattr(x.aval, "weak_type", False), sharding=s)
+            if isinstance(x, jax.core.Tracer) else x for x, s in zip(leaves, placed)])
         return self._lowered(call, specs).traced(*dynamic)
 
     def lower(self, *args, **kwargs) -> Lowered:
@@ -324,7 +337,10 @@ class Jitted:
         dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
         dynamic_fun.__qualname__ = getattr(fun, "__qualname__", dynamic_fun.__name__)
         arguments.keep_parameter_names(dynamic_fun, fun, call, len(dynamic))
-        exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint)
+        shardings = {k: v for k, v in (("in_shardings", self.in_shardings),
+                                       ("out_shardings", self.out_shardings)) if v is not None}
+        exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint,
+                          shardings=shardings)
         mode = default_mode() if self.mode == "auto" else self.mode
         donated = self._donated_positions(call, n_pos)
         variants = self._variants(mode)
@@ -442,8 +458,21 @@ class Jitted:
         fwd_exp = module.to_exported("main_fwd")
         bwd_exp = module.to_exported("main_bwd")
         device = _one_device(leaves)
-        fwd = jax.jit(fwd_exp.call, donate_argnums=fwd_donated,
-                      **jax_run.memory_kind_shardings(module, "main_fwd", device)).lower(
+        fwd_kw = jax_run.memory_kind_shardings(module, "main_fwd", device)
+        bwd_kw = {}
+        if self.out_shardings is not None:   # each half returns its outputs so sharded
+            asked = arguments.shardings_of(self.out_shardings, "out_shardings",
+                                           jax.tree.unflatten(ex.out_tree,
+                                                              [0] * ex.out_tree.num_leaves))
+            n_fwd = len(fwd_exp.out_avals)
+            fwd_sh = list(fwd_kw.get("out_shardings", [None] * n_fwd)) if n_fwd > 1 else [
+                fwd_kw.get("out_shardings")]
+            bwd_sh = [None] * len(bwd_exp.out_avals)
+            for k, (half, j) in enumerate(place):
+                (fwd_sh if half == 0 else bwd_sh)[j] = asked[k]
+            fwd_kw = {"out_shardings": fwd_sh[0] if n_fwd == 1 else tuple(fwd_sh)}
+            bwd_kw = {"out_shardings": bwd_sh[0] if len(bwd_sh) == 1 else tuple(bwd_sh)}
+        fwd = jax.jit(fwd_exp.call, donate_argnums=fwd_donated, **fwd_kw).lower(
             *[_key_data(leaves[i]) for i in kept]).compile()
         in_kinds = jax_run.memory_kinds(module, "main_bwd", "arg_attrs")
         in_shardings = jax_run.placed_shardings(in_kinds, device) or [None] * len(in_kinds)
@@ -463,8 +492,8 @@ class Jitted:
                 seen.add(passthrough[r])
             ours.append(r)
         reusable = _reusable([res_avals[r] for r in ours], bwd_exp.out_avals)
-        bwd = jax.jit(bwd_exp.call, donate_argnums=tuple(ours[k] for k in reusable)
-                      ).lower(*res_avals).compile()
+        bwd = jax.jit(bwd_exp.call, donate_argnums=tuple(ours[k] for k in reusable),
+                      **bwd_kw).lower(*res_avals).compile()
         n_fwd_out, out_tree = len(fwd_out), ex.out_tree
         # the halves take and give a typed PRNG key as its data: wrap the keys returned
         out_keys = {k: impl for k, a in enumerate(ex.out_avals)
@@ -604,7 +633,8 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         jax_checkpoint: str = "jax", scan_segments: int | str = 0,
         scan_segments_offload: str | None = None, barrier_groups: str | None = None,
         levels: str = "auto", cache_dir=None, static_argnames: str | Sequence[str] = (),
-        donate_argnames: str | Sequence[str] = ()) -> Any:
+        donate_argnames: str | Sequence[str] = (), in_shardings=None,
+        out_shardings=None) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
@@ -622,10 +652,12 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
                                  scan_segments_offload=scan_segments_offload,
                                  barrier_groups=barrier_groups, levels=levels,
                                  cache_dir=cache_dir, static_argnames=static_argnames,
-                                 donate_argnames=donate_argnames)
+                                 donate_argnames=donate_argnames, in_shardings=in_shardings,
+                                 out_shardings=out_shardings)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
                   static_argnums=static_argnums, prevent_cse=prevent_cse,
                   tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
                   scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
                   barrier_groups=barrier_groups, levels=levels, cache_dir=cache_dir,
-                  static_argnames=static_argnames, donate_argnames=donate_argnames)
+                  static_argnames=static_argnames, donate_argnames=donate_argnames,
+                  in_shardings=in_shardings, out_shardings=out_shardings)

@@ -215,7 +215,8 @@ def _with_module(exported, module: Module):
     return dataclasses.replace(exported, mlir_module_serialized=mlir.to_bytecode(module.op))
 
 
-def export(fun, *args, platforms=None, jax_checkpoint: str = "jax") -> Module:
+def export(fun, *args, platforms=None, jax_checkpoint: str = "jax",
+           shardings: dict | None = None) -> Module:
     """`jax.export` of `jax.jit(fun)` at `args`, with checkpoint names kept.
 
     For a function that computes its own gradients (a training step): plain
@@ -224,13 +225,14 @@ def export(fun, *args, platforms=None, jax_checkpoint: str = "jax") -> Module:
     (and `compile` drops), and the policies of `rp.checkpoint` regions are
     recorded, as `export_vjp` does. Equivalent: call `jax.export` inside
     `with rp.names_as_markers():` and load the result with `rp.from_exported`.
-    `jax_checkpoint` as for `export_vjp`.
+    `jax_checkpoint` as for `export_vjp`. `shardings`: `in_shardings` / `out_shardings`
+    for the `jax.jit` exported (rp.jit's), as jax.jit takes them.
     """
     @functools.wraps(fun)
     def fresh(*a):      # a new function: JAX's caches never hand the marker lowering
         return fun(*a)  # to a later plain jit of `fun`, nor a plain one to us
     with names_as_markers(), _jax_checkpoints(jax_checkpoint):
-        exported = jax_export.export(jax.jit(fresh), platforms=platforms,
+        exported = jax_export.export(jax.jit(fresh, **(shardings or {})), platforms=platforms,
                                      disabled_checks=[_MARKER_CHECK])(*args)
     module = from_exported(exported)
     with module.op.context:

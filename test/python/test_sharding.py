@@ -14,6 +14,7 @@ starts), under Shardy and under GSPMD, compared live with jax.checkpoint:
 Gradients equal `jax.vjp`'s everywhere, joint and split."""
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -664,15 +665,66 @@ try:
     out["split inside jax.jit"] = "no error"
 except rp.RematError as e:
     out["split inside jax.jit"] = str(e)
+
+# in_shardings / out_shardings, as jax.jit takes them: NumPy arguments put on the mesh,
+# the results sharded as asked, in both forms and inside jax.jit
+ins = (w1.sharding, w2.sharding, x.sharding)
+outs = (NamedSharding(mesh, P("model", None)), NamedSharding(mesh, P(None, "model")),
+        NamedSharding(mesh, P()))
+host = [np.asarray(a) for a in (w1, w2, x)]
+want = jax.jit(step, in_shardings=ins, out_shardings=outs)(*host)
+
+def compared(got):
+    return {"err": max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                       for a, b in zip(got, want)),
+            "as asked": all(g.sharding.is_equivalent_to(s, g.ndim) for g, s in zip(got, outs))}
+for mode in ("joint", "split"):
+    out[f"shardings {mode}"] = compared(rp.jit(step, mode=mode, in_shardings=ins,
+                                               out_shardings=outs)(*host))
+inner = rp.jit(step, in_shardings=ins, out_shardings=outs)
+out["shardings inside jax.jit"] = compared(jax.jit(lambda *a: inner(*a))(w1, w2, x))
+errors = {}
+for name, call in (
+        ("keyword", lambda: rp.jit(step, in_shardings=ins)(*host[:2], x=host[2])),
+        ("committed elsewhere", lambda: rp.jit(step, in_shardings=ins)(x, w2, host[2])),
+        ("a PartitionSpec", lambda: rp.jit(step, in_shardings=P("data"))(*host)),
+        ("not a prefix", lambda: rp.jit(step, in_shardings=ins[:2])(*host))):
+    try:
+        call()
+        errors[name] = "no error"
+    except (TypeError, ValueError) as e:
+        errors[name] = str(e)
+out["errors"] = errors
 print("RESULT " + json.dumps(out))
 '''
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_script() -> dict:
+    return run_script(JIT_SCRIPT, os.path.join(HERE, "..", ".."))
 
 
 def test_rp_jit_of_a_step_on_the_mesh():
     """rp.jit of a data+tensor-parallel step, joint and split (the backward takes the
     residuals as the forward's executable shards them) and called inside jax.jit (the
     rewritten program becomes part of the enclosing one): jax.jit's results."""
-    out = run_script(JIT_SCRIPT, os.path.join(HERE, "..", ".."))
+    out = _jit_script()
     for mode in ("joint", "split", "inside jax.jit"):
         assert out[mode]["err"] < 1e-5 and out[mode]["devices"] == 8, out
     assert "cannot be called inside jax.jit" in out["split inside jax.jit"], out
+
+
+def test_rp_jit_takes_in_and_out_shardings_as_jax_jit_does():
+    """rp.jit(step, in_shardings=..., out_shardings=...) on 8 host devices: NumPy arguments
+    are put on the mesh, the results come out sharded as asked, joint, split and inside
+    jax.jit, equal to jax.jit's with the same shardings; what jax.jit refuses is refused
+    with the reason."""
+    out = _jit_script()
+    for mode in ("joint", "split", "inside jax.jit"):
+        r = out[f"shardings {mode}"]
+        assert r["err"] < 1e-5 and r["as asked"], (mode, r)
+    errors = out["errors"]
+    assert "pass the dynamic arguments by position" in errors["keyword"], errors
+    assert "does not move a committed array" in errors["committed elsewhere"], errors
+    assert "NamedSharding(mesh, spec)" in errors["a PartitionSpec"], errors
+    assert "pytree prefix of the arguments" in errors["not a prefix"], errors
