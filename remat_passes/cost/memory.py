@@ -60,7 +60,7 @@ from collections import defaultdict
 from remat_passes import jax_compat
 from remat_passes.cost.xla_buffers import (COPIES, ELEMENTWISE, EXPENSIVE,
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
-                                            Fused, conv_copied, conv_padded_input,
+                                            Fused, conv_copied, conv_padded_input, copied,
                                             copies_made_early, copy_ready_at,
                                             early_copies, few_reads, lay_out,
                                             padded_past_input,
@@ -323,7 +323,7 @@ class _Estimator:
             if self.xla and op.results and self._duplicated(op, fused):
                 again[op.results[0]] = Fused([fused.get(v) or root.get(v, v) for v in values])
             early = early_copies(op, root, fused, copies_after) \
-                if self.cpu and op.name == "stablehlo.convolution" else {}
+                if self.cpu and op.name in COPIES else {}
             if early:
                 copies_at[i] = early
             reads, copied, direct = [], {}, set()   # copied: read by an early copy, where
@@ -364,8 +364,7 @@ class _Estimator:
             after: dict = {}
             ops = bfs_order(ops, lambda op: bool(op.results) and op.results[0] in fused or (
                 op.name == "stablehlo.optimization_barrier" or contract.placement(op)),
-                list(block.arguments), lambda op: conv_copied(op)
-                if op.name == "stablehlo.convolution" else (), after)
+                list(block.arguments), copied, after)
             root, last, fused, buffers_read, copies_at = self._last_uses(ops, has_term, after)
         if self.xla:
             for a in block.arguments:
@@ -445,7 +444,7 @@ class _Estimator:
                     inside -= padded_past_input(op, i, root, fused, last, size)
                 during += inside
                 if laid_out and inside:
-                    if op.name == "stablehlo.convolution" and not self.gpu:
+                    if not self.gpu:
                         inside -= copies_made_early(copies_at.get(i, {}), i, buffers)
                     scratch[i] = (inside, _scratch_kind(op, self.gpu))
             if during > peak:

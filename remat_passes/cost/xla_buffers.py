@@ -50,7 +50,9 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   A `dot_general` whose operands are
   not in the order XLA's matrix kernels take (the left: batch, free, contracting
   dimensions; the right: batch, contracting, free), as for `x @ W.T` or attention's
-  heads, works on transposed copies of them too, live while it runs;
+  heads, works on transposed copies of them too, live while it runs, and made early on
+  CPU as a convolution's are (`early_copies`; measured: XLA:CPU 0.12 copies the split
+  Equinox backward's saved attention heads at entry and holds them until their products);
 * on the CPU backend there is one memory: what is placed in host memory counts.
 * on a GPU (read from XLA:GPU's dumps on an H100, `tools.benchmarks.xla_dump`, and checked
   against the xla benchmark's footprints on an H100 and an H200): a
@@ -206,8 +208,9 @@ def few_reads(op, fused) -> bool:
 
 
 def early_copies(op, root, fused, copies_after) -> dict:
-    """model="xla" on CPU: the transposed copies convolution `op` works on (`conv_copied`)
-    that XLA:CPU makes before it runs: {operand: the index of the op after which its copy is
+    """model="xla" on CPU: the transposed copies a convolution or dot_general `op` works on
+    (`copied`) that XLA:CPU makes before it runs: {operand: the index of the op after which
+    its copy is
     made (-1: at entry)}. A copy of what reads only the function's arguments (one of them,
     or an elementwise chain fused into the copy: a split backward's relu(residual + bias))
     is made at entry (XLA:CPU schedules it first); where XLA:CPU runs ops breadth first
@@ -215,7 +218,7 @@ def early_copies(op, root, fused, copies_after) -> dict:
     xla_schedule.bfs_order), and the value copied can die there. `root`: alias -> its
     buffer; `fused`: a value computed inside its readers -> its `Fused`."""
     out = {}
-    for v in conv_copied(op):
+    for v in copied(op):
         if v is op.results[0]:
             continue
         if copies_after is not None:
@@ -231,7 +234,7 @@ def early_copies(op, root, fused, copies_after) -> dict:
 
 
 def copies_made_early(copies, i, buffers) -> int:
-    """The early copies (`early_copies`) of the convolution at index `i`, each a buffer in
+    """The early copies (`early_copies`) of the op at index `i`, each a buffer in
     `buffers` from the op it is made after until the convolution. Returns their bytes."""
     early = 0
     for v, at in copies.items():
@@ -300,7 +303,12 @@ def dot_copies(op) -> int:
     attention's heads or a batch of vectors times `W.T`: live while it runs. A matrix
     (two dimensions, no batch) is read transposed where it is (measured: the MLP's
     gradients `x.T @ g` and `g @ W.T` copy nothing)."""
-    copies = 0
+    return sum(graph.type_bytes(v.type) for v in dot_copied(op))
+
+
+def dot_copied(op) -> list:
+    """The operands dot_copies copies."""
+    out = []
     for side in ("lhs", "rhs"):
         value = op.operands[0 if side == "lhs" else 1]
         shape = ir.RankedTensorType(value.type).shape
@@ -311,8 +319,15 @@ def dot_copies(op) -> int:
         free = [d for d in range(len(shape)) if d not in batch and d not in contract]
         want = batch + (free + contract if side == "lhs" else contract + free)
         if [d for d in want if shape[d] != 1] != [d for d in range(len(shape)) if shape[d] != 1]:
-            copies += graph.type_bytes(value.type)
-    return copies
+            out.append(value)
+    return out
+
+
+def copied(op) -> list:
+    """The values XLA copies into its kernels' order for `op` (a convolution's operands and
+    result, a dot_general's operands; none for other ops)."""
+    return conv_copied(op) if op.name == "stablehlo.convolution" else (
+        dot_copied(op) if op.name == "stablehlo.dot_general" else [])
 
 
 def transposed_dot(op) -> bool:
