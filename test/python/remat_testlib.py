@@ -6,13 +6,16 @@
 * the reference VJP (`jax.vjp`) and the remat'd module run in joint and split
   form, compared leaf by leaf (`check_joint`, `check_split`);
 * a small program-order view of a function body (`body_ops`) for structural
-  checks that must not trust the pass's own dataflow helpers.
+  checks that must not trust the pass's own dataflow helpers;
+* `run_process`: a subprocess, run once more if a signal killed it.
 
 Nothing here hard-codes an expected residual list: every expectation is
 computed from JAX at test time.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 
 import jax
@@ -31,6 +34,19 @@ F32_ATOL = 1e-6
 
 
 # ---------------------------------------------------------------- residuals --
+def run_process(cmd, **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, **kwargs)`, once more if a signal killed the process: on a loaded
+    shared machine jaxlib's native code now and then crashes a process at the same
+    instruction whatever it runs (conftest.py reruns a crashed test worker the same way).
+    One killed twice is returned as it died."""
+    proc = subprocess.run(cmd, **kwargs)
+    if proc.returncode < 0:
+        sys.stderr.write(f"{' '.join(map(str, cmd))[:120]}: killed by signal "
+                         f"{-proc.returncode}; running it once more\n")
+        proc = subprocess.run(cmd, **kwargs)
+    return proc
+
+
 def jax_saved_residuals(fun, *args):
     """JAX's (aval, description) list, as print_saved_residuals prints it.
 

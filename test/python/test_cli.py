@@ -20,6 +20,7 @@ from remat_passes.ir import mlir
 from remat_passes.passes import manager as pipeline
 from remat_passes.passes.base import ModulePass
 from remat_passes.passes.registry import registry
+from remat_testlib import run_process
 
 PIPELINE = "builtin.module(remat-partial-eval{policy=dots_saveable},strip-checkpoint-names)"
 
@@ -82,8 +83,8 @@ func.func private @b(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 def remat_opt(*args, stdin=None):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, "-m", "remat_passes.cli", *map(str, args)],
-                          input=stdin, capture_output=True, env=env, timeout=300)
+    return run_process([sys.executable, "-m", "remat_passes.cli", *map(str, args)],
+                       input=stdin, capture_output=True, env=env, timeout=300)
 
 
 def api_result(path, pipeline_text=PIPELINE):

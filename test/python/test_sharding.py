@@ -18,10 +18,10 @@ import functools
 import itertools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from remat_testlib import run_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -30,8 +30,8 @@ def run_script(script: str, *argv) -> dict:
     """Run `script` in a fresh Python (8 host devices) and return what it printed after
     `RESULT ` (JSON)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True,
-                          text=True, env=env, timeout=600)
+    proc = run_process([sys.executable, "-c", script, *argv], capture_output=True,
+                       text=True, env=env, timeout=600)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
     return json.loads(line[0][len("RESULT "):])
