@@ -61,7 +61,7 @@ from remat_passes import jax_compat
 from remat_passes.cost.xla_buffers import (COPIES, ELEMENTWISE, EXPENSIVE,
                                             FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
                                             Fused, conv_copied, conv_padded_input, copied,
-                                            copies_made_early, copy_ready_at,
+                                            copies_made_early, copy_bytes, copy_ready_at,
                                             early_copies, few_reads, lay_out,
                                             padded_past_input,
                                             reads_through, split_k_partials, transposed_dot)
@@ -239,7 +239,7 @@ class _Estimator:
         if self.gpu and op.name == "stablehlo.convolution":
             return conv_padded_input(op)     # cuDNN reads its operands in any layout
         if self.xla and op.name in COPIES:
-            return COPIES[op.name](op)
+            return copy_bytes(op)
         best = 0
         for region in op.regions:
             for block in region.blocks:

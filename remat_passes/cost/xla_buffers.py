@@ -177,16 +177,11 @@ def reads_through(parts, limit: int | None = None) -> list:
     return out
 
 
-def conv_copies(op) -> int:
-    """model="xla": the bytes of the transposed copies XLA makes of a convolution's operands
-    and result whose dimensions are not in the order its convolution kernels take (input
-    and output: batch, spatial..., feature; kernel: spatial..., input, output feature), as
-    in the weight gradient of a convolution: live while it runs."""
-    return sum(graph.type_bytes(v.type) for v in conv_copied(op))
-
-
 def conv_copied(op) -> list:
-    """The values conv_copies copies (operands and result)."""
+    """model="xla": the values XLA copies for a convolution, its operands and result whose
+    dimensions are not in the order its convolution kernels take (input and output: batch,
+    spatial..., feature; kernel: spatial..., input, output feature), as in the weight
+    gradient of a convolution: the copies are live while it runs."""
     dims = conv_dims(op)
     if dims is None:
         return []
@@ -210,8 +205,7 @@ def few_reads(op, fused) -> bool:
 def early_copies(op, root, fused, copies_after) -> dict:
     """model="xla" on CPU: the transposed copies a convolution or dot_general `op` works on
     (`copied`) that XLA:CPU makes before it runs: {operand: the index of the op after which
-    its copy is
-    made (-1: at entry)}. A copy of what reads only the function's arguments (one of them,
+    its copy is made (-1: at entry)}. A copy of what reads only the function's arguments (one of them,
     or an elementwise chain fused into the copy: a split backward's relu(residual + bias))
     is made at entry (XLA:CPU schedules it first); where XLA:CPU runs ops breadth first
     (jaxlib 0.10), every copy is made where that order runs it (`copies_after`, from
@@ -235,7 +229,7 @@ def early_copies(op, root, fused, copies_after) -> dict:
 
 def copies_made_early(copies, i, buffers) -> int:
     """The early copies (`early_copies`) of the op at index `i`, each a buffer in
-    `buffers` from the op it is made after until the convolution. Returns their bytes."""
+    `buffers` from the op it is made after until op `i`. Returns their bytes."""
     early = 0
     for v, at in copies.items():
         b = graph.type_bytes(v.type)
@@ -296,18 +290,13 @@ def copy_ready_at(value, position) -> int:
     return position.get(op_id(value.owner), -1) + 1
 
 
-def dot_copies(op) -> int:
-    """model="xla": the bytes of the transposed copies XLA makes of a dot_general's operands
-    whose dimensions are not in the order its matrix kernels take (the left: batch, free,
-    contracting; the right: batch, contracting, free; dimensions of size 1 aside), as for
-    attention's heads or a batch of vectors times `W.T`: live while it runs. A matrix
-    (two dimensions, no batch) is read transposed where it is (measured: the MLP's
-    gradients `x.T @ g` and `g @ W.T` copy nothing)."""
-    return sum(graph.type_bytes(v.type) for v in dot_copied(op))
-
-
 def dot_copied(op) -> list:
-    """The operands dot_copies copies."""
+    """model="xla": the operands XLA copies for a dot_general, those whose dimensions are
+    not in the order its matrix kernels take (the left: batch, free, contracting; the
+    right: batch, contracting, free; dimensions of size 1 aside), as for attention's heads
+    or a batch of vectors times `W.T`: the copies are live while it runs. A matrix (two
+    dimensions, no batch) is read transposed where it is (measured: the MLP's gradients
+    `x.T @ g` and `g @ W.T` copy nothing)."""
     out = []
     for side in ("lhs", "rhs"):
         value = op.operands[0 if side == "lhs" else 1]
@@ -323,11 +312,6 @@ def dot_copied(op) -> list:
     return out
 
 
-def copied(op) -> list:
-    """The values XLA copies into its kernels' order for `op` (a convolution's operands and
-    result, a dot_general's operands; none for other ops)."""
-    return conv_copied(op) if op.name == "stablehlo.convolution" else (
-        dot_copied(op) if op.name == "stablehlo.dot_general" else [])
 
 
 def transposed_dot(op) -> bool:
@@ -351,8 +335,18 @@ def transposed_dot(op) -> bool:
     return list(ir.DenseI64ArrayAttr(op.attributes["permutation"])) == want
 
 
-# ops that work on transposed copies of operands out of their kernels' order
-COPIES = {"stablehlo.convolution": conv_copies, "stablehlo.dot_general": dot_copies}
+# ops that work on transposed copies of values out of their kernels' order: what each copies
+COPIES = {"stablehlo.convolution": conv_copied, "stablehlo.dot_general": dot_copied}
+
+
+def copied(op) -> list:
+    """The values XLA copies into its kernels' order for `op` (`COPIES`; none for others)."""
+    return COPIES[op.name](op) if op.name in COPIES else []
+
+
+def copy_bytes(op) -> int:
+    """The bytes of `op`'s transposed copies (`copied`), live while it runs."""
+    return sum(graph.type_bytes(v.type) for v in copied(op))
 
 # XLA:GPU's split-K matrix products (read from XLA:GPU's dumps on an H100, jax 0.11.2: the
 # `gemm_fusion_dot` partial products in `python -m tools.benchmarks.xla_dump`): a product
