@@ -464,14 +464,9 @@ class Jitted:
             asked = arguments.shardings_of(self.out_shardings, "out_shardings",
                                            jax.tree.unflatten(ex.out_tree,
                                                               [0] * ex.out_tree.num_leaves))
-            n_fwd = len(fwd_exp.out_avals)
-            fwd_sh = list(fwd_kw.get("out_shardings", [None] * n_fwd)) if n_fwd > 1 else [
-                fwd_kw.get("out_shardings")]
-            bwd_sh = [None] * len(bwd_exp.out_avals)
-            for k, (half, j) in enumerate(place):
-                (fwd_sh if half == 0 else bwd_sh)[j] = asked[k]
-            fwd_kw = {"out_shardings": fwd_sh[0] if n_fwd == 1 else tuple(fwd_sh)}
-            bwd_kw = {"out_shardings": bwd_sh[0] if len(bwd_sh) == 1 else tuple(bwd_sh)}
+            fwd_kw, bwd_kw = (_with_out_shardings(
+                kw, len(e.out_avals), {j: asked[k] for k, (h, j) in enumerate(place) if h == half})
+                for half, kw, e in ((0, fwd_kw, fwd_exp), (1, bwd_kw, bwd_exp)))
         fwd = jax.jit(fwd_exp.call, donate_argnums=fwd_donated, **fwd_kw).lower(
             *[_key_data(leaves[i]) for i in kept]).compile()
         in_kinds = jax_run.memory_kinds(module, "main_bwd", "arg_attrs")
@@ -525,6 +520,19 @@ class Jitted:
                     flat[i].delete()
             return jax.tree_util.tree_unflatten(out_tree, results)
         return Lowered("split", exported, module, (fwd, bwd), run)
+
+
+def _with_out_shardings(kw: dict, n: int, asked: dict) -> dict:
+    """`jax.jit` keyword arguments `kw` of a split half with `n` results, with the results
+    in `asked` ({index: sharding}) returned so sharded; `out_shardings` in the shape
+    `to_exported` gives the results (one bare, several a tuple)."""
+    if all(s is None for s in asked.values()):
+        return kw
+    have = kw.get("out_shardings")
+    sh = [have] if n == 1 else list(have) if have is not None else [None] * n
+    for j, s in asked.items():
+        sh[j] = s
+    return dict(kw, out_shardings=sh[0] if n == 1 else tuple(sh))
 
 
 def _key_data(x):
