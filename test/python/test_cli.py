@@ -370,7 +370,7 @@ def test_output_to_non_regular_files_is_written_directly(files):
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_write_error_is_one_line():
     with open("/dev/full", "wb") as full:
-        proc = subprocess.run([sys.executable, "-m", "remat_passes.cli", "-"],
+        proc = run_process([sys.executable, "-m", "remat_passes.cli", "-"],
                               input=BAD_OP_TEXT.replace("stablehlo.bogus", "stablehlo.sine")
                               .encode(), stdout=full, stderr=subprocess.PIPE,
                               env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
@@ -434,7 +434,7 @@ def test_short_runs_do_not_import_jax(files, tmp_path):
               "        rc = e.code\n"
               "    assert rc == 0, (argv, rc)\n"
               "print('imported:', sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    proc = run_process([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "imported: []", proc.stdout[-2000:]
 

@@ -15,6 +15,7 @@ import remat_passes as rp
 from remat_passes import jax_compat
 from remat_passes.api import jit as rp_jit
 from remat_passes.core.residuals import activation_bytes
+from remat_testlib import run_process
 from tools.benchmarks import common
 
 D, LAYERS, BATCH = 32, 3, 16
@@ -541,7 +542,6 @@ def test_a_damaged_cache_entry_is_a_miss_and_is_written_again(tmp_path):
 
 def test_disk_cache_is_read_by_another_process(tmp_path):
     """The real use: a second Python process finds the first one's rewrite."""
-    import subprocess
     import sys
     script = (
         "import jax, jax.numpy as jnp, remat_passes as rp\n"
@@ -551,7 +551,7 @@ def test_disk_cache_is_read_by_another_process(tmp_path):
         "w, x = jnp.ones((4, 4)) * 0.1, jnp.ones((2, 4))\n"
         "j(w, x)\n"
         "print(j.lower(w, x).from_cache)\n")
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    runs = [run_process([sys.executable, "-c", script], capture_output=True, text=True,
                            timeout=300) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
     assert [r.stdout.split()[-1] for r in runs] == ["False", "True"]

@@ -25,6 +25,7 @@ import remat_passes as rp
 from remat_passes import jax_compat
 from remat_passes.cost.memory import MemoryEstimate, estimate_memory, format_bytes, format_memory
 from remat_passes.ir.mlir import RematError
+from remat_testlib import run_process
 
 P = rp.policies
 K = 1024
@@ -879,7 +880,6 @@ def test_the_report_names_what_is_live_at_the_peak():
 def test_xla_liveness_reads_the_peak_of_a_dump(tmp_path):
     """tools.benchmarks.xla_liveness: from an XLA dump of a program with two scratch
     buffers live at once, the values it finds at XLA's peak fill the temp allocation."""
-    import subprocess
     import sys
     from tools.benchmarks import ynn_probe
     from tools.benchmarks.xla_liveness import liveness
@@ -891,7 +891,7 @@ def test_xla_liveness_reads_the_peak_of_a_dump(tmp_path):
             "jax.jit(f).lower(jnp.ones((256, 256)), jnp.ones((64, 256))).compile()\n")
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_dump_to={tmp_path} {ynn_probe.YNN_OFF}")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+    proc = run_process([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr
     r = liveness(str(tmp_path), "jit_f")
@@ -907,14 +907,13 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
     XLA's footprint, the estimate and XLA's own scratch peak read from the dump, then the same
     of JAX's split of jax.checkpoint (jit_fwd, jit_bwd); a model or policy it does not know
     is an error naming what it knows."""
-    import subprocess
     import sys
     run = [sys.executable, "-m", "tools.benchmarks.xla_dump"]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     root = pathlib.Path(__file__).resolve().parents[2]
     # (the conv net under dots_saveable: the tied and the untied backward, both compiled,
     # differ in XLA's temp, so the scratch peak printed must be the measured variant's)
-    proc = subprocess.run(run + ["convnet", "dots", str(tmp_path)], env=env, cwd=root,
+    proc = run_process(run + ["convnet", "dots", str(tmp_path)], env=env, cwd=root,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for half in ("main_fwd", "main_bwd"):
@@ -931,7 +930,7 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
     for bad, needle in ((["nope", "none"], "unknown model 'nope'"),
                         (["mlp", "nope"], "unknown policy 'nope' for mlp; known: none"),
                         (["mlp", "auto=lots"], "auto=BYTES takes a whole number of bytes")):
-        proc = subprocess.run(run + bad + [str(tmp_path / "x")], env=env, cwd=root,
+        proc = run_process(run + bad + [str(tmp_path / "x")], env=env, cwd=root,
                               capture_output=True, text=True)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
 

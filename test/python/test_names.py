@@ -7,7 +7,6 @@ says so in a remark (`.remarks`, and on stderr from the CLI).
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import jax
@@ -15,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 from jax.ad_checkpoint import checkpoint_name
-from remat_testlib import assert_same_residual_types, assert_trees_close
+from remat_testlib import assert_same_residual_types, assert_trees_close, run_process
 
 import remat_passes as rp
 
@@ -92,7 +91,7 @@ def test_cli_prints_the_remark_on_stderr(tmp_path):
     a = args()
     path = tmp_path / "step.mlir"
     path.write_text(rp.from_exported(jax_export.export(jax.jit(step))(*a)).text(debug_info=True))
-    run = subprocess.run([sys.executable, "-m", "remat_passes.cli", str(path),
+    run = run_process([sys.executable, "-m", "remat_passes.cli", str(path),
                           "--remat=policy=save_only_these_names(h)", "-o",
                           str(tmp_path / "out.mlir")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr

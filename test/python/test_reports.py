@@ -1,12 +1,11 @@
 """Reports (print_saved_residuals, print_fwd_bwd) and regions made from name scopes."""
 import io
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
-from remat_testlib import assert_same_residual_types
+from remat_testlib import assert_same_residual_types, run_process
 
 import remat_passes as rp
 
@@ -61,7 +60,7 @@ def test_region_regex_on_the_command_line(scoped_module, tmp_path):
     scoped_module.save(str(path))
     cmd = [sys.executable, "-m", "remat_passes.cli", str(path), "--print-saved-residuals",
            r"--remat-partial-eval=region-regex=layers_\d+ region-policy=dots_saveable"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run_process(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith("//")]
     expected = rp.remat(scoped_module, None, region_regex=r"layers_\d+")

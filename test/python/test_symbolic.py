@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export as jax_export
-from remat_testlib import assert_trees_close
+from remat_testlib import assert_trees_close, run_process
 
 import remat_passes as rp
 
@@ -103,7 +103,6 @@ def test_print_memory_and_report_totals_name_the_symbols(tmp_path):
     """--print-memory counts values with symbolic dimensions as 0 bytes and says so,
     naming the symbols, for the joint function and both split halves; the
     saved-residuals header adds bytes per unit of them."""
-    import subprocess
     import sys
     (b,) = jax_export.symbolic_shape("b")
     m = rp.export_vjp(loss, jax.ShapeDtypeStruct((4, 4), jnp.float32),
@@ -112,7 +111,7 @@ def test_print_memory_and_report_totals_name_the_symbols(tmp_path):
     m.save(str(path))
 
     def run(*args):
-        proc = subprocess.run([sys.executable, "-m", "remat_passes.cli", str(path), *args,
+        proc = run_process([sys.executable, "-m", "remat_passes.cli", str(path), *args,
                                "-o", str(tmp_path / "out.mlir")],
                               capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
