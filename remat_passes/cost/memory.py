@@ -58,13 +58,11 @@ import dataclasses
 from collections import defaultdict
 
 from remat_passes import jax_compat
-from remat_passes.cost.xla_buffers import (COPIES, ELEMENTWISE, EXPENSIVE,
-                                            FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer,
-                                            Fused, conv_copied, conv_padded_input, copied,
-                                            copies_made_early, copy_bytes, copy_ready_at,
-                                            early_copies, few_reads, lay_out,
-                                            padded_past_input,
-                                            reads_through, split_k_partials, transposed_dot)
+from remat_passes.cost.xla_buffers import (
+    COPIES, ELEMENTWISE, EXPENSIVE, FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer, Fused,
+    conv_copied, conv_padded_input, copied, copies_made_early, copy_bytes, copy_ready_at,
+    early_copies, few_reads, lay_out, padded_past_input, reads_through, split_k_partials,
+    transposed_dot)
 from remat_passes.cost.xla_schedule import bfs_order
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
@@ -267,16 +265,21 @@ class _Estimator:
             few_reads(op, fused)
 
     def _duplicated(self, op, fused) -> bool:
-        """model="xla" on CPU where barriers stop fusion (jaxlib 0.11 on): is elementwise
-        `op`, stored for an optimization barrier that reads it, also computed again inside
-        the fusions of its elementwise readers (a ReLU fused into a convolution's copy, a
-        GELU's)? XLA:CPU duplicates such a cheap producer into them: they read its inputs."""
-        if not self.cpu or self.fuse_across or op.name not in ELEMENTWISE or \
+        """model="xla" on CPU: is cheap elementwise `op`, stored for a reader that fuses
+        nothing (a barrier where barriers stop fusion, jaxlib 0.11 on; else a convolution, a
+        dot), also computed again inside the fusions of its elementwise readers (a ReLU in
+        a convolution's copy, a GELU)? XLA:CPU duplicates it there: they read its inputs."""
+        if not self.cpu or op.name not in ELEMENTWISE or \
                 op.name in EXPENSIVE or len(op.results) != 1:
             return False
-        users = [u.owner.operation for u in op.results[0].uses]
-        return any(u.name == "stablehlo.optimization_barrier" for u in users) and any(
-            u.name in ELEMENTWISE for u in users) and few_reads(op, fused)
+        if self.fuse_across:        # (barriers deleted first: its readers through them)
+            users = self._readers(op.results[0])
+            stored = [u for u in users if u.name not in FUSES_INPUTS]
+        else:
+            users = [u.owner.operation for u in op.results[0].uses]
+            stored = [u for u in users if u.name == "stablehlo.optimization_barrier"]
+        return bool(stored) and any(u.name in ELEMENTWISE for u in users) and \
+            few_reads(op, fused)
 
     def _readers(self, value) -> list:
         """The ops that read `value`; on CPU (one memory) through the identity ops that read
@@ -316,8 +319,10 @@ class _Estimator:
             values = graph.read_values(op)
             if self.xla and not (has_term and op == ops[-1]) and self._fused(op, fused):
                 # read where its readers run (they come later): nothing to note here
-                fused[op.results[0]] = Fused([fused.get(v) or again.get(v) or root.get(v, v)
-                                               for v in values])
+                # (a value duplicated into it: what that reads; through a deleted barrier too)
+                fused[op.results[0]] = Fused([
+                    fused.get(v) or again.get(root.get(v, v) if self.fuse_across else v)
+                    or root.get(v, v) for v in values])
                 buffers_read.append(())
                 continue
             if self.xla and op.results and self._duplicated(op, fused):
@@ -336,6 +341,8 @@ class _Estimator:
                 else:
                     direct.update(got)
             buffers_read.append(reads)
+            if self.fuse_across and op.name == "stablehlo.optimization_barrier":
+                reads = ()     # XLA:CPU deletes it first: only its results' readers read
             for r in reads:
                 last[r] = max(last.get(r, -1), copied[r]) if r in copied and \
                     r not in direct else i
@@ -516,17 +523,15 @@ class _Estimator:
         name = graph.func_name(func_op)
         block = graph.body_block(func_op)
         ftype = func_op.type
-        host_args = frozenset(i for i in range(len(ftype.inputs))
-                              if contract.memory_kind(func_op, "arg_attrs", i)
-                              in self.host_kinds)
+        host_args = frozenset(i for i in range(len(ftype.inputs)) if contract.memory_kind(
+            func_op, "arg_attrs", i) in self.host_kinds)
         kept = frozenset()
         if self.xla:
             entries = contract.all_entries(func_op, "arg_attrs")
             kept = frozenset(i for i, e in enumerate(entries)
                              if not any(k in e for k in _DONATED))
-        host_results = frozenset(i for i in range(len(ftype.results))
-                                 if contract.memory_kind(func_op, "res_attrs", i)
-                                 in self.host_kinds)
+        host_results = frozenset(i for i in range(len(ftype.results)) if contract.memory_kind(
+            func_op, "res_attrs", i) in self.host_kinds)
         s = self.sweep(block, count_args=True, host_args=host_args, kept_args=kept,
                        host_results=host_results)
         arg_bytes = sum(graph.type_bytes(t) for t in ftype.inputs)
@@ -542,9 +547,8 @@ class _Estimator:
         n_symbolic, symbols = self._symbolic(func_op)
         return FunctionMemory(name=name, peak_bytes=s.peak, argument_bytes=arg_bytes,
                               result_bytes=res_bytes, peak_op=peak_op, peak_index=peak_index,
-                              live_bytes_timeline=s.timeline,
+                              live_bytes_timeline=s.timeline, residual_bytes=residual,
                               peak_values=[(b, _describe_value(v)) for b, v in s.at_peak],
-                              residual_bytes=residual,
                               num_ops=s.num_ops, symbolic_values=n_symbolic, symbols=symbols)
 
     def _symbolic(self, func_op) -> tuple[int, tuple[str, ...]]:

@@ -25,10 +25,12 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   where the code would grow again and again, as along a gradient summed over many
   layers; a constant is a literal, no buffer). An identity op (below) is no reader to
   fuse into; on CPU its readers count as the value's readers, since XLA:CPU drops
-  optimization barriers before it fuses (jaxlib 0.10; from 0.11 its fusions stop at
-  barriers, as XLA:GPU's: there a barrier's readers are not the value's, and a cheap
-  value a barrier reads is stored for it and computed again inside its elementwise
-  readers, which read its inputs);
+  optimization barriers before it fuses (jaxlib 0.10: a barrier holds nothing alive, and
+  a cheap value stored for a reader that fuses nothing, a convolution or a dot, is
+  computed again inside its elementwise readers, through barriers too: they read its
+  inputs; from 0.11 its fusions stop at barriers, as XLA:GPU's: there a barrier's readers
+  are not the value's, and a cheap value a barrier reads is stored for it and computed
+  again inside its elementwise readers, which read its inputs);
 * a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
   that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
   on CPU, so is a placement annotation (XLA:CPU drops it);
@@ -91,7 +93,7 @@ from remat_passes.ir.mlir import ir, op_id
 # under every policy (docs/benchmarks.md; test_memory checks these against the stored
 # results: xla.json, xla_cpu_jax0_12.json, xla_gpu.json). On CPU that runs with YNNPACK
 # fusions off: XLA does not count the buffers YNNPACK uses inside them (ynn_probe.py).
-MEASURED = {"cpu": (161, 162, "2 CPUs, jaxlib 0.10", ", YNNPACK fusions off"),
+MEASURED = {"cpu": (162, 162, "2 CPUs, jaxlib 0.10", ", YNNPACK fusions off"),
             "cpu, jaxlib >= 0.11": (159, 162, "2 CPUs, jaxlib 0.12", ", YNNPACK fusions off"),
             "gpu": (136, 162, "an H200 and an H100", "")}
 

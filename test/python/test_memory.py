@@ -775,6 +775,53 @@ def test_xla_model_duplicates_what_a_barrier_reads_into_a_convolutions_copy(monk
     assert (128, "tensor<4x8xf32> from stablehlo.dot_general at line 5") in f.peak_values
 
 
+def test_xla_model_sees_through_barriers_that_xla_cpu_deletes_first(monkeypatch):
+    """Where XLA:CPU deletes barriers before it fuses (jaxlib 0.10), a barrier holds nothing
+    alive, and a cheap elementwise value stored for a reader that cannot fuse it (a
+    convolution) is computed again inside the fusions of its elementwise readers, through
+    the barrier too: they read its inputs (the joint conv net under
+    save_anything_except_these_names(conv0): the forward's ReLU is stored for the next
+    convolution only, and the backward's copy recomputes it from the pre-activation, held
+    anyway for the mask; estimate +22% of XLA's footprint before, +2% after). Here the ReLU
+    (2K) is dead at the product in the middle; the pre-activation it is computed from
+    (2K), read at the end, is live there."""
+    from remat_passes import jax_compat
+    from remat_passes.cost import memory
+    text = """
+    func.func @main(%x: tensor<8x8x8xf32>, %w: tensor<3x8x8xf32>, %m: tensor<64x64xf32>,
+                    %g: tensor<4xf32>) -> (tensor<f32>, tensor<4xf32>) {
+      %c = stablehlo.constant dense<0.0> : tensor<f32>
+      %z = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<8x8x8xf32>
+      %a = stablehlo.convolution(%x, %w) dim_numbers = [b, 0, f]x[0, i, o]->[b, 0, f], window = {pad = [[1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<8x8x8xf32>, tensor<3x8x8xf32>) -> tensor<8x8x8xf32>
+      %r = stablehlo.maximum %a, %z : tensor<8x8x8xf32>
+      %y = stablehlo.convolution(%r, %w) dim_numbers = [b, 0, f]x[0, i, o]->[b, 0, f], window = {pad = [[1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<8x8x8xf32>, tensor<3x8x8xf32>) -> tensor<8x8x8xf32>
+      %sy = stablehlo.reduce(%y init: %c) applies stablehlo.add across dimensions = [0, 1, 2] : (tensor<8x8x8xf32>, tensor<f32>) -> tensor<f32>
+      %p = stablehlo.dot_general %m, %m, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+      %sp = stablehlo.reduce(%p init: %c) applies stablehlo.add across dimensions = [0, 1] : (tensor<64x64xf32>, tensor<f32>) -> tensor<f32>
+      %b:2 = stablehlo.optimization_barrier %r, %g : tensor<8x8x8xf32>, tensor<4xf32>
+      %q = stablehlo.multiply %b#0, %b#0 : tensor<8x8x8xf32>
+      %sq = stablehlo.reduce(%q init: %c) applies stablehlo.add across dimensions = [0, 1, 2] : (tensor<8x8x8xf32>, tensor<f32>) -> tensor<f32>
+      %k = stablehlo.compare GT, %a, %z : (tensor<8x8x8xf32>, tensor<8x8x8xf32>) -> tensor<8x8x8xi1>
+      %f = stablehlo.convert %k : (tensor<8x8x8xi1>) -> tensor<8x8x8xf32>
+      %sk = stablehlo.reduce(%f init: %c) applies stablehlo.add across dimensions = [0, 1, 2] : (tensor<8x8x8xf32>, tensor<f32>) -> tensor<f32>
+      %s1 = stablehlo.add %sy, %sp : tensor<f32>
+      %s2 = stablehlo.add %s1, %sq : tensor<f32>
+      %s3 = stablehlo.add %s2, %sk : tensor<f32>
+      return %s3, %b#1 : tensor<f32>, tensor<4xf32>
+    }"""
+    monkeypatch.setattr(jax_compat, "xla_cpu_fuses_across_barriers", lambda: True)
+    monkeypatch.setattr(jax_compat, "xla_cpu_schedules_breadth_first", lambda: False)
+    monkeypatch.setattr(memory, "PEAK_VALUES", 12)      # every buffer live at the peak
+    f = xla_est(text)
+    assert f.peak_op.startswith("stablehlo.reduce at line 11")     # the product's sum
+    described = [what for _, what in f.peak_values]
+    assert "tensor<8x8x8xf32> from stablehlo.convolution at line 6" in described
+    assert not any("stablehlo.maximum" in what for what in described), f.peak_values
+    # the arguments (2K + 768 + 16K + 16), the pre-activation (2K), the product (16K), %g
+    # copied to its result slot (16) and two scalars (the sum and the output's add)
+    assert f.peak_bytes == 2 * K + 768 + 16 * K + 16 + 2 * K + 16 * K + 16 + 4 + 4
+
+
 def test_xla_model_counts_the_transposed_copies_of_a_dot_out_of_order():
     """A matrix is read transposed where it is: x @ W and x @ W.T cost their result. An
     operand of more dimensions out of the kernels' order (the right one with its free
