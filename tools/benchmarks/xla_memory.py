@@ -29,7 +29,8 @@ import jax.numpy as jnp
 
 import remat_passes as rp
 from remat_passes import jax_compat
-from remat_passes.api.jit import barrier_variants, needs_tie, rounds_read_back
+from remat_passes.api.jit import (barrier_variants, needs_tie, recomputes_nothing,
+                                   rounds_read_back)
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.memory import estimate_memory
 from tools.benchmarks import common, ynn_probe
@@ -65,17 +66,34 @@ def _jax_joint(fun, args, ct) -> dict:
     return _joint(jax.jit(lambda *a: jax.vjp(fun, *a)[1](ct)).lower(*args).compile())
 
 
+def rounded_joint(module, policy, joint, tie: bool, groups: str):
+    """The joint form with its residuals rounded, where rp.jit builds it beside `joint`
+    (which recomputes nothing; rp.jit runs the smaller), else None."""
+    if not recomputes_nothing(module, joint):
+        return None
+    return rp.remat(module, policy, tie_to_cotangent=tie, barrier_groups=groups,
+                    round_read_back=True)
+
+
 def our_joint(module, policy, args, ct) -> dict:
     """Our joint form as rp.jit builds it on this backend (`barrier_variants`: on CPU tied
-    to the cotangent; where XLA keeps barriers, per use and per region): the one with the
-    smaller footprint (`barriers` says which grouping)."""
+    to the cotangent; where XLA keeps barriers, per use and per region; where nothing is
+    recomputed, with the residuals rounded and not): the one with the smaller footprint
+    (`barriers` says which grouping, `round_read_back` whether rounded)."""
     best = None
     for v in barrier_variants("joint"):
         joint = rp.remat(module, policy, tie_to_cotangent=v.tie, barrier_groups=v.groups)
         m = _joint(rp.compile(joint, "main").lower(*args, ct).compile())
         if best is None or common.xla_footprint(m) < common.xla_footprint(best[1]):
-            best = (joint, m, v.groups)
-    joint, m, m["barriers"] = best
+            best = (joint, m, v)
+    rounded = rounded_joint(module, policy, best[0], best[2].tie, best[2].groups)
+    if rounded is not None:
+        m = _joint(rp.compile(rounded, "main").lower(*args, ct).compile())
+        if common.xla_footprint(m) < common.xla_footprint(best[1]):
+            m["round_read_back"] = True
+            best = (rounded, m, best[2])
+    joint, m, v = best
+    m["barriers"] = v.groups
     m["estimate"] = int(estimate_memory(joint, model="xla")["main"].peak_bytes)
     m["estimate_program_order"] = int(estimate_memory(joint)["main"].peak_bytes)
     return m
@@ -282,7 +300,8 @@ def reestimate(data: dict, log=print) -> dict:
                 half["estimate"] = int(est[name].peak_bytes)
                 half["estimate_program_order"] = int(order[name].peak_bytes)
             joint = rp.remat(module, policy, tie_to_cotangent=needs_tie(backend),
-                             barrier_groups=r["joint_ours"].get("barriers", "per-use"))
+                             barrier_groups=r["joint_ours"].get("barriers", "per-use"),
+                             round_read_back=r["joint_ours"].get("round_read_back", False))
             r["joint_ours"]["estimate"] = int(
                 estimate_memory(joint, model="xla", backend=backend)["main"].peak_bytes)
             r["joint_ours"]["estimate_program_order"] = int(
@@ -414,14 +433,20 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
                             "needs what no remat needs; the tie keeps ours where the plan "
                             "put it." if tie else ".") + " The estimate error is that of "
               "`rp.estimate_memory(joint, model='xla')` against XLA's footprint (in "
-              "parentheses: the program-order model's).", "",
+              "parentheses: the program-order model's)."
+              + (" Where the plan recomputes nothing, rp.jit also builds it with the "
+                 "residuals rounded to their own type, as jax.checkpoint rounds them, and runs "
+                 "the smaller (marked § where that is the rounded one)."
+                 if any(r.get("joint_ours", {}).get("round_read_back") for r in data["rows"])
+                 else ""), "",
               "| model | policy | joint footprint ours / JAX | estimate error |",
               "|---|---|---:|---:|"]
     for r in data["rows"]:
         if "joint_ours" in r:
             a, b = (common.xla_footprint(r[k]) for k in ("joint_ours", "joint_jax"))
             o = r["joint_ours"]
-            mark = " ‡" if o.get("barriers") == "per-region" else ""
+            mark = (" ‡" if o.get("barriers") == "per-region" else "") + \
+                (" §" if o.get("round_read_back") else "")
             err = (f"{(o['estimate'] - a) / a:+.0%} ({(o['estimate_program_order'] - a) / a:+.0%})"
                    if "estimate" in o and a else "")
             parts.append(f"| {r['model']} | `{r['policy']}`{mark} | {a:,} / {b:,} "

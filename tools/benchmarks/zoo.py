@@ -368,19 +368,25 @@ def _cli_residuals(module, policy: str, mode: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2).replace(",", ""))) if m else (-1, -1)
 
 
-def _joint_footprints(module, loss, policy, args) -> tuple[int, int]:
-    """XLA's footprint (temp + arguments + outputs) of our joint program and of JAX's
-    `jax.vjp` of the checkpointed loss. Both take every parameter: jax.jit would drop a
-    parameter the loss never reads (keras-hub's Llama: the 16 KiB output embedding, as
-    the loss reads the hidden states) from its arguments' count, although the array is
-    in memory all the same (`keep_unused=True`)."""
+def _joint_footprints(exported, module, loss, policy, args) -> tuple[int, int]:
+    """XLA's footprint (temp + arguments + outputs) of our joint program `module` (rewritten
+    from `exported`; where it recomputes nothing, the smaller of it and its form with the
+    residuals rounded, as rp.jit builds them) and of JAX's `jax.vjp` of the checkpointed
+    loss. Both take every parameter: jax.jit would drop a parameter the loss never reads
+    (keras-hub's Llama: the 16 KiB output embedding, as the loss reads the hidden states)
+    from its arguments' count, although the array is in memory all the same
+    (`keep_unused=True`)."""
     import remat_passes as rp
+    from remat_passes.api.jit import needs_tie
+    from tools.benchmarks.xla_memory import rounded_joint
     ct = jnp.ones(())
-    ours = rp.compile(module, "main").lower(*args, ct).compile()
+    rounded = rounded_joint(exported, policy, module, needs_tie(), "per-use")
+    ours = min(common.xla_footprint(common.xla_memory(
+        rp.compile(m, "main").lower(*args, ct).compile()))
+        for m in (module, rounded) if m is not None)
     fun = jax.checkpoint(loss, policy=getattr(jax.checkpoint_policies, policy))
     theirs = jax.jit(lambda *a: jax.vjp(fun, *a)[1](ct), keep_unused=True).lower(*args).compile()
-    return (common.xla_footprint(common.xla_memory(ours)),
-            common.xla_footprint(common.xla_memory(theirs)))
+    return ours, common.xla_footprint(common.xla_memory(theirs))
 
 
 def _split_temps(module, checkpointed, policy, args) -> list:
@@ -440,7 +446,8 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
                        "jax_difference": jax_difference, "remat_s": seconds,
                        "activations": activation_bytes(out.residuals)}
                 if compiled and form == "joint":
-                    row["footprint"] = list(_joint_footprints(out, loss, policy, (params,)))
+                    row["footprint"] = list(_joint_footprints(module, out, loss, policy,
+                                                              (params,)))
                 elif compiled:
                     row["temp"] = _split_temps(module, checkpointed, policy, (params,))
                 rows.append(row)
@@ -547,6 +554,8 @@ def render(data) -> str:
              "largest gradient; the footprint is XLA's (temp + arguments + outputs - aliased) "
              "of the joint program: ours as `rp.jit` builds it here"
              + (" (tied to the cotangent on CPU)" if data.get("tie_to_cotangent") else "")
+             + " (where nothing is recomputed, the smaller of it with the residuals rounded "
+             "to their own type, as jax.checkpoint rounds them, and without)"
              + ", JAX's `jax.jit` of `jax.vjp` of the checkpointed loss, with every "
              "parameter kept (`keep_unused=True`: one the loss never reads is in memory all "
              "the same, and ours counts it); the split temp is "
