@@ -83,17 +83,16 @@ import jax
 from remat_passes import jax_compat
 from remat_passes.api import arguments, cache
 from remat_passes.api.remat import Barriers, remat_variants
-from remat_passes.cost.xla_schedule import deletes_barriers
+from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, needs_tie,
+                                       recomputes_nothing, rounds_read_back, smaller, ties)
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
 from remat_passes.jax import run as jax_run
 from remat_passes.jax.module import Module
-from remat_passes.passes.diagnostics import Remark
 from remat_passes.passes.remat_partial_eval import LEVELS
 
 MODES = ("auto", "joint", "split")
-BARRIER_GROUPS = ("per-use", "per-region", "smaller")
 
 
 def default_mode() -> str:
@@ -101,38 +100,6 @@ def default_mode() -> str:
     `needs_tie`, which keeps its recomputation where XLA:CPU would undo it; measured
     against the split form in docs/benchmarks.md)."""
     return "joint"
-
-
-def needs_tie(backend: str | None = None) -> bool:
-    """Does `backend` need the recomputation tied to the cotangent by data? XLA:CPU
-    deletes optimization barriers before it schedules (place-optimization-barriers)."""
-    return deletes_barriers(backend)
-
-
-def rounds_read_back(mode: str, backend: str | None = None) -> bool:
-    """Does rp.jit round the f32 residuals the backward only reads back (rp.remat's
-    `round_read_back`)? In split form on a GPU: XLA:GPU then needs less scratch for the
-    forward, as for jax.checkpoint's (insert-reduce-precision); the values do not change."""
-    return mode == "split" and (backend or jax.default_backend()) == "gpu"
-
-
-def barrier_variants(mode: str, tie_to_cotangent: bool | None = None,
-                     barrier_groups: str | None = None, prevent_cse: bool = True) -> tuple:
-    """The barrier variants rp.jit builds, compiles and runs the smallest of (module
-    docstring): both groupings for "smaller", and by default where barriers decide (a
-    backend that keeps them, no tie; CPU from jaxlib 0.11); in split form on CPU, by
-    default, the recomputation
-    tied to the cotangent and not. The benchmarks build what rp.jit would from this too."""
-    tie = needs_tie() if tie_to_cotangent is None else tie_to_cotangent
-    if not prevent_cse:
-        return (Barriers("per-use"),)      # no barriers at all
-    # where XLA:CPU deletes barriers before it fuses (jaxlib 0.10) the grouping changes
-    # nothing there: one variant; later ones split fusions at barriers, as GPUs do
-    chosen = barrier_groups or ("per-use" if tie and jax_compat.xla_cpu_fuses_across_barriers()
-                                else "smaller")
-    groupings = ("per-use", "per-region") if chosen == "smaller" else (chosen,)
-    ties = (True, False) if tie and mode == "split" and tie_to_cotangent is None else (tie,)
-    return tuple(Barriers(g, t) for t in ties for g in groupings)
 
 
 @dataclasses.dataclass
@@ -353,7 +320,7 @@ class Jitted:
         mode = default_mode() if self.mode == "auto" else self.mode
         donated = self._donated_positions(call, n_pos)
         variants = self._variants(mode)
-        built, own = [], _ties(exported) if any(v.tie for v in variants) else 0
+        built, own = [], ties(exported) if any(v.tie for v in variants) else 0
         for v, (module, hit) in zip(variants, self._remat(exported, mode,
                                                            dynamic_fun.__name__, variants)):
             if any(module.bytecode() == b.module.bytecode() for b in built):
@@ -361,7 +328,7 @@ class Jitted:
             build = self._build_joint if mode == "joint" else self._build_split
             lowered = build(exported, module, dynamic, donated)
             lowered.from_cache, lowered.barrier_groups = hit, v.groups
-            lowered.tied = v.tie and _ties(module) > own   # (placed, not only asked)
+            lowered.tied = v.tie and ties(module) > own   # (placed, not only asked)
             built.append(lowered)
         if mode == "joint" and self.prevent_cse and len(built) == 1 and \
                 not rounds_read_back(mode) and recomputes_nothing(exported, built[0].module):
@@ -373,7 +340,7 @@ class Jitted:
                 lowered.from_cache, lowered.rounded = hit, True
                 lowered.barrier_groups = built[0].barrier_groups
                 built.append(lowered)
-        return _smaller(built)
+        return smaller(built)
 
     def _variants(self, mode: str) -> tuple:
         return barrier_variants(mode, self.tie_to_cotangent, self.barrier_groups,
@@ -561,42 +528,6 @@ def _key_data(x):
     if isinstance(x, jax.Array) and jax_compat.key_impl(x.dtype) is not None:
         return jax.random.key_data(x)
     return x
-
-
-def _ties(module) -> int:
-    """How many `is_finite` ops the module has: place-optimization-barriers' ties to the
-    cotangent, beyond the exported function's own (none are placed where nothing is
-    recomputed)."""
-    return str(module).count("stablehlo.is_finite")
-
-
-def recomputes_nothing(exported, module) -> bool:
-    """Does `module`, rewritten from `exported`, recompute nothing? (It has no optimization
-    barrier of its own: place-optimization-barriers places one for each recomputation.)"""
-    return str(module).count("stablehlo.optimization_barrier") == \
-        str(exported).count("stablehlo.optimization_barrier")
-
-
-def _smaller(built: list) -> Lowered:
-    """Of the programs built with each barrier variant (or with and without rounded
-    residuals), the one with the smaller XLA footprint (the first where the backend does
-    not say; the first of equals), with what each measured and a remark saying which ran."""
-    if len(built) == 1:
-        return built[0]
-    sizes = {b.barriers: b.footprint() for b in built}
-    best = built[0]
-    if all(v is not None for v in sizes.values()):
-        best = min(built, key=lambda b: sizes[b.barriers])
-    best.footprints = sizes
-    other = ", ".join(f"{g} {v:,} B" for g, v in sizes.items()
-                      if g != best.barriers and v is not None)
-    what = f"optimization barriers {best.barriers}" if not any(b.rounded for b in built) \
-        else "nothing recomputed, residuals " + ("rounded" if best.rounded else "not rounded")
-    best.module.remarks = list(best.module.remarks) + [Remark(
-        f"rp.jit: {what}: XLA's footprint "
-        + (f"{sizes[best.barriers]:,} B against {other}" if other
-           else "not reported by this backend; kept the first"))]
-    return best
 
 
 def _one_device(leaves):

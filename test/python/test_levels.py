@@ -10,7 +10,7 @@ import pytest
 from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
 
 import remat_passes as rp
-from remat_passes.api.jit import barrier_variants, needs_tie
+from remat_passes.api.variants import barrier_variants, needs_tie
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost import flops
 from remat_passes.ir.mlir import RematError

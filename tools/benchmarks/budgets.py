@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 
 import remat_passes as rp
-from remat_passes.api.jit import needs_tie
+from remat_passes.api.variants import needs_tie
 from remat_passes.api.sweeps import bounds, problem_for, recompute_seconds
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.devices import PROFILES

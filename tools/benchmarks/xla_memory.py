@@ -29,8 +29,8 @@ import jax.numpy as jnp
 
 import remat_passes as rp
 from remat_passes import jax_compat
-from remat_passes.api.jit import (barrier_variants, needs_tie, recomputes_nothing,
-                                   rounds_read_back)
+from remat_passes.api.variants import (barrier_variants, needs_tie, recomputes_nothing,
+                                        rounds_read_back)
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.memory import estimate_memory
 from tools.benchmarks import common, ynn_probe

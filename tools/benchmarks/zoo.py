@@ -377,7 +377,7 @@ def _joint_footprints(exported, module, loss, policy, args) -> tuple[int, int]:
     from its arguments' count, although the array is in memory all the same
     (`keep_unused=True`)."""
     import remat_passes as rp
-    from remat_passes.api.jit import needs_tie
+    from remat_passes.api.variants import needs_tie
     from tools.benchmarks.xla_memory import rounded_joint
     ct = jnp.ones(())
     rounded = rounded_joint(exported, policy, module, needs_tie(), "per-use")
@@ -407,7 +407,7 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
     dependency). `compiled=False` leaves out what XLA's compiled programs give (the joint
     footprints, the split halves' temp bytes)."""
     import remat_passes as rp
-    from remat_passes.api.jit import needs_tie
+    from remat_passes.api.variants import needs_tie
     from remat_passes.core.residuals import activation_bytes
     tie = needs_tie()
     rows, own, meta_models = [], [], {}
