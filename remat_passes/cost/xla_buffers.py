@@ -207,9 +207,9 @@ def few_reads(op, fused) -> bool:
 def early_copies(op, root, fused, copies_after) -> dict:
     """model="xla" on CPU: the transposed copies a convolution or dot_general `op` works on
     (`copied`) that XLA:CPU makes before it runs: {operand: the index of the op after which
-    its copy is made (-1: at entry)}. A copy of what reads only the function's arguments (one of them,
-    or an elementwise chain fused into the copy: a split backward's relu(residual + bias))
-    is made at entry (XLA:CPU schedules it first); where XLA:CPU runs ops breadth first
+    its copy is made (-1: at entry)}. A copy of what reads only the function's arguments
+    (one of them, or an elementwise chain fused into the copy: a split backward's
+    relu(residual + bias)) is made at entry (XLA:CPU schedules it first); where XLA:CPU runs ops breadth first
     (jaxlib 0.10), every copy is made where that order runs it (`copies_after`, from
     xla_schedule.bfs_order), and the value copied can die there. `root`: alias -> its
     buffer; `fused`: a value computed inside its readers -> its `Fused`."""
@@ -314,8 +314,6 @@ def dot_copied(op) -> list:
     return out
 
 
-
-
 def transposed_dot(op) -> bool:
     """model="xla": is `op` a transpose that XLA folds into the dot_general it reads (the
     dot's only reader; batch dimensions kept in front, the two free parts swapped)? XLA
@@ -349,6 +347,7 @@ def copied(op) -> list:
 def copy_bytes(op) -> int:
     """The bytes of `op`'s transposed copies (`copied`), live while it runs."""
     return sum(graph.type_bytes(v.type) for v in copied(op))
+
 
 # XLA:GPU's split-K matrix products (read from XLA:GPU's dumps on an H100, jax 0.11.2: the
 # `gemm_fusion_dot` partial products in `python -m tools.benchmarks.xla_dump`): a product
