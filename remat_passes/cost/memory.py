@@ -193,7 +193,7 @@ class _Estimator:
         self.gpu = self.xla and backend == "gpu"
         self.cpu = self.xla and backend == "cpu"
         # (on CPU) as XLA:CPU runs the ops and fuses across barriers, where it does (0.10)
-        self.breadth_first = self.cpu and jax_compat.xla_cpu_schedules_breadth_first()
+        self.breadth_first = self.cpu and jax_compat.xla_cpu_schedules_past_barriers()
         self.fuse_across = self.cpu and jax_compat.xla_cpu_fuses_across_barriers()
         self.dim_symbols = dim_symbols or {}
         self._funcs = None

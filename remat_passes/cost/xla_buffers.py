@@ -72,8 +72,9 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   most others).
 
 The order: on CPU with jaxlib 0.10, the ops run in the order XLA:CPU's breadth-first
-scheduler gives them (`cost/xla_schedule.py`); elsewhere in program order (the schedulers of
-later XLA:CPU and of XLA:GPU are not modelled).
+scheduler gives them (`cost/xla_schedule.py`); elsewhere in program order (later XLA:CPU
+schedules breadth first on a graph that keeps the barriers, and XLA:GPU has schedulers of its
+own: neither is modelled).
 """
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 XLA:CPU in jaxlib 0.10 schedules each computation with its concurrency-optimized scheduler
 (on by default, `--xla_cpu_enable_concurrency_optimized_scheduler`; `BFSMemoryScheduler` in
-XLA): a breadth-first topological order. (Later jaxlibs do not: measured on 0.11.2 and
-0.12, `jax_compat.xla_cpu_schedules_breadth_first`; the estimate keeps program order
-there.) The parameters and constants are ready first; an instruction is queued, first in
+XLA): a breadth-first topological order, of a graph without the optimization barriers (it
+deletes them first). (Later jaxlibs schedule breadth first too, but keep the barriers as
+instructions until after: a recomputation behind one waits for it, and the estimate keeps
+program order there: `jax_compat.xla_cpu_schedules_past_barriers`.) The parameters and constants are ready first; an instruction is queued, first in
 first out, when the last of its operands has run. So an op that reads only the function's
 arguments runs at the start of the program wherever it is written (in a split backward: a
 recomputation from residuals alone, the transposed copy of a residual), and one reading a
@@ -28,9 +29,11 @@ from remat_passes.ir.mlir import ir, op_id
 
 
 def deletes_barriers(backend: str | None = None) -> bool:
-    """Does XLA on `backend` (by default JAX's) delete optimization barriers before it
-    schedules? XLA:CPU does: a recomputation then waits only for what it reads, so only a
-    data dependency on the cotangent (place-optimization-barriers' tie) keeps it late."""
+    """May XLA on `backend` (by default JAX's) delete optimization barriers before it
+    schedules? XLA:CPU of jaxlib 0.10 does: a recomputation then waits only for what it
+    reads, so only a data dependency on the cotangent (place-optimization-barriers' tie)
+    keeps it late. (Later XLA:CPU keeps them until after it schedules; the tie is built on
+    CPU all the same, and rp.jit runs the smaller of the tied and untied programs.)"""
     if backend is None:
         import jax
         backend = jax.default_backend()

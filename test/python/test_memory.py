@@ -491,7 +491,7 @@ def test_xla_model_fuses_elementwise_chains_and_keeps_arguments():
     # place), then the dot is dead. (Where XLA:CPU runs ops breadth first, the constant,
     # which waits for nothing, comes first.)
     assert f.live_bytes_timeline == (
-        [2 * K] * 4 + [2 * K + 256 * K, 2 * K] if jax_compat.xla_cpu_schedules_breadth_first()
+        [2 * K] * 4 + [2 * K + 256 * K, 2 * K] if jax_compat.xla_cpu_schedules_past_barriers()
         else [2 * K] * 3 + [2 * K + 256 * K] * 2 + [2 * K])
     assert f.peak_bytes == 2 * K + 256 * K and f.peak_op.startswith("stablehlo.dot_general")
     program_order = only(est("""
@@ -535,8 +535,9 @@ def test_xla_model_on_cpu_runs_the_ops_in_xla_cpus_breadth_first_order():
     """XLA:CPU of jaxlib 0.10 schedules breadth first and deletes optimization barriers:
     the dot that reads only the argument x (through a barrier with the chain's end: a
     recomputation from a residual in a backward) runs at entry, beside the chain's first
-    dot, and its result is held along the chain. Later jaxlibs' XLA:CPU, and the estimate
-    for them, keep program order: it comes after the chain. Either way the estimate is
+    dot, and its result is held along the chain. Later jaxlibs' XLA:CPU keeps the barrier
+    until after it schedules, so its breadth-first order runs the dot after the chain, as
+    the program has it, and so does the estimate for them. Either way the estimate is
     XLA's own figure."""
     d = ("contracting_dims = [1] x [0] : (tensor<256x256xf32>, tensor<256x256xf32>) -> "
          "tensor<256x256xf32>")
@@ -553,7 +554,7 @@ def test_xla_model_on_cpu_runs_the_ops_in_xla_cpus_breadth_first_order():
     cpu = xla_est(text)
     in_order = xla_est(text, backend="tpu")      # (modelled in program order)
     assert in_order.peak_bytes == 1280 * K       # x, g, the output, then two of a, b, c, r
-    if jax_compat.xla_cpu_schedules_breadth_first():
+    if jax_compat.xla_cpu_schedules_past_barriers():
         # r made first; r, b and c live at c: 512K + 256K + 3 x 256K
         assert cpu.peak_bytes == 1536 * K and cpu.peak_index == 2
         assert cpu.peak_op.startswith("stablehlo.dot_general at line 5")
@@ -586,7 +587,7 @@ def test_xla_model_output_allocations_hold_dead_temporaries():
     # Where XLA:CPU runs ops breadth first, both dots come first (they read only x), so a
     # is live when b is made and takes 256K of its own (XLA:CPU of jaxlib 0.10.2, YNNPACK
     # fusions off: 795,664 B with the reduce's 8K of scratch)
-    if jax_compat.xla_cpu_schedules_breadth_first():
+    if jax_compat.xla_cpu_schedules_past_barriers():
         assert xla_est(text.format()).peak_bytes == 3 * 256 * K + K
     # a and b both read where the add makes the result s (in place, elementwise): one of
     # them lies in s's allocation, the other needs 256K of its own
@@ -725,7 +726,7 @@ def test_xla_model_makes_a_convolutions_copies_where_xla_cpu_runs_them(monkeypat
         arguments.peak_values
     scratch = "transposed copies of the op's operands"     # the result's copy (6K), ...
     assert (6 * K, scratch) in arguments.peak_values
-    if jax_compat.xla_cpu_schedules_breadth_first():
+    if jax_compat.xla_cpu_schedules_past_barriers():
         # ... and the copy of what reads the product is made right after it
         assert (2 * K, "tensor<4x8x16xf32>, a transposed copy made early") in \
             computed.peak_values
@@ -765,7 +766,7 @@ def test_xla_model_duplicates_what_a_barrier_reads_into_a_convolutions_copy(monk
       return %6, %9 : tensor<3x16x32xf32>, tensor<f32>
     }"""
     monkeypatch.setattr(jax_compat, "xla_cpu_fuses_across_barriers", lambda: False)
-    monkeypatch.setattr(jax_compat, "xla_cpu_schedules_breadth_first", lambda: False)
+    monkeypatch.setattr(jax_compat, "xla_cpu_schedules_past_barriers", lambda: False)
     monkeypatch.setattr(memory, "PEAK_VALUES", 12)      # every buffer live at the peak
     f = xla_est(text)
     assert f.peak_op.startswith("stablehlo.dot_general at line 12")
@@ -810,7 +811,7 @@ def test_xla_model_sees_through_barriers_that_xla_cpu_deletes_first(monkeypatch)
       return %s3, %b#1 : tensor<f32>, tensor<4xf32>
     }"""
     monkeypatch.setattr(jax_compat, "xla_cpu_fuses_across_barriers", lambda: True)
-    monkeypatch.setattr(jax_compat, "xla_cpu_schedules_breadth_first", lambda: False)
+    monkeypatch.setattr(jax_compat, "xla_cpu_schedules_past_barriers", lambda: False)
     monkeypatch.setattr(memory, "PEAK_VALUES", 12)      # every buffer live at the peak
     f = xla_est(text)
     assert f.peak_op.startswith("stablehlo.reduce at line 11")     # the product's sum

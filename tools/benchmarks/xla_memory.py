@@ -174,7 +174,7 @@ def results_name(backend: str) -> str:
     """The results file of a run on `backend` with the installed jax: `xla` for XLA:CPU of
     the oldest supported jaxlib (0.10, CI's first leg; the figures `--print-memory` quotes),
     `xla_cpu_jax0_12` (and so on) for a later one, whose XLA:CPU differs (it keeps
-    optimization barriers through fusion and schedules in program order: jax_compat), and
+    optimization barriers through fusion and scheduling: jax_compat), and
     `xla_gpu` on a GPU."""
     if backend != "cpu":
         return f"xla_{backend}"
