@@ -18,8 +18,8 @@ _EXPORTS = {
         "checkpoint", "checkpoint_name", "export", "export_vjp", "from_exported",
         "names_as_markers", "scan")},
     "compile": "jax.run", "to_exported": "jax.run",
-    **{name: "cost.memory" for name in (
-        "FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory")},
+    **{name: "cost.memory" for name in ("FunctionMemory", "MemoryEstimate", "estimate_memory")},
+    "format_memory": "cost.memory_report",
     "RematError": "ir.mlir",
     "Module": "jax.module", "load": "jax.module",
     "remat": "api.remat", "run_pipeline": "passes.manager", "parse_pipeline": "passes.manager",

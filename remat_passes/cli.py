@@ -21,7 +21,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from remat_passes import __version__
 from remat_passes.core.residuals import residual_bytes_text
-from remat_passes.cost.memory import estimate_memory, format_memory
+from remat_passes.cost.memory import estimate_memory
+from remat_passes.cost.memory_report import format_memory
 from remat_passes.cost.xla_buffers import model_line
 from remat_passes.ir import mlir
 from remat_passes.ir.mlir import RematError

@@ -134,18 +134,14 @@ def xla_cpu_fuses_across_barriers() -> bool:
 
 
 def xla_cpu_schedules_past_barriers() -> bool:
-    """Does the installed jaxlib's XLA:CPU schedule breadth first with the optimization
-    barriers already deleted (cost/xla_schedule.py), so that a recomputation runs as soon
-    as what it reads is ready? Measured on a program whose breadth-first order holds one
-    more buffer (test_memory): 0.10.2 does (1,572,864 B); 0.11.2 and 0.12 do not (1,310,720
-    B, the program order's). They still schedule breadth first, but on a graph in which a
-    barrier is an instruction (after a tuple of its operands, each result read through a
-    get-tuple-element of its own), deleted after scheduling: read from XLA:CPU 0.12's
-    scheduled HLO of the Equinox and conv net split backwards, whose order is exactly that
-    breadth-first order of their fused graphs (all 51,360 and 1,176 pairs of instructions). The estimate keeps program order there (the breadth-first order of that
-    graph depends on how XLA fuses and copies, node for node; modelled with barriers as
-    those instructions, it fixed three Equinox figures of jaxlib 0.12 and put three conv net
-    ones 16-25% off)."""
+    """Does the installed jaxlib's XLA:CPU delete the optimization barriers before it
+    schedules breadth first (cost/xla_schedule.py), so that a recomputation runs as soon as
+    what it reads is ready? Measured on a program whose breadth-first order holds one more
+    buffer then (test_memory): 0.10.2 does (1,572,864 B); 0.11.2 and 0.12 do not (1,310,720
+    B, the program order's). They keep each barrier until after scheduling: a tuple of its
+    operands, the barrier and a get-tuple-element per result, steps of the breadth-first
+    order like any instruction (read from XLA:CPU 0.12's scheduled HLO, which is exactly
+    that order of its fused graph: xla_schedule's docstring)."""
     return _jaxlib_below((0, 11))
 
 

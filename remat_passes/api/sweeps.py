@@ -12,7 +12,8 @@ from remat_passes.api.remat import pass_state, remat
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost import flops
 from remat_passes.cost.devices import PROFILES, default_device
-from remat_passes.cost.memory import estimate_memory, format_bytes
+from remat_passes.cost.memory import estimate_memory
+from remat_passes.cost.memory_report import format_bytes
 from remat_passes.cost.xla_schedule import deletes_barriers
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, op_id

@@ -38,7 +38,7 @@ reordering would see it:
 Bytes come from the static tensor types (`graph.type_bytes`; tokens are 0). A
 value with symbolic dimensions (`jax.export.symbolic_shape`) counts 0 bytes; each
 function's estimate says how many such values it has and the names of their
-dimensions (`symbolic.DimNames`), and `format_memory` prints them.
+dimensions (`symbolic.DimNames`), and `memory_report.format_memory` prints them.
 Everything is O(number of ops): one pass computes last uses, one sweep
 accumulates live bytes.
 
@@ -67,8 +67,7 @@ from remat_passes.cost.xla_schedule import bfs_order
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 
-__all__ = ["FunctionMemory", "MemoryEstimate", "estimate_memory", "format_memory",
-           "format_bytes"]
+__all__ = ["FunctionMemory", "MemoryEstimate", "estimate_memory"]
 
 _TERMINATORS = ("func.return", "stablehlo.return")
 MODELS = ("program-order", "xla")
@@ -192,9 +191,11 @@ class _Estimator:
         self.host_kinds = frozenset() if backend == "cpu" else contract.HOST_KINDS
         self.gpu = self.xla and backend == "gpu"
         self.cpu = self.xla and backend == "cpu"
-        # (on CPU) as XLA:CPU runs the ops and fuses across barriers, where it does (0.10)
-        self.breadth_first = self.cpu and jax_compat.xla_cpu_schedules_past_barriers()
+        # (on CPU) as XLA:CPU runs the ops, breadth first (xla_schedule), with the barriers
+        # deleted before it fuses and schedules where it does so (jaxlib 0.10)
+        self.breadth_first = self.cpu
         self.fuse_across = self.cpu and jax_compat.xla_cpu_fuses_across_barriers()
+        self.past_barriers = self.cpu and jax_compat.xla_cpu_schedules_past_barriers()
         self.dim_symbols = dim_symbols or {}
         self._funcs = None
         self._callee_peaks: dict[str, int] = {}
@@ -308,13 +309,15 @@ class _Estimator:
         """Pass 1 of the sweep: the last use of every buffer (aliases resolved to their
         root; a fused value is read where its reader runs, as the buffers it reads), and
         (model="xla", CPU) where a convolution's transposed copies are made early: op
-        index -> {value copied: where (-1: at entry)} (`xla_buffers.early_copies`)."""
+        index -> {value copied: where (-1: at entry)} (`xla_buffers.early_copies`), and the
+        buffers a copy made after op k reads last: k (no op k writes its result there)."""
         root: dict = {}
         last: dict = {}
         fused: dict = {}     # (model="xla") fused value -> what it reads (a Fused)
         again: dict = {}     # (model="xla") a value `_duplicated`: -> what it reads (a Fused)
         buffers_read = []    # per op: the buffers it reads (through fused values)
         copies_at: dict = {}
+        held: dict = {}      # a buffer whose last reader is a copy made after op k -> k
         for i, op in enumerate(ops):
             values = graph.read_values(op)
             if self.xla and not (has_term and op == ops[-1]) and self._fused(op, fused):
@@ -344,8 +347,13 @@ class _Estimator:
             if self.fuse_across and op.name == "stablehlo.optimization_barrier":
                 reads = ()     # XLA:CPU deletes it first: only its results' readers read
             for r in reads:
-                last[r] = max(last.get(r, -1), copied[r]) if r in copied and \
-                    r not in direct else i
+                if r in copied and r not in direct:
+                    if copied[r] >= last.get(r, -1):
+                        held[r] = copied[r]
+                    last[r] = max(last.get(r, -1), copied[r])
+                else:
+                    last[r] = i
+                    held.pop(r, None)
             if self._aliases(op):
                 for r, o in zip(op.results, op.operands):
                     if o in fused:       # (model="xla") a view of a value never stored
@@ -356,7 +364,7 @@ class _Estimator:
                 for k in _invariant_carries(op):
                     o = op.operands[k]
                     root[op.results[k]] = root.get(o, o)
-        return root, last, fused, buffers_read, copies_at
+        return root, last, fused, buffers_read, copies_at, held
 
     def sweep(self, block, count_args: bool, host_args=frozenset(),
               kept_args=frozenset(), host_results=frozenset()) -> _Sweep:
@@ -366,13 +374,15 @@ class _Estimator:
         ops = [op.operation for op in block.operations]
         n = len(ops)
         has_term = n > 0 and ops[-1].name in _TERMINATORS
-        root, last, fused, buffers_read, copies_at = self._last_uses(ops, has_term)
+        root, last, fused, buffers_read, copies_at, held = self._last_uses(ops, has_term)
         if self.breadth_first and has_term:   # (model="xla") as XLA:CPU schedules them
             after: dict = {}
             ops = bfs_order(ops, lambda op: bool(op.results) and op.results[0] in fused or (
-                op.name == "stablehlo.optimization_barrier" or contract.placement(op)),
+                (self.past_barriers and op.name == "stablehlo.optimization_barrier")
+                or contract.placement(op)),
                 list(block.arguments), copied, after)
-            root, last, fused, buffers_read, copies_at = self._last_uses(ops, has_term, after)
+            root, last, fused, buffers_read, copies_at, held = self._last_uses(
+                ops, has_term, after)
         if self.xla:
             for a in block.arguments:
                 if a.arg_number in kept_args:
@@ -443,7 +453,7 @@ class _Estimator:
                             buffers[r].start = copy_ready_at(op.operands[0], position)
                 if self.xla:
                     produced -= self._reused(op, buffers_read[i], root, last, size, free_at, i,
-                                             buffers, returned)
+                                             buffers, returned, held)
             during = live + produced
             if len(op.regions) or op.name == "func.call" or (self.xla and op.name in COPIES):
                 inside = self._internal_bytes(op, top=count_args)
@@ -490,17 +500,19 @@ class _Estimator:
             return [(r, [root.get(v, v)]) for r, v in zip(op.results, op.operands)]
         return []
 
-    def _reused(self, op, reads, root, last, size, free_at, i, buffers, returned) -> int:
+    def _reused(self, op, reads, root, last, size, free_at, i, buffers, returned,
+                held) -> int:
         """Bytes of results that take the place of a buffer dying at op i (same size): not
         allocated again. A buffer the sweep does not track (a region's block argument: the
         op's operand outside) is taken whole. `buffers`: the result's _Buffer becomes the
-        one it takes, lasting until the result dies. An elementwise result the function
-        returns (`returned`) is written into its output allocation instead."""
+        one it takes, lasting until the result dies (not one a copy made after op i still
+        reads: `held`). An elementwise result the function returns (`returned`) is written
+        into its output allocation instead."""
         saved, taken = 0, set()
         for result, candidates in self._in_place(op, reads, root):
             want = 0 if result in returned and op.name in ELEMENTWISE else size.get(result, 0)
             for r in candidates:
-                if r in taken or last.get(r) != i or not want:
+                if r in taken or last.get(r) != i or held.get(r) == i or not want:
                     continue
                 if r in size and size[r] == want:
                     free_at[i] -= want       # the buffer is not freed: it goes on
@@ -665,35 +677,3 @@ def _backend(model: str, backend: str | None) -> str | None:
         import jax
         backend = jax.default_backend()
     return backend
-
-
-# ------------------------------------------------------------------ report --
-def format_bytes(n: int) -> str:
-    """'512 B', '64.0 KiB', '3.27 MiB'."""
-    if n < 1024:
-        return f"{n} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if n < 1024 or unit == "TiB":
-            return f"{n:.2f} {unit}" if n < 10 else f"{n:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def format_memory(estimate: MemoryEstimate, peak_values: bool = False) -> str:
-    """One line per function: peak (and where), arguments, results, residuals; with
-    `peak_values`, a second line naming the largest buffers live at the peak."""
-    lines = []
-    for f in estimate:
-        line = (f"@{f.name}: peak {format_bytes(f.peak_bytes)} ({f.peak_bytes} B) "
-                f"at {f.peak_op}; arguments {format_bytes(f.argument_bytes)}; "
-                f"results {format_bytes(f.result_bytes)}")
-        if f.residual_bytes is not None:
-            line += f"; residuals {format_bytes(f.residual_bytes)}"
-        if f.symbolic_values:
-            line += (f"; not counted: {f.symbolic_values} values with symbolic dimensions "
-                     f"({', '.join(f.symbols)})")
-        lines.append(line)
-        if peak_values and f.peak_values:
-            lines.append("  live at the peak: " + "; ".join(
-                f"{format_bytes(b)} {what}" for b, what in f.peak_values))
-    return "\n".join(lines)

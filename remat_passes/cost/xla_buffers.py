@@ -45,10 +45,11 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   as in a convolution's weight gradient, works on a transposed copy of each such one, live
   while it runs; on CPU, an elementwise op whose only reader is such a convolution is
   computed inside the copy (never stored: measured, the conv net's weight gradients under
-  `dots_saveable`), and a copy of what reads only the function's arguments (one of them,
-  or such an elementwise chain: a split backward's relu(residual + bias)) is made at entry
-  (XLA:CPU schedules it first) and held until the convolution; with jaxlib 0.10, which runs
-  ops breadth first, any copy is made as soon as what it copies is there (`early_copies`).
+  `dots_saveable`), and, as XLA:CPU runs ops breadth first, any copy is made as soon as
+  what it copies is there (`early_copies`): a copy of what reads only the function's
+  arguments (one of them, or such an elementwise chain: a split backward's relu(residual +
+  bias)) at entry, held until the convolution; what the copy reads last is not written
+  over by the op it follows.
   A `dot_general` whose operands are
   not in the order XLA's matrix kernels take (the left: batch, free, contracting
   dimensions; the right: batch, contracting, free), as for `x @ W.T` or attention's
@@ -71,10 +72,9 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   convolution (881,327 B for the conv net's first weight gradient on an H200, none for
   most others).
 
-The order: on CPU with jaxlib 0.10, the ops run in the order XLA:CPU's breadth-first
-scheduler gives them (`cost/xla_schedule.py`); elsewhere in program order (later XLA:CPU
-schedules breadth first on a graph that keeps the barriers, and XLA:GPU has schedulers of its
-own: neither is modelled).
+The order: on CPU, the ops run in the order XLA:CPU's breadth-first scheduler gives them
+(`cost/xla_schedule.py`: with jaxlib 0.10 on a graph without the barriers, later on one
+that keeps them); elsewhere in program order (XLA:GPU's schedulers are not modelled).
 """
 from __future__ import annotations
 
@@ -88,14 +88,14 @@ from remat_passes.ir import graph
 from remat_passes.ir.mlir import ir, op_id
 
 # How often model="xla" is within 15% of XLA's footprint, per backend and, on CPU, per
-# XLA:CPU generation (jaxlib 0.10's deletes barriers before it fuses and schedules breadth
-# first; later ones do neither: jax_compat): (split halves and joint programs within,
+# XLA:CPU generation (jaxlib 0.10's deletes barriers before it fuses and schedules; later
+# ones keep them until after: jax_compat): (split halves and joint programs within,
 # measured, where, note), from `python -m tools.benchmarks xla` on the benchmark models
 # under every policy (docs/benchmarks.md; test_memory checks these against the stored
 # results: xla.json, xla_cpu_jax0_12.json, xla_gpu.json). On CPU that runs with YNNPACK
 # fusions off: XLA does not count the buffers YNNPACK uses inside them (ynn_probe.py).
 MEASURED = {"cpu": (162, 162, "2 CPUs, jaxlib 0.10", ", YNNPACK fusions off"),
-            "cpu, jaxlib >= 0.11": (159, 162, "2 CPUs, jaxlib 0.12", ", YNNPACK fusions off"),
+            "cpu, jaxlib >= 0.11": (162, 162, "2 CPUs, jaxlib 0.12", ", YNNPACK fusions off"),
             "gpu": (136, 162, "an H200 and an H100", "")}
 
 
@@ -210,9 +210,9 @@ def early_copies(op, root, fused, copies_after) -> dict:
     (`copied`) that XLA:CPU makes before it runs: {operand: the index of the op after which
     its copy is made (-1: at entry)}. A copy of what reads only the function's arguments
     (one of them, or an elementwise chain fused into the copy: a split backward's
-    relu(residual + bias)) is made at entry (XLA:CPU schedules it first); where XLA:CPU runs ops breadth first
-    (jaxlib 0.10), every copy is made where that order runs it (`copies_after`, from
-    xla_schedule.bfs_order), and the value copied can die there. `root`: alias -> its
+    relu(residual + bias)) is made at entry (XLA:CPU schedules it first); in XLA:CPU's
+    breadth-first order (`copies_after`, from xla_schedule.bfs_order; not given: program
+    order) every copy is made where that order runs it, and the value copied can die there. `root`: alias -> its
     buffer; `fused`: a value computed inside its readers -> its `Fused`."""
     out = {}
     for v in copied(op):

@@ -1,24 +1,32 @@
 """The order XLA:CPU runs a function's ops in, for `estimate_memory(model="xla")` on CPU.
 
-XLA:CPU in jaxlib 0.10 schedules each computation with its concurrency-optimized scheduler
-(on by default, `--xla_cpu_enable_concurrency_optimized_scheduler`; `BFSMemoryScheduler` in
-XLA): a breadth-first topological order, of a graph without the optimization barriers (it
-deletes them first). (Later jaxlibs schedule breadth first too, but keep the barriers as
-instructions until after: a recomputation behind one waits for it, and the estimate keeps
-program order there: `jax_compat.xla_cpu_schedules_past_barriers`.) The parameters and constants are ready first; an instruction is queued, first in
-first out, when the last of its operands has run. So an op that reads only the function's
-arguments runs at the start of the program wherever it is written (in a split backward: a
-recomputation from residuals alone, the transposed copy of a residual), and one reading a
-value made early runs soon after it, not where its reader needs it. Its result is held
-until then.
+XLA:CPU schedules each computation with its concurrency-optimized scheduler (on by
+default, `--xla_cpu_enable_concurrency_optimized_scheduler`; `BFSMemoryScheduler` in XLA):
+a breadth-first topological order. The parameters and constants are ready first; an
+instruction is queued, first in first out, when the last of its operands has run. So an
+op that reads only the function's arguments runs at the start of the program wherever it
+is written (in a split backward: a recomputation from residuals alone, the transposed copy
+of a residual), and one reading a value made early runs soon after it, not where its
+reader needs it. Its result is held until then.
+
+What the graph holds of the optimization barriers differs by jaxlib
+(`jax_compat.xla_cpu_schedules_past_barriers`). XLA:CPU of 0.10 deletes them before it
+schedules, so a recomputation waits only for what it reads (unless place-optimization-
+barriers' tie makes it read the cotangent). Later ones keep them until after, each as
+three steps of the queue: a tuple of its operands, the barrier, and one get-tuple-element
+per result, which its readers wait for. Read from XLA:CPU 0.12's scheduled HLO
+(`--xla_dump_hlo_pass_re=cse_barrier_expander`, before the barriers go): the split
+Equinox and conv net backwards and the conv net's joint program under `dots_saveable` run
+in exactly that breadth-first order of their fused graphs, every pair of instructions.
 
 `bfs_order` gives a block's ops in that order, on the graph XLA schedules: an op fused
 into its readers is no instruction of its own (a reader waits for what the fused op
-reads), and the ops XLA:CPU deletes (optimization barriers, placement annotations) pass
-their operands through. The block's terminator stays last. Measured with XLA's own dumps
-(`python -m tools.benchmarks.xla_dump`): the conv net's split backward under
-`offload_dot_with_no_batch_dims(names)`, whose footprint the program-order model put 17%
-under XLA's.
+reads), and the ops XLA:CPU deletes (placement annotations; with jaxlib 0.10 the
+barriers) pass their operands through. The block's terminator stays last. Measured with
+XLA's own dumps (`python -m tools.benchmarks.xla_dump`): on jaxlib 0.10 the conv net's
+split backward under `offload_dot_with_no_batch_dims(names)`, whose footprint the
+program-order model put 17% under XLA's; on jaxlib 0.12 the Equinox backward under
+`save_and_offload_only_these_names`, 18% under.
 """
 from __future__ import annotations
 
@@ -44,7 +52,9 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
               copies_after: dict | None = None) -> list:
     """`ops` (a block's top-level ops, its terminator last) in XLA:CPU's breadth-first
     order. `passes_through(op)`: is op no instruction of its own (fused into its readers,
-    or deleted)? Such an op goes right before the first instruction that reads it.
+    or deleted)? Such an op goes right before the first instruction that reads it. An
+    optimization barrier that does not pass through is a tuple, the barrier and a
+    get-tuple-element per result read (module docstring).
     `arguments`: the block's arguments, ready first, in order. `copied(op)`: the operands
     op works on transposed copies of; each copy is an instruction of its own, which op
     waits for (so op runs a step after the ops that read the same values directly).
@@ -62,6 +72,7 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
     parts: list = [()] * n                   # an op passing through: where its inputs come from
     waits: list = [()] * n                   # the instructions op i waits for; a copy: n + k
     copy_of: dict = {}                       # a copy's number -> (op index, operand)
+    element: dict = {}                       # (kept barrier, result) -> its get-tuple-element
     ran_after: dict = {}                     # a copy's number -> the op it runs after
 
     def owner(v):
@@ -75,6 +86,12 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
         j = owner(v)
         if j is not None and through[j] and body[j].name == "stablehlo.optimization_barrier":
             return source(body[j].operands[v.result_number])   # deleted: result k is operand k
+        if j is not None and body[j].name == "stablehlo.optimization_barrier":
+            key = (j, v.result_number)        # kept: its result k is a get-tuple-element
+            if key not in element:
+                element[key] = len(waits)
+                waits.append((j,))
+            return element[key]
         return j
 
     def producers(values) -> list:
@@ -85,7 +102,7 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
         stack = [iter([source(v) for v in values])]
         while stack:
             for s in stack[-1]:
-                if s is not None and s >= 0 and through[s]:
+                if s is not None and 0 <= s < n and through[s]:
                     if s not in walked:
                         walked.add(s)
                         stack.append(iter(parts[s]))
@@ -107,11 +124,17 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
             continue
         copies = set(copied(op))
         deps = []
+        if op.name == "stablehlo.optimization_barrier":    # (kept) after a tuple
+            waited = producers(values)
+            waits[i] = (len(waits),)
+            waits.append(waited)
+            continue
         for v in values:
             if v in copies:
+                waited = producers([v])       # (first: it may number get-tuple-elements)
                 deps.append(len(waits))       # the copy (numbered after the ops)
                 copy_of[len(waits)] = (i, v)
-                waits.append(producers([v]))
+                waits.append(waited)
             else:
                 deps += producers([v])
         waits[i] = tuple(dict.fromkeys(deps))
@@ -131,8 +154,8 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
         d = queue.popleft()
         if 0 <= d < n:
             order.append(d)
-        elif d >= n and order and any(w >= 0 and body[w].name != "stablehlo.constant"
-                                      for w in waits[d]):
+        elif d in copy_of and order and any(
+                w >= n or (w >= 0 and body[w].name != "stablehlo.constant") for w in waits[d]):
             ran_after[d] = order[-1]      # (of arguments and literals alone: at entry)
         for u in users.get(d, ()):
             pending[u] -= 1

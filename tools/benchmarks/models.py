@@ -22,7 +22,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 import remat_passes as rp
-from remat_passes.cost.memory import format_bytes
+from remat_passes.cost.memory_report import format_bytes
 
 P = rp.policies
 

@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f)
 
     import remat_passes as rp
-    from remat_passes.cost.memory import estimate_memory, format_bytes
+    from remat_passes.cost.memory import estimate_memory
+    from remat_passes.cost.memory_report import format_bytes
     from tools.benchmarks import common, xla_liveness, xla_memory
     from tools.benchmarks.cases import cases_for, jax_function
     from tools.benchmarks.models import MODELS, _identity
