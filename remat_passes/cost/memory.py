@@ -1,9 +1,9 @@
 """A static memory estimate: peak live bytes of a function run in program order.
 
 A remat policy's memory effect needs a compiler that keeps the recomputation
-where it is written: XLA:CPU deletes `optimization_barrier` before it schedules
-and then CSEs the recomputation back into the forward pass, unless
-place-optimization-barriers tied it to the cotangent (`tie-to-cotangent`), and it
+where it is written: XLA:CPU of jaxlib 0.10 deletes `optimization_barrier` before it
+schedules and then CSEs the recomputation back into the forward pass, unless
+place-optimization-barriers tied it to the cotangent (`tie-to-cotangent`), and XLA:CPU
 ignores host offload (DESIGN.md section 5). This module judges a module
 statically, on the StableHLO itself, the way a simple buffer assigner without
 reordering would see it:
