@@ -61,8 +61,8 @@ from remat_passes import jax_compat
 from remat_passes.cost.xla_buffers import (
     COPIES, ELEMENTWISE, EXPENSIVE, FUSES_INPUTS, FUSIBLE, UPDATES_OPERAND_0, Buffer, Fused,
     conv_copied, conv_padded_input, copied, copies_made_early, copy_bytes, copy_ready_at,
-    early_copies, few_reads, lay_out, padded_past_input, reads_through, split_k_partials,
-    transposed_dot)
+    early_copies, few_reads, folded_transpose, lay_out, padded_past_input, reads_through,
+    split_k_partials, transposed_dot)
 from remat_passes.cost.xla_schedule import bfs_order
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
@@ -302,7 +302,7 @@ class _Estimator:
         its dot, and, where there is one memory (CPU), a placement annotation: XLA:CPU
         drops it.)"""
         return _is_alias_op(op) or (self.xla and (
-            op.name == "stablehlo.reshape" or transposed_dot(op)
+            op.name == "stablehlo.reshape" or transposed_dot(op) or folded_transpose(op)
             or (not self.host_kinds and contract.placement(op) is not None)))
 
     def _last_uses(self, ops, has_term, copies_after=None) -> tuple:
@@ -379,7 +379,7 @@ class _Estimator:
             after: dict = {}
             ops = bfs_order(ops, lambda op: bool(op.results) and op.results[0] in fused or (
                 (self.past_barriers and op.name == "stablehlo.optimization_barrier")
-                or contract.placement(op)),
+                or contract.placement(op) or folded_transpose(op)),
                 list(block.arguments), copied, after)
             root, last, fused, buffers_read, copies_at, held = self._last_uses(
                 ops, has_term, after)

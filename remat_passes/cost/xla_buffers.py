@@ -33,7 +33,9 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   again inside its elementwise readers, which read its inputs);
 * a reshape is a bitcast (an alias of its operand); so is a transpose of a dot_general
   that swaps its two free parts (the dot's only reader): XLA computes dot(b, a) instead;
-  on CPU, so is a placement annotation (XLA:CPU drops it);
+  and a transpose read by dot_generals alone, which XLA folds into them (TransposeFolding:
+  each reads the transpose's operand, copied where that is out of its kernels' order;
+  `folded_transpose`); on CPU, so is a placement annotation (XLA:CPU drops it);
 * an elementwise op whose operand dies there writes its result into that operand's
   buffer when the two have the same size (unless the function returns the result: it
   goes into its output allocation); so do `dynamic_update_slice` and `scatter`
@@ -299,13 +301,18 @@ def dot_copied(op) -> list:
     right: batch, contracting, free; dimensions of size 1 aside), as for attention's heads
     or a batch of vectors times `W.T`: the copies are live while it runs. A matrix (two
     dimensions, no batch) is read transposed where it is (measured: the MLP's gradients
-    `x.T @ g` and `g @ W.T` copy nothing)."""
+    `x.T @ g` and `g @ W.T` copy nothing). An operand transposed for dots alone
+    (`folded_transpose`) is read in its operand's order."""
     out = []
     for side in ("lhs", "rhs"):
         value = op.operands[0 if side == "lhs" else 1]
         shape = ir.RankedTensorType(value.type).shape
         batch = dot_dims(op, side + "_batching_dimensions")
         contract = dot_dims(op, side + "_contracting_dimensions")
+        if isinstance(value, ir.OpResult) and folded_transpose(value.owner):
+            perm = list(ir.DenseI64ArrayAttr(value.owner.attributes["permutation"]))
+            shape = ir.RankedTensorType(value.owner.operands[0].type).shape
+            batch, contract = [perm[d] for d in batch], [perm[d] for d in contract]
         if not batch and len(shape) <= 2:
             continue        # a matrix: its kernels read it transposed as it is
         free = [d for d in range(len(shape)) if d not in batch and d not in contract]
@@ -313,6 +320,14 @@ def dot_copied(op) -> list:
         if [d for d in want if shape[d] != 1] != [d for d in range(len(shape)) if shape[d] != 1]:
             out.append(value)
     return out
+
+
+def folded_transpose(op) -> bool:
+    """model="xla": is `op` a transpose read by dot_generals alone? XLA folds it into their
+    dimension numbers (TransposeFolding): each reads its operand, copied where that is
+    out of its kernels' order (`dot_copied`), and the transpose is a view."""
+    return op.name == "stablehlo.transpose" and all(
+        u.owner.name == "stablehlo.dot_general" for u in op.results[0].uses)
 
 
 def transposed_dot(op) -> bool:
