@@ -324,8 +324,10 @@ def dot_copied(op) -> list:
 
 def folded_transpose(op) -> bool:
     """model="xla": is `op` a transpose read by dot_generals alone? XLA folds it into their
-    dimension numbers (TransposeFolding): each reads its operand, copied where that is
-    out of its kernels' order (`dot_copied`), and the transpose is a view."""
+    dimension numbers (TransposeFolding, and its simplifier where a permutation also
+    reorders the free or the contracting dimensions: measured, the same footprint either
+    way): each reads its operand, copied where that is out of its kernels' order
+    (`dot_copied`), and the transpose is a view."""
     return op.name == "stablehlo.transpose" and all(
         u.owner.name == "stablehlo.dot_general" for u in op.results[0].uses)
 
