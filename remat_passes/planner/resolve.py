@@ -111,7 +111,7 @@ def has_auto(policies) -> bool:
         isinstance(p, AutoPolicy) for p in policies.recorded.values())
 
 
-REFINE_ROUNDS = 3   # objective=peak: rounds of 7 more trial budgets where none fits yet
+REFINE_ROUNDS = 3   # objective=peak: rounds of 7 or 14 more trial budgets while none fits
 
 
 def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
@@ -120,7 +120,10 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
     `lo` (the minimum) to `hi` (no remat), 13 of them: the peak is not monotone in the
     residual bytes (recomputing more can raise it: what is recomputed is live at once),
     so every candidate is measured; where none fits, 7 more between the neighbours of the
-    one that peaks lowest, again (`REFINE_ROUNDS` times at most) while none fits.
+    one that peaks lowest, and, where none fits yet, 7 more around the lower of those
+    neighbours (measured: Equinox's valley at residual budget 281,815 B, which the trials
+    at 223,104 and 334,656 B straddle), again (`REFINE_ROUNDS` times at most) while none
+    fits.
     `trial(candidate)` plans the module for a candidate policy and returns (joint peak
     bytes, modelled recompute cost): the pipeline runner does that on a copy of the
     module. A percentage is of the no-remat peak."""
@@ -136,14 +139,21 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
     budget = policy.budget.resolve(measure(hi)[0])   # a percentage: of the no-remat peak
     for rb in (int(lo + (hi - lo) * k / 12) for k in range(13)):
         measure(rb)
+    def fits_yet():
+        return any(t[0] <= budget for t in trials.values())
     for _ in range(REFINE_ROUNDS):   # the valley of the peak can fall between two points:
-        if any(t[0] <= budget for t in trials.values()):     # look closer there
+        if fits_yet():               # look closer there
             break
         grid = sorted(trials)
         k = min(range(len(grid)), key=lambda j: trials[grid[j]][0])
-        left, right = grid[max(k - 1, 0)], grid[min(k + 1, len(grid) - 1)]
-        for j in range(1, 8):
-            measure(int(left + (right - left) * j / 8))
+        side = min((j for j in (k - 1, k + 1) if 0 <= j < len(grid)),
+                   key=lambda j: trials[grid[j]][0])
+        for center in (k, side):     # then around the lower neighbour: the floor may lie
+            if fits_yet():           # just beyond it (a valley narrower than the grid)
+                break
+            left, right = grid[max(center - 1, 0)], grid[min(center + 1, len(grid) - 1)]
+            for j in range(1, 8):
+                measure(int(left + (right - left) * j / 8))
     tried = list(trials.values())
     fits = [t for t in tried if t[0] <= budget]
     if not fits:

@@ -287,12 +287,30 @@ def test_objective_peak_looks_between_grid_points_where_none_fits():
         return 1000 - max(0, 60 - abs(rb - 540)), 1200 - rb
     chosen = for_peak(P.auto(budget=960, objective="peak"), 0, 1200, trial)
     assert abs(chosen.budget.resolve(0) - 540) < 20 and 13 < len(set(tried)) <= 20
-    # a narrower fit: a second round of 7 between the new lowest one's neighbours
+    # a narrower fit: 7 around the lower of its neighbours too (none fits there), then a
+    # second round of 7 between the new lowest one's neighbours
     tried.clear()
     chosen = for_peak(P.auto(budget=945, objective="peak"), 0, 1200, trial)
-    assert abs(chosen.budget.resolve(0) - 540) <= 5 and 20 < len(set(tried)) <= 27
+    assert abs(chosen.budget.resolve(0) - 540) <= 5 and 20 < len(set(tried)) <= 28
     with pytest.raises(rp.RematError, match="below the lowest joint peak of the [0-9]+ plans tried"):
         for_peak(P.auto(budget=900, objective="peak"), 0, 1200, trial)
+
+
+def test_objective_peak_looks_beyond_the_lowest_trials_lower_neighbour():
+    """A valley narrower than the grid, next to the lowest trial's lower neighbour rather
+    than between that trial's neighbours (Equinox's joint peaks: 2,516,616 B at residual
+    budget 281,815 B, between trials at 223,104 and 334,656 B, while the grid's lowest is
+    at 446,208 B): the 7 more trials around that neighbour find it in the first round."""
+    from remat_passes.planner.resolve import for_peak
+    tried = []
+
+    def trial(candidate):          # a broad low at 500, a narrow deep one at 340
+        rb = candidate.budget.resolve(0)
+        tried.append(rb)
+        peak = 900 if abs(rb - 340) <= 15 else 1000 - max(0, 100 - abs(rb - 500)) / 5
+        return peak + rb / 1000, 1200 - rb
+    chosen = for_peak(P.auto(budget=950, objective="peak"), 0, 1200, trial)
+    assert abs(chosen.budget.resolve(0) - 340) <= 15 and len(set(tried)) <= 27
 
 
 def test_auto_stops_on_work_done_not_on_a_clock(monkeypatch):
