@@ -37,15 +37,15 @@ answers instead of encoding any of these):
   (`DotsSaveable`, `SaveOnlyTheseNames`, ...). Python >= 3.11.
   XLA:CPU schedules breadth first (its concurrency-optimized scheduler): an op runs
   as soon as what it reads is ready; it deletes optimization barriers before it fuses
-  and schedules, so they hold nothing back (`xla_cpu_schedules_past_barriers`).
+  and schedules, so they hold nothing back (`xla_cpu_fuses_across_barriers`).
 * 0.11.0: those classes are also exported from `jax.checkpoint_policies`
   (`SaveOnlyTheseNames`, `SaveAnyNamesButThese`,
   `SaveAndOffloadOnlyTheseNames`). Python >= 3.12 from here on.
 * 0.11.1: `Exported._has_named_shardings` is gone.
 * 0.11.2 (measured; perhaps earlier): XLA:CPU keeps optimization barriers until after it
-  schedules: they split its fusions, as on GPU (`xla_cpu_fuses_across_barriers`), and
-  its breadth-first order waits for them (a barrier is an instruction, after a tuple of
-  its operands), so a recomputation behind one runs where the program has it.
+  schedules: they split its fusions, as on GPU, and its breadth-first order waits for
+  them (a barrier is an instruction, after a tuple of its operands), so a recomputation
+  behind one runs where the program has it (`xla_cpu_fuses_across_barriers`).
 * 0.11.2: `tanh` is differentiated through `one_minus_square(tanh(x))`, so
   `jax.checkpoint` saves other residuals for tanh layers.
 * 0.12.0: the built-in policies are plain closures again (no classes);
@@ -124,24 +124,18 @@ def check_installed_version(dists=("jax", "jaxlib")) -> None:
 
 
 def xla_cpu_fuses_across_barriers() -> bool:
-    """Does the installed jaxlib's XLA:CPU delete optimization barriers before it fuses, so
-    that where they go does not change its fusions? Measured on the benchmarks' GPT under
-    `nothing_saveable` (joint form, XLA's footprint): 0.10.2 does (18,456,196 B with a
-    barrier per recomputation or per checkpoint region); 0.11.2 and 0.12 do not
-    (20,553,348 B per recomputation, 18,456,196 B per region; `jax.checkpoint`'s:
-    18,456,180 B)."""
-    return _jaxlib_below((0, 11))
-
-
-def xla_cpu_schedules_past_barriers() -> bool:
-    """Does the installed jaxlib's XLA:CPU delete the optimization barriers before it
-    schedules breadth first (cost/xla_schedule.py), so that a recomputation runs as soon as
-    what it reads is ready? Measured on a program whose breadth-first order holds one more
-    buffer then (test_memory): 0.10.2 does (1,572,864 B); 0.11.2 and 0.12 do not (1,310,720
-    B, the program order's). They keep each barrier until after scheduling: a tuple of its
-    operands, the barrier and a get-tuple-element per result, steps of the breadth-first
-    order like any instruction (read from XLA:CPU 0.12's scheduled HLO, which is exactly
-    that order of its fused graph: xla_schedule's docstring)."""
+    """Does the installed jaxlib's XLA:CPU delete optimization barriers before it fuses and
+    schedules, so that where they go changes neither its fusions nor its breadth-first
+    order (cost/xla_schedule.py)? Measured on the benchmarks' GPT under `nothing_saveable`
+    (joint form, XLA's footprint): 0.10.2 does (18,456,196 B with a barrier per
+    recomputation or per checkpoint region); 0.11.2 and 0.12 do not (20,553,348 B per
+    recomputation, 18,456,196 B per region; `jax.checkpoint`'s: 18,456,180 B). And on a
+    program whose breadth-first order holds one more buffer without the barrier
+    (test_memory): 1,572,864 B on 0.10.2, 1,310,720 B (the program order's) on 0.11.2 and
+    0.12, which keep each barrier until after scheduling: a tuple of its operands, the
+    barrier and a get-tuple-element per result, steps of the order like any instruction
+    (read from XLA:CPU 0.12's scheduled HLO, which is exactly that order of its fused
+    graph: xla_schedule's docstring)."""
     return _jaxlib_below((0, 11))
 
 

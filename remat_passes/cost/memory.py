@@ -195,7 +195,6 @@ class _Estimator:
         # deleted before it fuses and schedules where it does so (jaxlib 0.10)
         self.breadth_first = self.cpu
         self.fuse_across = self.cpu and jax_compat.xla_cpu_fuses_across_barriers()
-        self.past_barriers = self.cpu and jax_compat.xla_cpu_schedules_past_barriers()
         self.dim_symbols = dim_symbols or {}
         self._funcs = None
         self._callee_peaks: dict[str, int] = {}
@@ -378,7 +377,7 @@ class _Estimator:
         if self.breadth_first and has_term:   # (model="xla") as XLA:CPU schedules them
             after: dict = {}
             ops = bfs_order(ops, lambda op: bool(op.results) and op.results[0] in fused or (
-                (self.past_barriers and op.name == "stablehlo.optimization_barrier")
+                (self.fuse_across and op.name == "stablehlo.optimization_barrier")
                 or contract.placement(op) or folded_transpose(op)),
                 list(block.arguments), copied, after)
             root, last, fused, buffers_read, copies_at, held = self._last_uses(

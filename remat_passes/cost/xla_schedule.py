@@ -10,7 +10,7 @@ of a residual), and one reading a value made early runs soon after it, not where
 reader needs it. Its result is held until then.
 
 What the graph holds of the optimization barriers differs by jaxlib
-(`jax_compat.xla_cpu_schedules_past_barriers`). XLA:CPU of 0.10 deletes them before it
+(`jax_compat.xla_cpu_fuses_across_barriers`). XLA:CPU of 0.10 deletes them before it
 schedules, so a recomputation waits only for what it reads (unless place-optimization-
 barriers' tie makes it read the cotangent). Later ones keep them until after, each as
 three steps of the queue: a tuple of its operands, the barrier, and one get-tuple-element

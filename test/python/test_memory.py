@@ -553,7 +553,7 @@ def test_xla_model_on_cpu_runs_the_ops_in_xla_cpus_breadth_first_order():
     cpu = xla_est(text)
     in_order = xla_est(text, backend="tpu")      # (modelled in program order)
     assert in_order.peak_bytes == 1280 * K       # x, g, the output, then two of a, b, c, r
-    if jax_compat.xla_cpu_schedules_past_barriers():
+    if jax_compat.xla_cpu_fuses_across_barriers():
         # r made first; r, b and c live at c: 512K + 256K + 3 x 256K
         assert cpu.peak_bytes == 1536 * K and cpu.peak_index == 2
         assert cpu.peak_op.startswith("stablehlo.dot_general at line 5")
@@ -760,7 +760,6 @@ def test_xla_model_duplicates_what_a_barrier_reads_into_a_convolutions_copy(monk
       return %6, %9 : tensor<3x16x32xf32>, tensor<f32>
     }"""
     monkeypatch.setattr(jax_compat, "xla_cpu_fuses_across_barriers", lambda: False)
-    monkeypatch.setattr(jax_compat, "xla_cpu_schedules_past_barriers", lambda: False)
     monkeypatch.setattr(memory, "PEAK_VALUES", 12)      # every buffer live at the peak
     f = xla_est(text)
     assert f.peak_op.startswith("stablehlo.reduce at line 13")     # the product's sum
@@ -817,7 +816,6 @@ def test_xla_model_sees_through_barriers_that_xla_cpu_deletes_first(monkeypatch)
       return %s1, %b#1 : tensor<f32>, tensor<4xf32>
     }"""
     monkeypatch.setattr(jax_compat, "xla_cpu_fuses_across_barriers", lambda: True)
-    monkeypatch.setattr(jax_compat, "xla_cpu_schedules_past_barriers", lambda: True)
     monkeypatch.setattr(memory, "PEAK_VALUES", 12)      # every buffer live at the peak
     f = xla_est(text)
     assert f.peak_op.startswith("stablehlo.dot_general at line 12")     # the product
