@@ -214,8 +214,9 @@ def early_copies(op, root, fused, copies_after) -> dict:
     (one of them, or an elementwise chain fused into the copy: a split backward's
     relu(residual + bias)) is made at entry (XLA:CPU schedules it first); in XLA:CPU's
     breadth-first order (`copies_after`, from xla_schedule.bfs_order; not given: program
-    order) every copy is made where that order runs it, and the value copied can die there. `root`: alias -> its
-    buffer; `fused`: a value computed inside its readers -> its `Fused`."""
+    order) every copy is made where that order runs it, and the value copied can die
+    there. `root`: alias -> its buffer; `fused`: a value computed inside its readers ->
+    its `Fused`."""
     out = {}
     for v in copied(op):
         if v is op.results[0]:
