@@ -19,6 +19,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str:
+    """The checkout's commit (BENCH_COMMIT where a copy without .git measures: the device
+    round's parallel runs)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                               capture_output=True, check=True).stdout.strip()

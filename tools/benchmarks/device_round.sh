@@ -3,6 +3,8 @@
 # device is lent for minutes: every step here is one the memory page still waits for).
 #
 #   bash tools/benchmarks/device_round.sh [STEP...]      (run from the repository root)
+#   bash tools/benchmarks/device_round.sh --parallel [STEP...]   (every model at once, then
+#                                                         STEPs, dumps by default)
 #
 # Steps, in this order by default (each writes what it measured under $OUT, so that a
 # round cut off by the machine's time limit still hands back what it finished):
@@ -21,18 +23,46 @@
 # The machine has jax with CUDA but may lack igraph: wheels downloaded on the host into
 # .whl (see docs/benchmarks.md) are installed first when that folder is there.
 set -u
-OUT="${OUT:-/tmp/device_out}"
+export OUT="${OUT:-/tmp/device_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$PWD"
-else
-  export PYTHONPATH="$PWD"
+    --target /tmp/site .whl/*.whl && SITE="/tmp/site:"
 fi
+export PYTHONPATH="${SITE:-}$PWD"
 RESULTS=tools/benchmarks/results/xla_gpu.json
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(gpt mlp-scan dumps equinox convnet mlp gpt-scan)
+
+if [ "${steps[0]}" = "--parallel" ]; then
+  # Every model at once, each in its own copy of the tree and its own process (the
+  # measurement is mostly XLA compiles on the host's cores; the GPU is shared, nothing
+  # preallocated; on an H200, 2026-11-27: all six in under 6 minutes, GPT last). Each
+  # writes its log to $OUT/xla.KEY.log; $OUT/xla_gpu_parts.tgz holds their results
+  # (par_KEY/tools/benchmarks/results/xla_gpu.json), which `xla_memory.merge` folds into
+  # results/xla_gpu.json on the host. The dumps run beside them. Run so, each program
+  # without host offload that an earlier serial round measured on the same GPU came out
+  # the same to the byte; those with host offload vary from one process to the next,
+  # serially too (the page says by how much).
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false BENCH_COMMIT="$(git rev-parse --short HEAD)"
+  models=(gpt mlp-scan equinox convnet mlp gpt-scan)
+  for m in "${models[@]}"; do
+    ( dir="/tmp/par_$m"; rm -rf "$dir"; mkdir -p "$dir"
+      tar --exclude=./.git --exclude=./.whl -cf - . | tar -xf - -C "$dir"
+      cd "$dir" && PYTHONPATH="${SITE:-}$dir" \
+        python3 -m tools.benchmarks xla --models "$m" > "$OUT/xla.$m.log" 2>&1 \
+        ; echo "== $m exit $? ($(date +%T))" ) &
+  done
+  steps=("${steps[@]:1}")
+  [ ${#steps[@]} -eq 0 ] && steps=(dumps)
+  for step in "${steps[@]}"; do bash "$0" "$step"; done
+  wait
+  # (the machine hands back a few files: the results go back as one archive)
+  (cd /tmp && tar -czf "$OUT/xla_gpu_parts.tgz" par_*/"$RESULTS")
+  echo "== done ($(date +%T))"
+  exit 0
+fi
 
 save() { cp "$RESULTS" "$OUT/xla_gpu.json" 2>/dev/null; }
 
