@@ -244,6 +244,15 @@ def _provenance_text(data: dict) -> str:
                  "optimization barrier that holds the host value (as JAX does); their "
                  "programs have changed since, so their estimates are not made again; the "
                  "next run on the device measures them.")
+    if meta["backend"] == "gpu" and any("offload" in r.get("policy", "") for r in data["rows"]):
+        text += (" XLA:GPU's figures for a program with host offload vary from one process to "
+                 "the next, JAX's own as much as ours (jax 0.11.2, H200s, 2026-11-27: JAX's "
+                 "split backward of equinox under `offload_dot_with_no_batch_dims` needed "
+                 "3,613,800, 3,875,944 and 4,351,080 B of temp in four processes, ours "
+                 "3,293,256 B in three; JAX's GPT joint under "
+                 "`save_and_offload_only_these_names` 12,590,760, 14,163,624 and "
+                 "15,735,464 B): read an offload row's ratio as one draw, its estimate error "
+                 "against a moving figure.")
     unconsidered = [m for m in dict.fromkeys(r["model"] for r in data["rows"]) if any(
         "rounding_considered" not in r.get("joint_ours", {"rounding_considered": 1})
         for r in data["rows"] if r["model"] == m)]
