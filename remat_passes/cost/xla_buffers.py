@@ -72,7 +72,11 @@ fusions off, whose buffers XLA does not count, and on XLA:GPU for the rules that
   before it: live with the input where it is made, and with the result while the
   convolution runs. Not modelled: cuDNN's workspace, which XLA's autotuner picks per
   convolution (881,327 B for the conv net's first weight gradient on an H200, none for
-  most others).
+  most others); nor where XLA sums a product's split-K partials inside each of its
+  elementwise readers' fusions instead of its own, which holds them until the last
+  reader (Equinox's forward on an H200: two MLP blocks' partials at once, 8 each for a
+  contraction of 256 where SPLIT_K_SLICE gives 4, the bulk of its -28%; tried: holding
+  them so, with the model's counts, put that figure at -31%).
 
 The order: on CPU, the ops run in the order XLA:CPU's breadth-first scheduler gives them
 (`cost/xla_schedule.py`: with jaxlib 0.10 on a graph without the barriers, later on one
