@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tools.benchmarks import gpu
 
 
@@ -115,6 +117,42 @@ def test_xla_benchmark_builds_both_groupings_where_barriers_are_kept(monkeypatch
     ct = jnp.ones_like(model.build(_identity)(*model.args))
     joint = xla_memory.our_joint(module, policy, model.args, ct)
     assert joint["barriers"] in peaks and joint["estimate"] > 0
+
+
+def test_xla_benchmark_merges_the_parts_a_parallel_device_round_hands_back(tmp_path, monkeypatch):
+    """`xla --merge-from parts.tgz` (device_round.sh --parallel: one results file per model,
+    packed as par_KEY/tools/benchmarks/results/xla_gpu.json) merges each into the stored
+    results of their backend; a file that is not such results is a clear error."""
+    import json
+    import tarfile
+    from tools.benchmarks import __main__ as bench, common, xla_memory
+
+    def part(model):
+        return {"meta": {"backend": "gpu", "commit": "abc", "device": "H200"},
+                "rows": [{"model": model, "short": "none"}],
+                "sweeps": [{"model": model, "points": []}]}
+    for m in ("mlp", "gpt"):
+        path = tmp_path / f"par_{m}" / "tools/benchmarks/results/xla_gpu.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(part(m)))
+    archive = tmp_path / "xla_gpu_parts.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for m in ("mlp", "gpt"):
+            tar.add(tmp_path / f"par_{m}", arcname=f"par_{m}")
+    assert [p["rows"][0]["model"] for p in xla_memory.read_parts([archive])] == ["gpt", "mlp"]
+    written = {}
+    monkeypatch.setattr(common, "read_json", lambda name: dict(part("convnet"), meta=dict(
+        part("convnet")["meta"], commit="old")))
+    monkeypatch.setattr(common, "write_json", lambda name, data: written.update({name: data}))
+    monkeypatch.setattr(xla_memory, "checks", lambda data: [])
+    bench.run_xla(["--merge-from", str(archive)])
+    merged = written["xla_gpu"]
+    assert [r["model"] for r in merged["rows"]] == ["convnet", "gpt", "mlp"]
+    assert merged["meta"]["commit"] == "old for convnet; abc for gpt, mlp"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": 1}')
+    with pytest.raises(SystemExit):
+        bench.run_xla(["--merge-from", str(bad)])
 
 
 def test_xla_benchmark_merges_a_run_in_pieces():

@@ -91,10 +91,34 @@ def run_xla(argv) -> None:
     ap.add_argument("--merge", action="store_true",
                     help="replace only these models' rows in the stored results (a device "
                          "run in pieces, one call per few models)")
+    ap.add_argument("--merge-from", metavar="FILE", nargs="+",
+                    help="merge results measured elsewhere into the stored ones, each part's "
+                         "models replacing theirs: xla_*.json files, or the .tgz of them "
+                         "device_round.sh --parallel hands back (static: no device needed)")
     ap.add_argument("--re-estimate", metavar="BACKEND", choices=("cpu", "gpu"),
                     help="make the estimate of the stored results of BACKEND again with this "
                          "checkout (static: no device needed; same jax as measured)")
     args = ap.parse_args(argv)
+    if args.merge_from:
+        try:
+            parts = xla_memory.read_parts(args.merge_from)
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"cannot read the parts to merge: {e}")
+        if not parts:
+            ap.error(f"no xla results in {' '.join(args.merge_from)}")
+        backends = {p["meta"]["backend"] for p in parts}
+        if len(backends) != 1:
+            ap.error(f"the parts were measured on different backends: {sorted(backends)}")
+        name = xla_memory.results_name(backends.pop())
+        data = common.read_json(name)
+        for part in parts:
+            data = xla_memory.merge(data, part)
+        _log(f"merged {len(parts)} part(s): {', '.join(sorted({r['model'] for p in parts for r in p['rows']}))}")
+        _log(f"wrote {common.write_json(name, data)}")
+        for text, ok in xla_memory.checks(data):
+            if not ok:
+                _log(f"check failed: {text}")
+        return
     if args.re_estimate:
         name = xla_memory.results_name(args.re_estimate)
         stored = common.read_json(name)

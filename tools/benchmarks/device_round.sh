@@ -8,20 +8,21 @@
 #
 # Steps, in this order by default (each writes what it measured under $OUT, so that a
 # round cut off by the machine's time limit still hands back what it finished):
-#   gpt       `xla --models gpt --merge`: its rows predate round_read_back (split forward
-#             temp 1,451,328 B vs JAX's 1,058,784 B under none/all/except)
-#   mlp-scan  the offload rows with the copy back to the device after its barrier (expected:
-#             off_dots backward temp 4,460,864 B -> JAX's 4,199,232 B); ~45 s on an H200
-#   dumps     `xla_dump` of the programs whose estimate the page still misses
-#   equinox, convnet, mlp, gpt-scan    `xla --models KEY --merge` (their offload rows)
-#   (on an H200, 2026-11-27: mlp + equinox ~4 min, dumps ~1 min, convnet + gpt-scan
-#   ~2.5 min; gpt more than 4.5 min)
-# $OUT gets three files: xla_gpu.json (tools/benchmarks/results/, copied after each step),
-# dumps.txt (what xla_dump printed) and dumps.tgz (the scheduled HLO and buffer
-# assignments it read); `python -m tools.benchmarks render` on the host remakes the page.
+#   gpt, mlp-scan, equinox, convnet, mlp, gpt-scan    `xla --models KEY --merge`
+#   dumps     `xla_dump` of the programs whose estimate the page misses most
+#   (one after another on an H200, 2026-11-27: about 13 minutes in all, GPT alone more than
+#   4.5; with --parallel all of it took 341 s: use that where the lend is 15 minutes)
+# $OUT gets xla_gpu.json (tools/benchmarks/results/, copied after each step; with
+# --parallel instead xla_gpu_parts.tgz and a log per model), dumps.txt (what xla_dump
+# printed) and dumps.tgz (the scheduled HLO and buffer assignments it read).
 #
 # The machine has jax with CUDA but may lack igraph: wheels downloaded on the host into
-# .whl (see docs/benchmarks.md) are installed first when that folder is there.
+# .whl are installed first when that folder is there (carry it; it is not tracked):
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 -d .whl igraph==1.0.0 texttable
+# Back on the host, after --parallel:
+#   python -m tools.benchmarks xla --merge-from FILES_AT/xla_gpu_parts.tgz
+#   python -m tools.benchmarks render
 set -u
 export OUT="${OUT:-/tmp/device_out}"
 mkdir -p "$OUT"
@@ -33,7 +34,7 @@ fi
 export PYTHONPATH="${SITE:-}$PWD"
 RESULTS=tools/benchmarks/results/xla_gpu.json
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(gpt mlp-scan dumps equinox convnet mlp gpt-scan)
+[ ${#steps[@]} -eq 0 ] && steps=(gpt mlp-scan equinox convnet mlp gpt-scan dumps)
 
 if [ "${steps[0]}" = "--parallel" ]; then
   # Every model at once, each in its own copy of the tree and its own process (the

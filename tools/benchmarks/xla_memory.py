@@ -183,6 +183,30 @@ def results_name(backend: str) -> str:
     return "xla_cpu_jax" + "_".join(jax.__version__.split(".")[:2])
 
 
+def read_parts(paths) -> list[dict]:
+    """The results in `paths`: JSON files of `xla` runs, or archives (.tgz) holding them (as
+    `device_round.sh --parallel` hands them back), in the order given."""
+    import json
+    import tarfile
+    parts = []
+    for path in paths:
+        if str(path).endswith((".tgz", ".tar.gz")):
+            try:
+                with tarfile.open(path) as tar:
+                    for member in sorted(tar.getmembers(), key=lambda m: m.name):
+                        if member.isfile() and member.name.endswith(".json"):
+                            parts.append(json.load(tar.extractfile(member)))
+            except tarfile.TarError as e:
+                raise ValueError(f"{path}: {e}") from None
+        else:
+            with open(path) as f:
+                parts.append(json.load(f))
+    for p in parts:
+        if not isinstance(p, dict) or "rows" not in p or "backend" not in p.get("meta", {}):
+            raise ValueError("not the results of `python -m tools.benchmarks xla`")
+    return parts
+
+
 def merge(stored: dict | None, new: dict) -> dict:
     """`xla --merge`: the stored results with the rows and sweeps of the models `new`
     measured replaced by its own (in the stored order, new models last). `meta["measured"]`
@@ -411,7 +435,8 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
              "+ outputs - aliased; **estimate error** is that of `rp.estimate_memory(split, "
              "model='xla')` of the half against XLA's footprint (in parentheses: the default "
              "program-order model's). Regenerate with `python -m tools.benchmarks xla`"
-             + (" on the device (in pieces: `--models mlp,convnet --merge`, and so on)"
+             + (" on the device (all models at once: `bash tools/benchmarks/device_round.sh "
+                "--parallel`, then `xla --merge-from` of what it hands back)"
                 if meta["backend"] != "cpu" else "") + "."
              + (f" XLA flags: `{meta['xla_flags']}`." if meta.get("xla_flags") else "")
              + _provenance_text(data),
