@@ -114,15 +114,16 @@ def our_halves(split, args) -> list[dict]:
     return halves
 
 
-def our_split(module, policy, args, each=None) -> tuple:
+def our_split(module, policy, args, each=None, levels="auto") -> tuple:
     """Our split form as rp.jit builds it on this backend (`barrier_variants`: on CPU tied
     to the cotangent and not; where XLA keeps barriers, per use and per region): the one
     with the smaller footprint of its larger half (the first of equals). Returns (split
     module, its halves, tied); each half says its grouping (`barriers`). `each(split)` is
-    called after each variant is compiled (xla_dump: which dump files it wrote)."""
+    called after each variant is compiled (xla_dump: which dump files it wrote). `levels`:
+    remat-partial-eval's (the sweep sets a two-level plan beside its one-level one)."""
     best = None
     for v in barrier_variants("split"):
-        split = rp.remat(module, policy, mode="split", tie_to_cotangent=v.tie,
+        split = rp.remat(module, policy, mode="split", tie_to_cotangent=v.tie, levels=levels,
                          barrier_groups=v.groups, round_read_back=rounds_read_back("split"))
         halves = our_halves(split, args)
         if each is not None:
@@ -164,6 +165,9 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
                            "activations": activation_bytes(split.residuals),
                            "levels": 2 if any("recomputed in two levels" in r
                                               for r in split.remarks) else 1})
+            if points[-1]["levels"] == 2:     # (did the second level pay on this backend?)
+                points[-1]["one_level_peak"] = common.xla_peak(our_split(
+                    module, rp.policies.auto(b), model.args, levels="1")[1])
         sweeps.append({"model": key, "points": points})
         log(f"xla: {key} sweep of {SWEEP_POINTS} budgets")
     meta = dict(common.machine(), device=jax.devices()[0].device_kind)
@@ -497,13 +501,16 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
               "keep to no remat: activation bytes kept, the levels of recomputation "
               "remat-partial-eval chose (two where they lower the peak estimate by 15%, see "
               "[passes.md](passes.md#two-levels-of-recomputation); `-`: measured before it "
-              "chose) and XLA's footprint of the larger half.", "",
+              "chose; beside a 2, XLA's footprint of the same budget's plan in one level, "
+              "where measured) and XLA's footprint of the larger half.", "",
               "| model | budget | activations | levels | XLA footprint |",
               "|---|---:|---:|---:|---:|"]
     for s in data["sweeps"]:
         for p in s["points"]:
             parts.append(f"| {s['model']} | {p['budget']:,} | {p['activations']:,} | "
-                         f"{p.get('levels', '-')} | {common.xla_peak(p['halves']):,} |")
+                         f"{p.get('levels', '-')}"
+                         + (f" (1 level: {p['one_level_peak']:,})" if "one_level_peak" in p
+                            else "") + f" | {common.xla_peak(p['halves']):,} |")
     results = checks(data)
     missed = [text for text, ok in results if not ok]
     parts += ["", f"Checks: {len(results) - len(missed)} of {len(results)} pass (temp bytes "
