@@ -32,7 +32,7 @@ if [ -d .whl ]; then
     --target /tmp/site .whl/*.whl && SITE="/tmp/site:"
 fi
 export PYTHONPATH="${SITE:-}$PWD"
-RESULTS=tools/benchmarks/results/xla_gpu.json
+RESULTS="${RESULTS:-tools/benchmarks/results/xla_gpu.json}"   # (on CPU, to try it: xla.json)
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(gpt mlp-scan equinox convnet mlp gpt-scan dumps)
 
@@ -47,10 +47,11 @@ if [ "${steps[0]}" = "--parallel" ]; then
   # the same to the byte; those with host offload vary from one process to the next,
   # serially too (the page says by how much).
   export XLA_PYTHON_CLIENT_PREALLOCATE=false BENCH_COMMIT="$(git rev-parse --short HEAD)"
-  models=(gpt mlp-scan equinox convnet mlp gpt-scan)
+  models=(${PARALLEL_MODELS:-gpt mlp-scan equinox convnet mlp gpt-scan})
   for m in "${models[@]}"; do
     ( dir="/tmp/par_$m"; rm -rf "$dir"; mkdir -p "$dir"
       tar --exclude=./.git --exclude=./.whl -cf - . | tar -xf - -C "$dir"
+      rm -f "$dir/$RESULTS"     # (only what this run measures goes back: no stored rows)
       cd "$dir" && PYTHONPATH="${SITE:-}$dir" \
         python3 -m tools.benchmarks xla --models "$m" > "$OUT/xla.$m.log" 2>&1 \
         ; echo "== $m exit $? ($(date +%T))" ) &
@@ -60,7 +61,7 @@ if [ "${steps[0]}" = "--parallel" ]; then
   for step in "${steps[@]}"; do bash "$0" "$step"; done
   wait
   # (the machine hands back a few files: the results go back as one archive)
-  (cd /tmp && tar -czf "$OUT/xla_gpu_parts.tgz" par_*/"$RESULTS")
+  (cd /tmp && tar -czf "$OUT/xla_gpu_parts.tgz" $(ls par_*/"$RESULTS" 2>/dev/null))
   echo "== done ($(date +%T))"
   exit 0
 fi
