@@ -473,6 +473,24 @@ def xla_est(text, backend="cpu"):
     return only(estimate_memory(rp.Module.parse(text), model="xla", backend=backend))
 
 
+def _chain(op: str, rounding: str | None = None) -> str:
+    """x -> %e = OP(x) (rounded to `rounding` where given) read by a sine and a cosine, whose
+    product is summed: whether %e is stored or computed inside both readers."""
+    rounded = "" if rounding is None else f"""
+      %r = stablehlo.reduce_precision %e, format = {rounding} : tensor<256xf32>"""
+    read = "%e" if rounding is None else "%r"
+    return f"""
+    func.func @main(%x: tensor<256xf32>) -> tensor<f32> {{
+      %e = stablehlo.{op} %x : tensor<256xf32>{rounded}
+      %a = stablehlo.sine {read} : tensor<256xf32>
+      %b = stablehlo.cosine {read} : tensor<256xf32>
+      %p = stablehlo.multiply %a, %b : tensor<256xf32>
+      %c = stablehlo.constant dense<0.0> : tensor<f32>
+      %s = stablehlo.reduce(%p init: %c) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+      return %s : tensor<f32>
+    }}"""
+
+
 def test_xla_model_fuses_elementwise_chains_and_keeps_arguments():
     f = xla_est("""
     func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {
@@ -606,17 +624,7 @@ def test_xla_model_folds_transposes_into_dots_and_duplicates_cheap_producers():
     }""")
     # x (128K) and y (256K) kept, the result (512K) is the dot's own buffer
     assert folded.peak_bytes == (128 + 256 + 512) * K
-    text = """
-    func.func @main(%x: tensor<256xf32>) -> tensor<f32> {
-      %e = stablehlo.OP %x : tensor<256xf32>
-      %a = stablehlo.sine %e : tensor<256xf32>
-      %b = stablehlo.cosine %e : tensor<256xf32>
-      %p = stablehlo.multiply %a, %b : tensor<256xf32>
-      %c = stablehlo.constant dense<0.0> : tensor<f32>
-      %s = stablehlo.reduce(%p init: %c) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
-      return %s : tensor<f32>
-    }"""
-    cheap, expensive = (xla_est(text.replace("OP", op)) for op in ("negate", "tanh"))
+    cheap, expensive = (xla_est(_chain(op)) for op in ("negate", "tanh"))
     # x and the result: the whole chain is one fusion into the reduce
     assert cheap.peak_bytes == K + 4
     # tanh is stored (1K) for its two readers
@@ -630,24 +638,12 @@ def test_xla_model_fuses_through_a_rounding_to_the_values_own_type(backend):
     computed again inside its readers, as without the rounding. (On a GPU it was stored:
     GPT's rounded joint form was estimated 18% over XLA's footprint, which is the same
     with the rounding and without: 12,193,048 against 12,193,056 B of temp on an H200.)"""
-    text = """
-    func.func @main(%x: tensor<256xf32>) -> tensor<f32> {
-      %e = stablehlo.negate %x : tensor<256xf32>ROUND
-      %a = stablehlo.sine %r : tensor<256xf32>
-      %b = stablehlo.cosine %r : tensor<256xf32>
-      %p = stablehlo.multiply %a, %b : tensor<256xf32>
-      %c = stablehlo.constant dense<0.0> : tensor<f32>
-      %s = stablehlo.reduce(%p init: %c) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
-      return %s : tensor<f32>
-    }"""
-    rounded = xla_est(text.replace("ROUND", """
-      %r = stablehlo.reduce_precision %e, format = e8m23 : tensor<256xf32>"""), backend)
-    plain = xla_est(text.replace("ROUND", "").replace("%r ", "%e "), backend)
+    rounded = xla_est(_chain("negate", rounding="e8m23"), backend)
+    plain = xla_est(_chain("negate"), backend)
     assert plain.peak_bytes == K + 4             # x and the result: one fusion
     assert rounded.peak_bytes == plain.peak_bytes
     # a rounding to fewer bits is no view: the value it rounds is still fused into it
-    narrower = xla_est(text.replace("ROUND", """
-      %r = stablehlo.reduce_precision %e, format = e5m10 : tensor<256xf32>"""), backend)
+    narrower = xla_est(_chain("negate", rounding="e5m10"), backend)
     assert narrower.peak_bytes == K + 4
 
 
