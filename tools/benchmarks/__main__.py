@@ -113,7 +113,8 @@ def run_xla(argv) -> None:
         data = common.read_json(name)
         for part in parts:
             data = xla_memory.merge(data, part)
-        _log(f"merged {len(parts)} part(s): {', '.join(sorted({r['model'] for p in parts for r in p['rows']}))}")
+        models = sorted({r["model"] for p in parts for r in p["rows"]})
+        _log(f"merged {len(parts)} part(s): {', '.join(models)}")
         _log(f"wrote {common.write_json(name, data)}")
         for text, ok in xla_memory.checks(data):
             if not ok:
