@@ -282,19 +282,17 @@ class _Estimator:
             few_reads(op, fused)
 
     def _readers(self, value) -> list:
-        """The ops that read `value`; on CPU (one memory) through the identity ops that read
-        it (a view's readers are its operand's), and through barriers where XLA:CPU drops
-        them before it fuses (jaxlib 0.10). On every backend through a `reduce_precision`
-        to the value's own type: XLA fuses it as an elementwise op and deletes it only after
-        fusion, so a rounded value is computed again inside its readers as the value itself
-        would be (XLA:GPU: the same scratch for GPT's joint form with its residuals rounded
-        and without)."""
+        """The ops that read `value`: through the views that read it (`_aliases`: a view's
+        readers are its operand's; a placement annotation is one only where there is one
+        memory, CPU), and through barriers where XLA:CPU drops them before it fuses (jaxlib
+        0.10). A `reduce_precision` to the value's own type is such a view: XLA fuses it as
+        an elementwise op and deletes it only after fusion (XLA:GPU: the same scratch for
+        GPT's joint form with its residuals rounded and without)."""
         out = []
         for use in value.uses:
             op = use.owner.operation
             through = self.fuse_across or op.name != "stablehlo.optimization_barrier"
-            viewed = not self.host_kinds or op.name == "stablehlo.reduce_precision"
-            if through and viewed and self._aliases(op) and len(
+            if through and self._aliases(op) and len(
                     op.results) == len(op.operands):
                 out += self._readers(op.results[use.operand_number])
             else:
