@@ -55,10 +55,11 @@ def registry() -> dict[str, type[ModulePass]]:
     from remat_passes.passes.remat import Remat
     from remat_passes.passes.remat_partial_eval import RematPartialEval
     from remat_passes.passes.segment_scans import SegmentScans
+    from remat_passes.passes.sink_loop_constants import SinkLoopConstants
     from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
     passes = [Inline, OutlineLoopBackwards, RematPartialEval, InsertReducePrecision,
               PlaceOptimizationBarriers, AnnotateHostOffload, StripCheckpointNames, SegmentScans,
-              Remat]
+              SinkLoopConstants, Remat]
     return {p.name: p for p in passes}
 
 

@@ -9,6 +9,8 @@
     insert-reduce-precision{func region-regex round-read-back}
     segment-scans{segments func offload}             (scan-segments=k; loops rp.scan marked;
                                                       under auto, the segments it needs)
+    sink-loop-constants{func}                        (loop-invariant constants, a mask:
+                                                      computed inside the loops that read them)
     place-optimization-barriers{func in-loops tie-to-cotangent groups}
                                                      (only with prevent-cse=true)
     annotate-host-offload{func}
@@ -32,6 +34,7 @@ from remat_passes.passes.place_optimization_barriers import (PlaceOptimizationBa
                                                              parse_groups)
 from remat_passes.passes.remat_partial_eval import PartialEvalOptions, RematPartialEval
 from remat_passes.passes.segment_scans import SegmentScans, parse_offload, parse_segments
+from remat_passes.passes.sink_loop_constants import SinkLoopConstants
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 
 
@@ -39,7 +42,7 @@ from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 class Remat(PartialEvalOptions, PipelinePass):
     name = "remat"
     summary = ("The default pipeline: inline, outline-loop-backwards, remat-partial-eval, "
-               "insert-reduce-precision, segment-scans (scan-segments), "
+               "insert-reduce-precision, segment-scans (scan-segments), sink-loop-constants, "
                "place-optimization-barriers (prevent-cse), annotate-host-offload, "
                "strip-checkpoint-names, inline")
 
@@ -76,6 +79,7 @@ class Remat(PartialEvalOptions, PipelinePass):
         # budget needs; a module without loops costs it nothing)
         steps.append(SegmentScans(segments=self.scan_segments, func=self.func,
                                   offload=self.scan_segments_offload))
+        steps.append(SinkLoopConstants(func=self.func))
         if self.prevent_cse:
             steps.append(PlaceOptimizationBarriers(func=self.func,
                                                    in_loops=self.prevent_cse_in_loops,

@@ -187,6 +187,8 @@
 // LIST-NEXT: segments {{.*}}(default: 0)
 // LIST-NEXT: func {{.*}}(default: main)
 // LIST-NEXT: offload {{.*}}pinned_host{{.*}}
+// LIST-NEXT: sink-loop-constants {{.*}}constants alone
+// LIST-NEXT: func {{.*}}(default: main)
 // LIST-NEXT: strip-checkpoint-names {{.*}}markers
 // LIST-NEXT: Core MLIR passes
 // LIST-DAG: canonicalize
