@@ -17,7 +17,8 @@ The split form keeps no such value as a residual (it costs nothing to compute ag
 without this pass its backward rebuilds the whole broadcast before the loop; JAX's split
 saves it instead. A computation of more than `MAX_OPS` ops, or one reading a dense
 constant of more than `MAX_LITERAL_BYTES`, is left where it is (the pass stays linear and
-the module does not grow by copies of large literals).
+the module does not grow by copies of large literals), as is one that goes through a
+custom call or a Shardy op (a sharding stays where the program put it).
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ from remat_passes.passes.base import ModulePass, option
 WHILE = "stablehlo.while"
 MAX_OPS = 64
 MAX_LITERAL_BYTES = 1024
+# (annotations, a sharding or a checkpoint name, stay where the program put them: a
+# computation that goes through one is left outside the loop, as are Shardy's ops)
+ANNOTATIONS = ("stablehlo.custom_call",)
 
 
 def _small_literal(op) -> bool:
@@ -54,8 +58,9 @@ def constant_cone(value) -> list | None:
             continue
         seen.add(op_id(op))
         rule = graph.shape_rule(op)
-        if rule is False or (op.name == "stablehlo.constant" and not _small_literal(op)) \
-                or len(seen) > MAX_OPS:
+        if rule is False or len(seen) > MAX_OPS or op.name in ANNOTATIONS \
+                or op.name.startswith("sdy.") \
+                or (op.name == "stablehlo.constant" and not _small_literal(op)):
             return None
         stack.append((op, True))
         for v in reversed(list(op.operands)):     # (first operand first: source order)

@@ -163,3 +163,30 @@ func.func @main_bwd(%arg0: tensor<4xf32>) -> tensor<4xf32> {
   }
   return %r#1 : tensor<4xf32>
 }
+
+// -----
+
+// A computation through a custom call (a sharding, a checkpoint name) stays outside.
+// CHECK-LABEL: module @through_a_custom_call
+// CHECK: } do {
+// CHECK-NOT: stablehlo.iota
+// CHECK: stablehlo.return
+module @through_a_custom_call {
+func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.iota dim = 0 : tensor<4xf32>
+  %1 = stablehlo.custom_call @Sharding(%0) {mhlo.sharding = "{replicated}"} : (tensor<4xf32>) -> tensor<4xf32>
+  %c = stablehlo.constant dense<0> : tensor<i32>
+  %r:3 = stablehlo.while(%i = %c, %h = %arg0, %v = %1) : tensor<i32>, tensor<4xf32>, tensor<4xf32>
+  cond {
+    %n = stablehlo.constant dense<3> : tensor<i32>
+    %p = stablehlo.compare LT, %i, %n : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    stablehlo.return %p : tensor<i1>
+  } do {
+    %s = stablehlo.multiply %h, %v : tensor<4xf32>
+    %one = stablehlo.constant dense<1> : tensor<i32>
+    %j = stablehlo.add %i, %one : tensor<i32>
+    stablehlo.return %j, %s, %v : tensor<i32>, tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#1 : tensor<4xf32>
+}
+}

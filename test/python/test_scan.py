@@ -643,3 +643,38 @@ def test_constants_the_loops_carry_are_built_inside_them():
     assert ours[0] < before[0], (ours, before)
     # (JAX's backward reads the saved mask; ours holds the hoisted pred[64, 64], 0.6% more)
     assert all(o <= j * 1.02 for o, j in zip(ours, jax_temps)), (ours, jax_temps)
+
+
+def test_a_large_literal_stays_outside_the_loop():
+    """sink-loop-constants copies a dense constant into the loop only where it is a splat or
+    at most MAX_LITERAL_BYTES: the module does not grow by copies of large literals."""
+    from remat_passes.passes.sink_loop_constants import MAX_LITERAL_BYTES
+
+    def program(n):
+        values = ", ".join(f"{k}.5" for k in range(n))
+        return f"""
+    func.func @main(%arg0: tensor<{n}xf32>) -> tensor<{n}xf32> {{
+      %0 = stablehlo.constant dense<[{values}]> : tensor<{n}xf32>
+      %c = stablehlo.constant dense<0> : tensor<i32>
+      %r:3 = stablehlo.while(%i = %c, %h = %arg0, %v = %0) : tensor<i32>, tensor<{n}xf32>, tensor<{n}xf32>
+      cond {{
+        %k = stablehlo.constant dense<3> : tensor<i32>
+        %p = stablehlo.compare LT, %i, %k : (tensor<i32>, tensor<i32>) -> tensor<i1>
+        stablehlo.return %p : tensor<i1>
+      }} do {{
+        %s = stablehlo.multiply %h, %v : tensor<{n}xf32>
+        %one = stablehlo.constant dense<1> : tensor<i32>
+        %j = stablehlo.add %i, %one : tensor<i32>
+        stablehlo.return %j, %s, %v : tensor<i32>, tensor<{n}xf32>, tensor<{n}xf32>
+      }}
+      return %r#1 : tensor<{n}xf32>
+    }}"""
+    small, large = MAX_LITERAL_BYTES // 4, MAX_LITERAL_BYTES // 4 + 1
+    for n, copied in ((small, True), (large, False)):
+        module = rp.Module.parse(program(n))
+        rp.run_pipeline(module.op, rp.parse_pipeline("sink-loop-constants"))
+        literals = [line for line in str(module).splitlines()
+                    if "stablehlo.constant" in line and f"tensor<{n}xf32>" in line]
+        assert len(literals) == (2 if copied else 1), n
+        np.testing.assert_allclose(np.asarray(module.call(np.ones(n, np.float32))),
+                                   (np.arange(n) + 0.5) ** 3, rtol=1e-6)
