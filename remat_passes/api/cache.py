@@ -6,8 +6,9 @@ depends on: the exported module itself (its text with the op names and name stac
 locations, which carry checkpoint scopes and JAX's transpose frames, but without their file
 positions: an edit elsewhere in the script, which moves the lines of the call, still hits),
 the options of the pipeline with the policy as its spec, the policies of
-its checkpoint regions, the backend and device kind, and the versions of remat_passes, jax
-and jaxlib. A policy that is Python code (a callable of the user's) has no spec that says
+its checkpoint regions, the backend and device kind, the versions of remat_passes, jax and
+jaxlib, and a digest of remat_passes' own source files (`code_digest`: a checkout that
+changed a pass since the entry was written, under the same version number, misses). A policy that is Python code (a callable of the user's) has no spec that says
 what it decides, so a program under one is never cached.
 
 On a hit, the residuals' source positions ("output of sin from train.py:40") are those of
@@ -24,10 +25,12 @@ entry complete. An entry that cannot be read is a miss and is written again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import re
+from pathlib import Path
 
 from remat_passes.core.residuals import Residual
 from remat_passes.ir import mlir
@@ -47,6 +50,17 @@ def cache_dir(option) -> str | None:
     if option is not None:
         return os.fspath(option)
     return os.environ.get(ENV) or None
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the remat_passes package's Python files (read once per process): what
+    the passes that made an entry were, beyond the version number."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _spec(policy) -> str | None:
@@ -75,7 +89,8 @@ def key(exported: Module, options: dict) -> str | None:
         return None
     device = jax.devices()[0]
     described = json.dumps({
-        "format": _FORMAT, "remat_passes": __version__, "jax": jax.__version__,
+        "format": _FORMAT, "remat_passes": __version__, "code": code_digest(),
+        "jax": jax.__version__,
         "jaxlib": jaxlib.__version__, "backend": device.platform,
         "device": getattr(device, "device_kind", ""),
         "options": {k: repr(v) for k, v in sorted(options.items()) if k != "policy"},

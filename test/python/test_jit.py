@@ -558,6 +558,18 @@ def test_disk_cache_keys_on_the_options_and_skips_python_policies(tmp_path, monk
     assert not run(rp.jit(_grad_step, policy="nothing_saveable", cache_dir=False))[1].from_cache
 
 
+def test_disk_cache_misses_once_the_passes_change(tmp_path, monkeypatch):
+    """The key holds a digest of remat_passes' source files: an entry written before a pass
+    changed (the same version number: a checkout moved on) is not served."""
+    from remat_passes.api import cache
+    assert not run(rp.jit(_grad_step, policy="nothing_saveable", cache_dir=tmp_path))[1] \
+        .from_cache
+    assert run(rp.jit(_grad_step, policy="nothing_saveable", cache_dir=tmp_path))[1].from_cache
+    monkeypatch.setattr(cache, "code_digest", lambda: "another-checkout")
+    assert not run(rp.jit(_grad_step, policy="nothing_saveable", cache_dir=tmp_path))[1] \
+        .from_cache
+
+
 def test_a_damaged_cache_entry_is_a_miss_and_is_written_again(tmp_path):
     run(rp.jit(_grad_step, policy="nothing_saveable", cache_dir=tmp_path))
     entries = list(tmp_path.glob("*.mlirbc"))     # (one per barrier variant rp.jit builds)
