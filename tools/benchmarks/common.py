@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -18,9 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+@functools.cache
 def git_commit() -> str:
-    """The checkout's commit (BENCH_COMMIT where a copy without .git measures: the device
-    round's parallel runs)."""
+    """The checkout's commit when the benchmark started (read as this module is imported: a
+    run that outlasts a commit names the code it ran, not the one it finished beside;
+    BENCH_COMMIT where a copy without .git measures: the device round's parallel runs)."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
@@ -28,6 +31,9 @@ def git_commit() -> str:
                               capture_output=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+git_commit()
 
 
 def machine() -> dict:
