@@ -201,6 +201,13 @@ def test_xla_benchmark_merges_a_run_in_pieces():
     assert "The offload rows of mlp were measured before" in xla_memory._provenance_text(later)
     later["rows"][0]["ours"] = [{"host_copy_after_barrier": True}]
     assert "offload rows" not in xla_memory._provenance_text(later)
+    # so does a row of a model whose program sink-loop-constants changed, measured before it
+    assert "sink-loop-constants" not in xla_memory._provenance_text(later)
+    later["rows"][0]["model"] = xla_memory.CHANGED_BY_SINKING[0]
+    text = xla_memory._provenance_text(later)
+    assert f"The rows of {xla_memory.CHANGED_BY_SINKING[0]} were measured before" in text
+    later["rows"][0]["ours"] = [{"loop_constants_inside": True}]
+    assert "sink-loop-constants" not in xla_memory._provenance_text(later)
 
 
 def test_re_estimate_makes_the_stored_estimates_again():

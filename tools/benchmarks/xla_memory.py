@@ -278,22 +278,21 @@ def _provenance_text(data: dict) -> str:
         text += (f" {which} were measured before rp.jit rounded, on a GPU, the f32 residuals "
                  "the backward only reads back (`round_read_back`, as jax.checkpoint does); "
                  "the next run on the device measures that.")
-    before = [m for m in dict.fromkeys(r["model"] for r in data["rows"]) if any(
-        _old_offload_program(r) for r in data["rows"] if r["model"] == m)]
-    if meta["backend"] == "gpu" and before:
-        text += (f" The offload rows of {', '.join(before)} were measured before "
-                 "annotate-host-offload made the copy back to the device after the "
-                 "optimization barrier that holds the host value (as JAX does); their "
-                 "programs have changed since, so their estimates are not made again; the "
-                 "next run on the device measures them.")
-    before = [m for m in dict.fromkeys(r["model"] for r in data["rows"]) if any(
-        _before_loop_constants(r) for r in data["rows"] if r["model"] == m)]
-    if meta["backend"] == "gpu" and before:
-        text += (f" The rows of {', '.join(before)} were measured before sink-loop-constants "
-                 "built the constants a loop carries unchanged inside the loop; their "
-                 "programs have changed since (the causal mask: on CPU, 61,440 B less temp "
-                 "in each half), so their estimates are not made again; the next run on the "
-                 "device measures them.")
+    changed = ((_old_offload_program,
+                "The offload rows of {} were measured before annotate-host-offload made the "
+                "copy back to the device after the optimization barrier that holds the host "
+                "value (as JAX does)"),
+               (_before_loop_constants,
+                "The rows of {} were measured before sink-loop-constants built the constants "
+                "a loop carries unchanged inside the loop (the causal mask: on CPU, 61,440 B "
+                "less temp in each half)"))
+    for test, sentence in changed:
+        models = [m for m in dict.fromkeys(r["model"] for r in data["rows"])
+                  if any(test(r) for r in data["rows"] if r["model"] == m)]
+        if meta["backend"] == "gpu" and models:
+            text += (" " + sentence.format(", ".join(models)) + "; their programs have "
+                     "changed since, so their estimates are not made again; the next run on "
+                     "the device measures them.")
     if meta["backend"] == "gpu" and any("offload" in r.get("policy", "") for r in data["rows"]):
         text += (" XLA:GPU's figures for a program with host offload vary from one process to "
                  "the next, JAX's own as much as ours (jax 0.11.2, H200s, 2026-11-27: JAX's "
