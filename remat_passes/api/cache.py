@@ -8,8 +8,9 @@ positions: an edit elsewhere in the script, which moves the lines of the call, s
 the options of the pipeline with the policy as its spec, the policies of
 its checkpoint regions, the backend and device kind, the versions of remat_passes, jax and
 jaxlib, and a digest of remat_passes' own source files (`code_digest`: a checkout that
-changed a pass since the entry was written, under the same version number, misses). A policy that is Python code (a callable of the user's) has no spec that says
-what it decides, so a program under one is never cached.
+changed a pass since the entry was written, under the same version number, misses). A
+policy that is Python code (a callable of the user's) has no spec that says what it
+decides, so a program under one is never cached.
 
 On a hit, the residuals' source positions ("output of sin from train.py:40") are those of
 the run that wrote the entry.
@@ -90,8 +91,7 @@ def key(exported: Module, options: dict) -> str | None:
     device = jax.devices()[0]
     described = json.dumps({
         "format": _FORMAT, "remat_passes": __version__, "code": code_digest(),
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__, "backend": device.platform,
+        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": device.platform,
         "device": getattr(device, "device_kind", ""),
         "options": {k: repr(v) for k, v in sorted(options.items()) if k != "policy"},
         "policies": specs}, sort_keys=True)
