@@ -310,6 +310,18 @@ def replace_reads_all(ops, mapping: dict) -> None:
                 operands[k] = new
 
 
+def clone_ops(ops, ip, mapping: dict) -> dict:
+    """Copies of `ops` (in program order) at insertion point `ip`, each reading the copies
+    of the ops before it and `mapping[v]` for any other value v mapped; returns `mapping`
+    with each old result mapped to its copy."""
+    for op in ops:
+        clone = op.clone(ip=ip)
+        replace_reads_all([clone], mapping)
+        for old, new in zip(op.results, clone.results):
+            mapping[old] = new
+    return mapping
+
+
 def replace_reads(op, old, new) -> None:
     """Replace every read of `old` by `op` (operands and nested captures)."""
     op = op.operation

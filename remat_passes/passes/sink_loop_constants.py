@@ -70,18 +70,6 @@ def constant_cone(value) -> list | None:
     return order
 
 
-def _clone_into(ops, block):
-    """Copies of `ops` (in order) at the top of `block`; {old value: its copy}."""
-    mapping = {}
-    ip = ir.InsertionPoint.at_block_begin(block)
-    for op in ops:
-        clone = op.clone(ip=ip)
-        graph.replace_reads_all([clone], mapping)
-        for old, new in zip(op.results, clone.results):
-            mapping[old] = new
-    return mapping
-
-
 def sink(loop) -> int:
     """Sink into `loop` (a `stablehlo.while`) each carry it returns unchanged that is
     computed from constants alone; returns how many."""
@@ -101,7 +89,7 @@ def sink(loop) -> int:
                        if not (op_id(u.owner) == ret_id and u.operand_number == i)]
             if not readers:
                 continue
-            copy = _clone_into(ops, block)[init]
+            copy = graph.clone_ops(ops, ir.InsertionPoint.at_block_begin(block), {})[init]
             for use in readers:
                 use.owner.operands[use.operand_number] = copy
             count += 1

@@ -265,11 +265,7 @@ def _rerun(seg, ip, loc, lo, hi, starts, inv_args, bufs, ops, fargs, invariant, 
     bip = ir.InsertionPoint(body)
     for v in seg.constants:       # constants the body reads from outside the loop: copied
         mapping[v] = v.owner.clone(ip=bip).results[0]
-    for op in ops:
-        clone = op.clone(ip=bip)
-        graph.replace_reads_all([clone], mapping)
-        for r_old, r_new in zip(op.results, clone.results):
-            mapping[r_old] = r_new
+    graph.clone_ops(ops, bip, mapping)
     filled = fill(a, j, j_base, mapping, bip, a[3 + ns + ni:])
     state_next = graph.terminator(fargs[0].owner).operands
     ir.Operation.create("stablehlo.return", operands=(
