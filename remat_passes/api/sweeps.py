@@ -11,17 +11,18 @@ import time
 from remat_passes.api.remat import pass_state, remat
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost import flops
-from remat_passes.cost.devices import PROFILES, default_device
+from remat_passes.cost.devices import (PROFILES, default_device, recomputation_seconds,
+                                       roundings_in)
 from remat_passes.cost.memory import estimate_memory
 from remat_passes.cost.memory_report import format_bytes
 from remat_passes.cost.xla_schedule import deletes_barriers
-from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import RematError, op_id
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import RematError
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.manager import run_pipeline
 from remat_passes.passes.remat_partial_eval import RematPartialEval, planning_problem
-from remat_passes.planner.model import ROUNDING, Problem
+from remat_passes.planner.model import Problem
 from remat_passes.planner.report import format_flop
 from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy, auto
@@ -42,39 +43,10 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
                  pass_state(module, out))
     funcs = [graph.find_func(out.op, name).operation
              for name in ([func] if mode == "joint" else [f"{func}_fwd", f"{func}_bwd"])]
-    existing = set()
-
-    def walk(op, visit, scale=1):
-        for inner in op.regions:
-            for block in inner.blocks:
-                n = scale * ((flops.trip_count(op) or 1) if op.name == "stablehlo.while"
-                             else 1)
-                for o in block.operations:
-                    visit(o.operation, n)
-
-    def note(o, n):
-        if o.name == ROUNDING:
-            existing.add(op_id(o))
-        elif len(o.regions):
-            walk(o, note, n)
-    for f in funcs:
-        walk(f, note)
+    existing = roundings_in(funcs)
     run_pipeline(out.op, [InsertReducePrecision(func=func)])
-    cost_model = flops.CostModel(out.op)
-    total = 0.0
-
-    def add(o, n):
-        nonlocal total
-        if contract.is_recompute_clone(o):
-            total += profile.op_seconds(o, cost_model) * n
-        elif o.name == ROUNDING and op_id(o) not in existing:
-            total += profile.rounding_seconds(graph.type_elements(o.results[0].type)) * n
-        elif len(o.regions):
-            walk(o, add, n)
     with out.op.context:
-        for f in funcs:
-            walk(f, add)
-    return total
+        return recomputation_seconds(funcs, profile, flops.CostModel(out.op), existing)
 
 
 def _own_backward(module, func: str, what: str) -> None:
@@ -190,13 +162,16 @@ class _Measure:
 
 
 def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
-           func: str = "main", solver: str = "auto", levels: str = "auto") -> list[ParetoPoint]:
+           func: str = "main", solver: str = "auto", levels: str = "auto",
+           monotone: bool = False) -> list[ParetoPoint]:
     """Budget -> activation bytes, extra FLOPs, joint peak and solve time, for a sweep of
     budgets (by default `points` from the minimum to no remat). A larger budget never
     costs more: a point whose plan costs more than the plan of a smaller budget takes
     that plan instead. A progress bar (on a terminal) shows once it takes a second.
     `plot_pareto` draws the result. `levels` as `rp.remat`'s (at the tightest budgets two
-    levels can cost more FLOPs than a larger budget's plan, for a lower peak).
+    levels can cost more FLOPs than a larger budget's plan, for a lower peak). `monotone`
+    as `auto`'s: a budget whose plan would peak above a larger budget's takes a smaller
+    budget's plan (its trial plans are made once for the whole sweep).
     """
     lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device),
                     what="rp.pareto")
@@ -209,7 +184,7 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
     for b in sorted(budgets):
         progress.advance()
         split, dev, host, extra, pct, peak = measure(
-            auto(b, offload=offload, device=device, solver=solver))
+            auto(b, offload=offload, device=device, solver=solver, monotone=monotone))
         rep = split.plan_reports[0]
         point = ParetoPoint(b, dev, host, extra, pct, peak, rep.solution.seconds,
                             rep.solution.method)
@@ -271,7 +246,8 @@ def plot_pareto(points: list[ParetoPoint], fixed: list[PolicyPoint] | None = Non
 def lower_peak_above(points: list[ParetoPoint]) -> list:
     """Per point, the point of a larger budget with the lowest joint peak where that peak is
     below this point's (else None): a smaller budget can need a larger peak, since what is
-    recomputed is held at once (docs/policies.md, `auto`); `objective=peak` bounds the peak."""
+    recomputed is held at once (docs/policies.md, `auto`); `objective=peak` bounds the peak,
+    and `monotone=True` holds each plan to the larger budgets' plans."""
     out, best = [None] * len(points), None
     for k in range(len(points) - 1, -1, -1):
         q = points[k]

@@ -10,6 +10,10 @@ import dataclasses
 import math
 
 from remat_passes.cost import flops
+from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import op_id
+
+ROUNDING = "stablehlo.reduce_precision"   # what insert-reduce-precision inserts
 
 _DOT_OPS = ("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution")
 
@@ -97,3 +101,48 @@ def default_device() -> str:
     except Exception:   # no JAX backend: the CPU figures
         return "cpu"
     return {"gpu": "h100", "cuda": "h100", "rocm": "h100", "tpu": "tpu-v5e"}.get(backend, "cpu")
+
+
+def _walk(op, visit, scale=1) -> None:
+    """visit(op, times) for each op nested in `op`; a loop body's times its trip count."""
+    for region in op.regions:
+        for block in region.blocks:
+            n = scale * ((flops.trip_count(op) or 1) if op.name == "stablehlo.while" else 1)
+            for o in block.operations:
+                visit(o.operation, n)
+
+
+def roundings_in(funcs) -> set:
+    """The reduce_precision ops of `funcs` (by identity), nested ones included: those a
+    program had before insert-reduce-precision ran, for `recomputation_seconds`."""
+    found = set()
+
+    def note(o, n):
+        if o.name == ROUNDING:
+            found.add(op_id(o))
+        elif len(o.regions):
+            _walk(o, note, n)
+    for f in funcs:
+        _walk(f, note)
+    return found
+
+
+def recomputation_seconds(funcs, profile: DeviceProfile, cost_model,
+                          old_roundings=frozenset()) -> float:
+    """What the recomputation in rewritten functions costs in `profile`'s model: each
+    recompute clone remat-partial-eval made, and each reduce_precision op not in
+    `old_roundings` (the ones insert-reduce-precision added on what is kept), loop bodies
+    times their trip count: what `auto` minimises."""
+    total = 0.0
+
+    def add(o, n):
+        nonlocal total
+        if contract.is_recompute_clone(o):
+            total += profile.op_seconds(o, cost_model) * n
+        elif o.name == ROUNDING and op_id(o) not in old_roundings:
+            total += profile.rounding_seconds(graph.type_elements(o.results[0].type)) * n
+        elif len(o.regions):
+            _walk(o, add, n)
+    for f in funcs:
+        _walk(f, add)
+    return total

@@ -25,8 +25,10 @@ In two phases, each deciding before it rewrites:
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import hashlib
 import re
 
 from remat_passes.analysis import scan_pairs
@@ -43,8 +45,9 @@ from remat_passes.passes.base import ModulePass, PassState, option, parse_int_li
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner.model import build_problem
-from remat_passes.planner.resolve import (BudgetBelowMinimum, by_compiled_cost, for_peak,
-                                          has_auto, resolve)
+from remat_passes.planner.resolve import (MONOTONE_SLACK, BudgetBelowMinimum, Trial,
+                                          by_compiled_cost, for_peak, has_auto,
+                                          monotone_peak, resolve)
 from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache
@@ -130,6 +133,9 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 policy = self._residual_budget_for_peak(policy, module_op, state)
             if isinstance(policy, AutoPolicy) and policy.score == "xla":
                 policy = self._by_compiled_cost(policy, module_op, state)
+            elif isinstance(policy, AutoPolicy) and policy.monotone and \
+                    policy.objective == "residuals":
+                policy = self._monotone_peak(policy, module_op, state)
             rules = new_rules()   # (each run its own: rules keep what they learn)
             policies = ScopePolicies(
                 policy,
@@ -247,32 +253,108 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             st.drop()
         return copy, st
 
-    def _residual_budget_for_peak(self, policy, module_op, state):
-        """auto(objective=peak): plan trial residual budgets on copies of the module and
-        measure each plan's joint peak as XLA would allocate it (`estimate_memory`'s "xla"
-        model, for the JAX backend in use; `for_peak` chooses among them)."""
-        from remat_passes.cost.memory import estimate_memory
+    def _rest_of_pipeline(self) -> list:
+        """The default pipeline's passes after this one, as rp.jit runs them: where XLA
+        deletes barriers (CPU), the recomputation tied to the cotangent. For trial plans
+        measured as they will run."""
         from remat_passes.cost.xla_schedule import deletes_barriers
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
         from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
         from remat_passes.passes.segment_scans import SegmentScans
+        from remat_passes.passes.sink_loop_constants import SinkLoopConstants
+        return [InsertReducePrecision(func=self.func, region_regex=self.region_regex),
+                SegmentScans(func=self.func), SinkLoopConstants(func=self.func),
+                PlaceOptimizationBarriers(func=self.func, tie_to_cotangent=deletes_barriers()),
+                AnnotateHostOffload(func=self.func), StripCheckpointNames()]
+
+    def _residual_budget_for_peak(self, policy, module_op, state):
+        """auto(objective=peak): plan trial residual budgets on copies of the module and
+        measure each plan's joint peak as XLA would allocate it (`estimate_memory`'s "xla"
+        model, for the JAX backend in use; `for_peak` chooses among them)."""
+        from remat_passes.cost.memory import estimate_memory
         problem = planning_problem(module_op, self.func, policy)
 
-        # the default pipeline, joint form (barriers split fusions), as rp.jit builds it:
-        # where XLA deletes barriers (CPU), the recomputation tied to the cotangent
-        tie = deletes_barriers()
-
-        def trial(candidate):
-            copy, st = self._trial(candidate, module_op, state, [
-                InsertReducePrecision(func=self.func, region_regex=self.region_regex),
-                SegmentScans(func=self.func),
-                PlaceOptimizationBarriers(func=self.func, tie_to_cotangent=tie),
-                AnnotateHostOffload(func=self.func), StripCheckpointNames()])
+        def trial(candidate):   # the default pipeline, joint form (barriers split fusions)
+            copy, st = self._trial(candidate, module_op, state, self._rest_of_pipeline())
             return (estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
                         self.func].peak_bytes,
                     st.plan_reports[self.func][0].solution.cost)
         return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
+
+    def _monotone_peak(self, policy, module_op, state):
+        """auto(monotone=true): plan trial residual budgets on copies of the
+        module, in this pass's form with the rest of the pipeline as rp.jit runs it, and
+        measure each plan's peak (`estimate_memory`'s xla model; of the split form, its
+        larger half) and its recompute cost (clones and roundings, as
+        `rp.recompute_seconds` counts them); where the plan for the budget
+        peaks above a larger budget's, `monotone_peak` names the plan of a smaller budget
+        kept instead."""
+        from remat_passes.cost import flops
+        from remat_passes.cost.devices import recomputation_seconds, roundings_in
+        from remat_passes.cost.memory import estimate_memory
+        from remat_passes.planner.report import format_flop, format_seconds
+        from remat_passes.policy.auto import auto
+        problem = planning_problem(module_op, self.func, policy)
+        lo, hi = minimum_bytes(problem), problem.no_remat_bytes()
+        budget = policy.budget.resolve(hi)
+        if not lo <= budget < hi:      # below the minimum: an error or scans in segments;
+            return policy              # at no remat: nothing recomputed, nothing to weigh
+
+        def candidate(rb):
+            return auto(rb, offload=policy.offload, device=policy.device,
+                        solver=policy.solver, monotone=False)
+
+        memo = _trial_memo(module_op, self, policy)
+
+        def trial(rb):
+            if memo is not None and (memo, rb) in _MONOTONE_TRIALS:
+                return _MONOTONE_TRIALS[memo, rb]
+            copy, st = self._trial(candidate(rb), module_op, state, [], mode=self.mode)
+            names = [self.func] if self.mode == "joint" else \
+                [f"{self.func}_fwd", f"{self.func}_bwd"]
+            with copy.context:
+                def funcs():
+                    return [graph.find_func(copy, name).operation for name in names]
+                before = roundings_in(funcs())
+                *rest, strip = self._rest_of_pipeline()
+                for step in rest:
+                    step.apply(copy, st)
+                    st.drop()
+                cost = recomputation_seconds(funcs(), policy.profile, flops.CostModel(copy),
+                                             before)   # (before the clones' marks go)
+                strip.apply(copy, st)
+            peaks = estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")
+            made = Trial(rb, report.activation_bytes(st.residuals[self.func]),
+                         max(peaks[name].peak_bytes for name in names), cost)
+            if memo is not None:
+                _MONOTONE_TRIALS[memo, rb] = made
+                while len(_MONOTONE_TRIALS) > MONOTONE_MEMO:
+                    _MONOTONE_TRIALS.popitem(last=False)
+            return made
+        m = monotone_peak(budget, lo, hi, trial)
+        if m.lower is None or m.own.peak <= m.lower.peak * MONOTONE_SLACK:
+            return policy
+        planned = "" if m.lower.budget == m.lower_for else \
+            f" (that of residual budget {m.lower.budget} B)"
+        above = (f"its plan would peak at {m.own.peak} B (estimate_memory's xla model), above "
+                 f"the {m.lower.peak} B of the plan for residual budget {m.lower_for} B"
+                 f"{planned}")
+        if m.chosen is None:
+            state.remarks.append(
+                f"@{self.func}: {policy.spec}: {above}, and no plan within the budget of the "
+                f"{m.trials} tried peaks lower: kept (objective=peak bounds the peak)")
+            return policy
+        chosen = candidate(m.chosen.budget)
+        chosen.spec = f"{policy.spec} (residual budget {m.chosen.budget} B, monotone)"
+        profile = policy.profile
+        price = format_flop if profile.name == "flops" else format_seconds
+        state.remarks.append(
+            f"@{self.func}: {policy.spec}: {above}; planned at residual budget "
+            f"{m.chosen.budget} B instead: {m.chosen.kept} B kept, a peak of {m.chosen.peak} B, "
+            f"recomputation {price(m.own.cost)} -> {price(m.chosen.cost)} on {profile.name} "
+            f"(of {m.trials} plans tried)")
+        return chosen
 
     def _by_compiled_cost(self, policy, module_op, state):
         """auto(score=xla): plan each candidate (`by_compiled_cost` names them) on a copy of
@@ -351,7 +433,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
         def trial(rb, levels):
             candidate = auto(rb, offload=policy.offload, device=policy.device,
-                             solver=policy.solver)
+                             solver=policy.solver, monotone=False)
             _, st = self._trial(candidate, module_op, state,
                                 [SegmentScans(segments=levels, func=self.func)])
             kept = report.activation_bytes(st.residuals[self.func],
@@ -551,6 +633,26 @@ def planning_problem(module, func: str = "main", policy=None):
                              lambda pos: True)
     p.module = copy      # the ops and values it names live in this copy (an ir.Module)
     return p
+
+
+# auto(monotone=true)'s trial plans, by module, options and residual budget: the trial
+# budgets depend on the module alone, so a sweep of budgets (rp.pareto) plans them once
+_MONOTONE_TRIALS: collections.OrderedDict = collections.OrderedDict()
+MONOTONE_MEMO = 1024
+
+
+def _trial_memo(module_op, options, policy):
+    """The key of `module_op`'s trials under `options` (the pass's) and `policy`'s own
+    options, on the JAX backend in use; None where the solver is a function (it may
+    keep state)."""
+    if callable(policy.solver):
+        return None
+    import jax
+    text = module_op.operation.get_asm(enable_debug_info=True)
+    settings = tuple((k, getattr(v, "spec", getattr(v, "pattern", v)))
+                     for k, v in options.partial_eval_options().items() if k != "policy")
+    return (hashlib.sha256(text.encode()).hexdigest(), str(settings), policy.offload,
+            policy.device, policy.solver, jax.default_backend())
 
 
 def _is_loop_body(state, func: str) -> bool:

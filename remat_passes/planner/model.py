@@ -12,7 +12,7 @@ import numpy as np
 
 from remat_passes.analysis import scan_pairs
 from remat_passes.cost import flops
-from remat_passes.cost.devices import DeviceProfile
+from remat_passes.cost.devices import ROUNDING, DeviceProfile
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Saveable
@@ -20,8 +20,6 @@ from remat_passes.regions import shard_map_rewrite
 from remat_passes.regions.scan_rewrite import ScanPairPlanner
 from remat_passes.sharding import gspmd
 from remat_passes.sharding.sdy import manual_axes, mesh_of, residual_factor, varying_axes
-
-ROUNDING = "stablehlo.reduce_precision"   # what insert-reduce-precision inserts
 
 
 @dataclasses.dataclass

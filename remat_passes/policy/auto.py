@@ -65,16 +65,18 @@ def parse_budget(value) -> Budget:
 
 class AutoPolicy(Policy):
     """`auto(budget=..., offload=None, device=None, objective='residuals', solver='auto',
-    score='model')`.
+    score='model', monotone=False)`.
 
     Not an op-by-op policy: remat-partial-eval replaces it by the solution of the
     planner before it decides anything (`resolve`). `score='xla'`: among the planner's
     solution and JAX's fixed policies that fit the budget, keep the plan XLA's compiled
     programs count the fewest FLOPs in (remat-partial-eval compiles each; see
-    `planner.resolve.by_compiled_cost`)."""
+    `planner.resolve.by_compiled_cost`). `monotone=True`: where the plan for the budget
+    would peak above a larger budget's plan, keep the cheapest plan of a smaller budget
+    that does not (`planner.resolve.monotone_peak`; it plans up to 14 trial budgets)."""
 
     def __init__(self, budget, offload=None, device=None, objective="residuals",
-                 solver="auto", score="model"):
+                 solver="auto", score="model", monotone=False):
         self.budget = parse_budget(budget)
         if offload not in (None, "pinned_host", "unpinned_host"):
             raise ValueError(f"offload must be pinned_host or unpinned_host, got {offload!r}")
@@ -90,8 +92,13 @@ class AutoPolicy(Policy):
         if score == "xla" and (offload is not None or objective != "residuals"):
             raise ValueError("score=xla compares XLA's FLOP counts, which leave out transfers "
                              "and peak memory: it takes neither offload nor objective=peak")
+        if _as_bool(monotone, "monotone") and (objective != "residuals" or score != "model"):
+            raise ValueError("monotone=true holds a plan's peak to those of larger budgets' "
+                             "plans; objective=peak bounds the peak itself and score=xla "
+                             "compares FLOP counts: it takes neither")
         self.offload, self.device, self.objective, self.solver = offload, device, objective, solver
         self.score = score
+        self.monotone = _as_bool(monotone, "monotone")
         parts = [f"budget={self.budget}"]
         if offload:
             parts.append(f"offload={offload}")
@@ -103,6 +110,8 @@ class AutoPolicy(Policy):
             parts.append(f"solver={getattr(solver, '__name__', solver)}")
         if score != "model":
             parts.append(f"score={score}")
+        if self.monotone:
+            parts.append("monotone=true")
         super().__init__(self._unresolved, f"auto({', '.join(parts)})")
 
     def _unresolved(self, op):
@@ -114,11 +123,23 @@ class AutoPolicy(Policy):
         return PROFILES[self.device or default_device()]
 
 
+def _as_bool(value, what: str) -> bool:
+    """True/False, or as a spec writes them: true, false, 1, 0, on, off."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "on", "yes"):
+        return True
+    if text in ("false", "0", "off", "no"):
+        return False
+    raise ValueError(f"{what} must be true or false, got {value!r}")
+
+
 def auto(budget, offload=None, device=None, objective="residuals", solver="auto",
-         score="model"):
+         score="model", monotone=False):
     """The memory-budget planner as a policy: see remat_passes.planner."""
     try:
-        return AutoPolicy(budget, offload, device, objective, solver, score)
+        return AutoPolicy(budget, offload, device, objective, solver, score, monotone)
     except ValueError as e:
         raise RematError(f"error: {e}") from None
 

@@ -42,6 +42,20 @@ def run_models(argv) -> None:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+    if args.monotone:
+        from tools.benchmarks import ynn_probe
+        ynn_probe.turn_off()      # (as the stored sweeps were measured; before XLA starts)
+        import jax
+        name = xla_memory.results_name(jax.default_backend())
+        stored = common.read_json(name)
+        if stored is None:
+            ap.error(f"no stored results {name}.json to add the monotone sweeps to")
+        data = xla_memory.measure_monotone(stored, keys, _log)
+        _log(f"wrote {common.write_json(name, data)}")
+        for text, ok in xla_memory.checks(data):
+            if not ok:
+                _log(f"check failed: {text}")
+        return
     _log(f"wrote {common.write_json('models', measure.measure(keys, args.repeat, _log))}")
 
 
@@ -98,6 +112,10 @@ def run_xla(argv) -> None:
     ap.add_argument("--re-estimate", metavar="BACKEND", choices=("cpu", "gpu"),
                     help="make the estimate of the stored results of BACKEND again with this "
                          "checkout (static: no device needed; same jax as measured)")
+    ap.add_argument("--monotone", action="store_true",
+                    help="add to the stored results of this backend and jax, at each sweep "
+                         "budget of --models, the plan of auto(b, monotone=True) measured "
+                         "the same way")
     args = ap.parse_args(argv)
     if args.merge_from:
         try:

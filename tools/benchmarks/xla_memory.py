@@ -176,6 +176,32 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
     return {"meta": meta, "tie_to_cotangent": tie, "rows": rows, "sweeps": sweeps}
 
 
+def measure_monotone(data: dict, keys, log=print) -> dict:
+    """`xla --monotone`: the stored results with, at each sweep budget of the models `keys`,
+    the plan of `auto(b, monotone=True)` measured as the sweep's own (activations, XLA's
+    halves, whether it took a smaller budget's plan), and the commit it was measured at."""
+    out = dict(data, sweeps=[dict(s) for s in data["sweeps"]])
+    for s in out["sweeps"]:
+        if s["model"] not in keys:
+            continue
+        model = MODELS[s["model"]]()
+        module = rp.export_vjp(model.build(_identity), *model.args)
+        points = []
+        for p in s["points"]:
+            split, halves, tied = our_split(module, rp.policies.auto(p["budget"],
+                                                                     monotone=True),
+                                            model.args)
+            took = any("monotone=true): its plan would peak at" in r and
+                       "planned at residual budget" in r for r in map(str, split.remarks))
+            points.append(dict(p, monotone={"activations": activation_bytes(split.residuals),
+                                            "halves": halves, "split_tied": tied,
+                                            "smaller_budgets_plan": took}))
+        s["points"] = points
+        s["monotone_commit"] = common.git_commit()
+        log(f"xla: {s['model']} sweep with monotone=true")
+    return out
+
+
 def results_name(backend: str) -> str:
     """The results file of a run on `backend` with the installed jax: `xla` for XLA:CPU of
     the oldest supported jaxlib (0.10, CI's first leg; the figures `--print-memory` quotes),
@@ -433,11 +459,15 @@ def checks(data) -> list[tuple[str, bool]]:
             out.append((f"{r['model']} {r['short']} joint: estimate off XLA's footprint by "
                         f"{err:.0%}", err <= ESTIMATE_TOLERANCE))
     for s in data["sweeps"]:
-        peaks = [common.xla_peak(p["halves"]) for p in s["points"]]
-        worst = max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)),
-                    default=1.0)
-        out.append((f"{s['model']} sweep: XLA footprint at a budget at most {worst:.3f}x "
-                    "that of any larger budget", worst <= TEMP_SLACK))
+        forms = [("", [p["halves"] for p in s["points"]])]
+        if all("monotone" in p for p in s["points"]):
+            forms.append((" (monotone=true)", [p["monotone"]["halves"] for p in s["points"]]))
+        for label, halves in forms:
+            peaks = [common.xla_peak(h) for h in halves]
+            worst = max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)),
+                        default=1.0)
+            out.append((f"{s['model']} sweep{label}: XLA footprint at a budget at most "
+                        f"{worst:.3f}x that of any larger budget", worst <= TEMP_SLACK))
     return out
 
 
@@ -523,15 +553,27 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
               "remat-partial-eval chose (two where they lower the peak estimate by 15%, see "
               "[passes.md](passes.md#two-levels-of-recomputation); `-`: measured before it "
               "chose; beside a 2, XLA's footprint of the same budget's plan in one level, "
-              "where measured) and XLA's footprint of the larger half.", "",
-              "| model | budget | activations | levels | XLA footprint |",
-              "|---|---:|---:|---:|---:|"]
+              "where measured) and XLA's footprint of the larger half. Beside them, where "
+              "measured (`xla --monotone`; a model's first row names the commit), "
+              "`auto(budget=b, monotone=True)` (see [policies.md](policies.md#auto)): the "
+              "activations it keeps (* where it took a smaller budget's plan) and XLA's "
+              "footprint.", "",
+              "| model | budget | activations | levels | XLA footprint | monotone=true: "
+              "activations | XLA footprint |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for s in data["sweeps"]:
+        first = True
         for p in s["points"]:
-            parts.append(f"| {s['model']} | {p['budget']:,} | {p['activations']:,} | "
+            mono = p.get("monotone")
+            held = "| |" if mono is None else (
+                f"| {mono['activations']:,}{' *' if mono['smaller_budgets_plan'] else ''} | "
+                f"{common.xla_peak(mono['halves']):,} |")
+            at = f" (at {s['monotone_commit']})" if first and "monotone_commit" in s else ""
+            first = False
+            parts.append(f"| {s['model']}{at} | {p['budget']:,} | {p['activations']:,} | "
                          f"{p.get('levels', '-')}"
                          + (f" (1 level: {p['one_level_peak']:,})" if "one_level_peak" in p
-                            else "") + f" | {common.xla_peak(p['halves']):,} |")
+                            else "") + f" | {common.xla_peak(p['halves']):,} {held}")
     results = checks(data)
     missed = [text for text, ok in results if not ok]
     parts += ["", f"Checks: {len(results) - len(missed)} of {len(results)} pass (temp bytes "
