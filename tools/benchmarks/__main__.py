@@ -42,20 +42,6 @@ def run_models(argv) -> None:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
-    if args.monotone:
-        from tools.benchmarks import ynn_probe
-        ynn_probe.turn_off()      # (as the stored sweeps were measured; before XLA starts)
-        import jax
-        name = xla_memory.results_name(jax.default_backend())
-        stored = common.read_json(name)
-        if stored is None:
-            ap.error(f"no stored results {name}.json to add the monotone sweeps to")
-        data = xla_memory.measure_monotone(stored, keys, _log)
-        _log(f"wrote {common.write_json(name, data)}")
-        for text, ok in xla_memory.checks(data):
-            if not ok:
-                _log(f"check failed: {text}")
-        return
     _log(f"wrote {common.write_json('models', measure.measure(keys, args.repeat, _log))}")
 
 
@@ -149,6 +135,20 @@ def run_xla(argv) -> None:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+    if args.monotone:
+        from tools.benchmarks import ynn_probe
+        ynn_probe.turn_off()      # (as the stored sweeps were measured; before XLA starts)
+        import jax
+        name = xla_memory.results_name(jax.default_backend())
+        stored = common.read_json(name)
+        if stored is None:
+            ap.error(f"no stored results {name}.json to add the monotone sweeps to")
+        data = xla_memory.measure_monotone(stored, keys, _log)
+        _log(f"wrote {common.write_json(name, data)}")
+        for text, ok in xla_memory.checks(data):
+            if not ok:
+                _log(f"check failed: {text}")
+        return
     # XLA:CPU's YNNPACK fusions hide their buffers from memory_analysis(): measure without
     # them (set before XLA's CPU client starts; `ynn_probe` shows what they hide)
     from tools.benchmarks import ynn_probe
