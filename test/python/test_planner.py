@@ -645,6 +645,30 @@ def test_score_xla_from_the_command_line(tmp_path):
     assert f". Kept {kept}" in buf.getvalue() and f"{len(api.residuals)} value" in buf.getvalue()
 
 
+def test_monotone_from_the_command_line_and_in_the_sweep(tmp_path):
+    """remat-opt reads monotone=true in the spec (and rejects a bad value by name);
+    --pareto-monotone sweeps with it."""
+    import contextlib
+    import io
+    from remat_passes.cli import main
+    _, _, m = case("block")
+    src = tmp_path / "m.mlir"
+    src.write_text(m.text())
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main([str(src), "--print-pareto", "--pareto-points=3", "--pareto-monotone",
+                   "-o", str(tmp_path / "o.mlir")])
+    assert rc == 0
+    rows = [line for line in buf.getvalue().splitlines() if line.count(" | ") == 5]
+    assert rows[0].startswith("budget | activations (device)") and len(rows) == 1 + 3
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main([str(src), "--remat=policy=auto(50%, monotone=often)",
+                   "-o", str(tmp_path / "p.mlir")])
+    assert rc != 0 and "monotone must be true or false, got 'often'" in err.getvalue()
+    assert not (tmp_path / "p.mlir").exists()
+
+
 def test_score_xla_in_a_pipeline_without_a_compiler_says_so():
     """The passes compile nothing themselves: rp.remat and remat-opt give them XLA
     (`PassState.compiled_cost`); a pipeline run without it gets a clear error."""
