@@ -548,32 +548,35 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
                    if "estimate" in o and a else "")
             parts.append(f"| {r['model']} | `{r['policy']}`{mark} | {a:,} / {b:,} "
                          f"({_ratio(a, b):.2f}) | {err} |")
+    mono = any("monotone" in p for s in data["sweeps"] for p in s["points"])
     parts += ["", f"`auto(budget=b)` along {SWEEP_POINTS} budgets from the least a plan can "
               "keep to no remat: activation bytes kept, the levels of recomputation "
               "remat-partial-eval chose (two where they lower the peak estimate by 15%, see "
               "[passes.md](passes.md#two-levels-of-recomputation); `-`: measured before it "
               "chose; beside a 2, XLA's footprint of the same budget's plan in one level, "
-              "where measured) and XLA's footprint of the larger half. Beside them, where "
-              "measured (`xla --monotone`; a model's first row names the commit), "
-              "`auto(budget=b, monotone=True)` (see [policies.md](policies.md#auto)): the "
-              "activations it keeps (* where it took a smaller budget's plan) and XLA's "
-              "footprint.", "",
-              "| model | budget | activations | levels | XLA footprint | monotone=true: "
-              "activations | XLA footprint |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+              "where measured) and XLA's footprint of the larger half."
+              + (" Beside them, `auto(budget=b, monotone=True)` (`xla --monotone`, at the "
+                 "commit a model's first row names; see [policies.md](policies.md#auto)): "
+                 "the activations it keeps (* where it took a smaller budget's plan) and "
+                 "XLA's footprint." if mono else ""), "",
+              "| model | budget | activations | levels | XLA footprint |"
+              + (" monotone=true: activations | XLA footprint |" if mono else ""),
+              "|---|---:|---:|---:|---:|" + ("---:|---:|" if mono else "")]
     for s in data["sweeps"]:
         first = True
         for p in s["points"]:
-            mono = p.get("monotone")
-            held = "| |" if mono is None else (
-                f"| {mono['activations']:,}{' *' if mono['smaller_budgets_plan'] else ''} | "
-                f"{common.xla_peak(mono['halves']):,} |")
+            held = ""
+            if mono:
+                m = p.get("monotone")
+                held = " |" if m is None else (
+                    f" {m['activations']:,}{' *' if m['smaller_budgets_plan'] else ''} | "
+                    f"{common.xla_peak(m['halves']):,} |")
             at = f" (at {s['monotone_commit']})" if first and "monotone_commit" in s else ""
             first = False
             parts.append(f"| {s['model']}{at} | {p['budget']:,} | {p['activations']:,} | "
                          f"{p.get('levels', '-')}"
                          + (f" (1 level: {p['one_level_peak']:,})" if "one_level_peak" in p
-                            else "") + f" | {common.xla_peak(p['halves']):,} {held}")
+                            else "") + f" | {common.xla_peak(p['halves']):,} |{held}")
     results = checks(data)
     missed = [text for text, ok in results if not ok]
     parts += ["", f"Checks: {len(results) - len(missed)} of {len(results)} pass (temp bytes "
