@@ -305,7 +305,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             return auto(rb, offload=policy.offload, device=policy.device,
                         solver=policy.solver, monotone=False)
 
-        memo = _trial_memo(module_op, self, policy)
+        memo = _trial_memo(module_op, self, policy, state)
 
         def trial(rb):
             if memo is not None and (memo, rb) in _MONOTONE_TRIALS:
@@ -641,18 +641,24 @@ _MONOTONE_TRIALS: collections.OrderedDict = collections.OrderedDict()
 MONOTONE_MEMO = 1024
 
 
-def _trial_memo(module_op, options, policy):
-    """The key of `module_op`'s trials under `options` (the pass's) and `policy`'s own
-    options, on the JAX backend in use; None where the solver is a function (it may
-    keep state)."""
+def _trial_memo(module_op, options, policy, state):
+    """The key of `module_op`'s trials under `options` (the pass's), `policy`'s own
+    options and what the pipeline state tells a trial (the policies of recorded
+    checkpoint regions, whether the function is a loop body), on the JAX backend in use;
+    None where the solver is a function (it may keep state)."""
     if callable(policy.solver):
         return None
     import jax
+
+    def named(v):
+        return getattr(v, "spec", getattr(v, "pattern", v))
     text = module_op.operation.get_asm(enable_debug_info=True)
-    settings = tuple((k, getattr(v, "spec", getattr(v, "pattern", v)))
-                     for k, v in options.partial_eval_options().items() if k != "policy")
-    return (hashlib.sha256(text.encode()).hexdigest(), str(settings), policy.offload,
-            policy.device, policy.solver, jax.default_backend())
+    settings = [(k, named(v)) for k, v in options.partial_eval_options().items()
+                if k != "policy"]
+    regions = sorted((str(k), named(v)) for k, v in state.region_policies.items())
+    return (hashlib.sha256(text.encode()).hexdigest(), str(settings), str(regions),
+            _is_loop_body(state, options.func), policy.offload, policy.device,
+            policy.solver, jax.default_backend())
 
 
 def _is_loop_body(state, func: str) -> bool:

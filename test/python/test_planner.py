@@ -7,6 +7,7 @@ against the exact integer program.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 import sys
@@ -667,6 +668,31 @@ def test_monotone_from_the_command_line_and_in_the_sweep(tmp_path):
                    "-o", str(tmp_path / "p.mlir")])
     assert rc != 0 and "monotone must be true or false, got 'often'" in err.getvalue()
     assert not (tmp_path / "p.mlir").exists()
+
+
+def test_monotone_plans_its_trial_budgets_once_per_module(monkeypatch):
+    """The trial budgets of monotone=true depend on the module alone: a second budget on
+    the same module plans only its own trial (a sweep pays for the grid once); another
+    form (joint) is another key."""
+    from remat_passes.passes import remat_partial_eval as rpe
+    _, _, m = case("block")
+    lo, hi = bounds(m)
+    made = []
+    real = rpe.RematPartialEval._trial
+
+    def counted(self, candidate, *args, **kwargs):
+        made.append(candidate.spec)
+        return real(self, candidate, *args, **kwargs)
+    monkeypatch.setattr(rpe.RematPartialEval, "_trial", counted)
+    monkeypatch.setattr(rpe, "_MONOTONE_TRIALS", collections.OrderedDict())
+    rp.remat(m, P.auto(lo + (hi - lo) // 3 + 1, monotone=True), mode="split")
+    first = len(made)
+    from remat_passes.planner.resolve import MONOTONE_GRID
+    assert 2 <= first <= MONOTONE_GRID + 2
+    rp.remat(m, P.auto(lo + (hi - lo) // 2 + 1, monotone=True), mode="split")
+    assert len(made) == first + 1
+    rp.remat(m, P.auto(lo + (hi - lo) // 2 + 1, monotone=True), mode="joint")
+    assert len(made) > first + 2
 
 
 def test_score_xla_in_a_pipeline_without_a_compiler_says_so():
