@@ -397,7 +397,10 @@ def test_monotone_holds_the_conv_nets_peak_to_a_larger_budgets():
     recomputation tied to the cotangent): the cheapest plan within 448,640 B of activations
     peaks above the plan for 897,280 B (XLA: 3.35 MB against 2.96 MB on jaxlib 0.10).
     auto(monotone=true) keeps a smaller budget's plan instead: within the budget, its XLA
-    peak at most the larger budget's (+2%), its gradients jax.vjp's."""
+    peak at most the larger budget's (+2%), its gradients jax.vjp's. On jaxlib >= 0.11 the
+    plan for 897,280 B peaks at 2.69 MB, below every plan that keeps less (budget 0's in two
+    levels: 2.92 MB): there is none to take, and a remark says so."""
+    from remat_passes import jax_compat
     from tools.benchmarks import common, models, xla_memory
     model = models.make_convnet()
     fun = model.build(models._identity)
@@ -407,13 +410,19 @@ def test_monotone_holds_the_conv_nets_peak_to_a_larger_budgets():
         split = rp.remat(m, policy, mode="split", tie_to_cotangent=True)
         return split, common.xla_peak(xla_memory.our_halves(split, model.args))
     _, larger = measured(P.auto(897280))
-    _, cheapest = measured(P.auto(448640))
+    plain, cheapest = measured(P.auto(448640))
     split, held = measured(P.auto(448640, monotone=True))
     assert cheapest > larger * 1.02, (cheapest, larger)      # the case monotone is for
-    assert held <= larger * 1.02, (held, larger)
     assert activation_bytes(split.residuals) <= 448640
-    assert any("monotone=true): its plan would peak at" in str(r) and
-               "planned at residual budget" in str(r) for r in split.remarks)
+    remarks = [str(r) for r in split.remarks if "monotone=true): its plan would peak" in str(r)]
+    assert len(remarks) == 1
+    if jax_compat.xla_cpu_fuses_across_barriers():           # jaxlib 0.10
+        assert "planned at residual budget" in remarks[0]
+        assert held <= larger * 1.02, (held, larger)
+    else:
+        assert re.search(r"no plan within the budget of the 1[34] tried peaks lower: kept",
+                         remarks[0])
+        assert activation_bytes(split.residuals) == activation_bytes(plain.residuals)
     out, ct, grads = reference_vjp(fun, model.args)
     got, _ = run_split(split, model.args, ct, 1)
     assert_trees_close(got, leaves(out) + leaves(grads))
