@@ -13,8 +13,9 @@
 #   (one after another on an H200, 2026-11-27: about 13 minutes in all, GPT alone more than
 #   4.5; with --parallel all of it took 341 s: use that where the lend is 15 minutes)
 # $OUT gets xla_gpu.json (tools/benchmarks/results/, copied after each step; with
-# --parallel instead xla_gpu_parts.tgz and a log per model), dumps.txt (what xla_dump
-# printed) and dumps.tgz (the scheduled HLO and buffer assignments it read).
+# --parallel instead xla_gpu_parts.tgz and xla_logs.tgz, a log per model), dumps.txt
+# (what xla_dump printed) and dumps.tgz (the scheduled HLO and buffer assignments it read).
+# Name the commit measured: BENCH_COMMIT=<the host's HEAD> bash tools/benchmarks/...
 #
 # The machine has jax with CUDA but may lack igraph: wheels downloaded on the host into
 # .whl are installed first when that folder is there (carry it; it is not tracked):
@@ -40,20 +41,24 @@ if [ "${steps[0]}" = "--parallel" ]; then
   # Every model at once, each in its own copy of the tree and its own process (the
   # measurement is mostly XLA compiles on the host's cores; the GPU is shared, nothing
   # preallocated; on an H200, 2026-11-27: all six in under 6 minutes, GPT last). Each
-  # writes its log to $OUT/xla.KEY.log; $OUT/xla_gpu_parts.tgz holds their results
-  # (par_KEY/tools/benchmarks/results/xla_gpu.json), which `xla_memory.merge` folds into
+  # writes its log to /tmp/par_logs/xla.KEY.log (in $OUT/xla_logs.tgz);
+  # $OUT/xla_gpu_parts.tgz holds their results (par_KEY/tools/benchmarks/results/xla_gpu.json), which `xla_memory.merge` folds into
   # results/xla_gpu.json on the host. The dumps run beside them. Run so, each program
   # without host offload that an earlier serial round measured on the same GPU came out
   # the same to the byte; those with host offload vary from one process to the next,
   # serially too (the page says by how much).
-  export XLA_PYTHON_CLIENT_PREALLOCATE=false BENCH_COMMIT="$(git rev-parse --short HEAD)"
+  # (the device copy's .git can be older than the tree it measures: 2026-11-28 it named the
+  # session's first commit; give BENCH_COMMIT=<the host's HEAD> on the command line)
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD)}"
+  mkdir -p /tmp/par_logs
   models=(${PARALLEL_MODELS:-gpt mlp-scan equinox convnet mlp gpt-scan})
   for m in "${models[@]}"; do
     ( dir="/tmp/par_$m"; rm -rf "$dir"; mkdir -p "$dir"
       tar --exclude=./.git --exclude=./.whl -cf - . | tar -xf - -C "$dir"
       rm -f "$dir/$RESULTS"     # (only what this run measures goes back: no stored rows)
       cd "$dir" && PYTHONPATH="${SITE:-}$dir" \
-        python3 -m tools.benchmarks xla --models "$m" > "$OUT/xla.$m.log" 2>&1 \
+        python3 -m tools.benchmarks xla --models "$m" > "/tmp/par_logs/xla.$m.log" 2>&1 \
         ; echo "== $m exit $? ($(date +%T))" ) &
   done
   steps=("${steps[@]:1}")
@@ -62,6 +67,9 @@ if [ "${steps[0]}" = "--parallel" ]; then
   wait
   # (the machine hands back a few files: the results go back as one archive)
   (cd /tmp && tar -czf "$OUT/xla_gpu_parts.tgz" $(ls par_*/"$RESULTS" 2>/dev/null))
+  # (at most 8 files come back: 2026-11-28 the six logs beside the dumps crowded out the
+  # results; the logs go back as one archive, their last lines here)
+  (cd /tmp/par_logs && tar -czf "$OUT/xla_logs.tgz" xla.*.log && tail -n 2 xla.*.log)
   echo "== done ($(date +%T))"
   exit 0
 fi
