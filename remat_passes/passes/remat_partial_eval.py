@@ -45,9 +45,8 @@ from remat_passes.passes.base import ModulePass, PassState, option, parse_int_li
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner.model import build_problem
-from remat_passes.planner.resolve import (MONOTONE_SLACK, BudgetBelowMinimum, Trial,
-                                          by_compiled_cost, for_peak, has_auto,
-                                          monotone_peak, resolve)
+from remat_passes.planner.resolve import (BudgetBelowMinimum, Trial, by_compiled_cost,
+                                          for_peak, has_auto, monotone_peak, resolve)
 from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache
@@ -333,7 +332,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                     _MONOTONE_TRIALS.popitem(last=False)
             return made
         m = monotone_peak(budget, lo, hi, trial)
-        if m.lower is None or m.own.peak <= m.lower.peak * MONOTONE_SLACK:
+        if not m.rises:
             return policy
         planned = "" if m.lower.budget == m.lower_for else \
             f" (that of residual budget {m.lower.budget} B)"

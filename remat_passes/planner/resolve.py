@@ -193,6 +193,11 @@ class Monotone:
     chosen: Trial | None
     trials: int
 
+    @property
+    def rises(self) -> bool:
+        """Does the plan for the budget peak above `lower` (beyond `MONOTONE_SLACK`)?"""
+        return self.lower is not None and self.own.peak > self.lower.peak * MONOTONE_SLACK
+
 
 def monotone_peak(budget: int, lo: int, hi: int, trial) -> Monotone:
     """A smaller budget must not need a larger peak: the planner minimises recompute cost
@@ -232,9 +237,11 @@ def monotone_peak(budget: int, lo: int, hi: int, trial) -> Monotone:
             chosen = cheapest_under(g, lower.peak) or natural
         if lower is None or chosen.peak < lower.peak:
             lower, lower_for = chosen, g
-    if lower is None or own.peak <= lower.peak * MONOTONE_SLACK:
-        return Monotone(own, lower, lower_for, None, len(made))
-    return Monotone(own, lower, lower_for, cheapest_under(budget, lower.peak), len(made))
+    m = Monotone(own, lower, lower_for, None, len(made))
+    if m.rises:
+        m.chosen = cheapest_under(budget, lower.peak)
+        m.trials = len(made)
+    return m
 
 
 # score=xla's other candidates: JAX's policies that need no names (the ones a user reaches
