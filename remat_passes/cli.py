@@ -92,7 +92,7 @@ def _policies_help() -> str:
             "  Names take bare words: save_only_these_names(a,b); policies nest:\n"
             "  save_from_both_policies(dots_saveable,save_only_these_names(a)).\n"
             "  auto(BUDGET[, offload=pinned_host][, device=cpu|h100|...][, objective=peak]\n"
-            "       [, monotone=true])\n"
+            "       [, monotone=larger|smaller])\n"
             "  plans the cheapest recomputation within BUDGET: bytes (1000000), with a unit\n"
             "  (512MiB, 2GiB, 1.5GB) or a percentage of what no remat keeps (50%).\n"
             "  e.g. remat-opt model.mlir --remat='policy=auto(12MiB) mode=split'")
@@ -154,10 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pareto-device", metavar="PROFILE",
                    help="cost profile of the --print-pareto plans: cpu, h100, tpu-v5e, flops "
                         "(default: the JAX backend in use)")
-    p.add_argument("--pareto-monotone", action="store_true",
-                   help="plan the --print-pareto budgets with auto(..., monotone=true): a "
-                        "budget whose plan would peak above a larger budget's takes a smaller "
-                        "budget's plan")
+    p.add_argument("--pareto-monotone", nargs="?", const="larger", default="",
+                   choices=["larger", "smaller"],
+                   help="plan the --print-pareto budgets with auto(..., monotone=RULE): a "
+                        "budget whose plan would peak above a larger budget's takes that "
+                        "larger budget's plan (larger, the default) or the cheapest smaller "
+                        "budget's plan that peaks no higher (smaller)")
     p.add_argument("--list-passes", action="store_true", help="list the passes and their options")
     p.add_argument("--version", action="version", version=f"remat-opt {__version__}")
     group = p.add_argument_group("passes (run in command-line order)")

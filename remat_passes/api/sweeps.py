@@ -163,15 +163,15 @@ class _Measure:
 
 def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
            func: str = "main", solver: str = "auto", levels: str = "auto",
-           monotone: bool = False) -> list[ParetoPoint]:
+           monotone=False) -> list[ParetoPoint]:
     """Budget -> activation bytes, extra FLOPs, joint peak and solve time, for a sweep of
     budgets (by default `points` from the minimum to no remat). A larger budget never
     costs more: a point whose plan costs more than the plan of a smaller budget takes
     that plan instead. A progress bar (on a terminal) shows once it takes a second.
     `plot_pareto` draws the result. `levels` as `rp.remat`'s (at the tightest budgets two
     levels can cost more FLOPs than a larger budget's plan, for a lower peak). `monotone`
-    as `auto`'s: a budget whose plan would peak above a larger budget's takes a smaller
-    budget's plan (its trial plans are made once for the whole sweep).
+    as `auto`'s (True or 'larger', 'smaller'): a budget whose plan would peak above a
+    larger budget's takes another plan (its trial plans are made once for the whole sweep).
     """
     lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device),
                     what="rp.pareto")
@@ -247,7 +247,7 @@ def lower_peak_above(points: list[ParetoPoint]) -> list:
     """Per point, the point of a larger budget with the lowest joint peak where that peak is
     below this point's (else None): a smaller budget can need a larger peak, since what is
     recomputed is held at once (docs/policies.md, `auto`); `objective=peak` bounds the peak,
-    and `monotone=True` holds each plan to the larger budgets' plans."""
+    and `monotone` holds each plan to the larger budgets' plans."""
     out, best = [None] * len(points), None
     for k in range(len(points) - 1, -1, -1):
         q = points[k]

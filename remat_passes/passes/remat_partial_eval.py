@@ -282,13 +282,13 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
 
     def _monotone_peak(self, policy, module_op, state):
-        """auto(monotone=true): plan trial residual budgets on copies of the
+        """auto(monotone=larger|smaller): plan trial residual budgets on copies of the
         module, in this pass's form with the rest of the pipeline as rp.jit runs it, and
         measure each plan's peak (`estimate_memory`'s xla model; of the split form, its
         larger half) and its recompute cost (clones and roundings, as
         `rp.recompute_seconds` counts them); where the plan for the budget
-        peaks above a larger budget's, `monotone_peak` names the plan of a smaller budget
-        kept instead."""
+        peaks above a larger budget's, `monotone_peak` names the plan kept instead (of a
+        larger budget or of a smaller one, as the rule says)."""
         from remat_passes.cost import flops
         from remat_passes.cost.devices import recomputation_seconds, roundings_in
         from remat_passes.cost.memory import estimate_memory
@@ -331,7 +331,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 while len(_MONOTONE_TRIALS) > MONOTONE_MEMO:
                     _MONOTONE_TRIALS.popitem(last=False)
             return made
-        m = monotone_peak(budget, lo, hi, trial)
+        m = monotone_peak(budget, lo, hi, trial, policy.monotone)
         if not m.rises:
             return policy
         planned = "" if m.lower.budget == m.lower_for else \
@@ -348,11 +348,13 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         chosen.spec = f"{policy.spec} (residual budget {m.chosen.budget} B, monotone)"
         profile = policy.profile
         price = format_flop if profile.name == "flops" else format_seconds
+        over = f" ({m.chosen.kept - budget} B over the budget)" \
+            if m.chosen.kept > budget else ""
         state.remarks.append(
             f"@{self.func}: {policy.spec}: {above}; planned at residual budget "
-            f"{m.chosen.budget} B instead: {m.chosen.kept} B kept, a peak of {m.chosen.peak} B, "
-            f"recomputation {price(m.own.cost)} -> {price(m.chosen.cost)} on {profile.name} "
-            f"(of {m.trials} plans tried)")
+            f"{m.chosen.budget} B instead: {m.chosen.kept} B kept{over}, a peak of "
+            f"{m.chosen.peak} B, recomputation {price(m.own.cost)} -> {price(m.chosen.cost)} "
+            f"on {profile.name} (of {m.trials} plans tried)")
         return chosen
 
     def _by_compiled_cost(self, policy, module_op, state):
@@ -634,7 +636,7 @@ def planning_problem(module, func: str = "main", policy=None):
     return p
 
 
-# auto(monotone=true)'s trial plans, by module, options and residual budget: the trial
+# auto(monotone=...)'s trial plans, by module, options and residual budget: the trial
 # budgets depend on the module alone, so a sweep of budgets (rp.pareto) plans them once
 _MONOTONE_TRIALS: collections.OrderedDict = collections.OrderedDict()
 MONOTONE_MEMO = 1024

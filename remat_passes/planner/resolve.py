@@ -184,9 +184,9 @@ class Trial:
 @dataclasses.dataclass
 class Monotone:
     """What `monotone_peak` decided: `chosen` is None where the plan for the budget
-    stands; else the plan of a smaller residual budget kept instead, because `own` (the
-    plan for the budget) peaks above `lower`, the lowest-peaking plan chosen for a larger
-    grid budget (`lower_for`)."""
+    stands (or, by the 'smaller' rule, where no plan can take its place); else the plan
+    kept instead, because `own` (the plan for the budget) peaks above `lower`, the
+    lowest-peaking plan chosen for a larger grid budget (`lower_for`)."""
     own: Trial
     lower: Trial | None
     lower_for: int | None
@@ -199,7 +199,7 @@ class Monotone:
         return self.lower is not None and self.own.peak > self.lower.peak * MONOTONE_SLACK
 
 
-def monotone_peak(budget: int, lo: int, hi: int, trial) -> Monotone:
+def monotone_peak(budget: int, lo: int, hi: int, trial, rule: str = "larger") -> Monotone:
     """A smaller budget must not need a larger peak: the planner minimises recompute cost
     within the budget, and what it recomputes is held at once in the backward, so a plan
     that keeps less can peak above one that keeps more (measured: the benchmark conv net,
@@ -207,14 +207,19 @@ def monotone_peak(budget: int, lo: int, hi: int, trial) -> Monotone:
     The plans for `MONOTONE_GRID` + 1 trial residual budgets from `lo` (the minimum) to
     `hi` (no remat) are weighed, from the largest down, each as this function would
     decide it: a grid budget's plan stands if its peak is within `MONOTONE_SLACK` of the
-    lowest peak chosen for the grid budgets above it, else the cheapest grid plan that
-    fits it and is, is chosen there. The plan for `budget` itself is then held to the
-    same test against the grid budgets above it; where it fails, the cheapest grid plan
-    within `budget` that passes is returned (`Monotone.chosen`). Such a plan keeps less
-    than the budget allows and costs more: the budget still bounds what is kept.
+    lowest peak chosen for the grid budgets above it. The plan for `budget` itself is
+    held to the same test against the grid budgets above it. Where a plan fails it:
+    - rule 'larger': the plan chosen for the next grid budget above is taken. It keeps
+      more than the budget and, the planner being cheapest within each budget, recomputes
+      no more; the sweep of chosen plans never rises (+ the slack) as the budget falls.
+    - rule 'smaller': the cheapest grid plan within the budget that passes is taken. It
+      keeps within the budget and recomputes more; where there is none, the plan stands
+      (`Monotone.chosen` None).
     `trial(residual budget)` plans a copy of the module (as the pass would, two levels
     included) and returns a `Trial`. Trials of budgets below `budget` are made only
-    where a fallback is looked for."""
+    where rule 'smaller' looks for a plan."""
+    if rule not in ("larger", "smaller"):
+        raise ValueError(f"rule must be larger or smaller, got {rule!r}")
     grid = sorted({int(lo + (hi - lo) * k / MONOTONE_GRID) for k in range(MONOTONE_GRID + 1)})
     made: dict = {}
 
@@ -230,16 +235,18 @@ def monotone_peak(budget: int, lo: int, hi: int, trial) -> Monotone:
 
     own = at(budget)
     lower, lower_for = None, None   # the lowest-peaking plan chosen for a grid budget above
+    above = None                    # the plan chosen for the last grid budget decided
     for g in reversed([g for g in grid if g > budget]):
         natural = at(g)
         chosen = natural
         if lower is not None and natural.peak > lower.peak * MONOTONE_SLACK:
-            chosen = cheapest_under(g, lower.peak) or natural
+            chosen = above if rule == "larger" else cheapest_under(g, lower.peak) or natural
         if lower is None or chosen.peak < lower.peak:
             lower, lower_for = chosen, g
+        above = chosen
     m = Monotone(own, lower, lower_for, None, len(made))
     if m.rises:
-        m.chosen = cheapest_under(budget, lower.peak)
+        m.chosen = above if rule == "larger" else cheapest_under(budget, lower.peak)
         m.trials = len(made)
     return m
 

@@ -71,9 +71,12 @@ class AutoPolicy(Policy):
     planner before it decides anything (`resolve`). `score='xla'`: among the planner's
     solution and JAX's fixed policies that fit the budget, keep the plan XLA's compiled
     programs count the fewest FLOPs in (remat-partial-eval compiles each; see
-    `planner.resolve.by_compiled_cost`). `monotone=True`: where the plan for the budget
-    would peak above a larger budget's plan, keep the cheapest plan of a smaller budget
-    that does not (`planner.resolve.monotone_peak`; it plans up to 14 trial budgets)."""
+    `planner.resolve.by_compiled_cost`). `monotone`: where the plan for the budget would
+    peak above a larger budget's plan, keep another (`planner.resolve.monotone_peak`; it
+    plans up to 14 trial budgets): `'larger'` (or True) that larger budget's plan, which
+    keeps more than the budget and recomputes no more; `'smaller'` the cheapest plan of a
+    smaller budget that peaks no higher, which keeps within the budget and recomputes
+    more (where there is none, the plan for the budget stands)."""
 
     def __init__(self, budget, offload=None, device=None, objective="residuals",
                  solver="auto", score="model", monotone=False):
@@ -92,13 +95,14 @@ class AutoPolicy(Policy):
         if score == "xla" and (offload is not None or objective != "residuals"):
             raise ValueError("score=xla compares XLA's FLOP counts, which leave out transfers "
                              "and peak memory: it takes neither offload nor objective=peak")
-        if _as_bool(monotone, "monotone") and (objective != "residuals" or score != "model"):
-            raise ValueError("monotone=true holds a plan's peak to those of larger budgets' "
-                             "plans; objective=peak bounds the peak itself and score=xla "
-                             "compares FLOP counts: it takes neither")
+        monotone = _monotone_rule(monotone)
+        if monotone and (objective != "residuals" or score != "model"):
+            raise ValueError(f"monotone={monotone} holds a plan's peak to those of larger "
+                             "budgets' plans; objective=peak bounds the peak itself and "
+                             "score=xla compares FLOP counts: it takes neither")
         self.offload, self.device, self.objective, self.solver = offload, device, objective, solver
         self.score = score
-        self.monotone = _as_bool(monotone, "monotone")
+        self.monotone = monotone    # '' (off), 'larger' or 'smaller'
         parts = [f"budget={self.budget}"]
         if offload:
             parts.append(f"offload={offload}")
@@ -111,7 +115,7 @@ class AutoPolicy(Policy):
         if score != "model":
             parts.append(f"score={score}")
         if self.monotone:
-            parts.append("monotone=true")
+            parts.append(f"monotone={self.monotone}")
         super().__init__(self._unresolved, f"auto({', '.join(parts)})")
 
     def _unresolved(self, op):
@@ -123,16 +127,17 @@ class AutoPolicy(Policy):
         return PROFILES[self.device or default_device()]
 
 
-def _as_bool(value, what: str) -> bool:
-    """True/False, or as a spec writes them: true, false, 1, 0, on, off."""
-    if isinstance(value, bool):
-        return value
+def _monotone_rule(value) -> str:
+    """'' (off), 'larger' or 'smaller', from a bool or as a spec writes it (true, false,
+    on, off, 1, 0, larger, smaller); true is 'larger'."""
     text = str(value).strip().lower()
+    if text in ("larger", "smaller"):
+        return text
     if text in ("true", "1", "on", "yes"):
-        return True
-    if text in ("false", "0", "off", "no"):
-        return False
-    raise ValueError(f"{what} must be true or false, got {value!r}")
+        return "larger"
+    if text in ("false", "0", "off", "no", "none", ""):
+        return ""
+    raise ValueError(f"monotone must be true, false, larger or smaller, got {value!r}")
 
 
 def auto(budget, offload=None, device=None, objective="residuals", solver="auto",

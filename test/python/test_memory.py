@@ -977,34 +977,42 @@ def test_the_measured_error_printed_is_that_of_the_stored_benchmark():
 
 def test_the_xla_page_checks_each_sweep_and_its_monotone_twin():
     """A sweep's check: XLA's footprint at a budget at most 1.02x that of any larger budget;
-    where `xla --monotone` measured the same budgets with monotone=true, that sweep is
-    checked too, and the page shows it beside the plain one (* where it took a smaller
-    budget's plan)."""
+    where `xla --monotone` measured the same budgets with a monotone rule, that sweep is
+    checked too, and the page shows it beside the plain one with its rule (* where it took
+    another budget's plan; sweeps stored before the rule was recorded took smaller ones)."""
     from tools.benchmarks import xla_memory
 
-    def point(budget, footprint, mono=None):
+    def point(budget, footprint, mono=None, key="other_budgets_plan"):
         p = {"budget": budget, "activations": budget, "levels": 1,
              "halves": [{"temp": footprint, "args": 0, "out": 0}]}
         if mono is not None:
             p["monotone"] = {"activations": mono[0], "halves": [{"temp": mono[1], "args": 0,
                                                                 "out": 0}],
-                             "smaller_budgets_plan": mono[0] < budget}
+                             key: mono[0] != budget}
         return p
     plain = {"model": "m", "points": [point(0, 100), point(10, 130), point(20, 110)]}
     assert [(t, ok) for t, ok in xla_memory.checks({"rows": [], "sweeps": [plain]})] == [
         ("m sweep: XLA footprint at a budget at most 1.182x that of any larger budget", False)]
-    held = {"model": "m", "monotone_commit": "abc1234", "points": [
-        point(0, 100, (0, 100)), point(10, 130, (0, 100)), point(20, 110, (20, 110))]}
-    checks = xla_memory.checks({"rows": [], "sweeps": [held]})
-    assert [ok for _, ok in checks] == [False, True]
-    assert checks[1][0].startswith("m sweep (monotone=true): XLA footprint at a budget at "
+    older = {"model": "m", "monotone_commit": "abc1234", "points": [
+        point(b, f, m, key="smaller_budgets_plan")
+        for b, f, m in ((0, 100, (0, 100)), (10, 130, (0, 100)), (20, 110, (20, 110)))]}
+    larger = {"model": "n", "monotone_commit": "def5678", "monotone_rule": "larger",
+              "points": [point(0, 100, (20, 110)), point(10, 130, (20, 110)),
+                         point(20, 110, (20, 110))]}
+    checks = xla_memory.checks({"rows": [], "sweeps": [older, larger]})
+    assert [ok for _, ok in checks] == [False, True, False, True]
+    assert checks[1][0].startswith("m sweep (monotone=smaller): XLA footprint at a budget at "
+                                   "most 1.000x")
+    assert checks[3][0].startswith("n sweep (monotone=larger): XLA footprint at a budget at "
                                    "most 1.000x")
     import json
     stored = json.loads((pathlib.Path(__file__).resolve().parents[2] / "tools" / "benchmarks"
                          / "results" / "xla.json").read_text())
-    page = xla_memory.render(dict(stored, rows=[], sweeps=[held]))
-    assert "| m (at abc1234) | 0 | 0 | 1 | 100 | 0 | 100 |" in page
+    page = xla_memory.render(dict(stored, rows=[], sweeps=[older, larger]))
+    assert "| m (monotone=smaller at abc1234) | 0 | 0 | 1 | 100 | 0 | 100 |" in page
     assert "| m | 10 | 10 | 1 | 130 | 0 * | 100 |" in page
+    assert "| n (monotone=larger at def5678) | 0 | 0 | 1 | 100 | 20 * | 110 |" in page
+    assert "| n | 20 | 20 | 1 | 110 | 20 | 110 |" in page
 
 
 def test_the_report_names_what_is_live_at_the_peak():

@@ -358,8 +358,9 @@ def test_pareto_is_monotone():
 
 def test_monotone_peak_decides_from_the_largest_budget_down():
     """`monotone_peak` on made-up trials: a grid budget's plan stands where its peak is
-    within 2% of the lowest peak chosen above it; else the cheapest grid plan that fits
-    it and is; the budget asked for is held to the same test."""
+    within 2% of the lowest peak chosen above it; else, by the rule 'larger', the plan
+    chosen for the next grid budget above, and by 'smaller' the cheapest grid plan that
+    fits the budget and passes; the budget asked for is held to the same test."""
     from remat_passes.planner.resolve import Trial, monotone_peak
     # residual budget -> (kept, peak, cost): peaks dip at 90 and are high in 30..70
     table = {0: (0, 250, 9.0), 10: (10, 240, 8.0), 20: (20, 260, 7.0), 30: (30, 330, 5.0),
@@ -373,22 +374,41 @@ def test_monotone_peak_decides_from_the_largest_budget_down():
         if rb in table:
             return Trial(rb, *table[rb])
         return Trial(rb, rb, 340, 1.4)            # the budget asked for, off the grid
-    m = monotone_peak(75, 0, 120, trial)          # a grid step of 10
+    # 'larger': from 120 down, 110, 100 and 90 stand (each peaks lower than those above);
+    # 80's 300 is over 290 * 1.02, so 80 takes 90's plan; 75's own (340) is over it too
+    # and takes the plan chosen for 80: 90's again, which keeps more and costs less
+    m = monotone_peak(75, 0, 120, trial)
     assert m.own == Trial(75, 75, 340, 1.4)
-    # from 120 down, 110, 100 and 90 stand (each peaks lower than those above); 80's 300 is
-    # over 290 * 1.02, so 80 takes the cheapest plan within it peaking at most that: 20's
-    assert (m.lower, m.lower_for) == (Trial(20, 20, 260, 7.0), 80)
+    assert (m.lower, m.lower_for) == (Trial(90, 90, 290, 1.0), 90)
+    assert m.chosen == Trial(90, 90, 290, 1.0) and m.rises
+    assert sorted(asked) == [75, 80, 90, 100, 110, 120] and m.trials == 6  # none below
+    # 'smaller': 80 takes the cheapest plan within it peaking at most 290 * 1.02: 20's;
     # 75's own plan (340) is over 260 * 1.02: the cheapest within 75 that is not, 20 again
+    asked.clear()
+    m = monotone_peak(75, 0, 120, trial, "smaller")
+    assert (m.lower, m.lower_for) == (Trial(20, 20, 260, 7.0), 80)
     assert m.chosen == Trial(20, 20, 260, 7.0)
     assert sorted(set(asked)) == [0, 10, 20, 30, 40, 50, 60, 70, 75, 80, 90, 100, 110, 120]
     assert m.trials == 14
     # a plan within 2% of the lowest peak above it stands; no grid budget below is planned
-    m = monotone_peak(90, 0, 120, lambda rb: Trial(rb, *table[rb]))
-    assert m.chosen is None and m.own.peak == 290 and m.trials == 4
-    # where no plan within the budget peaks low enough, none is chosen
+    for rule in ("larger", "smaller"):
+        m = monotone_peak(90, 0, 120, lambda rb: Trial(rb, *table[rb]), rule)
+        assert m.chosen is None and m.own.peak == 290 and m.trials == 4
+    # where no plan within the budget peaks low enough, 'smaller' chooses none; 'larger'
+    # always has one, and along the grid the chosen peaks never rise (+2%) as budgets fall
     high = {**table, 0: (0, 400, 9.0), 10: (10, 400, 8.0), 20: (20, 400, 7.0)}
-    m = monotone_peak(75, 0, 120, lambda rb: Trial(rb, *high.get(rb, (rb, 340, 1.4))))
+    m = monotone_peak(75, 0, 120, lambda rb: Trial(rb, *high.get(rb, (rb, 340, 1.4))),
+                      "smaller")
     assert m.chosen is None and (m.lower.peak, m.lower_for) == (290, 90)
+    kept = []
+    for b in range(0, 121, 5):
+        m = monotone_peak(b, 0, 120, lambda rb: Trial(rb, *high.get(rb, (rb, 340, 1.4))))
+        plan = m.chosen or m.own
+        assert plan.cost <= m.own.cost and plan.kept >= m.own.kept
+        kept.append(plan.peak)
+    assert all(kept[k] <= min(kept[k + 1:]) * 1.02 for k in range(len(kept) - 1)), kept
+    with pytest.raises(ValueError, match="rule must be larger or smaller"):
+        monotone_peak(75, 0, 120, trial, "both")
 
 
 @pytest.mark.slow
@@ -396,25 +416,39 @@ def test_monotone_holds_the_conv_nets_peak_to_a_larger_budgets():
     """The benchmark conv net, split form on XLA:CPU as rp.jit builds it there (its
     recomputation tied to the cotangent): the cheapest plan within 448,640 B of activations
     peaks above the plan for 897,280 B (XLA: 3.35 MB against 2.96 MB on jaxlib 0.10).
-    auto(monotone=true) keeps a smaller budget's plan instead: within the budget, its XLA
-    peak at most the larger budget's (+2%), its gradients jax.vjp's. On jaxlib >= 0.11 the
-    plan for 897,280 B peaks at 2.69 MB, below every plan that keeps less (budget 0's in two
-    levels: 2.92 MB): there is none to take, and a remark says so."""
+    monotone=larger (true) keeps a larger budget's plan instead: more activations than the
+    budget, no more recomputation, an XLA peak at most the larger budget's (+2%).
+    monotone=smaller keeps a smaller budget's plan: within the budget, its XLA peak at most
+    the larger budget's (+2%) on jaxlib 0.10; on jaxlib >= 0.11 the plan for 897,280 B
+    peaks at 2.69 MB, below every plan that keeps less (budget 0's in two levels: 2.92 MB):
+    there is none to take, and a remark says so. Gradients are jax.vjp's."""
     from remat_passes import jax_compat
     from tools.benchmarks import common, models, xla_memory
     model = models.make_convnet()
     fun = model.build(models._identity)
     m = rp.export_vjp(fun, *model.args)
+    out, ct, grads = reference_vjp(fun, model.args)
 
     def measured(policy):
         split = rp.remat(m, policy, mode="split", tie_to_cotangent=True)
-        return split, common.xla_peak(xla_memory.our_halves(split, model.args))
-    _, larger = measured(P.auto(897280))
-    plain, cheapest = measured(P.auto(448640))
-    split, held = measured(P.auto(448640, monotone=True))
+        got, _ = run_split(split, model.args, ct, 1)
+        assert_trees_close(got, leaves(out) + leaves(grads))
+        remarks = [str(r) for r in split.remarks if "): its plan would peak" in str(r)]
+        return split, common.xla_peak(xla_memory.our_halves(split, model.args)), remarks
+    _, larger, _ = measured(P.auto(897280))
+    plain, cheapest, _ = measured(P.auto(448640))
     assert cheapest > larger * 1.02, (cheapest, larger)      # the case monotone is for
+    seconds = recompute_seconds(m, P.auto(448640), mode="split", levels="1")
+
+    split, held, remarks = measured(P.auto(448640, monotone=True))
+    assert len(remarks) == 1 and "B over the budget)" in remarks[0], remarks
+    assert activation_bytes(split.residuals) > 448640
+    assert held <= larger * 1.02, (held, larger)
+    assert recompute_seconds(m, P.auto(448640, monotone=True), mode="split",
+                             levels="1") <= seconds
+
+    split, held, remarks = measured(P.auto(448640, monotone="smaller"))
     assert activation_bytes(split.residuals) <= 448640
-    remarks = [str(r) for r in split.remarks if "monotone=true): its plan would peak" in str(r)]
     assert len(remarks) == 1
     if jax_compat.xla_cpu_fuses_across_barriers():           # jaxlib 0.10
         assert "planned at residual budget" in remarks[0]
@@ -423,9 +457,6 @@ def test_monotone_holds_the_conv_nets_peak_to_a_larger_budgets():
         assert re.search(r"no plan within the budget of the 1[34] tried peaks lower: kept",
                          remarks[0])
         assert activation_bytes(split.residuals) == activation_bytes(plain.residuals)
-    out, ct, grads = reference_vjp(fun, model.args)
-    got, _ = run_split(split, model.args, ct, 1)
-    assert_trees_close(got, leaves(out) + leaves(grads))
 
 
 def test_pareto_says_where_a_larger_budget_peaks_lower():
@@ -656,8 +687,8 @@ def test_score_xla_from_the_command_line(tmp_path):
 
 
 def test_monotone_from_the_command_line_and_in_the_sweep(tmp_path):
-    """remat-opt reads monotone=true in the spec (and rejects a bad value by name);
-    --pareto-monotone sweeps with it."""
+    """remat-opt reads monotone=true|larger|smaller in the spec (and rejects a bad value by
+    name); --pareto-monotone sweeps with it (the rule larger unless named)."""
     import contextlib
     import io
     from remat_passes.cli import main
@@ -675,8 +706,17 @@ def test_monotone_from_the_command_line_and_in_the_sweep(tmp_path):
     with contextlib.redirect_stderr(err):
         rc = main([str(src), "--remat=policy=auto(50%, monotone=often)",
                    "-o", str(tmp_path / "p.mlir")])
-    assert rc != 0 and "monotone must be true or false, got 'often'" in err.getvalue()
+    assert rc != 0 and "monotone must be true, false, larger or smaller, got 'often'" in \
+        err.getvalue()
     assert not (tmp_path / "p.mlir").exists()
+    for flags in (["--pareto-monotone=smaller", "--print-pareto", "--pareto-points=2"],
+                  ["--remat=policy=auto(50%, monotone=smaller) mode=split",
+                   "--print-saved-residuals"]):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main([str(src), *flags, "-o", str(tmp_path / "q.mlir")]) == 0
+        assert (tmp_path / "q.mlir").exists()
+    assert "monotone=smaller" in buf.getvalue()
 
 
 def test_monotone_plans_its_trial_budgets_once_per_module(monkeypatch):

@@ -98,10 +98,10 @@ def run_xla(argv) -> None:
     ap.add_argument("--re-estimate", metavar="BACKEND", choices=("cpu", "gpu"),
                     help="make the estimate of the stored results of BACKEND again with this "
                          "checkout (static: no device needed; same jax as measured)")
-    ap.add_argument("--monotone", action="store_true",
+    ap.add_argument("--monotone", nargs="?", const="larger", choices=("larger", "smaller"),
                     help="add to the stored results of this backend and jax, at each sweep "
-                         "budget of --models, the plan of auto(b, monotone=True) measured "
-                         "the same way")
+                         "budget of --models, the plan of auto(b, monotone=RULE) measured "
+                         "the same way (default rule: larger)")
     args = ap.parse_args(argv)
     if args.merge_from:
         try:
@@ -143,7 +143,7 @@ def run_xla(argv) -> None:
         stored = common.read_json(name)
         if stored is None:
             ap.error(f"no stored results {name}.json to add the monotone sweeps to")
-        data = xla_memory.measure_monotone(stored, keys, _log)
+        data = xla_memory.measure_monotone(stored, keys, args.monotone, _log)
         _log(f"wrote {common.write_json(name, data)}")
         for text, ok in xla_memory.checks(data):
             if not ok:

@@ -176,10 +176,11 @@ def measure(keys=tuple(MODELS), log=print) -> dict:
     return {"meta": meta, "tie_to_cotangent": tie, "rows": rows, "sweeps": sweeps}
 
 
-def measure_monotone(data: dict, keys, log=print) -> dict:
+def measure_monotone(data: dict, keys, rule: str = "larger", log=print) -> dict:
     """`xla --monotone`: the stored results with, at each sweep budget of the models `keys`,
-    the plan of `auto(b, monotone=True)` measured as the sweep's own (activations, XLA's
-    halves, whether it took a smaller budget's plan), and the commit it was measured at."""
+    the plan of `auto(b, monotone=rule)` measured as the sweep's own (activations, XLA's
+    halves, whether it took another budget's plan), the rule and the commit it was
+    measured at."""
     out = dict(data, sweeps=[dict(s) for s in data["sweeps"]])
     for s in out["sweeps"]:
         if s["model"] not in keys:
@@ -189,17 +190,28 @@ def measure_monotone(data: dict, keys, log=print) -> dict:
         points = []
         for p in s["points"]:
             split, halves, tied = our_split(module, rp.policies.auto(p["budget"],
-                                                                     monotone=True),
+                                                                     monotone=rule),
                                             model.args)
-            took = any("monotone=true): its plan would peak at" in r and
+            took = any(f"monotone={rule}): its plan would peak at" in r and
                        "planned at residual budget" in r for r in map(str, split.remarks))
             points.append(dict(p, monotone={"activations": activation_bytes(split.residuals),
                                             "halves": halves, "split_tied": tied,
-                                            "smaller_budgets_plan": took}))
+                                            "other_budgets_plan": took}))
         s["points"] = points
         s["monotone_commit"] = common.git_commit()
-        log(f"xla: {s['model']} sweep with monotone=true")
+        s["monotone_rule"] = rule
+        log(f"xla: {s['model']} sweep with monotone={rule}")
     return out
+
+
+def monotone_rule(sweep) -> str:
+    """The rule a sweep's monotone twin was measured with (those measured before there
+    were two took a smaller budget's plan)."""
+    return sweep.get("monotone_rule", "smaller")
+
+
+def _took_another(m) -> bool:
+    return m.get("other_budgets_plan", m.get("smaller_budgets_plan", False))
 
 
 def results_name(backend: str) -> str:
@@ -461,7 +473,8 @@ def checks(data) -> list[tuple[str, bool]]:
     for s in data["sweeps"]:
         forms = [("", [p["halves"] for p in s["points"]])]
         if all("monotone" in p for p in s["points"]):
-            forms.append((" (monotone=true)", [p["monotone"]["halves"] for p in s["points"]]))
+            forms.append((f" (monotone={monotone_rule(s)})",
+                          [p["monotone"]["halves"] for p in s["points"]]))
         for label, halves in forms:
             peaks = [common.xla_peak(h) for h in halves]
             worst = max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)),
@@ -555,12 +568,13 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
               "[passes.md](passes.md#two-levels-of-recomputation); `-`: measured before it "
               "chose; beside a 2, XLA's footprint of the same budget's plan in one level, "
               "where measured) and XLA's footprint of the larger half."
-              + (" Beside them, `auto(budget=b, monotone=True)` (`xla --monotone`, at the "
-                 "commit a model's first row names; see [policies.md](policies.md#auto)): "
-                 "the activations it keeps (* where it took a smaller budget's plan) and "
-                 "XLA's footprint." if mono else ""), "",
+              + (" Beside them, `auto(budget=b, monotone=rule)` (`xla --monotone`, with "
+                 "the rule and at the commit a model's first row names; see "
+                 "[policies.md](policies.md#auto)): the activations it keeps (* where it "
+                 "took another budget's plan: a larger one's by the rule `larger`, a smaller "
+                 "one's by `smaller`) and XLA's footprint." if mono else ""), "",
               "| model | budget | activations | levels | XLA footprint |"
-              + (" monotone=true: activations | XLA footprint |" if mono else ""),
+              + (" monotone: activations | XLA footprint |" if mono else ""),
               "|---|---:|---:|---:|---:|" + ("---:|---:|" if mono else "")]
     for s in data["sweeps"]:
         first = True
@@ -569,9 +583,10 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
             if mono:
                 m = p.get("monotone")
                 held = " |" if m is None else (
-                    f" {m['activations']:,}{' *' if m['smaller_budgets_plan'] else ''} | "
+                    f" {m['activations']:,}{' *' if _took_another(m) else ''} | "
                     f"{common.xla_peak(m['halves']):,} |")
-            at = f" (at {s['monotone_commit']})" if first and "monotone_commit" in s else ""
+            at = f" (monotone={monotone_rule(s)} at {s['monotone_commit']})" \
+                if first and "monotone_commit" in s else ""
             first = False
             parts.append(f"| {s['model']}{at} | {p['budget']:,} | {p['activations']:,} | "
                          f"{p.get('levels', '-')}"
