@@ -127,6 +127,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         location = f.location        # (what this run's remarks are about: the function)
         with module_op.context:
             self._mark_cotangents(f, state)
+            unnamed = _without_name_stacks(module_op, f, self.func)
             policy = self.policy
             if isinstance(policy, AutoPolicy) and policy.objective == "peak":
                 policy = self._residual_budget_for_peak(policy, module_op, state)
@@ -209,6 +210,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             for rule in rules.values():
                 state.remarks.extend(rule.remarks(a, surviving))
             state.remarks.extend(_missing_names(f, self.func, policies))
+            state.remarks.extend(unnamed)
             state.remarks.extend(unrecorded)
             state.remarks.extend(baked)
             calls = sum(1 for pos in surviving if a.ops[pos].name == "func.call")
@@ -482,6 +484,27 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 f"({','.join(map(str, marked))})")
         contract.mark_cotangent_args(f, self.cotangent_args)
         state.drop(self.func)
+
+
+def _without_name_stacks(module_op, f, func: str) -> list[str]:
+    """A remark where a module JAX exported (its `mhlo.*` / `jax.*` module attributes say
+    so) comes without the locations that carry JAX's name stacks (`Module.text()` leaves
+    them out): the backward is then found by the cotangent marks alone, and JAX's transpose
+    work that reads no cotangent (broadcasts, a mean's 1/N, a kernel reversal) counts as
+    forward, so its results can be saved where JAX recomputes nothing of them."""
+    attrs = module_op.operation.attributes
+    names = [attrs[k].name for k in range(len(attrs))]
+    if not any(n.startswith(("mhlo.", "jax.")) for n in names) or \
+            not contract.cotangent_args(f):
+        return []
+    for op in graph.body_block(f).operations:
+        if graph.name_stack(op):
+            return []
+    return [f"@{func}: no op carries JAX's name stack (the module was written without "
+            "locations: Module.text() leaves them out, Module.save and "
+            "text(debug_info=True) keep them): the backward is found by the cotangent "
+            "marks alone, so transpose work that reads no cotangent counts as forward and "
+            "its results may be saved"]
 
 
 def _missing_names(f, func: str, policies: ScopePolicies) -> list[str]:

@@ -501,3 +501,29 @@ def test_call_compiles_once_per_module_and_compile_donates():
     donated = jnp.ones((4, 4))
     rp.compile(m, donate_argnums=0)(donated, x, jnp.float32(1.0))
     assert donated.is_deleted()
+
+
+def test_a_jax_module_written_without_locations_is_remarked(tmp_path):
+    """Module.text() leaves out the locations, and with them JAX's name stacks: the passes
+    then find the backward by the cotangent marks alone, and JAX's transpose work that reads
+    no cotangent counts as forward (here its results are saved: more bytes kept). A remark
+    says so where a JAX module comes without them; with them (Module.save's default) there
+    is none."""
+    from remat_passes.core.residuals import activation_bytes
+
+    def f(w, x):
+        h = x @ w
+        m = (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-5)
+        return jnp.sum(jax.nn.gelu(m) * jax.nn.softmax(h, axis=-1))
+    args = (jnp.ones((8, 8), jnp.float32), jnp.ones((4, 8), jnp.float32))
+    m = rp.export_vjp(f, *args)
+    kept, said = {}, {}
+    for debug_info in (False, True):
+        path = tmp_path / f"m{debug_info}.mlir"
+        path.write_text(m.text(debug_info=debug_info))
+        out = rp.remat(rp.load(str(path)), None)
+        kept[debug_info] = activation_bytes(out.residuals)
+        said[debug_info] = [str(r) for r in out.remarks if "name stack" in str(r)]
+    assert said[True] == []
+    assert len(said[False]) == 1 and "Module.text() leaves them out" in said[False][0]
+    assert kept[False] > kept[True], kept
