@@ -9,6 +9,8 @@
 // RUN: remat-opt %s --remat='policy=nothing_saveable' | filecheck %s
 // RUN: remat-opt %s --print-saved-residuals --inline --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=RES
 // RUN: remat-opt %s --inline | remat-opt --print-saved-residuals --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=UNNAMED
+// (A JAX module without locations: the saved-residuals reports end with the remark
+// that says the backward is found by the cotangent marks alone.)
 
 // CHECK-LABEL: module @symbolic
 // CHECK: %[[B:.*]] = stablehlo.get_dimension_size %arg1, dim = 0
@@ -24,12 +26,14 @@
 // RES: // saved residuals of @main: 2 values, 64 bytes + 16 bytes per unit of b
 // RES-NEXT: f32[4,4] from the argument arg0
 // RES-NEXT: f32[b,4] from the argument arg1 (16 bytes per unit of b, not counted in the total)
+// RES-NEXT: // remark: @main: no op carries JAX's name stack{{.*}}
 // RES-NOT: {{.}}
 
 // Inlined in an earlier run, the names are gone: `?`.
 // UNNAMED: // saved residuals of @main: 2 values, 64 bytes + 16 bytes per unit of unnamed dynamic dimensions
 // UNNAMED-NEXT: f32[4,4] from the argument arg0
 // UNNAMED-NEXT: f32[?,4] from the argument arg1 (16 bytes per unit of its dynamic dimensions, not counted in the total)
+// UNNAMED-NEXT: // remark: @main: no op carries JAX's name stack{{.*}}
 // UNNAMED-NOT: {{.}}
 
 module @symbolic attributes {jax.uses_shape_polymorphism = true, mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {

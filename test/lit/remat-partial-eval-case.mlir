@@ -10,6 +10,8 @@
 // RUN: remat-opt %s --print-saved-residuals --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=RESNOTHING
 // RUN: remat-opt %s --print-saved-residuals --remat-partial-eval='policy=dots_saveable' | filecheck %s --check-prefix=RESDOTS
 // RUN: remat-opt %s --print-saved-residuals --remat-partial-eval='policy=save_only_these_names(h1)' | filecheck %s --check-prefix=RESNAMES
+// (A JAX module without locations: the saved-residuals reports end with the remark
+// that says the backward is found by the cotangent marks alone.)
 
 // nothing_saveable: the forward case returns the primal output alone; one
 // recompute case on the recomputed index (JAX's staged cond) computes every
@@ -47,15 +49,18 @@
 // RESNOTHING-NEXT: f32[4,4] from the argument arg0
 // RESNOTHING-NEXT: f32[2,4] from the argument arg1
 // RESNOTHING-NEXT: f32[] from the argument arg2
+// RESNOTHING-NEXT: // remark: @main: no op carries JAX's name stack{{.*}}
 // RESNOTHING-NOT: {{.}}
 
 // RESDOTS: // saved residuals of @main: 6 values, 196 bytes
 // RESDOTS-COUNT-3: f32[2,4] output of case from line {{[0-9]+}}{{$}}
+// RESDOTS-NEXT: // remark: @main: no op carries JAX's name stack{{.*}}
 // RESDOTS-NOT: {{.}}
 
 // RESNAMES: // saved residuals of @main: 4 values, 132 bytes
 // RESNAMES: f32[] from the argument arg2
 // RESNAMES-NEXT: f32[2,4] output of case from line {{[0-9]+}}{{$}}
+// RESNAMES-NEXT: // remark: @main: no op carries JAX's name stack{{.*}}
 // RESNAMES-NOT: {{.}}
 
 module @cond attributes {jax.uses_shape_polymorphism = false, mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {

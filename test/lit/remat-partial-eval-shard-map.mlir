@@ -21,6 +21,8 @@
 // RUN: remat-opt %s --print-saved-residuals --remat='policy=auto(budget=0)' | filecheck %s --check-prefix=AUTO0-RES
 // RUN: remat-opt %s --remat='policy=auto(budget=512)' | filecheck %s --check-prefix=AUTO
 // RUN: remat-opt %s --print-saved-residuals --remat='policy=auto(budget=512)' | filecheck %s --check-prefix=AUTO-RES
+// (A JAX module without locations: the saved-residuals reports end with the remark
+// that says the backward is found by the cotangent marks alone.)
 
 // The forward computation keeps only the loss (its all_gather and psum stay); the
 // recompute one gathers W again and returns what the backward one reads.
@@ -40,6 +42,7 @@
 // RES: // saved residuals of @main: 2 values, 512 bytes
 // RES-NEXT: f32[8,8] from the argument arg0
 // RES-NEXT: f32[8,8] from the argument arg1
+// RES-NEXT: // remark: @main: no op carries JAX's name stack{{.*}}
 // RES-NOT: {{.}}
 
 // DOTS-LABEL: func.func public @main
@@ -58,6 +61,7 @@
 // DOTS-RES-NEXT: f32[8,8] from the argument arg1
 // DOTS-RES-NEXT: f32[8,8] output of manual_computation from line {{[0-9]+}}
 // DOTS-RES-NEXT: f32[8,8] output of manual_computation from line {{[0-9]+}}
+// DOTS-RES-NEXT: // remark: @main: no op carries JAX's name stack{{.*}}
 // DOTS-RES-NOT: {{.}}
 
 // AUTO0-RES: // saved residuals of @main: 2 values, 512 bytes
