@@ -155,6 +155,52 @@ def test_xla_benchmark_merges_the_parts_a_parallel_device_round_hands_back(tmp_p
         bench.run_xla(["--merge-from", str(bad)])
 
 
+def test_xla_benchmark_merges_the_monotone_sweeps_measured_elsewhere(tmp_path, monkeypatch):
+    """`xla --merge-monotone-from` (device_round.sh --parallel with MONOTONE set: per model a
+    copy of the stored results that `xla --monotone` added to) takes each part's sweep
+    whose monotone twin differs from the stored one, its rule and commit with it, and
+    leaves every other figure as stored; budgets that are not the stored ones are an
+    error."""
+    import copy
+    import json
+    from tools.benchmarks import __main__ as bench, common, xla_memory
+
+    def point(b, mono=None):
+        p = {"budget": b, "activations": b, "halves": [{"temp": 100 + b}]}
+        if mono is not None:
+            p["monotone"] = {"activations": mono, "halves": [{"temp": 90 + mono}]}
+        return p
+    stored = {"meta": {"backend": "gpu"}, "rows": [{"model": "mlp"}, {"model": "gpt"}],
+              "sweeps": [{"model": "mlp", "monotone_commit": "old",
+                          "points": [point(0, 0), point(10, 10)]},
+                         {"model": "gpt", "monotone_commit": "old",
+                          "points": [point(0, 0), point(10, 10)]}]}
+    part = copy.deepcopy(stored)        # measured gpt again with the rule larger
+    part["sweeps"][1].update(monotone_commit="new", monotone_rule="larger",
+                             points=[point(0, 10), point(10, 10)])
+    part["sweeps"][0]["points"][0]["halves"] = [{"temp": 1}]   # (not a monotone figure)
+    merged = xla_memory.merge_monotone(stored, part)
+    assert merged["sweeps"][0] == stored["sweeps"][0]
+    gpt = merged["sweeps"][1]
+    assert (gpt["monotone_commit"], gpt["monotone_rule"]) == ("new", "larger")
+    assert [p["monotone"]["activations"] for p in gpt["points"]] == [10, 10]
+    assert [p["halves"] for p in gpt["points"]] == [p["halves"]
+                                                   for p in stored["sweeps"][1]["points"]]
+    assert stored["sweeps"][1]["monotone_commit"] == "old"      # (a copy: stored untouched)
+    path = tmp_path / "mono_gpt.json"
+    path.write_text(json.dumps(part))
+    written = {}
+    monkeypatch.setattr(common, "read_json", lambda name: copy.deepcopy(stored))
+    monkeypatch.setattr(common, "write_json", lambda name, data: written.update({name: data}))
+    monkeypatch.setattr(xla_memory, "checks", lambda data: [])
+    bench.run_xla(["--merge-monotone-from", str(path)])
+    assert written["xla_gpu"]["sweeps"][1]["monotone_rule"] == "larger"
+    part["sweeps"][1]["points"][1]["budget"] = 11
+    path.write_text(json.dumps(part))
+    with pytest.raises(SystemExit):
+        bench.run_xla(["--merge-monotone-from", str(path)])
+
+
 def test_xla_benchmark_merges_a_run_in_pieces():
     """`python -m tools.benchmarks xla --models ... --merge`: a device run one call per few
     models replaces those models' rows and sweep, keeps the rest in its order, and the

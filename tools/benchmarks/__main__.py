@@ -95,6 +95,10 @@ def run_xla(argv) -> None:
                     help="merge results measured elsewhere into the stored ones, each part's "
                          "models replacing theirs: xla_*.json files, or the .tgz of them "
                          "device_round.sh --parallel hands back (static: no device needed)")
+    ap.add_argument("--merge-monotone-from", metavar="FILE", nargs="+",
+                    help="fold into the stored results the monotone sweeps measured "
+                         "elsewhere (xla --monotone runs: their results files, or the .tgz "
+                         "device_round.sh hands back with MONOTONE set; static)")
     ap.add_argument("--re-estimate", metavar="BACKEND", choices=("cpu", "gpu"),
                     help="make the estimate of the stored results of BACKEND again with this "
                          "checkout (static: no device needed; same jax as measured)")
@@ -119,6 +123,28 @@ def run_xla(argv) -> None:
             data = xla_memory.merge(data, part)
         models = sorted({r["model"] for p in parts for r in p["rows"]})
         _log(f"merged {len(parts)} part(s): {', '.join(models)}")
+        _log(f"wrote {common.write_json(name, data)}")
+        for text, ok in xla_memory.checks(data):
+            if not ok:
+                _log(f"check failed: {text}")
+        return
+    if args.merge_monotone_from:
+        try:
+            parts = xla_memory.read_parts(args.merge_monotone_from)
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"cannot read the parts to merge: {e}")
+        backends = {p["meta"]["backend"] for p in parts}
+        if len(backends) != 1:
+            ap.error(f"the parts were measured on different backends: {sorted(backends)}")
+        name = xla_memory.results_name(backends.pop())
+        data = common.read_json(name)
+        if data is None:
+            ap.error(f"no stored results {name}.json to add the monotone sweeps to")
+        try:
+            for part in parts:
+                data = xla_memory.merge_monotone(data, part)
+        except ValueError as e:
+            ap.error(str(e))
         _log(f"wrote {common.write_json(name, data)}")
         for text, ok in xla_memory.checks(data):
             if not ok:

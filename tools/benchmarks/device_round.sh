@@ -16,6 +16,9 @@
 # --parallel instead xla_gpu_parts.tgz and xla_logs.tgz, a log per model), dumps.txt
 # (what xla_dump printed) and dumps.tgz (the scheduled HLO and buffer assignments it read).
 # Name the commit measured: BENCH_COMMIT=<the host's HEAD> bash tools/benchmarks/...
+# With --parallel and MONOTONE=larger (or smaller), each model also runs
+# `xla --monotone RULE --models KEY` on the stored results, in a copy of its own beside the
+# rest; $OUT/xla_gpu_monotone.tgz holds those results. Step `none` runs nothing (no dumps).
 #
 # The machine has jax with CUDA but may lack igraph: wheels downloaded on the host into
 # .whl are installed first when that folder is there (carry it; it is not tracked):
@@ -23,6 +26,7 @@
 #     --implementation cp --platform manylinux_2_28_x86_64 -d .whl igraph==1.0.0 texttable
 # Back on the host, after --parallel:
 #   python -m tools.benchmarks xla --merge-from FILES_AT/xla_gpu_parts.tgz
+#   python -m tools.benchmarks xla --merge-monotone-from FILES_AT/xla_gpu_monotone.tgz
 #   python -m tools.benchmarks render
 set -u
 export OUT="${OUT:-/tmp/device_out}"
@@ -61,15 +65,26 @@ if [ "${steps[0]}" = "--parallel" ]; then
         python3 -m tools.benchmarks xla --models "$m" > "/tmp/par_logs/xla.$m.log" 2>&1 \
         ; echo "== $m exit $? ($(date +%T))" ) &
   done
+  if [ -n "${MONOTONE:-}" ]; then   # (on the stored results: their sweep budgets)
+    for m in "${models[@]}"; do
+      ( dir="/tmp/mono_$m"; rm -rf "$dir"; mkdir -p "$dir"
+        tar --exclude=./.git --exclude=./.whl -cf - . | tar -xf - -C "$dir"
+        cd "$dir" && PYTHONPATH="${SITE:-}$dir" python3 -m tools.benchmarks xla \
+          --monotone "$MONOTONE" --models "$m" > "/tmp/par_logs/mono.$m.log" 2>&1 \
+          ; echo "== monotone $m exit $? ($(date +%T))" ) &
+    done
+  fi
   steps=("${steps[@]:1}")
   [ ${#steps[@]} -eq 0 ] && steps=(dumps)
   for step in "${steps[@]}"; do bash "$0" "$step"; done
   wait
   # (the machine hands back a few files: the results go back as one archive)
   (cd /tmp && tar -czf "$OUT/xla_gpu_parts.tgz" $(ls par_*/"$RESULTS" 2>/dev/null))
+  [ -n "${MONOTONE:-}" ] && \
+    (cd /tmp && tar -czf "$OUT/xla_gpu_monotone.tgz" $(ls mono_*/"$RESULTS" 2>/dev/null))
   # (at most 8 files come back: 2026-11-28 the six logs beside the dumps crowded out the
   # results; the logs go back as one archive, their last lines here)
-  (cd /tmp/par_logs && tar -czf "$OUT/xla_logs.tgz" xla.*.log && tail -n 2 xla.*.log)
+  (cd /tmp/par_logs && tar -czf "$OUT/xla_logs.tgz" *.log && tail -n 2 *.log)
   echo "== done ($(date +%T))"
   exit 0
 fi
@@ -97,6 +112,7 @@ for step in "${steps[@]}"; do
          | tar -czf "$OUT/dumps.tgz" --null -T -) ;;
     mlp|equinox|convnet|gpt|mlp-scan|gpt-scan)
       python3 -m tools.benchmarks xla --models "$step" --merge && save ;;
+    none) ;;
     *)
       echo "unknown step $step" >&2; exit 2 ;;
   esac

@@ -204,6 +204,29 @@ def measure_monotone(data: dict, keys, rule: str = "larger", log=print) -> dict:
     return out
 
 
+def merge_monotone(stored: dict, part: dict) -> dict:
+    """`xla --merge-monotone-from`: the stored results with the monotone twins a part
+    measured (a copy of the stored results that `xla --monotone --models KEY` added to, as
+    device_round.sh's MONOTONE jobs hand them back). A part's sweep is taken where its
+    twin differs from the stored one (its points, rule or commit); the sweep's own points
+    and rows stay the stored ones. The budgets have to be the stored sweep's."""
+    out = dict(stored, sweeps=[dict(s) for s in stored["sweeps"]])
+    by_model = {s["model"]: s for s in out["sweeps"]}
+    keys = ("monotone_commit", "monotone_rule")
+    for s in part["sweeps"]:
+        t = by_model.get(s["model"])
+        if t is None or not all("monotone" in p for p in s["points"]):
+            continue
+        if [p["monotone"] for p in s["points"]] == [p.get("monotone") for p in t["points"]] \
+                and all(s.get(k) == t.get(k) for k in keys):
+            continue
+        if [p["budget"] for p in s["points"]] != [p["budget"] for p in t["points"]]:
+            raise ValueError(f"{s['model']}: the part's sweep budgets are not the stored ones")
+        t["points"] = [dict(p, monotone=q["monotone"]) for p, q in zip(t["points"], s["points"])]
+        t.update({k: s[k] for k in keys if k in s})
+    return out
+
+
 def monotone_rule(sweep) -> str:
     """The rule a sweep's monotone twin was measured with (those measured before there
     were two took a smaller budget's plan)."""
