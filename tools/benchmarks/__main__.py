@@ -82,6 +82,31 @@ def run_memory(argv) -> None:
     _log(f"wrote {common.write_json('memory', memory_figures.measure())}")
 
 
+def _parts_and_stored(ap, paths):
+    """The results files (or .tgz of them) at `paths`, all of one backend, and the stored
+    results of that backend: (their name, the stored data or None, the parts)."""
+    from tools.benchmarks import common, xla_memory
+    try:
+        parts = xla_memory.read_parts(paths)
+    except (OSError, ValueError, KeyError) as e:
+        ap.error(f"cannot read the parts to merge: {e}")
+    if not parts:
+        ap.error(f"no xla results in {' '.join(paths)}")
+    backends = {p["meta"]["backend"] for p in parts}
+    if len(backends) != 1:
+        ap.error(f"the parts were measured on different backends: {sorted(backends)}")
+    name = xla_memory.results_name(backends.pop())
+    return name, common.read_json(name), parts
+
+
+def _write_and_check(name, data) -> None:
+    from tools.benchmarks import common, xla_memory
+    _log(f"wrote {common.write_json(name, data)}")
+    for text, ok in xla_memory.checks(data):
+        if not ok:
+            _log(f"check failed: {text}")
+
+
 def run_xla(argv) -> None:
     from tools.benchmarks import common, xla_memory
     from tools.benchmarks.models import MODELS
@@ -108,36 +133,15 @@ def run_xla(argv) -> None:
                          "the same way (default rule: larger)")
     args = ap.parse_args(argv)
     if args.merge_from:
-        try:
-            parts = xla_memory.read_parts(args.merge_from)
-        except (OSError, ValueError, KeyError) as e:
-            ap.error(f"cannot read the parts to merge: {e}")
-        if not parts:
-            ap.error(f"no xla results in {' '.join(args.merge_from)}")
-        backends = {p["meta"]["backend"] for p in parts}
-        if len(backends) != 1:
-            ap.error(f"the parts were measured on different backends: {sorted(backends)}")
-        name = xla_memory.results_name(backends.pop())
-        data = common.read_json(name)
+        name, data, parts = _parts_and_stored(ap, args.merge_from)
         for part in parts:
             data = xla_memory.merge(data, part)
         models = sorted({r["model"] for p in parts for r in p["rows"]})
         _log(f"merged {len(parts)} part(s): {', '.join(models)}")
-        _log(f"wrote {common.write_json(name, data)}")
-        for text, ok in xla_memory.checks(data):
-            if not ok:
-                _log(f"check failed: {text}")
+        _write_and_check(name, data)
         return
     if args.merge_monotone_from:
-        try:
-            parts = xla_memory.read_parts(args.merge_monotone_from)
-        except (OSError, ValueError, KeyError) as e:
-            ap.error(f"cannot read the parts to merge: {e}")
-        backends = {p["meta"]["backend"] for p in parts}
-        if len(backends) != 1:
-            ap.error(f"the parts were measured on different backends: {sorted(backends)}")
-        name = xla_memory.results_name(backends.pop())
-        data = common.read_json(name)
+        name, data, parts = _parts_and_stored(ap, args.merge_monotone_from)
         if data is None:
             ap.error(f"no stored results {name}.json to add the monotone sweeps to")
         try:
@@ -145,10 +149,7 @@ def run_xla(argv) -> None:
                 data = xla_memory.merge_monotone(data, part)
         except ValueError as e:
             ap.error(str(e))
-        _log(f"wrote {common.write_json(name, data)}")
-        for text, ok in xla_memory.checks(data):
-            if not ok:
-                _log(f"check failed: {text}")
+        _write_and_check(name, data)
         return
     if args.re_estimate:
         name = xla_memory.results_name(args.re_estimate)
@@ -169,11 +170,7 @@ def run_xla(argv) -> None:
         stored = common.read_json(name)
         if stored is None:
             ap.error(f"no stored results {name}.json to add the monotone sweeps to")
-        data = xla_memory.measure_monotone(stored, keys, args.monotone, _log)
-        _log(f"wrote {common.write_json(name, data)}")
-        for text, ok in xla_memory.checks(data):
-            if not ok:
-                _log(f"check failed: {text}")
+        _write_and_check(name, xla_memory.measure_monotone(stored, keys, args.monotone, _log))
         return
     # XLA:CPU's YNNPACK fusions hide their buffers from memory_analysis(): measure without
     # them (set before XLA's CPU client starts; `ynn_probe` shows what they hide)
