@@ -46,7 +46,8 @@ if [ "${steps[0]}" = "--parallel" ]; then
   # measurement is mostly XLA compiles on the host's cores; the GPU is shared, nothing
   # preallocated; on an H200, 2026-11-27: all six in under 6 minutes, GPT last). Each
   # writes its log to /tmp/par_logs/xla.KEY.log (in $OUT/xla_logs.tgz);
-  # $OUT/xla_gpu_parts.tgz holds their results (par_KEY/tools/benchmarks/results/xla_gpu.json), which `xla_memory.merge` folds into
+  # $OUT/xla_gpu_parts.tgz holds their results
+  # (par_KEY/tools/benchmarks/results/xla_gpu.json), which `xla_memory.merge` folds into
   # results/xla_gpu.json on the host. The dumps run beside them. Run so, each program
   # without host offload that an earlier serial round measured on the same GPU came out
   # the same to the byte; those with host offload vary from one process to the next,
