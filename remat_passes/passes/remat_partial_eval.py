@@ -275,12 +275,15 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         model, for the JAX backend in use; `for_peak` chooses among them)."""
         from remat_passes.cost.memory import estimate_memory
         problem = planning_problem(module_op, self.func, policy)
+        memo = _trial_memo(module_op, self, policy, state)
 
         def trial(candidate):   # the default pipeline, joint form (barriers split fusions)
-            copy, st = self._trial(candidate, module_op, state, self._rest_of_pipeline())
-            return (estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
-                        self.func].peak_bytes,
-                    st.plan_reports[self.func][0].solution.cost)
+            def made():
+                copy, st = self._trial(candidate, module_op, state, self._rest_of_pipeline())
+                return (estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
+                            self.func].peak_bytes,
+                        st.plan_reports[self.func][0].solution.cost)
+            return _remembered(memo, "peak", candidate.budget.resolve(0), made)
         return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
 
     def _monotone_peak(self, policy, module_op, state):
@@ -309,8 +312,9 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         memo = _trial_memo(module_op, self, policy, state)
 
         def trial(rb):
-            if memo is not None and (memo, rb) in _MONOTONE_TRIALS:
-                return _MONOTONE_TRIALS[memo, rb]
+            return _remembered(memo, "monotone", rb, lambda: made(rb))
+
+        def made(rb):
             copy, st = self._trial(candidate(rb), module_op, state, [], mode=self.mode)
             names = [self.func] if self.mode == "joint" else \
                 [f"{self.func}_fwd", f"{self.func}_bwd"]
@@ -326,13 +330,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                                              before)   # (before the clones' marks go)
                 strip.apply(copy, st)
             peaks = estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")
-            made = Trial(rb, report.activation_bytes(st.residuals[self.func]),
+            return Trial(rb, report.activation_bytes(st.residuals[self.func]),
                          max(peaks[name].peak_bytes for name in names), cost)
-            if memo is not None:
-                _MONOTONE_TRIALS[memo, rb] = made
-                while len(_MONOTONE_TRIALS) > MONOTONE_MEMO:
-                    _MONOTONE_TRIALS.popitem(last=False)
-            return made
         m = monotone_peak(budget, lo, hi, trial, policy.monotone)
         if not m.rises:
             return policy
@@ -659,10 +658,24 @@ def planning_problem(module, func: str = "main", policy=None):
     return p
 
 
-# auto(monotone=...)'s trial plans, by module, options and residual budget: the trial
-# budgets depend on the module alone, so a sweep of budgets (rp.pareto) plans them once
-_MONOTONE_TRIALS: collections.OrderedDict = collections.OrderedDict()
-MONOTONE_MEMO = 1024
+# The trial plans of auto(monotone=...) and auto(objective=peak), by module, options,
+# kind and residual budget: the trial budgets depend on the module alone, so a sweep of
+# budgets (rp.pareto, a benchmark's) plans them once
+_TRIALS: collections.OrderedDict = collections.OrderedDict()
+TRIALS_MEMO = 1024
+
+
+def _remembered(memo, kind: str, rb: int, make):
+    """`make()`, the trial of kind `kind` at residual budget `rb`, made once per `memo`
+    key (`_trial_memo`; None: not remembered)."""
+    if memo is None:
+        return make()
+    key = (memo, kind, rb)
+    if key not in _TRIALS:
+        _TRIALS[key] = make()
+        while len(_TRIALS) > TRIALS_MEMO:
+            _TRIALS.popitem(last=False)
+    return _TRIALS[key]
 
 
 def _trial_memo(module_op, options, policy, state):

@@ -733,7 +733,7 @@ def test_monotone_plans_its_trial_budgets_once_per_module(monkeypatch):
         made.append(candidate.spec)
         return real(self, candidate, *args, **kwargs)
     monkeypatch.setattr(rpe.RematPartialEval, "_trial", counted)
-    monkeypatch.setattr(rpe, "_MONOTONE_TRIALS", collections.OrderedDict())
+    monkeypatch.setattr(rpe, "_TRIALS", collections.OrderedDict())
     rp.remat(m, P.auto(lo + (hi - lo) // 3 + 1, monotone=True), mode="split")
     first = len(made)
     from remat_passes.planner.resolve import MONOTONE_GRID
@@ -789,3 +789,30 @@ def test_what_highs_prints_to_stdout_is_thrown_away(capfd, monkeypatch):
     print("after", flush=True)
     out = capfd.readouterr().out
     assert "noise" not in out and out.split() == ["before", "after"]
+
+
+def test_objective_peak_plans_its_trial_budgets_once_per_module(monkeypatch):
+    """objective=peak's trial residual budgets depend on the module alone: a second peak
+    budget on the same module plans none again (a sweep of peak budgets pays for the
+    trials once), and both plans are those planned without the memo."""
+    from remat_passes.passes import remat_partial_eval as rpe
+    _, _, m = case("scan")
+    base = rp.estimate_memory(rp.remat(m, None), model="xla")["main"].peak_bytes
+    made = []
+    real = rpe.RematPartialEval._trial
+
+    def counted(self, candidate, *args, **kwargs):
+        made.append(candidate.spec)
+        return real(self, candidate, *args, **kwargs)
+    monkeypatch.setattr(rpe.RematPartialEval, "_trial", counted)
+    monkeypatch.setattr(rpe, "_TRIALS", collections.OrderedDict())
+    first = rp.remat(m, P.auto(budget=int(base * 0.9), objective="peak"))
+    trials = len(made)
+    assert trials >= 13
+    second = rp.remat(m, P.auto(budget=int(base * 0.95), objective="peak"))
+    assert len(made) == trials
+    for budget, out in ((0.9, first), (0.95, second)):
+        monkeypatch.setattr(rpe, "_TRIALS", collections.OrderedDict())
+        fresh = rp.remat(m, P.auto(budget=int(base * budget), objective="peak"))
+        assert fresh.text() == out.text()
+    assert len(made) == 3 * trials
