@@ -201,6 +201,43 @@ def test_xla_benchmark_merges_the_monotone_sweeps_measured_elsewhere(tmp_path, m
         bench.run_xla(["--merge-monotone-from", str(path)])
 
 
+def test_xla_benchmark_checks_and_keeps_the_objective_peak_sweeps():
+    """`xla --peak`'s sweeps (peak budget -> XLA's joint and split footprints): a footprint
+    above a larger budget's (+2%) or the joint one above its budget (+15%) is a missed
+    check, and so is a budget objective=peak refused; a later `xla` run of the same model
+    (which measures none) leaves them, a part that has its own replaces them."""
+    from tools.benchmarks import xla_memory
+
+    def point(b, joint, split):
+        return {"budget": b, "activations": 0,
+                "joint": {"temp": joint, "args": 0, "out": 0, "estimate": b},
+                "halves": [{"temp": split, "args": 0, "out": 0}]}
+
+    def results(commit, points, rows=()):
+        return {"meta": {"backend": "cpu"}, "rows": list(rows),
+                "sweeps": [{"model": "mlp", "points": []}],
+                "peak_sweeps": [{"model": "mlp", "commit": commit, "points": points}]}
+
+    def missed(d):
+        return [t for t, ok in xla_memory.checks(d) if not ok]
+    data = results("aaa", [point(100, 100, 105), point(200, 180, 110), point(300, 290, 300)])
+    assert missed(data) == []
+    table = "\n".join(xla_memory._render_peak_sweeps(data))
+    assert "| mlp (at aaa) | 100 | 100 | 0 | 100 (1.00) | 105 |\n" \
+           "| mlp | 200 | 200 | 0 | 180 (0.90) | 110 |" in table
+    data["peak_sweeps"][0]["points"][0] = point(100, 190, 105)   # joint rises, over budget
+    assert [t.split(":")[0] for t in missed(data)] == [
+        "mlp objective=peak sweep, joint", "mlp objective=peak sweep"]
+    data["peak_sweeps"][0]["points"].append({"budget": 50, "error": "error: below"})
+    assert "mlp objective=peak at 50 B: error: below" in missed(data)
+    stored = dict(data, rows=[{"model": "mlp"}])
+    plain = dict(results("bbb", [], rows=[{"model": "mlp"}]))
+    del plain["peak_sweeps"]
+    assert xla_memory.merge(stored, plain)["peak_sweeps"] == data["peak_sweeps"]
+    again = results("bbb", [], rows=[{"model": "mlp"}])
+    assert xla_memory.merge(stored, again)["peak_sweeps"] == again["peak_sweeps"]
+
+
 def test_xla_benchmark_merges_a_run_in_pieces():
     """`python -m tools.benchmarks xla --models ... --merge`: a device run one call per few
     models replaces those models' rows and sweep, keeps the rest in its order, and the

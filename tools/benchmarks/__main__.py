@@ -131,6 +131,10 @@ def run_xla(argv) -> None:
                     help="add to the stored results of this backend and jax, at each sweep "
                          "budget of --models, the plan of auto(b, monotone=RULE) measured "
                          "the same way (default rule: larger)")
+    ap.add_argument("--peak", action="store_true",
+                    help="add to the stored results of this backend and jax, for each of "
+                         "--models, auto(b, objective=peak) at 10 peak budgets: XLA's "
+                         "footprint of the joint and split forms")
     args = ap.parse_args(argv)
     if args.merge_from:
         name, data, parts = _parts_and_stored(ap, args.merge_from)
@@ -162,15 +166,18 @@ def run_xla(argv) -> None:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
-    if args.monotone:
+    if args.monotone and args.peak:
+        ap.error("--monotone and --peak are separate runs: give one")
+    if args.monotone or args.peak:
         from tools.benchmarks import ynn_probe
         ynn_probe.turn_off()      # (as the stored sweeps were measured; before XLA starts)
         import jax
         name = xla_memory.results_name(jax.default_backend())
         stored = common.read_json(name)
         if stored is None:
-            ap.error(f"no stored results {name}.json to add the monotone sweeps to")
-        _write_and_check(name, xla_memory.measure_monotone(stored, keys, args.monotone, _log))
+            ap.error(f"no stored results {name}.json to add the sweeps to")
+        _write_and_check(name, xla_memory.measure_peak(stored, keys, _log) if args.peak
+                         else xla_memory.measure_monotone(stored, keys, args.monotone, _log))
         return
     # XLA:CPU's YNNPACK fusions hide their buffers from memory_analysis(): measure without
     # them (set before XLA's CPU client starts; `ynn_probe` shows what they hide)

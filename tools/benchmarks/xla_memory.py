@@ -204,6 +204,45 @@ def measure_monotone(data: dict, keys, rule: str = "larger", log=print) -> dict:
     return out
 
 
+def measure_peak(data: dict, keys, log=print) -> dict:
+    """`xla --peak`: the stored results with, for each model of `keys`, `auto(b,
+    objective=peak)` at `SWEEP_POINTS` peak budgets from the lowest joint peak estimate of
+    the plans at 13 residual budgets (the trial budgets objective=peak weighs: the least a
+    plan can keep to no remat) to no remat's: XLA's footprint of the joint form as rp.jit
+    builds it (what objective=peak bounds, through its estimate), of the split form's larger
+    half, the estimate and the activations kept, at this commit."""
+    tie = needs_tie()
+    sweeps = [s for s in data.get("peak_sweeps", []) if s["model"] not in keys]
+    for key in keys:
+        model = MODELS[key]()
+        module = rp.export_vjp(model.build(_identity), *model.args)
+        ct = jnp.ones_like(model.build(_identity)(*model.args))
+        lo, hi = rp.bounds(module)
+
+        def estimate(policy):
+            joint = rp.remat(module, policy, tie_to_cotangent=tie)
+            return int(estimate_memory(joint, model="xla")["main"].peak_bytes)
+        low = min(estimate(rp.policies.auto(int(lo + (hi - lo) * k / 12))) for k in range(13))
+        high = estimate(None)
+        points = []
+        for b in sorted({int(low + (high - low) * k / (SWEEP_POINTS - 1))
+                         for k in range(SWEEP_POINTS)}):    # (one where low is high: mlp)
+            policy = rp.policies.auto(b, objective="peak")
+            try:
+                joint = our_joint(module, policy, model.args, ct)
+                split, halves, tied = our_split(module, policy, model.args)
+            except rp.RematError as e:
+                points.append({"budget": b, "error": str(e)})
+                continue
+            points.append({"budget": b, "joint": joint, "halves": halves, "split_tied": tied,
+                           "activations": activation_bytes(split.residuals)})
+        sweeps.append({"model": key, "commit": common.git_commit(), "points": points})
+        log(f"xla: {key} sweep of {SWEEP_POINTS} peak budgets (objective=peak)")
+    order = [s["model"] for s in data["sweeps"]]
+    sweeps.sort(key=lambda s: order.index(s["model"]) if s["model"] in order else len(order))
+    return dict(data, peak_sweeps=sweeps)
+
+
 def merge_monotone(stored: dict, part: dict) -> dict:
     """`xla --merge-monotone-from`: the stored results with the monotone twins a part
     measured (a copy of the stored results that `xla --monotone --models KEY` added to, as
@@ -289,6 +328,12 @@ def merge(stored: dict | None, new: dict) -> dict:
                                [r["model"] for r in new["rows"]]))
     out["rows"].sort(key=lambda r: order.index(r["model"]))
     out["sweeps"].sort(key=lambda s: order.index(s["model"]))
+    peaks = {s["model"] for s in new.get("peak_sweeps", [])}
+    if peaks:    # (a run of `xla` alone measures none: the stored ones stay)
+        out["peak_sweeps"] = [s for s in stored.get("peak_sweeps", [])
+                              if s["model"] not in peaks] + new["peak_sweeps"]
+        out["peak_sweeps"].sort(key=lambda s: order.index(s["model"])
+                                if s["model"] in order else len(order))
     before = stored["meta"].get("measured") or {m: _measured(stored["meta"]) for m in order}
     measured = {m: _measured(new["meta"]) if m in models else before[m] for m in order}
     out["meta"]["measured"] = measured
@@ -469,6 +514,33 @@ def _fewer_residuals(r, i: int) -> str:
             f"{_ratio(a, b):.2f}x)")
 
 
+def _render_peak_sweeps(data) -> list[str]:
+    """The objective=peak sweeps (`xla --peak`), where measured."""
+    if not data.get("peak_sweeps"):
+        return []
+    parts = ["", f"`auto(budget=b, objective=peak)` (`xla --peak`) along {SWEEP_POINTS} peak "
+             "budgets from the lowest joint peak estimate of the plans at its 13 trial "
+             "residual budgets to no remat's: the joint form's estimate "
+             "(`rp.estimate_memory(joint, model='xla')`, what objective=peak keeps within "
+             "the budget), the activations the plan keeps, XLA's footprint of the joint form "
+             "as rp.jit builds it (and against the budget) and of the split form's larger "
+             "half.", "",
+             "| model | peak budget | estimate | activations | XLA joint footprint | "
+             "XLA split footprint |", "|---|---:|---:|---:|---:|---:|"]
+    for s in data["peak_sweeps"]:
+        first = f" (at {s['commit']})"
+        for p in s["points"]:
+            if "error" in p:
+                parts.append(f"| {s['model']}{first} | {p['budget']:,} | {p['error']} | | | |")
+            else:
+                fp = common.xla_footprint(p["joint"])
+                parts.append(f"| {s['model']}{first} | {p['budget']:,} | "
+                             f"{p['joint']['estimate']:,} | {p['activations']:,} | {fp:,} "
+                             f"({fp / p['budget']:.2f}) | {common.xla_peak(p['halves']):,} |")
+            first = ""
+    return parts
+
+
 def checks(data) -> list[tuple[str, bool]]:
     """Temp bytes of each half <= JAX's + 2%; the joint form's footprint <= JAX's + 2%;
     XLA's footprint never rises as the budget falls (+2%); the estimate within 15% of XLA's
@@ -504,6 +576,21 @@ def checks(data) -> list[tuple[str, bool]]:
                         default=1.0)
             out.append((f"{s['model']} sweep{label}: XLA footprint at a budget at most "
                         f"{worst:.3f}x that of any larger budget", worst <= TEMP_SLACK))
+    for s in data.get("peak_sweeps", []):
+        points = [p for p in s["points"] if "error" not in p]
+        out += [(f"{s['model']} objective=peak at {p['budget']:,} B: {p['error']}", False)
+                for p in s["points"] if "error" in p]
+        for label, peaks in (("joint", [common.xla_footprint(p["joint"]) for p in points]),
+                             ("split", [common.xla_peak(p["halves"]) for p in points])):
+            worst = max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)),
+                        default=1.0)
+            out.append((f"{s['model']} objective=peak sweep, {label}: XLA footprint at a "
+                        f"budget at most {worst:.3f}x that of any larger budget",
+                        worst <= TEMP_SLACK))
+        over = max((common.xla_footprint(p["joint"]) / p["budget"] for p in points),
+                   default=0.0)
+        out.append((f"{s['model']} objective=peak sweep: XLA's joint footprint at most "
+                    f"{over:.3f}x the peak budget", over <= 1 + ESTIMATE_TOLERANCE))
     return out
 
 
@@ -615,11 +702,15 @@ def render(data, title: str = "Memory as XLA allocates it") -> str:
                          f"{p.get('levels', '-')}"
                          + (f" (1 level: {p['one_level_peak']:,})" if "one_level_peak" in p
                             else "") + f" | {common.xla_peak(p['halves']):,} |{held}")
+    parts += _render_peak_sweeps(data)
     results = checks(data)
     missed = [text for text, ok in results if not ok]
     parts += ["", f"Checks: {len(results) - len(missed)} of {len(results)} pass (temp bytes "
               f"of each half and the joint footprint at most JAX's + 2%, the `xla` estimate within "
               f"{ESTIMATE_TOLERANCE:.0%} of XLA's footprint, the footprint never rising as "
-              "the budget falls). Missed:", ""]
+              "the budget falls"
+              + (f", objective=peak's joint footprint within its budget + "
+                 f"{ESTIMATE_TOLERANCE:.0%}" if data.get("peak_sweeps") else "")
+              + "). Missed:", ""]
     parts += [f"- {text}" for text in missed] or ["- none"]
     return "\n".join(parts) + "\n"
