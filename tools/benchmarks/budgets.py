@@ -508,7 +508,9 @@ def render(data, png_rel: str) -> str:
           "This section counts the planner's own figures. What XLA allocates for `auto` along "
           "its budgets is in the sweeps of [Memory as XLA allocates it]"
           "(#memory-as-xla-allocates-it) (CPU, built as `rp.jit` builds them there: tied to "
-          "the cotangent, since XLA:CPU deletes optimization barriers before it schedules) "
+          "the cotangent, since XLA:CPU deletes optimization barriers before it schedules; "
+          "of residual budgets, with and without `monotone`, and of peak budgets under "
+          "`objective=peak`, `xla --peak`) "
           "and, where a device run exists, of its GPU section; the GPU training-step runs of "
           "`auto` at each fixed policy's bytes are in [On a GPU](#on-a-gpu).", ""]
     return "\n".join(L) + "\n"
