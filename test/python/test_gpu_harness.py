@@ -236,6 +236,14 @@ def test_xla_benchmark_checks_and_keeps_the_objective_peak_sweeps():
     assert xla_memory.merge(stored, plain)["peak_sweeps"] == data["peak_sweeps"]
     again = results("bbb", [], rows=[{"model": "mlp"}])
     assert xla_memory.merge(stored, again)["peak_sweeps"] == again["peak_sweeps"]
+    # `xla --merge-peak-from` (device_round.sh's PEAK jobs: per model a copy of the stored
+    # results with its own sweep): the part's differing sweep is taken, nothing else
+    gpt = {"model": "gpt", "commit": "ccc", "points": []}
+    part = dict(stored, rows=[], peak_sweeps=stored["peak_sweeps"] + [gpt])
+    merged = xla_memory.merge_peak(dict(stored, sweeps=[{"model": "gpt"},
+                                                        {"model": "mlp"}]), part)
+    assert merged["peak_sweeps"] == [gpt] + stored["peak_sweeps"]
+    assert merged["rows"] == stored["rows"]
 
 
 def test_xla_benchmark_merges_a_run_in_pieces():

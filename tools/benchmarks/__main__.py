@@ -124,6 +124,10 @@ def run_xla(argv) -> None:
                     help="fold into the stored results the monotone sweeps measured "
                          "elsewhere (xla --monotone runs: their results files, or the .tgz "
                          "device_round.sh hands back with MONOTONE set; static)")
+    ap.add_argument("--merge-peak-from", metavar="FILE", nargs="+",
+                    help="fold into the stored results the objective=peak sweeps measured "
+                         "elsewhere (xla --peak runs: their results files, or the .tgz "
+                         "device_round.sh hands back with PEAK set; static)")
     ap.add_argument("--re-estimate", metavar="BACKEND", choices=("cpu", "gpu"),
                     help="make the estimate of the stored results of BACKEND again with this "
                          "checkout (static: no device needed; same jax as measured)")
@@ -144,13 +148,16 @@ def run_xla(argv) -> None:
         _log(f"merged {len(parts)} part(s): {', '.join(models)}")
         _write_and_check(name, data)
         return
-    if args.merge_monotone_from:
-        name, data, parts = _parts_and_stored(ap, args.merge_monotone_from)
+    for given, merge in ((args.merge_monotone_from, xla_memory.merge_monotone),
+                         (args.merge_peak_from, xla_memory.merge_peak)):
+        if not given:
+            continue
+        name, data, parts = _parts_and_stored(ap, given)
         if data is None:
-            ap.error(f"no stored results {name}.json to add the monotone sweeps to")
+            ap.error(f"no stored results {name}.json to add the sweeps to")
         try:
             for part in parts:
-                data = xla_memory.merge_monotone(data, part)
+                data = merge(data, part)
         except ValueError as e:
             ap.error(str(e))
         _write_and_check(name, data)

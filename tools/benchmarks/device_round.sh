@@ -18,7 +18,9 @@
 # Name the commit measured: BENCH_COMMIT=<the host's HEAD> bash tools/benchmarks/...
 # With --parallel and MONOTONE=larger (or smaller), each model also runs
 # `xla --monotone RULE --models KEY` on the stored results, in a copy of its own beside the
-# rest; $OUT/xla_gpu_monotone.tgz holds those results. Step `none` runs nothing (no dumps).
+# rest; $OUT/xla_gpu_monotone.tgz holds those results. PEAK=1 likewise runs
+# `xla --peak --models KEY` ($OUT/xla_gpu_peak.tgz); ROWS=0 leaves out the plain runs (a
+# round of the extra runs alone). Step `none` runs nothing (no dumps).
 #
 # The machine has jax with CUDA but may lack igraph: wheels downloaded on the host into
 # .whl are installed first when that folder is there (carry it; it is not tracked):
@@ -27,6 +29,7 @@
 # Back on the host, after --parallel:
 #   python -m tools.benchmarks xla --merge-from FILES_AT/xla_gpu_parts.tgz
 #   python -m tools.benchmarks xla --merge-monotone-from FILES_AT/xla_gpu_monotone.tgz
+#   python -m tools.benchmarks xla --merge-peak-from FILES_AT/xla_gpu_peak.tgz
 #   python -m tools.benchmarks render
 set -u
 export OUT="${OUT:-/tmp/device_out}"
@@ -56,33 +59,36 @@ if [ "${steps[0]}" = "--parallel" ]; then
   # session's first commit; give BENCH_COMMIT=<the host's HEAD> on the command line)
   export XLA_PYTHON_CLIENT_PREALLOCATE=false \
     BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD)}"
-  mkdir -p /tmp/par_logs
+  rm -rf /tmp/par_logs; mkdir -p /tmp/par_logs
   models=(${PARALLEL_MODELS:-gpt mlp-scan equinox convnet mlp gpt-scan})
-  for m in "${models[@]}"; do
-    ( dir="/tmp/par_$m"; rm -rf "$dir"; mkdir -p "$dir"
-      tar --exclude=./.git --exclude=./.whl -cf - . | tar -xf - -C "$dir"
-      rm -f "$dir/$RESULTS"     # (only what this run measures goes back: no stored rows)
-      cd "$dir" && PYTHONPATH="${SITE:-}$dir" \
-        python3 -m tools.benchmarks xla --models "$m" > "/tmp/par_logs/xla.$m.log" 2>&1 \
-        ; echo "== $m exit $? ($(date +%T))" ) &
-  done
-  if [ -n "${MONOTONE:-}" ]; then   # (on the stored results: their sweep budgets)
+  # a run per model beside the rest: NAME (its copy /tmp/NAME_KEY, its log, its archive
+  # $OUT/xla_gpu_NAME.tgz) and the xla flags it adds; ROWS=0 leaves out the plain runs
+  runs=()
+  [ "${ROWS:-1}" != 0 ] && runs+=("par:")
+  [ -n "${MONOTONE:-}" ] && runs+=("mono:--monotone $MONOTONE")  # (on the stored results)
+  [ -n "${PEAK:-}" ] && runs+=("peak:--peak")
+  for run in "${runs[@]}"; do
+    name="${run%%:*}"; flags="${run#*:}"
     for m in "${models[@]}"; do
-      ( dir="/tmp/mono_$m"; rm -rf "$dir"; mkdir -p "$dir"
+      ( dir="/tmp/${name}_$m"; rm -rf "$dir"; mkdir -p "$dir"
         tar --exclude=./.git --exclude=./.whl -cf - . | tar -xf - -C "$dir"
-        cd "$dir" && PYTHONPATH="${SITE:-}$dir" python3 -m tools.benchmarks xla \
-          --monotone "$MONOTONE" --models "$m" > "/tmp/par_logs/mono.$m.log" 2>&1 \
-          ; echo "== monotone $m exit $? ($(date +%T))" ) &
+        # (a plain run hands back only what it measures: no stored rows)
+        [ "$name" = par ] && rm -f "$dir/$RESULTS"
+        cd "$dir" && PYTHONPATH="${SITE:-}$dir" python3 -m tools.benchmarks xla $flags \
+          --models "$m" > "/tmp/par_logs/$name.$m.log" 2>&1 \
+          ; echo "== $name $m exit $? ($(date +%T))" ) &
     done
-  fi
+  done
   steps=("${steps[@]:1}")
   [ ${#steps[@]} -eq 0 ] && steps=(dumps)
   for step in "${steps[@]}"; do bash "$0" "$step"; done
   wait
-  # (the machine hands back a few files: the results go back as one archive)
-  (cd /tmp && tar -czf "$OUT/xla_gpu_parts.tgz" $(ls par_*/"$RESULTS" 2>/dev/null))
-  [ -n "${MONOTONE:-}" ] && \
-    (cd /tmp && tar -czf "$OUT/xla_gpu_monotone.tgz" $(ls mono_*/"$RESULTS" 2>/dev/null))
+  # (the machine hands back a few files: the results go back as one archive per run)
+  for run in "${runs[@]}"; do
+    name="${run%%:*}"
+    archive="$(case $name in par) echo parts;; mono) echo monotone;; *) echo $name;; esac)"
+    (cd /tmp && tar -czf "$OUT/xla_gpu_$archive.tgz" $(ls ${name}_*/"$RESULTS" 2>/dev/null))
+  done
   # (at most 8 files come back: 2026-11-28 the six logs beside the dumps crowded out the
   # results; the logs go back as one archive, their last lines here)
   (cd /tmp/par_logs && tar -czf "$OUT/xla_logs.tgz" *.log && tail -n 2 *.log)

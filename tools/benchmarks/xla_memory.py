@@ -266,6 +266,22 @@ def merge_monotone(stored: dict, part: dict) -> dict:
     return out
 
 
+def merge_peak(stored: dict, part: dict) -> dict:
+    """`xla --merge-peak-from`: the stored results with the objective=peak sweeps a part
+    measured (a copy of the stored results that `xla --peak --models KEY` added to, as
+    device_round.sh's PEAK jobs hand them back): each of the part's sweeps that differs
+    from the stored one of its model takes its place; every other figure stays."""
+    out = dict(stored)
+    sweeps = {s["model"]: s for s in stored.get("peak_sweeps", [])}
+    for s in part.get("peak_sweeps", []):
+        if sweeps.get(s["model"]) != s:
+            sweeps[s["model"]] = s
+    order = [s["model"] for s in stored["sweeps"]]
+    out["peak_sweeps"] = sorted(sweeps.values(), key=lambda s: order.index(s["model"])
+                                if s["model"] in order else len(order))
+    return out
+
+
 def monotone_rule(sweep) -> str:
     """The rule a sweep's monotone twin was measured with (those measured before there
     were two took a smaller budget's plan)."""
