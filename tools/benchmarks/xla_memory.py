@@ -20,7 +20,9 @@ the comparison is of what each tool gives a user here.
 
 Then, per model, `auto(budget=b)` for 10 budgets from the least a plan can keep to no remat:
 the activation bytes the plan keeps, whether it recomputes in two levels, and XLA's footprint
-of the larger half, which should not rise as the budget falls.
+of the larger half, which should not rise as the budget falls. Added to stored results on
+request: the same sweep under `monotone` (`--monotone`), and `objective=peak` at 10 peak
+budgets (`--peak`), whose XLA footprints should not rise either.
 """
 from __future__ import annotations
 
