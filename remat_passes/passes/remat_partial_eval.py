@@ -311,9 +311,6 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
         memo = _trial_memo(module_op, self, policy, state)
 
-        def trial(rb):
-            return _remembered(memo, "monotone", rb, lambda: made(rb))
-
         def made(rb):
             copy, st = self._trial(candidate(rb), module_op, state, [], mode=self.mode)
             names = [self.func] if self.mode == "joint" else \
@@ -332,7 +329,9 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             peaks = estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")
             return Trial(rb, report.activation_bytes(st.residuals[self.func]),
                          max(peaks[name].peak_bytes for name in names), cost)
-        m = monotone_peak(budget, lo, hi, trial, policy.monotone)
+        m = monotone_peak(budget, lo, hi,
+                          lambda rb: _remembered(memo, "monotone", rb, lambda: made(rb)),
+                          policy.monotone)
         if not m.rises:
             return policy
         planned = "" if m.lower.budget == m.lower_for else \
@@ -658,16 +657,14 @@ def planning_problem(module, func: str = "main", policy=None):
     return p
 
 
-# The trial plans of auto(monotone=...) and auto(objective=peak), by module, options,
-# kind and residual budget: the trial budgets depend on the module alone, so a sweep of
-# budgets (rp.pareto, a benchmark's) plans them once
+# The trial plans of auto(monotone=...) and auto(objective=peak), by module, options, kind
+# and residual budget: they depend on the module alone, so a sweep of budgets plans them once
 _TRIALS: collections.OrderedDict = collections.OrderedDict()
 TRIALS_MEMO = 1024
 
 
 def _remembered(memo, kind: str, rb: int, make):
-    """`make()`, the trial of kind `kind` at residual budget `rb`, made once per `memo`
-    key (`_trial_memo`; None: not remembered)."""
+    """`make()`, the trial `kind` at residual budget `rb`, once per `memo` (None: each time)."""
     if memo is None:
         return make()
     key = (memo, kind, rb)
