@@ -719,13 +719,10 @@ def test_monotone_from_the_command_line_and_in_the_sweep(tmp_path):
     assert "monotone=smaller" in buf.getvalue()
 
 
-def test_monotone_plans_its_trial_budgets_once_per_module(monkeypatch):
-    """The trial budgets of monotone=true depend on the module alone: a second budget on
-    the same module plans only its own trial (a sweep pays for the grid once); another
-    form (joint) is another key."""
+def _counted_trials(monkeypatch) -> list:
+    """The specs of the trial plans remat-partial-eval makes from here on (appended as it
+    makes them), with the process's trial memo emptied."""
     from remat_passes.passes import remat_partial_eval as rpe
-    _, _, m = case("block")
-    lo, hi = bounds(m)
     made = []
     real = rpe.RematPartialEval._trial
 
@@ -734,6 +731,16 @@ def test_monotone_plans_its_trial_budgets_once_per_module(monkeypatch):
         return real(self, candidate, *args, **kwargs)
     monkeypatch.setattr(rpe.RematPartialEval, "_trial", counted)
     monkeypatch.setattr(rpe, "_TRIALS", collections.OrderedDict())
+    return made
+
+
+def test_monotone_plans_its_trial_budgets_once_per_module(monkeypatch):
+    """The trial budgets of monotone=true depend on the module alone: a second budget on
+    the same module plans only its own trial (a sweep pays for the grid once); another
+    form (joint) is another key."""
+    _, _, m = case("block")
+    lo, hi = bounds(m)
+    made = _counted_trials(monkeypatch)
     rp.remat(m, P.auto(lo + (hi - lo) // 3 + 1, monotone=True), mode="split")
     first = len(made)
     from remat_passes.planner.resolve import MONOTONE_GRID
@@ -798,14 +805,7 @@ def test_objective_peak_plans_its_trial_budgets_once_per_module(monkeypatch):
     from remat_passes.passes import remat_partial_eval as rpe
     _, _, m = case("scan")
     base = rp.estimate_memory(rp.remat(m, None), model="xla")["main"].peak_bytes
-    made = []
-    real = rpe.RematPartialEval._trial
-
-    def counted(self, candidate, *args, **kwargs):
-        made.append(candidate.spec)
-        return real(self, candidate, *args, **kwargs)
-    monkeypatch.setattr(rpe.RematPartialEval, "_trial", counted)
-    monkeypatch.setattr(rpe, "_TRIALS", collections.OrderedDict())
+    made = _counted_trials(monkeypatch)
     first = rp.remat(m, P.auto(budget=int(base * 0.9), objective="peak"))
     trials = len(made)
     assert trials >= 13
