@@ -240,9 +240,14 @@ def measure_peak(data: dict, keys, log=print) -> dict:
                            "activations": activation_bytes(split.residuals)})
         sweeps.append({"model": key, "commit": common.git_commit(), "points": points})
         log(f"xla: {key} sweep of {SWEEP_POINTS} peak budgets (objective=peak)")
+    return dict(data, peak_sweeps=_in_sweep_order(sweeps, data))
+
+
+def _in_sweep_order(peak_sweeps, data) -> list:
+    """`peak_sweeps` in the order of `data`'s sweeps (models it has none of last)."""
     order = [s["model"] for s in data["sweeps"]]
-    sweeps.sort(key=lambda s: order.index(s["model"]) if s["model"] in order else len(order))
-    return dict(data, peak_sweeps=sweeps)
+    return sorted(peak_sweeps, key=lambda s: order.index(s["model"]) if s["model"] in order
+                  else len(order))
 
 
 def merge_monotone(stored: dict, part: dict) -> dict:
@@ -271,17 +276,11 @@ def merge_monotone(stored: dict, part: dict) -> dict:
 def merge_peak(stored: dict, part: dict) -> dict:
     """`xla --merge-peak-from`: the stored results with the objective=peak sweeps a part
     measured (a copy of the stored results that `xla --peak --models KEY` added to, as
-    device_round.sh's PEAK jobs hand them back): each of the part's sweeps that differs
-    from the stored one of its model takes its place; every other figure stays."""
-    out = dict(stored)
+    device_round.sh's PEAK jobs hand them back): each of the part's sweeps takes the place
+    of its model's; every other figure stays."""
     sweeps = {s["model"]: s for s in stored.get("peak_sweeps", [])}
-    for s in part.get("peak_sweeps", []):
-        if sweeps.get(s["model"]) != s:
-            sweeps[s["model"]] = s
-    order = [s["model"] for s in stored["sweeps"]]
-    out["peak_sweeps"] = sorted(sweeps.values(), key=lambda s: order.index(s["model"])
-                                if s["model"] in order else len(order))
-    return out
+    sweeps.update((s["model"], s) for s in part.get("peak_sweeps", []))
+    return dict(stored, peak_sweeps=_in_sweep_order(sweeps.values(), stored))
 
 
 def monotone_rule(sweep) -> str:
@@ -346,12 +345,8 @@ def merge(stored: dict | None, new: dict) -> dict:
                                [r["model"] for r in new["rows"]]))
     out["rows"].sort(key=lambda r: order.index(r["model"]))
     out["sweeps"].sort(key=lambda s: order.index(s["model"]))
-    peaks = {s["model"] for s in new.get("peak_sweeps", [])}
-    if peaks:    # (a run of `xla` alone measures none: the stored ones stay)
-        out["peak_sweeps"] = [s for s in stored.get("peak_sweeps", [])
-                              if s["model"] not in peaks] + new["peak_sweeps"]
-        out["peak_sweeps"].sort(key=lambda s: order.index(s["model"])
-                                if s["model"] in order else len(order))
+    if new.get("peak_sweeps"):    # (a run of `xla` alone measures none: the stored stay)
+        out = merge_peak(out, new)
     before = stored["meta"].get("measured") or {m: _measured(stored["meta"]) for m in order}
     measured = {m: _measured(new["meta"]) if m in models else before[m] for m in order}
     out["meta"]["measured"] = measured
@@ -559,6 +554,12 @@ def _render_peak_sweeps(data) -> list[str]:
     return parts
 
 
+def _worst_rise(peaks: list) -> float:
+    """Along a sweep (budgets rising), the most a footprint exceeds that of any larger
+    budget, as a ratio (1.0: never)."""
+    return max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)), default=1.0)
+
+
 def checks(data) -> list[tuple[str, bool]]:
     """Temp bytes of each half <= JAX's + 2%; the joint form's footprint <= JAX's + 2%;
     XLA's footprint never rises as the budget falls (+2%); the estimate within 15% of XLA's
@@ -589,9 +590,7 @@ def checks(data) -> list[tuple[str, bool]]:
             forms.append((f" (monotone={monotone_rule(s)})",
                           [p["monotone"]["halves"] for p in s["points"]]))
         for label, halves in forms:
-            peaks = [common.xla_peak(h) for h in halves]
-            worst = max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)),
-                        default=1.0)
+            worst = _worst_rise([common.xla_peak(h) for h in halves])
             out.append((f"{s['model']} sweep{label}: XLA footprint at a budget at most "
                         f"{worst:.3f}x that of any larger budget", worst <= TEMP_SLACK))
     for s in data.get("peak_sweeps", []):
@@ -600,8 +599,7 @@ def checks(data) -> list[tuple[str, bool]]:
                 for p in s["points"] if "error" in p]
         for label, peaks in (("joint", [common.xla_footprint(p["joint"]) for p in points]),
                              ("split", [common.xla_peak(p["halves"]) for p in points])):
-            worst = max((peaks[k] / min(peaks[k + 1:]) for k in range(len(peaks) - 1)),
-                        default=1.0)
+            worst = _worst_rise(peaks)
             out.append((f"{s['model']} objective=peak sweep, {label}: XLA footprint at a "
                         f"budget at most {worst:.3f}x that of any larger budget",
                         worst <= TEMP_SLACK))
