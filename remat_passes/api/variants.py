@@ -59,7 +59,8 @@ def ties(module) -> int:
 
 def recomputes_nothing(exported, module) -> bool:
     """Does `module`, rewritten from `exported`, recompute nothing? (It has no optimization
-    barrier of its own: place-optimization-barriers places one for each recomputation.)"""
+    barrier of its own: place-optimization-barriers places one for each recomputation, and
+    its fences of saved values only beside those.)"""
     return str(module).count("stablehlo.optimization_barrier") == \
         str(exported).count("stablehlo.optimization_barrier")
 

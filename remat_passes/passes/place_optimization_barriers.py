@@ -57,6 +57,15 @@ it, as without remat, against 2,398,248 B with it; `jax.checkpoint`'s 2,367,512 
 turns a barrier it deletes into an order its scheduler keeps: the backward waits for
 everything the barrier holds.)
 
+`fence-producers=true` (the default), joint form, where a recomputation got a barrier: a
+saved value that XLA stores anyway (a dot, a barrier or the return reads it) but whose
+producer is a short chain of cheap elementwise ops on a value the backward does not read
+(`x @ w + b`, the dot's output) is read by the backward through one more barrier, at its
+first backward reader (`fence_residual_producers`). Otherwise XLA (GPU; XLA:CPU from jaxlib
+0.11) fuses that chain again into backward fusions and keeps the dot's output live until
+then, beside the saved value. A value no such reader stores is left alone: there XLA's
+recomputing it inside each reader is what keeps it from being stored.
+
 Run it in joint form on @<f>, in split form on @<f>_bwd. Inside scan loop bodies
 it places barriers only with `in-loops=true`: there the loop already keeps each
 iteration's recomputation in its iteration (JAX recommends prevent_cse=False
@@ -74,6 +83,7 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes.analysis.function import RecomputeGroup, recompute_groups
+from remat_passes.cost.xla_buffers import ELEMENTWISE, EXPENSIVE, FUSIBLE
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id, stablehlo
 from remat_passes.passes.base import ModulePass, option, parse_bool
@@ -419,6 +429,81 @@ def place_over_residuals(a, block, groups, is_shape, note=None, tie=None,
     return 1
 
 
+# elementwise ops XLA computes again inside each reader (not EXPENSIVE ones)
+_DUPLICATED = ELEMENTWISE - EXPENSIVE
+# readers that take their operands as stored buffers: XLA fuses no producer into them
+_STORES_OPERANDS = frozenset({
+    "stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution",
+    "stablehlo.custom_call", "stablehlo.optimization_barrier", "stablehlo.while",
+    "stablehlo.case", "stablehlo.if", "stablehlo.sort", "func.return", "func.call"})
+_FENCE_DEPTH = 3   # ops along a producer chain XLA would fuse into the backward
+
+
+def _made_from_dropped(v, kept: set) -> bool:
+    """Is forward value `v` made by a short chain of cheap elementwise ops (which XLA
+    computes again inside each reader) from a stored value the backward does not read
+    (`kept`: what it reads), such as the dot output under `dot + bias`?"""
+    frontier = [v] if isinstance(v, ir.OpResult) and v.owner.name in _DUPLICATED else []
+    for _ in range(_FENCE_DEPTH):
+        chain = []
+        for w in frontier:
+            for u in w.owner.operands:
+                if not isinstance(u, ir.OpResult) or u in kept \
+                        or u.owner.name == "stablehlo.constant":
+                    continue
+                if u.owner.name in _DUPLICATED:
+                    chain.append(u)
+                elif u.owner.name not in FUSIBLE:
+                    return True
+        frontier = chain
+    return False
+
+
+def fence_residual_producers(a, block, is_shape, note=None) -> int:
+    """Joint form: a saved value XLA stores anyway (a dot, a barrier or the return reads
+    it) but whose cheap producer XLA could fuse again into its backward readers gets read
+    by those through one barrier, at the first of them. Left alone, XLA (GPU; XLA:CPU from
+    jaxlib 0.11) computes `reduce_precision(dot + bias)` once for the forward and again
+    inside backward fusions, so the dot output stays live into the backward beside the
+    saved value (measured, XLA:CPU of jaxlib 0.12, the GPT joint under `auto` at 2/9 of its
+    budget range: 15,856,516 B without, 12,972,932 B with it, estimated 12,963,356 B;
+    docs/passes.md has the others). A value no reader stores is left to XLA: there
+    computing it inside each reader is what keeps it from being stored (the GPT under
+    everything_saveable). Returns how many barriers it placed."""
+    ops = [op.operation for op in block.operations][:-1]        # (not the return)
+    forward, kept = set(), set()
+    for op in ops:
+        if not a.is_backward(op) and not contract.is_recompute_clone(op):
+            forward.update(op.results)
+        elif a.is_backward(op):
+            kept.update(v for v in graph.read_values(op) if v in forward)
+    decided: dict = {}
+
+    def needs_fence(v) -> bool:
+        if v not in decided:
+            decided[v] = not is_shape(v) and _tieable(v) \
+                and any(u.owner.name in _STORES_OPERANDS for u in v.uses) \
+                and _made_from_dropped(v, kept)
+        return decided[v]
+    fenced: dict = {}
+    for op in ops:
+        if not a.is_backward(op) or contract.is_recompute_clone(op) or contract.is_barrier(op) \
+                or op.name in _STORES_OPERANDS:    # (nothing fused into it to fence off)
+            continue
+        reads = graph.read_values(op)
+        new = [v for v in reads if v in forward and v not in fenced and needs_fence(v)]
+        if new:
+            barrier = stablehlo.OptimizationBarrierOp(new, ip=ir.InsertionPoint(op),
+                                                      loc=op.location)
+            contract.mark_barrier(barrier)
+            if note is not None:
+                note(barrier.operation, op)
+            fenced.update(zip(new, barrier.results))
+        if any(v in fenced for v in reads):
+            graph.replace_reads_all([op], fenced)
+    return len({op_id(v.owner) for v in fenced.values()})
+
+
 def place_in_loops(func_op, tie=None) -> int:
     """Barriers for the recompute groups inside while bodies of `func_op`."""
     bodies = []
@@ -493,6 +578,10 @@ class PlaceOptimizationBarriers(ModulePass):
         False, "the whole function is one checkpoint region (a module policy): with "
         "groups=per-region its backward reads everything from the forward through one "
         "barrier, also when nothing is recomputed, as jax.checkpoint(f, policy)", parse_bool)
+    fence_producers: bool = option(
+        True, "joint form, where something is recomputed: a saved value XLA stores anyway "
+        "is read by the backward through a barrier, so XLA cannot fuse its cheap producer "
+        "into backward readers and keep that producer's input live", parse_bool)
 
     def apply(self, module_op, state) -> None:
         name = self.func
@@ -514,17 +603,21 @@ class PlaceOptimizationBarriers(ModulePass):
             is_shape = _shape_test(a)
             # (tied: where a cotangent argument can be the ties' source, else place() ties
             # each group to its consumer's incoming cotangent)
+            placed = 0
             if self.groups == "per-region" and self.function_region and target == name \
                     and (tie is None or any(_tie_source(a.args[i])
                                             for i in a.cotangent_indices)) \
                     and _manual_test(a) is None and not any(
                         graph.scope_chain(op) for g in groups for op in g.ops):
-                place_over_residuals(a, graph.body_block(f),
-                                     [g for g in groups if _inputs_to_hide(g, is_shape)],
-                                     is_shape, note, tie=tie,
-                                     tie_arguments=contract.recompute_levels(f) == 2)
-            place(groups, a.is_backward, [a.args[i] for i in a.cotangent_indices], note,
-                  _in_regions_without_barrier(module_op), _manual_test(a), is_shape, tie=tie,
-                  tie_arguments=contract.recompute_levels(f) == 2)
+                placed = place_over_residuals(
+                    a, graph.body_block(f), [g for g in groups if _inputs_to_hide(g, is_shape)],
+                    is_shape, note, tie=tie, tie_arguments=contract.recompute_levels(f) == 2)
+            placed += place(groups, a.is_backward, [a.args[i] for i in a.cotangent_indices],
+                            note, _in_regions_without_barrier(module_op), _manual_test(a),
+                            is_shape, tie=tie, tie_arguments=contract.recompute_levels(f) == 2)
+            # (only where something is recomputed: with no barrier of a recomputation, a
+            # program keeps its residuals as XLA fuses them, and rp.jit can tell it apart)
+            if self.fence_producers and placed and target == name and _manual_test(a) is None:
+                fence_residual_producers(a, graph.body_block(f), is_shape, note)
             if self.in_loops:
                 place_in_loops(f, tie=tie)

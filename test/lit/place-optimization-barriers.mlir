@@ -18,6 +18,8 @@
 // RUN: sed -n '/^module @two_groups/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=REGION
 // RUN: sed -n '/^module @two_groups/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=REGION
 // RUN: sed -n '/^module @late_input/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=LATE
+// fence-producers=false on @fused_producer: only the group's barrier.
+// RUN: sed -n '/^module @fused_producer/,/^}/p' %s | remat-opt --place-optimization-barriers=fence-producers=false | filecheck %s --check-prefix=NOFENCE
 // function-region=true (a module policy) on @saved_all, which recomputes nothing; without it
 // (and per-use) no barrier:
 // RUN: sed -n '/^module @saved_all/,/^}/p' %s | remat-opt --place-optimization-barriers='groups=per-region function-region=true' | filecheck %s --check-prefix=ALL
@@ -547,6 +549,63 @@ module @saved_all {
     %late = stablehlo.tanh %x : tensor<4xf32>
     %g2 = stablehlo.add %g1, %late : tensor<4xf32>
     return %r, %g2 : tensor<4xf32>, tensor<4xf32>
+  }
+}
+
+// -----
+
+// A saved value XLA stores anyway (the group's barrier reads it) whose producer is a cheap
+// elementwise op on a value the backward does not read (%h = %d + bias, %d a dot): the
+// backward reads %h through one more barrier, at its first reader, so XLA cannot compute
+// %h again inside the backward's fusions from %d and keep %d live beside %h.
+// CHECK-LABEL: module @fused_producer
+// CHECK: %[[H:.*]] = stablehlo.add %{{.*}}, %{{.*}} : tensor<2x4xf32>
+// CHECK: %[[F:.*]] = stablehlo.optimization_barrier {remat.barrier} %[[H]] : tensor<2x4xf32>
+// CHECK-NEXT: %[[G0:.*]] = stablehlo.multiply %arg3, %[[F]]
+// CHECK-NEXT: %[[B:.*]]:2 = stablehlo.optimization_barrier {remat.barrier} %[[H]], %[[G0]]
+// CHECK-NEXT: %[[T:.*]] = stablehlo.tanh %[[B]]#0 {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G1:.*]] = stablehlo.multiply %[[G0]], %[[T]]
+// CHECK-NEXT: %[[G2:.*]] = stablehlo.add %[[G1]], %[[F]]
+// CHECK-NEXT: return
+// NOFENCE-LABEL: module @fused_producer
+// NOFENCE-COUNT-1: stablehlo.optimization_barrier
+// NOFENCE-NOT: stablehlo.optimization_barrier
+module @fused_producer {
+  func.func @main(%x: tensor<2x4xf32>, %w: tensor<4x4xf32>, %b: tensor<4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+    %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    %bb = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<4xf32>) -> tensor<2x4xf32>
+    %h = stablehlo.add %d, %bb : tensor<2x4xf32>
+    %y = stablehlo.tanh %h : tensor<2x4xf32>
+    %g0 = stablehlo.multiply %ct, %h : tensor<2x4xf32>
+    %t = stablehlo.tanh %h {remat.recompute = 1 : i64} : tensor<2x4xf32>
+    %g1 = stablehlo.multiply %g0, %t : tensor<2x4xf32>
+    %g2 = stablehlo.add %g1, %h : tensor<2x4xf32>
+    return %y, %g2 : tensor<2x4xf32>, tensor<2x4xf32>
+  }
+}
+
+// -----
+
+// The same value with no reader that stores it (the recomputation starts from %x): XLA may
+// compute %h inside its readers and never store it, so no barrier but the group's.
+// CHECK-LABEL: module @producer_not_stored
+// CHECK: %[[H:.*]] = stablehlo.add
+// CHECK-NEXT: stablehlo.tanh %[[H]]
+// CHECK-NEXT: %[[G0:.*]] = stablehlo.multiply %arg3, %[[H]]
+// CHECK-NEXT: stablehlo.optimization_barrier {remat.barrier} %arg0, %[[G0]]
+// CHECK-NEXT: stablehlo.sine
+// CHECK-NEXT: stablehlo.multiply %[[G0]]
+// CHECK-NEXT: return
+module @producer_not_stored {
+  func.func @main(%x: tensor<2x4xf32>, %w: tensor<4x4xf32>, %b: tensor<4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+    %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    %bb = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<4xf32>) -> tensor<2x4xf32>
+    %h = stablehlo.add %d, %bb : tensor<2x4xf32>
+    %y = stablehlo.tanh %h : tensor<2x4xf32>
+    %g0 = stablehlo.multiply %ct, %h : tensor<2x4xf32>
+    %s = stablehlo.sine %x {remat.recompute = 1 : i64} : tensor<2x4xf32>
+    %g1 = stablehlo.multiply %g0, %s : tensor<2x4xf32>
+    return %y, %g1 : tensor<2x4xf32>, tensor<2x4xf32>
   }
 }
 

@@ -167,6 +167,7 @@
 // LIST-NEXT: tie-to-cotangent {{.*}}XLA:CPU{{.*}}(default: False)
 // LIST-NEXT: groups {{.*}}per-region{{.*}}(default: per-use)
 // LIST-NEXT: function-region {{.*}}module policy{{.*}}(default: False)
+// LIST-NEXT: fence-producers {{.*}}backward readers{{.*}}(default: True)
 // LIST-NEXT: remat {{.*}}default pipeline
 // LIST: prevent-cse {{.*}}(default: True)
 // LIST-NEXT: prevent-cse-in-loops {{.*}}(default: False)

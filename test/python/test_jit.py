@@ -657,3 +657,30 @@ def test_split_form_keeps_offloaded_residuals_in_host_memory():
     want = jax.grad(loss, argnums=(0, 1, 2))(params, *batch)
     for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-6)
+
+
+def test_a_saved_sum_of_a_dot_and_a_bias_costs_no_more_than_in_jax_checkpoint():
+    """`h = x @ w + b` saved by name, its gelu recomputed: XLA (GPU; XLA:CPU from jaxlib
+    0.11) would compute the sum again inside backward fusions from the dot output and keep
+    that live beside `h`, unless the backward reads `h` through a barrier
+    (place-optimization-barriers' fence-producers). Measured, XLA:CPU of jaxlib 0.12: 8,654,884
+    B without it against jax.checkpoint's 8,132,640 B; 7,606,308 B with it."""
+    def f(x, w1, b1, w2):
+        for _ in range(3):
+            h = rp.checkpoint_name(x @ w1 + b1, "h")
+            x = jnp.tanh(jax.nn.gelu(h) @ w2) + x
+        return x
+    k = jax.random.split(jax.random.key(0), 4)
+    args = (jax.random.normal(k[0], (256, 256)), jax.random.normal(k[1], (256, 512)) * .05,
+            jax.random.normal(k[2], (512,)), jax.random.normal(k[3], (512, 256)) * .05)
+
+    def grads(fun):
+        return lambda *a: jax.vjp(fun, *a)[1](jnp.ones((256, 256)))
+    ours = rp.jit(grads(f), policy="save_only_these_names('h')")
+    lowered = ours.lower(*args)
+    theirs = jax.jit(grads(jax.checkpoint(
+        f, policy=jax.checkpoint_policies.save_only_these_names("h")))).lower(*args).compile()
+    if lowered.footprint() is not None:
+        assert lowered.footprint() <= 1.02 * common.xla_footprint(common.xla_memory(theirs))
+    for got, want in zip(ours(*args), jax.jit(grads(f))(*args)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
