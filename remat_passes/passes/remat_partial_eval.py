@@ -25,12 +25,11 @@ In two phases, each deciding before it rewrites:
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
-import hashlib
 import re
 
+from remat_passes import jax_compat
 from remat_passes.analysis import scan_pairs
 from remat_passes.core import residuals as report
 from remat_passes.core.levels import two_levels
@@ -47,6 +46,7 @@ from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner.model import build_problem
 from remat_passes.planner.resolve import (BudgetBelowMinimum, Trial, by_compiled_cost,
                                           for_peak, has_auto, monotone_peak, resolve)
+from remat_passes.planner import trials
 from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache
@@ -254,19 +254,21 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             st.drop()
         return copy, st
 
-    def _rest_of_pipeline(self) -> list:
+    def _rest_of_pipeline(self, groups: str = "per-use", rounded: bool = False) -> list:
         """The default pipeline's passes after this one, as rp.jit runs them: where XLA
-        deletes barriers (CPU), the recomputation tied to the cotangent. For trial plans
-        measured as they will run."""
+        deletes barriers (CPU), the recomputation tied to the cotangent; barriers `groups`,
+        residuals `rounded` (round_read_back). For trial plans measured as they will run."""
         from remat_passes.cost.xla_schedule import deletes_barriers
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
         from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
         from remat_passes.passes.segment_scans import SegmentScans
         from remat_passes.passes.sink_loop_constants import SinkLoopConstants
-        return [InsertReducePrecision(func=self.func, region_regex=self.region_regex),
+        return [InsertReducePrecision(func=self.func, region_regex=self.region_regex,
+                                      round_read_back=rounded),
                 SegmentScans(func=self.func), SinkLoopConstants(func=self.func),
-                PlaceOptimizationBarriers(func=self.func, tie_to_cotangent=deletes_barriers()),
+                PlaceOptimizationBarriers(func=self.func, tie_to_cotangent=deletes_barriers(),
+                                          groups=groups, function_region=True),
                 AnnotateHostOffload(func=self.func), StripCheckpointNames()]
 
     def _residual_budget_for_peak(self, policy, module_op, state):
@@ -275,15 +277,27 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         model, for the JAX backend in use; `for_peak` chooses among them)."""
         from remat_passes.cost.memory import estimate_memory
         problem = planning_problem(module_op, self.func, policy)
-        memo = _trial_memo(module_op, self, policy, state)
+        memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
+                          _is_loop_body(state, self.func), policy)
 
         def trial(candidate):   # the default pipeline, joint form (barriers split fusions)
-            def made():
-                copy, st = self._trial(candidate, module_op, state, self._rest_of_pipeline())
+            def peak(rest):
+                copy, st = self._trial(candidate, module_op, state, rest)
                 return (estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
-                            self.func].peak_bytes,
-                        st.plan_reports[self.func][0].solution.cost)
-            return _remembered(memo, "peak", candidate.budget.resolve(0), made)
+                    self.func].peak_bytes, st.plan_reports[self.func][0].solution.cost)
+
+            def made():
+                own, cost = peak(self._rest_of_pipeline())
+                if cost:
+                    return own, cost
+                # recomputing nothing, rp.jit also builds the plan with JAX's one barrier
+                # where barriers decide, else with its residuals rounded, and runs the
+                # smaller (api/variants)
+                return min(own, peak(self._rest_of_pipeline(
+                    "per-use" if one_grouping else "per-region", one_grouping))[0]), cost
+            return trials.remembered(memo, "peak", candidate.budget.resolve(0), made)
+        from remat_passes.cost.xla_schedule import deletes_barriers
+        one_grouping = deletes_barriers() and jax_compat.xla_cpu_fuses_across_barriers()
         return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
 
     def _monotone_peak(self, policy, module_op, state):
@@ -309,7 +323,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             return auto(rb, offload=policy.offload, device=policy.device,
                         solver=policy.solver, monotone=False)
 
-        memo = _trial_memo(module_op, self, policy, state)
+        memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
+                          _is_loop_body(state, self.func), policy)
 
         def made(rb):
             copy, st = self._trial(candidate(rb), module_op, state, [], mode=self.mode)
@@ -330,7 +345,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             return Trial(rb, report.activation_bytes(st.residuals[self.func]),
                          max(peaks[name].peak_bytes for name in names), cost)
         m = monotone_peak(budget, lo, hi,
-                          lambda rb: _remembered(memo, "monotone", rb, lambda: made(rb)),
+                          lambda rb: trials.remembered(memo, "monotone", rb, lambda: made(rb)),
                           policy.monotone)
         if not m.rises:
             return policy
@@ -655,44 +670,6 @@ def planning_problem(module, func: str = "main", policy=None):
                              lambda pos: True)
     p.module = copy      # the ops and values it names live in this copy (an ir.Module)
     return p
-
-
-# The trial plans of auto(monotone=...) and auto(objective=peak), by module, options, kind
-# and residual budget: they depend on the module alone, so a sweep of budgets plans them once
-_TRIALS: collections.OrderedDict = collections.OrderedDict()
-TRIALS_MEMO = 1024
-
-
-def _remembered(memo, kind: str, rb: int, make):
-    """`make()`, the trial `kind` at residual budget `rb`, once per `memo` (None: each time)."""
-    if memo is None:
-        return make()
-    key = (memo, kind, rb)
-    if key not in _TRIALS:
-        _TRIALS[key] = make()
-        while len(_TRIALS) > TRIALS_MEMO:
-            _TRIALS.popitem(last=False)
-    return _TRIALS[key]
-
-
-def _trial_memo(module_op, options, policy, state):
-    """The key of `module_op`'s trials under `options` (the pass's), `policy`'s own
-    options and what the pipeline state tells a trial (the policies of recorded
-    checkpoint regions, whether the function is a loop body), on the JAX backend in use;
-    None where the solver is a function (it may keep state)."""
-    if callable(policy.solver):
-        return None
-    import jax
-
-    def named(v):
-        return getattr(v, "spec", getattr(v, "pattern", v))
-    text = module_op.operation.get_asm(enable_debug_info=True)
-    settings = [(k, named(v)) for k, v in options.partial_eval_options().items()
-                if k != "policy"]
-    regions = sorted((str(k), named(v)) for k, v in state.region_policies.items())
-    return (hashlib.sha256(text.encode()).hexdigest(), str(settings), str(regions),
-            _is_loop_body(state, options.func), policy.offload, policy.device,
-            policy.solver, jax.default_backend())
 
 
 def _is_loop_body(state, func: str) -> bool:

@@ -1,0 +1,44 @@
+"""The trial plans of auto(monotone=...) and auto(objective=peak), kept for the process.
+
+Both plan the module at trial residual budgets and measure each plan's peak. A trial
+depends on the module, the pass's options, the policy's own options, what the pipeline
+state tells it and the backend alone, so a sweep of budgets plans each trial once:
+`remembered(key(...), kind, budget, make)` runs `make()` the first time only.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+
+TRIALS: collections.OrderedDict = collections.OrderedDict()
+TRIALS_MEMO = 1024      # trials kept (the oldest go first)
+
+
+def remembered(memo, kind: str, rb: int, make):
+    """`make()`, the trial `kind` at residual budget `rb`, once per `memo` (None: each time)."""
+    if memo is None:
+        return make()
+    k = (memo, kind, rb)
+    if k not in TRIALS:
+        TRIALS[k] = make()
+        while len(TRIALS) > TRIALS_MEMO:
+            TRIALS.popitem(last=False)
+    return TRIALS[k]
+
+
+def key(module_op, options: dict, region_policies: dict, loop_body: bool, policy):
+    """The key of `module_op`'s trials under `options` (the pass's, but the policy),
+    `policy`'s own options, the policies of recorded checkpoint regions and whether the
+    function is a loop body, on the JAX backend in use; None where the solver is a function
+    (it may keep state)."""
+    if callable(policy.solver):
+        return None
+    import jax
+
+    def named(v):
+        return getattr(v, "spec", getattr(v, "pattern", v))
+    text = module_op.operation.get_asm(enable_debug_info=True)
+    settings = [(k, named(v)) for k, v in options.items() if k != "policy"]
+    regions = sorted((str(k), named(v)) for k, v in region_policies.items())
+    return (hashlib.sha256(text.encode()).hexdigest(), str(settings), str(regions),
+            loop_body, policy.offload, policy.device, policy.solver, jax.default_backend())
