@@ -83,7 +83,7 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes.analysis.function import RecomputeGroup, recompute_groups
-from remat_passes.cost.xla_buffers import ELEMENTWISE, EXPENSIVE, FUSIBLE
+from remat_passes.cost.xla_buffers import ELEMENTWISE, EXPENSIVE, FUSIBLE, is_literal
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id, stablehlo
 from remat_passes.passes.base import ModulePass, option, parse_bool
@@ -448,8 +448,7 @@ def _made_from_dropped(v, kept: set) -> bool:
         chain = []
         for w in frontier:
             for u in w.owner.operands:
-                if not isinstance(u, ir.OpResult) or u in kept \
-                        or u.owner.name == "stablehlo.constant":
+                if not isinstance(u, ir.OpResult) or u in kept or is_literal(u):
                     continue
                 if u.owner.name in _DUPLICATED:
                     chain.append(u)
