@@ -246,6 +246,43 @@ def test_xla_benchmark_checks_and_keeps_the_objective_peak_sweeps():
     assert merged["rows"] == stored["rows"]
 
 
+def test_xla_benchmark_merge_keeps_the_monotone_twins_of_a_sweep_measured_the_same():
+    """`xla --models K --merge` after `xla --monotone`: the plain run measures no twins; they
+    stay where its sweep came out as the stored one, and go (said) where it did not."""
+    from tools.benchmarks import xla_memory
+
+    def half(temp):
+        return [{"temp": temp, "args": 0, "out": 0}]
+
+    def sweep(model, temps, twin=None):
+        points = [{"budget": b, "activations": b, "halves": half(t)}
+                  for b, t in zip((0, 10), temps)]
+        if twin is not None:
+            for p, t in zip(points, twin):
+                p["monotone"] = {"halves": half(t), "other_budgets_plan": t != p[
+                    "halves"][0]["temp"]}
+        out = {"model": model, "points": points}
+        return dict(out, monotone_rule="larger", monotone_commit="aaa") if twin else out
+
+    def run(commit, sweeps):
+        return {"meta": {"backend": "gpu", "commit": commit, "device": "H200"},
+                "rows": [{"model": s["model"], "short": "none"} for s in sweeps],
+                "sweeps": sweeps}
+    stored = run("aaa", [sweep("mlp", (5, 4), twin=(4, 4)), sweep("gpt", (9, 8), (8, 8))])
+    said = []
+    merged = xla_memory.merge(stored, run("bbb", [sweep("mlp", (5, 4)), sweep("gpt", (9, 7))]),
+                              said.append)
+    mlp, gpt = merged["sweeps"]
+    assert [p["monotone"]["halves"][0]["temp"] for p in mlp["points"]] == [4, 4]
+    assert mlp["monotone_rule"] == "larger" and mlp["monotone_commit"] == "aaa"
+    assert not any("monotone" in p for p in gpt["points"]) and "monotone_rule" not in gpt
+    assert len(said) == 1 and "gpt" in said[0] and "xla --monotone --models gpt" in said[0]
+    # the checks read the kept twin: the twins' sweep passes, the plain one still rises
+    texts = [t for t, _ in xla_memory.checks(dict(merged, rows=[]))]
+    assert "mlp sweep (monotone=larger): XLA footprint at a budget at most 1.000x that of " \
+        "any larger budget" in texts
+
+
 def test_xla_benchmark_merges_a_run_in_pieces():
     """`python -m tools.benchmarks xla --models ... --merge`: a device run one call per few
     models replaces those models' rows and sweep, keeps the rest in its order, and the

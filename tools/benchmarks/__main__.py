@@ -115,7 +115,8 @@ def run_xla(argv) -> None:
                     help=f"comma-separated subset of {','.join(MODELS)}")
     ap.add_argument("--merge", action="store_true",
                     help="replace only these models' rows in the stored results (a device "
-                         "run in pieces, one call per few models)")
+                         "run in pieces, one call per few models; a sweep's monotone twins "
+                         "stay where it measured the same, else the log says they went)")
     ap.add_argument("--merge-from", metavar="FILE", nargs="+",
                     help="merge results measured elsewhere into the stored ones, each part's "
                          "models replacing theirs: xla_*.json files, or the .tgz of them "
@@ -143,7 +144,7 @@ def run_xla(argv) -> None:
     if args.merge_from:
         name, data, parts = _parts_and_stored(ap, args.merge_from)
         for part in parts:
-            data = xla_memory.merge(data, part)
+            data = xla_memory.merge(data, part, _log)
         models = sorted({r["model"] for p in parts for r in p["rows"]})
         _log(f"merged {len(parts)} part(s): {', '.join(models)}")
         _write_and_check(name, data)
@@ -198,7 +199,7 @@ def run_xla(argv) -> None:
         data["ynn_probe"] = ynn_probe.probe()
     name = xla_memory.results_name(backend)
     if args.merge:
-        data = xla_memory.merge(common.read_json(name), data)
+        data = xla_memory.merge(common.read_json(name), data, _log)
     _log(f"wrote {common.write_json(name, data)}")
     for text, ok in xla_memory.checks(data):
         if not ok:

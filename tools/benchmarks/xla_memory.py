@@ -330,17 +330,22 @@ def read_parts(paths) -> list[dict]:
     return parts
 
 
-def merge(stored: dict | None, new: dict) -> dict:
+def merge(stored: dict | None, new: dict, log=None) -> dict:
     """`xla --merge`: the stored results with the rows and sweeps of the models `new`
     measured replaced by its own (in the stored order, new models last). `meta["measured"]`
     keeps each model's commit and device; where they differ, the meta's commit and device
-    say which models were measured at which."""
+    say which models were measured at which. A stored sweep's monotone twins (`xla
+    --monotone`, which a plain run does not measure) stay where the new sweep measured
+    every point as the stored one did (`_same_sweep`: the twins were measured beside those
+    programs); elsewhere they go, and `log` says so."""
     if not stored or stored["meta"].get("backend") != new["meta"]["backend"]:
         return new
     models = {r["model"] for r in new["rows"]} | {s["model"] for s in new["sweeps"]}
     out = dict(stored, meta=dict(new["meta"]))
     out["rows"] = [r for r in stored["rows"] if r["model"] not in models] + new["rows"]
-    out["sweeps"] = [s for s in stored["sweeps"] if s["model"] not in models] + new["sweeps"]
+    old_sweeps = {s["model"]: s for s in stored["sweeps"]}
+    out["sweeps"] = [s for s in stored["sweeps"] if s["model"] not in models] + [
+        _with_twins(s, old_sweeps.get(s["model"]), log) for s in new["sweeps"]]
     order = list(dict.fromkeys([r["model"] for r in stored["rows"]] +
                                [r["model"] for r in new["rows"]]))
     out["rows"].sort(key=lambda r: order.index(r["model"]))
@@ -361,6 +366,30 @@ def merge(stored: dict | None, new: dict) -> dict:
     elif len({measured[m].get("estimates_commit") for m in order}) == 1:
         out["meta"]["estimates_commit"] = measured[order[0]]["estimates_commit"]
     return out
+
+
+def _same_sweep(a: dict, b: dict) -> bool:
+    """Two measurements of a model's sweep found the same: the same budgets, and at each
+    the same plan (activations kept) and the same XLA figures of its halves."""
+    def figures(s):
+        return [(p["budget"], p.get("activations"), p.get("halves")) for p in s["points"]]
+    return figures(a) == figures(b)
+
+
+def _with_twins(new: dict, old: dict | None, log) -> dict:
+    """`new`, a sweep a plain run measured, with `old`'s monotone twins where `_same_sweep`."""
+    if old is None or not old["points"] or not all("monotone" in p for p in old["points"]):
+        return new
+    if not all(isinstance(p, dict) for p in new["points"]) or not _same_sweep(new, old):
+        if log:
+            log(f"xla: {new['model']}: its sweep measured differently; its monotone "
+                f"twins ({monotone_rule(old)}) are dropped: measure them again "
+                f"(xla --monotone --models {new['model']})")
+        return new
+    keys = ("monotone_commit", "monotone_rule")
+    return dict(new, points=[dict(p, monotone=q["monotone"])
+                             for p, q in zip(new["points"], old["points"])],
+                **{k: old[k] for k in keys if k in old})
 
 
 def _old_offload_program(row: dict) -> bool:
