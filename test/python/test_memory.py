@@ -1066,8 +1066,9 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
     """tools.benchmarks.xla_dump: one benchmark program's split halves, compiled with XLA's
     dump on under the names rp.compile gives them (jit_main_fwd, jit_main_bwd), each with
     XLA's footprint, the estimate and XLA's own scratch peak read from the dump, then the same
-    of JAX's split of jax.checkpoint (jit_fwd, jit_bwd); a model or policy it does not know
-    is an error naming what it knows."""
+    of JAX's split of jax.checkpoint (jit_fwd, jit_bwd); with --joint the same of the joint
+    form (jit_main) and JAX's joint program; a model or policy it does not know is an error
+    naming what it knows."""
     import sys
     run = [sys.executable, "-m", "tools.benchmarks.xla_dump"]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -1088,6 +1089,17 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
         block = proc.stdout.split(f"JAX's {half}:")[1].split("\nJAX's")[0]
         temp = int(re.search(r"temp ([\d,]+),", block)[1].replace(",", ""))
         assert f"XLA: temp allocation {temp:,} B" in block
+    # --joint: the joint form as rp.jit builds it (jit_main), then JAX's joint program
+    proc = run_process(run + ["convnet", "dots", str(tmp_path / "joint"), "--joint"],
+                       env=env, cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("convnet dots, joint form (per-")
+    assert list((tmp_path / "joint" / "ours").glob("module_*.jit_main.*buffer-assignment.txt"))
+    for head in ("@main:", "JAX's joint:"):
+        block = proc.stdout.split(head)[1].split("\nJAX's")[0]
+        temp = int(re.search(r"temp ([\d,]+),", block)[1].replace(",", ""))
+        assert f"XLA: temp allocation {temp:,} B" in block, block    # the dump is the run's
+    assert "estimate, live at the peak" in proc.stdout.split("@main:")[1]
     for bad, needle in ((["nope", "none"], "unknown model 'nope'"),
                         (["mlp", "nope"], "unknown policy 'nope' for mlp; known: none"),
                         (["mlp", "auto=lots"], "auto=BYTES takes a whole number of bytes")):

@@ -1,7 +1,7 @@
 """One program of the xla benchmark, dumped: where the `xla` estimate and XLA part.
 
-    python -m tools.benchmarks.xla_dump MODEL POLICY DIR      (e.g. mlp none /tmp/dump,
-                                                              gpt auto=0 /tmp/dump)
+    python -m tools.benchmarks.xla_dump MODEL POLICY DIR [--joint]   (e.g. mlp none
+                                                     /tmp/dump, gpt auto=0 /tmp/dump)
 
 MODEL is a key of the benchmark models, POLICY a short policy label (none, nothing, dots,
 ...) or `auto=BYTES` (an `auto` plan at that budget, as a point of the benchmark's sweep). Our split form is built as `python -m tools.benchmarks xla` builds it on this backend
@@ -11,7 +11,10 @@ footprint (`memory_analysis()`), XLA's scratch peak and the values filling it
 the same of JAX's split of `jax.checkpoint(model, policy)` (`jit_fwd`, `jit_bwd` in the
 dump; not for an `auto` plan), to read where ours needs more scratch than JAX's. On a GPU this is what the
 estimate is calibrated from: the dump directory holds the scheduled HLO and buffer
-assignment to read further.
+assignment to read further. With `--joint`, the same of the joint form as rp.jit builds it
+on this backend (the xla benchmark's `joint_ours`: `jit_main` in the dump) beside JAX's
+joint program (`jax.vjp` of `jax.checkpoint(model, policy)` under one `jax.jit`), where
+barriers decide (XLA:GPU, XLA:CPU from jaxlib 0.11) the form rp.jit runs.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    joint = "--joint" in argv
+    argv = [a for a in argv if a != "--joint"]
     if len(argv) != 3 or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -65,6 +70,9 @@ def main(argv=None) -> int:
         new = (set(dump.glob("module_*")) if dump.exists() else set()) - seen
         seen.update(new)
         return new
+    if joint:
+        return _joint(model, module, policy, None if budget is not None else cases[short],
+                      key, short, dump, fresh)
     split, halves, tied = xla_memory.our_split(module, policy, model.args,
                                                each=lambda s: made.append((s, fresh())))
     ours = _gather(dump / "ours", made, split, ("jit_main_fwd.", "jit_main_bwd."))
@@ -90,6 +98,48 @@ def main(argv=None) -> int:
               f"{measured['temp']:,}, arguments {measured['args']:,}, outputs "
               f"{measured['out']:,})")
         _print_liveness(xla_liveness, theirs, f"jit_{name}.")
+    return 0
+
+
+def _joint(model, module, policy, case, key, short, dump, fresh) -> int:
+    """`--joint`: our joint form as rp.jit builds it (the variant `xla_memory.our_joint`
+    chose: the first of the smallest), then JAX's joint program where `case` is a policy
+    of JAX's."""
+    import jax.numpy as jnp
+    from remat_passes.cost.memory import estimate_memory
+    from remat_passes.cost.memory_report import format_bytes
+    from tools.benchmarks import common, xla_liveness, xla_memory
+    from tools.benchmarks.cases import jax_function
+    from tools.benchmarks.models import _identity
+    ct = jnp.ones_like(model.build(_identity)(*model.args))
+    made = []
+    measured = xla_memory.our_joint(module, policy, model.args, ct, each=lambda j, m: (
+        made.append((j, fresh(), common.xla_footprint(m)))))
+    fp = common.xla_footprint(measured)
+    chosen = next(j for j, _, f in made if f == fp)
+    ours = _gather(dump / "ours", [(j, files) for j, files, _ in made], chosen, ("jit_main.",))
+    estimate = estimate_memory(chosen, model="xla")["main"]
+    rounded = ", residuals rounded" if measured.get("round_read_back") else ""
+    print(f"{key} {short}, joint form ({measured['barriers']}{rounded}), backend "
+          f"{common.machine()['backend']}")
+    print(f"\n@main: XLA footprint {fp:,} B (temp {measured['temp']:,}, arguments "
+          f"{measured['args']:,}, outputs {measured['out']:,}); estimate "
+          f"{estimate.peak_bytes:,} B ({(estimate.peak_bytes - fp) / fp:+.1%})")
+    print("  estimate, live at the peak: " + "; ".join(
+        f"{format_bytes(b)} {what}" for b, what in estimate.peak_values))
+    _print_liveness(xla_liveness, ours, "jit_main.")
+    if case is None:
+        return 0      # (a plan of ours: JAX has no such policy to set beside it)
+    theirs_measured = xla_memory._jax_joint(jax_function(model, case), model.args, ct)
+    theirs = dump / "jax"
+    theirs.mkdir(parents=True, exist_ok=True)
+    for f in fresh():
+        if f.is_file():
+            shutil.copy2(f, theirs / f.name)
+    print(f"\nJAX's joint: XLA footprint {common.xla_footprint(theirs_measured):,} B (temp "
+          f"{theirs_measured['temp']:,}, arguments {theirs_measured['args']:,}, outputs "
+          f"{theirs_measured['out']:,})")
+    _print_liveness(xla_liveness, theirs, None)
     return 0
 
 

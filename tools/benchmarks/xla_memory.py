@@ -77,20 +77,25 @@ def rounded_joint(module, policy, joint, tie: bool, groups: str):
                     round_read_back=True)
 
 
-def our_joint(module, policy, args, ct) -> dict:
+def our_joint(module, policy, args, ct, each=None) -> dict:
     """Our joint form as rp.jit builds it on this backend (`barrier_variants`: on CPU tied
     to the cotangent; where XLA keeps barriers, per use and per region; where nothing is
     recomputed, with the residuals rounded and not): the one with the smaller footprint
-    (`barriers` says which grouping, `round_read_back` whether rounded)."""
+    (`barriers` says which grouping, `round_read_back` whether rounded; the first of
+    equals). `each(joint, figures)` is called after each variant is compiled."""
     best = None
     for v in barrier_variants("joint"):
         joint = rp.remat(module, policy, tie_to_cotangent=v.tie, barrier_groups=v.groups)
         m = _joint(rp.compile(joint, "main").lower(*args, ct).compile())
+        if each:
+            each(joint, m)
         if best is None or common.xla_footprint(m) < common.xla_footprint(best[1]):
             best = (joint, m, v)
     rounded = rounded_joint(module, policy, best[0], best[2].tie, best[2].groups)
     if rounded is not None:
         m = _joint(rp.compile(rounded, "main").lower(*args, ct).compile())
+        if each:
+            each(rounded, m)
         if common.xla_footprint(m) < common.xla_footprint(best[1]):
             m["round_read_back"] = True
             best = (rounded, m, best[2])
