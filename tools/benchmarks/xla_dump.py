@@ -41,7 +41,6 @@ def main(argv=None) -> int:
 
     import remat_passes as rp
     from remat_passes.cost.memory import estimate_memory
-    from remat_passes.cost.memory_report import format_bytes
     from tools.benchmarks import common, xla_liveness, xla_memory
     from tools.benchmarks.cases import cases_for, jax_function
     from tools.benchmarks.models import MODELS, _identity
@@ -80,14 +79,7 @@ def main(argv=None) -> int:
     print(f"{key} {short}, split form{' tied to the cotangent' if tied else ''}, "
           f"backend {common.machine()['backend']}")
     for name, measured in zip(("main_fwd", "main_bwd"), halves):
-        fp = common.xla_footprint(measured)
-        f = estimate[name]
-        print(f"\n@{name}: XLA footprint {fp:,} B (temp {measured['temp']:,}, arguments "
-              f"{measured['args']:,}, outputs {measured['out']:,}); estimate "
-              f"{f.peak_bytes:,} B ({(f.peak_bytes - fp) / fp:+.1%})")
-        print("  estimate, live at the peak: " + "; ".join(
-            f"{format_bytes(b)} {what}" for b, what in f.peak_values))
-        _print_liveness(xla_liveness, ours, f"jit_{name}.")
+        _print_ours(name, measured, estimate[name], ours)
     if budget is not None:
         return 0      # (a plan of ours: JAX has no such policy to set beside it)
     # JAX's split of jax.checkpoint(model, policy), compiled with the dump on too
@@ -107,7 +99,6 @@ def _joint(model, module, policy, case, key, short, dump, fresh) -> int:
     of JAX's."""
     import jax.numpy as jnp
     from remat_passes.cost.memory import estimate_memory
-    from remat_passes.cost.memory_report import format_bytes
     from tools.benchmarks import common, xla_liveness, xla_memory
     from tools.benchmarks.cases import jax_function
     from tools.benchmarks.models import _identity
@@ -122,12 +113,7 @@ def _joint(model, module, policy, case, key, short, dump, fresh) -> int:
     rounded = ", residuals rounded" if measured.get("round_read_back") else ""
     print(f"{key} {short}, joint form ({measured['barriers']}{rounded}), backend "
           f"{common.machine()['backend']}")
-    print(f"\n@main: XLA footprint {fp:,} B (temp {measured['temp']:,}, arguments "
-          f"{measured['args']:,}, outputs {measured['out']:,}); estimate "
-          f"{estimate.peak_bytes:,} B ({(estimate.peak_bytes - fp) / fp:+.1%})")
-    print("  estimate, live at the peak: " + "; ".join(
-        f"{format_bytes(b)} {what}" for b, what in estimate.peak_values))
-    _print_liveness(xla_liveness, ours, "jit_main.")
+    _print_ours("main", measured, estimate, ours)
     if case is None:
         return 0      # (a plan of ours: JAX has no such policy to set beside it)
     theirs_measured = xla_memory._jax_joint(jax_function(model, case), model.args, ct)
@@ -141,6 +127,20 @@ def _joint(model, module, policy, case, key, short, dump, fresh) -> int:
           f"{theirs_measured['out']:,})")
     _print_liveness(xla_liveness, theirs, None)
     return 0
+
+
+def _print_ours(name, measured, f, directory) -> None:
+    """One function of ours: XLA's footprint (`measured`) beside the estimate `f` and what
+    each holds at its peak (XLA's from the dump in `directory`)."""
+    from remat_passes.cost.memory_report import format_bytes
+    from tools.benchmarks import common, xla_liveness
+    fp = common.xla_footprint(measured)
+    print(f"\n@{name}: XLA footprint {fp:,} B (temp {measured['temp']:,}, arguments "
+          f"{measured['args']:,}, outputs {measured['out']:,}); estimate "
+          f"{f.peak_bytes:,} B ({(f.peak_bytes - fp) / fp:+.1%})")
+    print("  estimate, live at the peak: " + "; ".join(
+        f"{format_bytes(b)} {what}" for b, what in f.peak_values))
+    _print_liveness(xla_liveness, directory, f"jit_{name}.")
 
 
 def _gather(target: Path, made: list, chosen, names) -> Path:
