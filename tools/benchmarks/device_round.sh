@@ -9,7 +9,8 @@
 # Steps, in this order by default (each writes what it measured under $OUT, so that a
 # round cut off by the machine's time limit still hands back what it finished):
 #   gpt, mlp-scan, equinox, convnet, mlp, gpt-scan    `xla --models KEY --merge`
-#   dumps     `xla_dump` of the programs whose estimate the page misses most
+#   dumps     `xla_dump` of the programs whose estimate the page misses most (joint
+#             forms with `--joint`)
 #   (one after another on an H200, 2026-11-27: about 13 minutes in all, GPT alone more than
 #   4.5; with --parallel all of it took 341 s: use that where the lend is 15 minutes)
 # $OUT gets xla_gpu.json (tools/benchmarks/results/, copied after each step; with
@@ -108,14 +109,17 @@ for step in "${steps[@]}"; do
     dumps)   # (the machine hands back a few files: all dumps go into one archive)
       : > "$OUT/dumps.txt"
       mkdir -p /tmp/dumps
-      for program in "mlp-scan off_dots" "equinox only" "convnet none" "gpt off_dots" \
-                     "equinox off_names"; do
+      # (the joint forms: objective=peak's lowest budgets, where the GPU's estimate missed
+      # most on an H200, 2026-11-28: the GPT and Equinox recomputing everything, the conv
+      # net keeping everything)
+      for program in "gpt auto=0 --joint" "equinox auto=0 --joint" "convnet all --joint" \
+                     "mlp-scan off_dots" "equinox only" "gpt off_dots"; do
         set -- $program
-        dir="/tmp/dumps/$1_${2//=/_}"
+        dir="/tmp/dumps/$1_${2//=/_}${3:+_joint}"
         rm -rf "$dir"
         echo "=== $program" >> "$OUT/dumps.txt"
-        python3 -m tools.benchmarks.xla_dump "$1" "$2" "$dir" 2>&1 | grep -v "^[IW][0-9]" \
-          >> "$OUT/dumps.txt"
+        python3 -m tools.benchmarks.xla_dump "$1" "$2" "$dir" ${3:-} 2>&1 \
+          | grep -v "^[IW][0-9]" >> "$OUT/dumps.txt"
       done
       (cd /tmp/dumps && find . \( -path "*/ours/*" -o -path "*/jax/*" \) \
          \( -name "*after_optimizations.txt" -o -name "*buffer-assignment.txt" \
