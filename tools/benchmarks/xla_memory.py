@@ -255,6 +255,9 @@ def _in_sweep_order(peak_sweeps, data) -> list:
                   else len(order))
 
 
+_TWIN_KEYS = ("monotone_commit", "monotone_rule")   # what a sweep says of its twins
+
+
 def merge_monotone(stored: dict, part: dict) -> dict:
     """`xla --merge-monotone-from`: the stored results with the monotone twins a part
     measured (a copy of the stored results that `xla --monotone --models KEY` added to, as
@@ -263,19 +266,25 @@ def merge_monotone(stored: dict, part: dict) -> dict:
     and rows stay the stored ones. The budgets have to be the stored sweep's."""
     out = dict(stored, sweeps=[dict(s) for s in stored["sweeps"]])
     by_model = {s["model"]: s for s in out["sweeps"]}
-    keys = ("monotone_commit", "monotone_rule")
     for s in part["sweeps"]:
         t = by_model.get(s["model"])
         if t is None or not all("monotone" in p for p in s["points"]):
             continue
         if [p["monotone"] for p in s["points"]] == [p.get("monotone") for p in t["points"]] \
-                and all(s.get(k) == t.get(k) for k in keys):
+                and all(s.get(k) == t.get(k) for k in _TWIN_KEYS):
             continue
         if [p["budget"] for p in s["points"]] != [p["budget"] for p in t["points"]]:
             raise ValueError(f"{s['model']}: the part's sweep budgets are not the stored ones")
-        t["points"] = [dict(p, monotone=q["monotone"]) for p, q in zip(t["points"], s["points"])]
-        t.update({k: s[k] for k in keys if k in s})
+        t.update(_twins_of(s, into=t))
     return out
+
+
+def _twins_of(source: dict, into: dict) -> dict:
+    """Sweep `into` with the monotone twins (and their rule and commit) of `source`, a sweep
+    of the same budgets."""
+    return dict(into, points=[dict(p, monotone=q["monotone"])
+                              for p, q in zip(into["points"], source["points"])],
+                **{k: source[k] for k in _TWIN_KEYS if k in source})
 
 
 def merge_peak(stored: dict, part: dict) -> dict:
@@ -385,16 +394,13 @@ def _with_twins(new: dict, old: dict | None, log) -> dict:
     """`new`, a sweep a plain run measured, with `old`'s monotone twins where `_same_sweep`."""
     if old is None or not old["points"] or not all("monotone" in p for p in old["points"]):
         return new
-    if not all(isinstance(p, dict) for p in new["points"]) or not _same_sweep(new, old):
+    if not _same_sweep(new, old):
         if log:
             log(f"xla: {new['model']}: its sweep measured differently; its monotone "
                 f"twins ({monotone_rule(old)}) are dropped: measure them again "
                 f"(xla --monotone --models {new['model']})")
         return new
-    keys = ("monotone_commit", "monotone_rule")
-    return dict(new, points=[dict(p, monotone=q["monotone"])
-                             for p, q in zip(new["points"], old["points"])],
-                **{k: old[k] for k in keys if k in old})
+    return _twins_of(old, into=new)
 
 
 def _old_offload_program(row: dict) -> bool:
