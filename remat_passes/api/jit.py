@@ -83,8 +83,9 @@ import jax
 from remat_passes import jax_compat
 from remat_passes.api import arguments, cache
 from remat_passes.api.remat import Barriers, remat_variants
-from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, needs_tie,
-                                       recomputes_nothing, rounds_read_back, smaller, ties)
+from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, fences_chains,
+                                       needs_tie, recomputes_nothing, rounds_read_back,
+                                       smaller, ties)
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
@@ -356,6 +357,8 @@ class Jitted:
                        levels=self.levels)
         if round_read_back or rounds_read_back(mode):
             options["round_read_back"] = True
+        if self.prevent_cse and fences_chains():
+            options["fence_chains"] = True
         if self.scan_segments:
             options["scan_segments"] = self.scan_segments
         if self.scan_segments_offload:

@@ -21,7 +21,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
           barrier_groups: str = "per-use", scan_segments: int | str = 0,
           scan_segments_offload: str | None = None, func: str = "main",
           cotangent_args=None, region_regex=None, region_policy=None, levels: str = "auto",
-          round_read_back: bool = False, verify: bool = True):
+          round_read_back: bool = False, fence_chains: bool = False, verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
     inline -> remat-partial-eval (policy, mode) -> insert-reduce-precision ->
@@ -43,6 +43,9 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     `round_read_back`: also round the f32/f64 residuals the backward only reads back, as
     jax.checkpoint does (exact: the values do not change; see insert-reduce-precision):
     XLA:GPU needs less scratch for such a split forward (rp.jit sets it there).
+    `fence_chains`: give a backward value XLA would compute again inside several readers a
+    barrier of its own, so XLA computes it once (place-optimization-barriers' fence-chains;
+    rp.jit sets it for XLA:CPU of jaxlib >= 0.11).
     The residuals partial-eval chose are on the result as `.residuals`, and what it wants
     the user to know (e.g. a while loop it treated as one atomic op) as
     `.remarks`; `.timings` has each step's seconds.
@@ -55,14 +58,15 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
                        scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
                        func=func, cotangent_args=cotangent_args, region_regex=region_regex,
                        region_policy=region_policy, levels=levels,
-                       round_read_back=round_read_back)
+                       round_read_back=round_read_back, fence_chains=fence_chains)
     return _run(module, options, (Barriers(options["barrier_groups"],
                                            options["tie_to_cotangent"]),), verify)[0]
 
 
 def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_cotangent,
              barrier_groups, scan_segments, scan_segments_offload, func, cotangent_args,
-             region_regex, region_policy, levels, round_read_back=False) -> dict:
+             region_regex, region_policy, levels, round_read_back=False,
+             fence_chains=False) -> dict:
     """rp.remat's arguments checked and read, as the options of the `remat` pipeline."""
     if not isinstance(module, Module):
         raise TypeError("rp.remat takes a remat_passes.Module (from rp.export_vjp, rp.export, "
@@ -81,7 +85,8 @@ def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_
     options = dict(policy=policy, mode=mode, func=func, prevent_cse=prevent_cse,
                    prevent_cse_in_loops=prevent_cse_in_loops,
                    tie_to_cotangent=tie_to_cotangent, cotangent_args=cotangent_args,
-                   round_read_back=bool(round_read_back), **parsed)
+                   round_read_back=bool(round_read_back), fence_chains=bool(fence_chains),
+                   **parsed)
     if region_regex is not None:
         try:
             options["region_regex"] = parse_regex(region_regex) \

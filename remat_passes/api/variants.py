@@ -13,7 +13,7 @@ import jax
 
 from remat_passes import jax_compat
 from remat_passes.api.remat import Barriers
-from remat_passes.cost.xla_schedule import deletes_barriers
+from remat_passes.cost.xla_schedule import deletes_barriers, fences_chains  # noqa: F401
 from remat_passes.passes.diagnostics import Remark
 
 BARRIER_GROUPS = ("per-use", "per-region", "smaller")

@@ -48,6 +48,16 @@ def deletes_barriers(backend: str | None = None) -> bool:
     return backend == "cpu"
 
 
+def fences_chains(backend: str | None = None) -> bool:
+    """Does rp.jit fence cheap chains XLA would compute again in several readers
+    (place-optimization-barriers' `fence-chains`) on `backend`? Where it was measured to pay:
+    XLA:CPU that keeps barriers until after it fuses (jaxlib >= 0.11). XLA:CPU of jaxlib 0.10
+    deletes them before it fuses, so a fence changes nothing there; on a GPU it is not
+    measured yet."""
+    from remat_passes import jax_compat
+    return deletes_barriers(backend) and not jax_compat.xla_cpu_fuses_across_barriers()
+
+
 def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
               copies_after: dict | None = None) -> list:
     """`ops` (a block's top-level ops, its terminator last) in XLA:CPU's breadth-first

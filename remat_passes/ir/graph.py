@@ -369,6 +369,15 @@ def type_bytes(t) -> int:
     return n * element_bits(str(ir.RankedTensorType(t).element_type)) // 8 if n else 0
 
 
+def is_static_float(v) -> bool:
+    """Is value `v` a floating-point tensor of static shape?"""
+    try:
+        t = ir.RankedTensorType(v.type)
+    except (ValueError, TypeError):
+        return False
+    return t.has_static_shape and str(t.element_type).startswith(("f", "bf"))
+
+
 _JAX_DTYPE = {"i1": "bool", "complex<f32>": "c64", "complex<f64>": "c128"}
 
 

@@ -66,6 +66,15 @@ first backward reader (`fence_residual_producers`). Otherwise XLA (GPU; XLA:CPU 
 then, beside the saved value. A value no such reader stores is left alone: there XLA's
 recomputing it inside each reader is what keeps it from being stored.
 
+`fence-chains=true` (rp.jit sets it on XLA:CPU of jaxlib >= 0.11), where a recomputation got
+a barrier, joint and split form: a backward value made by cheap elementwise ops that a dot
+or a convolution stores and other readers (a reduce, a transpose, an elementwise op) would
+compute again gets a barrier of its own, when the buffers its chain reads are at least
+twice its bytes (`fence_duplicated_chains`). Otherwise XLA computes the chain once per
+reader and holds its inputs until the last (measured, XLA:CPU of jaxlib 0.12, the Equinox
+transformer, joint: 3,118,276 B at `auto(budget=0)` without it, 2,582,400 B with it;
+docs/passes.md has the others). Both fences are in `passes/fences.py`.
+
 Run it in joint form on @<f>, in split form on @<f>_bwd. Inside scan loop bodies
 it places barriers only with `in-loops=true`: there the loop already keeps each
 iteration's recomputation in its iteration (JAX recommends prevent_cse=False
@@ -83,10 +92,10 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes.analysis.function import RecomputeGroup, recompute_groups
-from remat_passes.cost.xla_buffers import ELEMENTWISE, EXPENSIVE, FUSIBLE, is_literal
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id, stablehlo
 from remat_passes.passes.base import ModulePass, option, parse_bool
+from remat_passes.passes.fences import fence_duplicated_chains, fence_residual_producers
 
 
 def _incoming(group: RecomputeGroup, is_backward, cotangents) -> ir.Value | None:
@@ -162,18 +171,9 @@ def _shape_test(a):
     return is_shape
 
 
-def _tieable(v) -> bool:
-    """A floating-point tensor of static shape (what the tie multiplies by 1)."""
-    try:
-        t = ir.RankedTensorType(v.type)
-    except (ValueError, TypeError):
-        return False
-    return t.has_static_shape and str(t.element_type).startswith(("f", "bf"))
-
-
 def _tie_source(ct) -> bool:
     """Can the ties read `ct` (a floating-point tensor of static shape with an element)?"""
-    return _tieable(ct) and bool(graph.type_elements(ct.type))
+    return graph.is_static_float(ct) and bool(graph.type_elements(ct.type))
 
 
 def _tied(values: list, ct: ir.Value, before, note) -> list:
@@ -198,8 +198,8 @@ def _to_tie(group, inputs, is_argument, with_arguments: bool = False) -> list:
     than the program without remat does, and a tie of a weight would copy it. Except
     `with_arguments` (two levels): then an op reading arguments alone gets its smallest
     tied, or the second level of the first segment merges with the first."""
-    candidates = {v for v in inputs if _tieable(v) and not is_argument(v)}
-    arguments = {v for v in inputs if _tieable(v) and is_argument(v)} if with_arguments \
+    candidates = {v for v in inputs if graph.is_static_float(v) and not is_argument(v)}
+    arguments = {v for v in inputs if graph.is_static_float(v) and is_argument(v)} if with_arguments \
         else set()
     waiting, chosen = set(), []
     for op in group.ops:
@@ -411,7 +411,7 @@ def place_over_residuals(a, block, groups, is_shape, note=None, tie=None,
     values = list(dict.fromkeys(values))
     if not values or _already_placed(values):
         return 0
-    ct = next((c for c in ct_args if _tieable(c)), None)
+    ct = next((c for c in ct_args if graph.is_static_float(c)), None)
     barrier = stablehlo.OptimizationBarrierOp(values + ([ct] if ct is not None else []),
                                               ip=ir.InsertionPoint(first), loc=first.location)
     contract.mark_barrier(barrier)
@@ -427,80 +427,6 @@ def place_over_residuals(a, block, groups, is_shape, note=None, tie=None,
             tied = _tied(held, barrier.results[-1], group.ops[0], note)
             graph.replace_reads_all(group.ops, dict(zip(held, tied)))
     return 1
-
-
-# elementwise ops XLA computes again inside each reader (not EXPENSIVE ones)
-_DUPLICATED = ELEMENTWISE - EXPENSIVE
-# readers that take their operands as stored buffers: XLA fuses no producer into them
-_STORES_OPERANDS = frozenset({
-    "stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution",
-    "stablehlo.custom_call", "stablehlo.optimization_barrier", "stablehlo.while",
-    "stablehlo.case", "stablehlo.if", "stablehlo.sort", "func.return", "func.call"})
-_FENCE_DEPTH = 3   # ops along a producer chain XLA would fuse into the backward
-
-
-def _made_from_dropped(v, kept: set) -> bool:
-    """Is forward value `v` made by a short chain of cheap elementwise ops (which XLA
-    computes again inside each reader) from a stored value the backward does not read
-    (`kept`: what it reads), such as the dot output under `dot + bias`?"""
-    frontier = [v] if isinstance(v, ir.OpResult) and v.owner.name in _DUPLICATED else []
-    for _ in range(_FENCE_DEPTH):
-        chain = []
-        for w in frontier:
-            for u in w.owner.operands:
-                if not isinstance(u, ir.OpResult) or u in kept or is_literal(u):
-                    continue
-                if u.owner.name in _DUPLICATED:
-                    chain.append(u)
-                elif u.owner.name not in FUSIBLE:
-                    return True
-        frontier = chain
-    return False
-
-
-def fence_residual_producers(a, block, is_shape, note=None) -> int:
-    """Joint form: a saved value XLA stores anyway (a dot, a barrier or the return reads
-    it) but whose cheap producer XLA could fuse again into its backward readers gets read
-    by those through one barrier, at the first of them. Left alone, XLA (GPU; XLA:CPU from
-    jaxlib 0.11) computes `reduce_precision(dot + bias)` once for the forward and again
-    inside backward fusions, so the dot output stays live into the backward beside the
-    saved value (measured, XLA:CPU of jaxlib 0.12, the GPT joint under `auto` at 2/9 of its
-    budget range: 15,856,516 B without, 12,972,932 B with it, estimated 12,963,356 B;
-    docs/passes.md has the others). A value no reader stores is left to XLA: there
-    computing it inside each reader is what keeps it from being stored (the GPT under
-    everything_saveable). Returns how many barriers it placed."""
-    ops = [op.operation for op in block.operations][:-1]        # (not the return)
-    forward, kept = set(), set()
-    for op in ops:
-        if not a.is_backward(op) and not contract.is_recompute_clone(op):
-            forward.update(op.results)
-        elif a.is_backward(op):
-            kept.update(v for v in graph.read_values(op) if v in forward)
-    decided: dict = {}
-
-    def needs_fence(v) -> bool:
-        if v not in decided:
-            decided[v] = not is_shape(v) and _tieable(v) \
-                and any(u.owner.name in _STORES_OPERANDS for u in v.uses) \
-                and _made_from_dropped(v, kept)
-        return decided[v]
-    fenced: dict = {}
-    for op in ops:
-        if not a.is_backward(op) or contract.is_recompute_clone(op) or contract.is_barrier(op) \
-                or op.name in _STORES_OPERANDS:    # (nothing fused into it to fence off)
-            continue
-        reads = graph.read_values(op)
-        new = [v for v in reads if v in forward and v not in fenced and needs_fence(v)]
-        if new:
-            barrier = stablehlo.OptimizationBarrierOp(new, ip=ir.InsertionPoint(op),
-                                                      loc=op.location)
-            contract.mark_barrier(barrier)
-            if note is not None:
-                note(barrier.operation, op)
-            fenced.update(zip(new, barrier.results))
-        if any(v in fenced for v in reads):
-            graph.replace_reads_all([op], fenced)
-    return len({op_id(v.owner) for v in fenced.values()})
 
 
 def place_in_loops(func_op, tie=None) -> int:
@@ -581,6 +507,11 @@ class PlaceOptimizationBarriers(ModulePass):
         True, "joint form, where something is recomputed: a saved value XLA stores anyway "
         "is read by the backward through a barrier, so XLA cannot fuse its cheap producer "
         "into backward readers and keep that producer's input live", parse_bool)
+    fence_chains: bool = option(
+        False, "where something is recomputed: a backward value made by cheap elementwise ops "
+        "that one reader stores and others would compute again gets a barrier of its own, "
+        "so XLA computes it once and its inputs die there (rp.jit sets it on XLA:CPU of "
+        "jaxlib >= 0.11)", parse_bool)
 
     def apply(self, module_op, state) -> None:
         name = self.func
@@ -597,8 +528,8 @@ class PlaceOptimizationBarriers(ModulePass):
                 groups = per_region(groups, {op_id(op): i for i, op in
                                              enumerate(graph.body_block(f).operations)})
 
-            def note(barrier, first):
-                a.note_inserted(barrier, backward=True, before=first)
+            def note(barrier, first=None, after=None):
+                a.note_inserted(barrier, backward=True, before=first, after=after)
             is_shape = _shape_test(a)
             # (tied: where a cotangent argument can be the ties' source, else place() ties
             # each group to its consumer's incoming cotangent)
@@ -618,5 +549,7 @@ class PlaceOptimizationBarriers(ModulePass):
             # program keeps its residuals as XLA fuses them, and rp.jit can tell it apart)
             if self.fence_producers and placed and target == name and _manual_test(a) is None:
                 fence_residual_producers(a, graph.body_block(f), is_shape, note)
+            if self.fence_chains and placed and _manual_test(a) is None:
+                fence_duplicated_chains(a, graph.body_block(f), is_shape, note)
             if self.in_loops:
                 place_in_loops(f, tie=tie)

@@ -11,7 +11,7 @@
                                                       under auto, the segments it needs)
     sink-loop-constants{func}                        (loop-invariant constants, a mask:
                                                       computed inside the loops that read them)
-    place-optimization-barriers{func in-loops tie-to-cotangent groups}
+    place-optimization-barriers{func in-loops tie-to-cotangent groups fence-chains}
                                                      (only with prevent-cse=true)
     annotate-host-offload{func}
     strip-checkpoint-names
@@ -58,6 +58,10 @@ class Remat(PartialEvalOptions, PipelinePass):
         "per-use", "per-use: one barrier per recomputation, at its consumer; per-region: one "
         "per checkpoint region, as jax.checkpoint (place-optimization-barriers groups=)",
         parse_groups)
+    fence_chains: bool = option(
+        False, "give a backward value XLA would compute again in several readers a barrier "
+        "of its own (place-optimization-barriers fence-chains=; for XLA:CPU of jaxlib >= "
+        "0.11)", parse_bool)
     round_read_back: bool = option(
         False, "also round the residuals the backward only reads back where that is exact "
         "(f32, f64), as jax.checkpoint does (insert-reduce-precision round-read-back=; for "
@@ -85,6 +89,7 @@ class Remat(PartialEvalOptions, PipelinePass):
                                                    in_loops=self.prevent_cse_in_loops,
                                                    tie_to_cotangent=self.tie_to_cotangent,
                                                    groups=self.barrier_groups,
-                                                   function_region=self.policy is not None))
+                                                   function_region=self.policy is not None,
+                                                   fence_chains=self.fence_chains))
         steps += [AnnotateHostOffload(func=self.func), StripCheckpointNames(), Inline()]
         return steps

@@ -256,9 +256,10 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
     def _rest_of_pipeline(self, groups: str = "per-use", rounded: bool = False) -> list:
         """The default pipeline's passes after this one, as rp.jit runs them: where XLA
-        deletes barriers (CPU), the recomputation tied to the cotangent; barriers `groups`,
+        deletes barriers (CPU), the recomputation tied to the cotangent (and, where it keeps
+        them through fusion, duplicated chains fenced); barriers `groups`,
         residuals `rounded` (round_read_back). For trial plans measured as they will run."""
-        from remat_passes.cost.xla_schedule import deletes_barriers
+        from remat_passes.cost.xla_schedule import deletes_barriers, fences_chains
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
         from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
@@ -268,7 +269,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                                       round_read_back=rounded),
                 SegmentScans(func=self.func), SinkLoopConstants(func=self.func),
                 PlaceOptimizationBarriers(func=self.func, tie_to_cotangent=deletes_barriers(),
-                                          groups=groups, function_region=True),
+                                          groups=groups, function_region=True,
+                                          fence_chains=fences_chains()),
                 AnnotateHostOffload(func=self.func), StripCheckpointNames()]
 
     def _residual_budget_for_peak(self, policy, module_op, state):

@@ -18,6 +18,9 @@
 // RUN: sed -n '/^module @two_groups/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=REGION
 // RUN: sed -n '/^module @two_groups/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=REGION
 // RUN: sed -n '/^module @late_input/,/^}/p' %s | remat-opt --place-optimization-barriers=groups=per-region | filecheck %s --check-prefix=LATE
+// fence-chains=true on @duplicated_chain: the backward's %g1 gets a barrier of its own.
+// RUN: sed -n '/^module @duplicated_chain/,/^}/p' %s | remat-opt --place-optimization-barriers=fence-chains=true | filecheck %s --check-prefix=CHAIN
+// RUN: sed -n '/^module @duplicated_chain/,/^}/p' %s | remat-opt --place-optimization-barriers=fence-chains=true --place-optimization-barriers=fence-chains=true | filecheck %s --check-prefix=CHAIN
 // fence-producers=false on @fused_producer: only the group's barrier.
 // RUN: sed -n '/^module @fused_producer/,/^}/p' %s | remat-opt --place-optimization-barriers=fence-producers=false | filecheck %s --check-prefix=NOFENCE
 // function-region=true (a module policy) on @saved_all, which recomputes nothing; without it
@@ -621,5 +624,38 @@ module @two_levels {
     %t = stablehlo.tanh %s3 {remat.recompute = 2 : i64} : tensor<4xf32>
     %g1 = stablehlo.multiply %g0, %t : tensor<4xf32>
     return %s, %g1 : tensor<4xf32>, tensor<4xf32>
+  }
+}
+
+// -----
+
+// A cheap backward chain (%g1 = %g0 * %ct, 4 KiB, reading 8 KiB through its chain) that a
+// dot stores and a reduce would compute again: by default only the group's barrier; with
+// fence-chains=true one barrier right after %g1, which the dot and the reduce read (and a
+// second run adds none). %g0 has one reader: XLA computes it inside %g1's fusion, no fence.
+// CHECK-LABEL: module @duplicated_chain
+// CHECK: %[[G1:.*]] = stablehlo.multiply %{{.*}}, %arg2 : tensor<32x32xf32>
+// CHECK-NOT: stablehlo.optimization_barrier
+// CHECK: stablehlo.dot_general %[[G1]], %arg1
+// CHECK: stablehlo.reduce(%[[G1]] init:
+// CHAIN-LABEL: module @duplicated_chain
+// CHAIN: %[[B:.*]]:2 = stablehlo.optimization_barrier {remat.barrier} %arg0, %{{.*}}
+// CHAIN: %[[G1:.*]] = stablehlo.multiply %{{.*}}, %arg2 : tensor<32x32xf32>
+// CHAIN-NEXT: %[[F:.*]] = stablehlo.optimization_barrier {remat.barrier} %[[G1]] : tensor<32x32xf32>
+// CHAIN-NEXT: stablehlo.dot_general %[[F]], %arg1
+// CHAIN: stablehlo.reduce(%[[F]] init:
+// CHAIN-NOT: stablehlo.optimization_barrier
+// CHAIN: return
+module @duplicated_chain {
+  func.func @main(%x: tensor<32x32xf32>, %w: tensor<32x32xf32>, %ct: tensor<32x32xf32> {remat.cotangent}) -> (tensor<32x32xf32>, tensor<32x32xf32>, tensor<32xf32>) {
+    %y = stablehlo.sine %x : tensor<32x32xf32>
+    %s2 = stablehlo.sine %x {remat.recompute = 1 : i64} : tensor<32x32xf32>
+    %c2 = stablehlo.cosine %s2 {remat.recompute = 1 : i64} : tensor<32x32xf32>
+    %g0 = stablehlo.multiply %ct, %c2 : tensor<32x32xf32>
+    %g1 = stablehlo.multiply %g0, %ct : tensor<32x32xf32>
+    %d = stablehlo.dot_general %g1, %w, contracting_dims = [1] x [0] : (tensor<32x32xf32>, tensor<32x32xf32>) -> tensor<32x32xf32>
+    %z = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %r = stablehlo.reduce(%g1 init: %z) applies stablehlo.add across dimensions = [0] : (tensor<32x32xf32>, tensor<f32>) -> tensor<32xf32>
+    return %y, %d, %r : tensor<32x32xf32>, tensor<32x32xf32>, tensor<32xf32>
   }
 }

@@ -168,11 +168,13 @@
 // LIST-NEXT: groups {{.*}}per-region{{.*}}(default: per-use)
 // LIST-NEXT: function-region {{.*}}module policy{{.*}}(default: False)
 // LIST-NEXT: fence-producers {{.*}}backward readers{{.*}}(default: True)
+// LIST-NEXT: fence-chains {{.*}}computes it once{{.*}}(default: False)
 // LIST-NEXT: remat {{.*}}default pipeline
 // LIST: prevent-cse {{.*}}(default: True)
 // LIST-NEXT: prevent-cse-in-loops {{.*}}(default: False)
 // LIST-NEXT: tie-to-cotangent {{.*}}(default: False)
 // LIST-NEXT: barrier-groups {{.*}}(default: per-use)
+// LIST-NEXT: fence-chains {{.*}}(default: False)
 // LIST-NEXT: round-read-back {{.*}}(default: False)
 // LIST-NEXT: scan-segments {{.*}}(default: 0)
 // LIST-NEXT: scan-segments-offload {{.*}}pinned_host{{.*}}

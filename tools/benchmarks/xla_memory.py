@@ -31,8 +31,8 @@ import jax.numpy as jnp
 
 import remat_passes as rp
 from remat_passes import jax_compat
-from remat_passes.api.variants import (barrier_variants, needs_tie, recomputes_nothing,
-                                        rounds_read_back)
+from remat_passes.api.variants import (barrier_variants, fences_chains, needs_tie,
+                                       recomputes_nothing, rounds_read_back)
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.memory import estimate_memory
 from tools.benchmarks import common, ynn_probe
@@ -74,7 +74,7 @@ def rounded_joint(module, policy, joint, tie: bool, groups: str):
     if not recomputes_nothing(module, joint):
         return None
     return rp.remat(module, policy, tie_to_cotangent=tie, barrier_groups=groups,
-                    round_read_back=True)
+                    fence_chains=fences_chains(), round_read_back=True)
 
 
 def our_joint(module, policy, args, ct, each=None) -> dict:
@@ -85,7 +85,8 @@ def our_joint(module, policy, args, ct, each=None) -> dict:
     equals). `each(joint, figures)` is called after each variant is compiled."""
     best = None
     for v in barrier_variants("joint"):
-        joint = rp.remat(module, policy, tie_to_cotangent=v.tie, barrier_groups=v.groups)
+        joint = rp.remat(module, policy, tie_to_cotangent=v.tie, barrier_groups=v.groups,
+                         fence_chains=fences_chains())
         m = _joint(rp.compile(joint, "main").lower(*args, ct).compile())
         if each:
             each(joint, m)
@@ -102,6 +103,7 @@ def our_joint(module, policy, args, ct, each=None) -> dict:
     joint, m, v = best
     m["barriers"], m["rounding_considered"] = v.groups, True
     m["loop_constants_inside"] = True     # (sink-loop-constants, 58d8aa4 on)
+    m["fence_chains"] = fences_chains()
     m["estimate"] = int(estimate_memory(joint, model="xla")["main"].peak_bytes)
     m["estimate_program_order"] = int(estimate_memory(joint)["main"].peak_bytes)
     return m
@@ -132,6 +134,7 @@ def our_split(module, policy, args, each=None, levels="auto") -> tuple:
     best = None
     for v in barrier_variants("split"):
         split = rp.remat(module, policy, mode="split", tie_to_cotangent=v.tie, levels=levels,
+                         fence_chains=fences_chains(),
                          barrier_groups=v.groups, round_read_back=rounds_read_back("split"))
         halves = our_halves(split, args)
         if each is not None:
@@ -142,6 +145,7 @@ def our_split(module, policy, args, each=None, levels="auto") -> tuple:
                 half["round_read_back"] = True
             half["host_copy_after_barrier"] = True    # (annotate-host-offload, c195506 on)
             half["loop_constants_inside"] = True      # (sink-loop-constants, 58d8aa4 on)
+            half["fence_chains"] = fences_chains()
         if best is None or common.xla_peak(halves) < common.xla_peak(best[1]):
             best = (split, halves, v.tie)
     return best
@@ -227,7 +231,7 @@ def measure_peak(data: dict, keys, log=print) -> dict:
         lo, hi = rp.bounds(module)
 
         def estimate(policy):
-            joint = rp.remat(module, policy, tie_to_cotangent=tie)
+            joint = rp.remat(module, policy, tie_to_cotangent=tie, fence_chains=fences_chains())
             return int(estimate_memory(joint, model="xla")["main"].peak_bytes)
         low = min(estimate(rp.policies.auto(int(lo + (hi - lo) * k / 12))) for k in range(13))
         high = estimate(None)
@@ -518,7 +522,8 @@ def reestimate(data: dict, log=print) -> dict:
             policy = cases[r["short"]].our_policy
             split = rp.remat(module, policy, mode="split", tie_to_cotangent=r["split_tied"],
                              barrier_groups=r["ours"][0].get("barriers", "per-use"),
-                             round_read_back=r["ours"][0].get("round_read_back", False))
+                             round_read_back=r["ours"][0].get("round_read_back", False),
+                             fence_chains=r["ours"][0].get("fence_chains", False))
             est = estimate_memory(split, model="xla", backend=backend)
             order = estimate_memory(split)
             for half, name in zip(r["ours"], ("main_fwd", "main_bwd")):
@@ -526,7 +531,8 @@ def reestimate(data: dict, log=print) -> dict:
                 half["estimate_program_order"] = int(order[name].peak_bytes)
             joint = rp.remat(module, policy, tie_to_cotangent=needs_tie(backend),
                              barrier_groups=r["joint_ours"].get("barriers", "per-use"),
-                             round_read_back=r["joint_ours"].get("round_read_back", False))
+                             round_read_back=r["joint_ours"].get("round_read_back", False),
+                             fence_chains=r["joint_ours"].get("fence_chains", False))
             r["joint_ours"]["estimate"] = int(
                 estimate_memory(joint, model="xla", backend=backend)["main"].peak_bytes)
             r["joint_ours"]["estimate_program_order"] = int(

@@ -407,9 +407,9 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
     dependency). `compiled=False` leaves out what XLA's compiled programs give (the joint
     footprints, the split halves' temp bytes)."""
     import remat_passes as rp
-    from remat_passes.api.variants import needs_tie
+    from remat_passes.api.variants import fences_chains, needs_tie
     from remat_passes.core.residuals import activation_bytes
-    tie = needs_tie()
+    tie, fence = needs_tie(), fences_chains()
     rows, own, meta_models = [], [], {}
     for key in keys:
         library, make = MODELS[key]
@@ -435,7 +435,8 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
             jax_saves = _jax_residuals(checkpointed, params)
             for form in FORMS:
                 t0 = time.perf_counter()
-                out = rp.remat(module, policy, mode=form, tie_to_cotangent=tie)
+                out = rp.remat(module, policy, mode=form, tie_to_cotangent=tie,
+                               fence_chains=fence)
                 seconds = time.perf_counter() - t0
                 got = _gradients(out, (params,), form)
                 row = {"model": key, "policy": policy, "form": form,
@@ -454,7 +455,8 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
                 if policy == "dots_saveable" and form == "joint":
                     budget = row["activations"]
                 log(f"zoo: {key} {policy} {form}")
-        out = rp.remat(module, rp.policies.auto(budget), tie_to_cotangent=tie)
+        out = rp.remat(module, rp.policies.auto(budget), tie_to_cotangent=tie,
+                       fence_chains=fence)
         rows.append({"model": key, "policy": f"auto(budget={budget})", "budget": budget,
                      "ours": _ours(out.residuals), "activations": activation_bytes(out.residuals),
                      "grad_error": _grad_error(out, (params,), reference)})
