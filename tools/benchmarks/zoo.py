@@ -68,7 +68,10 @@ LIBRARIES = {"recurrentgemma": ["recurrentgemma[jax]==1.0.1"],
                        "certifi==2026.10.19.post1", "lark==1.3.1", "typeguard==4.6.1",
                        "immutabledict==4.3.1", "chex==0.1.92", "toolz==1.2.0",
                        "tqdm==4.70.1", "humanize==4.17.0", "tensorstore==0.1.86",
-                       "simplejson==4.3.0", "ml_collections==1.1.0"],
+                       "simplejson==4.3.0", "ml_collections==1.1.0",
+                       # (kauldron's typing imports jaxtyping: found before only where
+                       # equinox, a benchmark dependency, had brought it)
+                       "jaxtyping==0.3.11", "wadler_lindig==0.1.8"],
              "flax": ["--no-deps", "flax==0.12.8", "msgpack==1.2.4", "treescope==0.1.10",
                       "typing_extensions==4.16.0", "pyyaml==6.0.4"],
              # MaxText (Python 3.12) lists its requirements only under extras (cuda12, tpu), a
