@@ -24,7 +24,8 @@ Arguments and results are the function's own pytrees in both forms:
   On XLA:CPU of jaxlib >= 0.11 a cheap backward chain that a dot stores and other readers
   would compute again also gets a barrier of its own, so XLA computes it once
   (`fence_chains`, place-optimization-barriers' fence-chains; the Equinox benchmark model
-  under `nothing_saveable`: 4.76 MB -> 4.23 MB, joint).
+  under `nothing_saveable`: 4.76 MB -> 4.23 MB, joint). `fence_chains=True` (or False)
+  turns it on (off) on any backend; by default (None) it is on only where it was measured.
 
 `barrier_groups` chooses where the optimization barriers go (place-optimization-barriers):
 "per-use" (one per recomputation, at its consumer), "per-region" (one per checkpoint region,
@@ -179,7 +180,7 @@ class Jitted:
                  barrier_groups: str | None = None, levels: str = "auto", cache_dir=None,
                  static_argnames: str | Sequence[str] = (),
                  donate_argnames: str | Sequence[str] = (), in_shardings=None,
-                 out_shardings=None):
+                 out_shardings=None, fence_chains: bool | None = None):
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -196,6 +197,7 @@ class Jitted:
         self.mode = mode
         self.prevent_cse = prevent_cse
         self.tie_to_cotangent = tie_to_cotangent
+        self.fence_chains = fence_chains
         self.scan_segments = scan_segments
         self.scan_segments_offload = scan_segments_offload
         if jax_checkpoint not in JAX_CHECKPOINT:
@@ -361,7 +363,8 @@ class Jitted:
                        levels=self.levels)
         if round_read_back or rounds_read_back(mode):
             options["round_read_back"] = True
-        if self.prevent_cse and fences_chains():
+        if self.prevent_cse and (fences_chains() if self.fence_chains is None
+                                 else self.fence_chains):
             options["fence_chains"] = True
         if self.scan_segments:
             options["scan_segments"] = self.scan_segments
@@ -608,7 +611,7 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         scan_segments_offload: str | None = None, barrier_groups: str | None = None,
         levels: str = "auto", cache_dir=None, static_argnames: str | Sequence[str] = (),
         donate_argnames: str | Sequence[str] = (), in_shardings=None,
-        out_shardings=None) -> Any:
+        out_shardings=None, fence_chains: bool | None = None) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
@@ -627,11 +630,12 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
                                  barrier_groups=barrier_groups, levels=levels,
                                  cache_dir=cache_dir, static_argnames=static_argnames,
                                  donate_argnames=donate_argnames, in_shardings=in_shardings,
-                                 out_shardings=out_shardings)
+                                 out_shardings=out_shardings, fence_chains=fence_chains)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
                   static_argnums=static_argnums, prevent_cse=prevent_cse,
                   tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
                   scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
                   barrier_groups=barrier_groups, levels=levels, cache_dir=cache_dir,
                   static_argnames=static_argnames, donate_argnames=donate_argnames,
-                  in_shardings=in_shardings, out_shardings=out_shardings)
+                  in_shardings=in_shardings, out_shardings=out_shardings,
+                  fence_chains=fence_chains)

@@ -717,6 +717,13 @@ def test_a_gelu_cotangent_read_by_dots_and_a_reduce_is_computed_once(policy):
     ours = rp.jit(grads(f), policy=policy)
     for got, want in zip(ours(*args), jax.jit(grads(f))(*args)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    import re
+
+    def fences(fence_chains):     # one-value barriers (`%5 = ...`; a group's has `:n`)
+        text = rp.jit(grads(f), policy=policy, fence_chains=fence_chains).lower(
+            *args).module.text()
+        return len(re.findall(r"%[^\s:]+ = stablehlo\.optimization_barrier", text))
+    assert fences(True) >= 2 and fences(False) == 0     # (one a block, on any backend)
     if not rp_jit.fences_chains():
         return      # (XLA:CPU of jaxlib 0.10 fuses across barriers: a fence changes nothing)
     module = rp.export_vjp(f, *args)

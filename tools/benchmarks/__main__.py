@@ -256,9 +256,13 @@ def run_barriers(argv) -> None:
     ap.add_argument("--out", default=None, help="results file")
     ap.add_argument("--dry-run", action="store_true",
                     help="a tiny MLP on whatever backend: checks the harness")
+    ap.add_argument("--fence-chains", choices=("on", "off"), default=None,
+                    help="rp.jit's fence_chains forced on or off (default: rp.jit's default "
+                    "for the backend); with --out another file")
     args = ap.parse_args(argv)
+    fence = None if args.fence_chains is None else args.fence_chains == "on"
     data = barriers.measure(args.models.split(","), args.out, args.time_limit, _log,
-                            args.dry_run)
+                            args.dry_run, fence)
     for text, ok in barriers.checks(data):
         if not ok:
             _log(f"check failed: {text}")

@@ -12,7 +12,9 @@ and JAX's split of it (`jax.vjp`, forward and backward jitted separately). Per r
 say whether that is within JAX's + 2% everywhere.
 
 Rows are written as they are measured and a run that stops at `--time-limit` resumes.
-`--dry-run` is the CPU check of the harness (a tiny MLP, one policy).
+`--dry-run` is the CPU check of the harness (a tiny MLP, one policy). `--fence-chains on`
+(with `--out` another file) measures rp.jit's programs with place-optimization-barriers'
+fence-chains forced on, which rp.jit leaves off on a GPU until it is measured there.
 """
 from __future__ import annotations
 
@@ -33,18 +35,24 @@ GROUPINGS = ("per-use", "per-region")
 SLACK = 1.02
 
 
-def _ours(loss, policy, form, groups, args) -> list[dict]:
-    fn = rp.jit(_gradient_step(loss), policy=policy, mode=form, barrier_groups=groups)
+def _ours(loss, policy, form, groups, args, fence_chains=None) -> list[dict]:
+    fn = rp.jit(_gradient_step(loss), policy=policy, mode=form, barrier_groups=groups,
+                fence_chains=fence_chains)
     return [common.xla_memory(e) for e in fn.lower(*args).executables]
 
 
 def measure(models=tuple(MODELS), path: Path | None = None, time_limit: float | None = None,
-            log=print, dry_run: bool = False) -> dict:
+            log=print, dry_run: bool = False, fence_chains: bool | None = None) -> dict:
+    """`fence_chains`: rp.jit's (None: its default for the backend)."""
     backend = jax.default_backend()
     path = Path(path or common.RESULTS / f"barriers_{backend}.json")
     data = json.loads(path.read_text()) if path.exists() and not dry_run else {
         "meta": common.machine(), "device": jax.devices()[0].device_kind,
-        "backend": backend, "rows": []}
+        "backend": backend, "rows": [], "fence_chains": fence_chains}
+    if data.get("fence_chains") != fence_chains:
+        raise SystemExit(f"error: {path} was measured with fence_chains="
+                         f"{data.get('fence_chains')}, not {fence_chains}: give --out another "
+                         "file")
     done = {(r["model"], r["policy"], r["form"]) for r in data["rows"]}
     chosen = {"mlp": lambda: make_mlp(batch=8, width=32, depth=2, d_in=16, d_out=8)} \
         if dry_run else {k: MODELS[k] for k in models}
@@ -66,7 +74,8 @@ def measure(models=tuple(MODELS), path: Path | None = None, time_limit: float | 
                 row = {"model": key, "policy": case.short, "label": case.label, "form": form}
                 try:
                     for groups in GROUPINGS:
-                        row[groups] = _ours(loss, case.our_policy, form, groups, model.args)
+                        row[groups] = _ours(loss, case.our_policy, form, groups, model.args,
+                                            fence_chains)
                     fun = jax_function(model, case)
                     row["jax"] = jax_halves(fun, model.args) if form == "split" else [
                         common.xla_memory(jax.jit(jax.value_and_grad(fun)).lower(
