@@ -199,8 +199,8 @@ def _to_tie(group, inputs, is_argument, with_arguments: bool = False) -> list:
     `with_arguments` (two levels): then an op reading arguments alone gets its smallest
     tied, or the second level of the first segment merges with the first."""
     candidates = {v for v in inputs if graph.is_static_float(v) and not is_argument(v)}
-    arguments = {v for v in inputs if graph.is_static_float(v) and is_argument(v)} if with_arguments \
-        else set()
+    arguments = {v for v in inputs if graph.is_static_float(v) and is_argument(v)} \
+        if with_arguments else set()
     waiting, chosen = set(), []
     for op in group.ops:
         reads = graph.read_values(op)

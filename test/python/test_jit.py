@@ -5,6 +5,8 @@ A small decoder-like model trained with optax AdamW: the same losses and paramet
 signature, donation as in jax.jit."""
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -248,7 +250,6 @@ def test_barrier_groups_smaller_runs_the_one_xla_says_is_smaller(monkeypatch, re
     to look smaller), and it trains as jax.jit does; per-region has one barrier for the
     step's one region where per-use has several (besides the one-value fences of
     fence-chains, which rp.jit adds to both on XLA:CPU of jaxlib >= 0.11)."""
-    import re
 
     def groups_barriers(module):       # (a fence holds one value: `%5 = ...`, no `:n`)
         return len(re.findall(r"%\S+:\d+ = stablehlo\.optimization_barrier", module.text()))
@@ -717,7 +718,6 @@ def test_a_gelu_cotangent_read_by_dots_and_a_reduce_is_computed_once(policy):
     ours = rp.jit(grads(f), policy=policy)
     for got, want in zip(ours(*args), jax.jit(grads(f))(*args)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    import re
 
     def fences(fence_chains):     # one-value barriers (`%5 = ...`; a group's has `:n`)
         text = rp.jit(grads(f), policy=policy, fence_chains=fence_chains).lower(
