@@ -9,6 +9,9 @@
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers | filecheck %s --check-prefix=NOTIE
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers='groups=per-region function-region=true tie-to-cotangent=true' | filecheck %s --check-prefix=REGIONTIE
 // RUN: sed -n '/^module @no_activation/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=NOACT
+// A clone of arguments alone that makes more than its smaller argument (an embedding) gets
+// that argument tied, on @embedding:
+// RUN: sed -n '/^module @embedding/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=EMBED
 // Two levels of recomputation (remat.levels = 2, set by remat-partial-eval): the groups are
 // tied although the forward keeps no activation, and a group reading arguments alone gets
 // its smallest argument tied: the second sine must not merge with the first.
@@ -287,8 +290,8 @@ module @split {
 // element (XLA:CPU deletes barriers before it schedules; this dependency it
 // keeps), the square root of 1 + 0 * is_finite(c): XLA counts the square root as
 // expensive, so it computes the 1 once rather than in every fusion reading it. The tanh clone reads the computed %h: it is tied. The transpose clone
-// reads only the argument %w: arguments are never tied (a tie would copy the
-// weight; a clone of arguments alone holds no more than no remat does). The dot
+// reads only the argument %w and makes no more than %w: it is not tied (the tie
+// would copy the weight for nothing; compare @embedding). The dot
 // reads a tied value already. Without the option, nothing but the barrier.
 // CHECK-LABEL: module @tie
 // TIE-LABEL: module @tie
@@ -367,6 +370,33 @@ module @no_activation {
     %t = stablehlo.tanh %s2 {remat.recompute = 2 : i64} : tensor<4xf32>
     %g1 = stablehlo.multiply %g0, %t : tensor<4xf32>
     return %s, %g1 : tensor<4xf32>, tensor<4xf32>
+  }
+}
+
+// -----
+
+// tie-to-cotangent=true: the clone %e2 = %x @ %w reads arguments alone and makes
+// 512 B from a 64 B %x: %x is tied (untied, XLA:CPU of jaxlib >= 0.11 runs such a
+// clone, and the cosine reading it, in the forward: the barrier's cotangent result
+// is read by nothing, and XLA drops it). The forward keeps the computed %s, so
+// ties are placed.
+// CHECK-LABEL: module @embedding
+// EMBED-LABEL: module @embedding
+// EMBED: %[[B:.*]]:3 = stablehlo.optimization_barrier {{[^%]*}}%arg1, %arg0, %{{[^ ]*}} :
+// EMBED: stablehlo.is_finite
+// EMBED: %[[X1:.*]] = stablehlo.multiply %[[B]]#0, %{{.*}} {remat.barrier} : tensor<8x2xf32>
+// EMBED-NEXT: %[[E2:.*]] = stablehlo.dot_general %[[X1]], %[[B]]#1, {{.*}}remat.recompute = 1
+// EMBED-NEXT: stablehlo.cosine %[[E2]] {remat.recompute = 1 : i64}
+// EMBED-NOT: stablehlo.is_finite
+module @embedding {
+  func.func @main(%w: tensor<2x16xf32>, %x: tensor<8x2xf32>, %ct: tensor<8x16xf32> {remat.cotangent}) -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+    %e = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x2xf32>, tensor<2x16xf32>) -> tensor<8x16xf32>
+    %s = stablehlo.sine %e : tensor<8x16xf32>
+    %g0 = stablehlo.multiply %ct, %s : tensor<8x16xf32>
+    %e2 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] {remat.recompute = 1 : i64} : (tensor<8x2xf32>, tensor<2x16xf32>) -> tensor<8x16xf32>
+    %c = stablehlo.cosine %e2 {remat.recompute = 1 : i64} : tensor<8x16xf32>
+    %g1 = stablehlo.multiply %g0, %c : tensor<8x16xf32>
+    return %s, %g1 : tensor<8x16xf32>, tensor<8x16xf32>
   }
 }
 
