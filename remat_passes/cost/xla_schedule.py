@@ -14,10 +14,7 @@ What the graph holds of the optimization barriers differs by jaxlib
 schedules, so a recomputation waits only for what it reads (unless place-optimization-
 barriers' tie makes it read the cotangent). Later ones keep them until after, each as
 three steps of the queue: a tuple of its operands, the barrier, and one get-tuple-element
-per result, which its readers wait for. A result no op reads is dropped first, with its
-operand: the barrier does not wait for that operand (checked on jaxlib 0.11.2 and 0.12, a
-barrier over a weight and a late value whose result nothing reads: the op reading the
-weight's result runs at the start; read both, it waits for the late value). Read from XLA:CPU 0.12's scheduled HLO
+per result, which its readers wait for. Read from XLA:CPU 0.12's scheduled HLO
 (`--xla_dump_hlo_pass_re=cse_barrier_expander`, before the barriers go): the split
 Equinox and conv net backwards and the conv net's joint program under `dots_saveable` run
 in exactly that breadth-first order of their fused graphs, every pair of instructions.
@@ -138,9 +135,7 @@ def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
         copies = set(copied(op))
         deps = []
         if op.name == "stablehlo.optimization_barrier":    # (kept) after a tuple
-            # (of the operands whose results are read: XLA drops the others first)
-            waited = producers([v for v, r in zip(op.operands, op.results)
-                                if next(iter(r.uses), None) is not None])
+            waited = producers(values)
             waits[i] = (len(waits),)
             waits.append(waited)
             continue

@@ -16,8 +16,9 @@ of jaxlib 0.10 deletes barriers before it schedules (its OptimizationBarrierExpa
 right after HloCSE, before layout assignment), so there a later CSE merges a clone with the
 forward op it copies and the scheduler runs all recomputation first: the program needs as
 much memory as without remat. Later XLA:CPU keeps them until it schedules, but first drops
-each result no op reads, the cotangent's among them, so there a group waits only for what
-it reads (cost/xla_schedule.py). `tie-to-cotangent=true` adds a data dependency that survives:
+each result no op reads, the cotangent's among them, so there a group can wait only for
+what it reads (seen on jaxlib 0.11.2 and 0.12: a barrier over a weight and a late value whose
+result nothing reads; the op reading the weight's result ran at the start). `tie-to-cotangent=true` adds a data dependency that survives:
 enough of the group's computed inputs (one for each op that reads such an input and
 nothing tied yet; an argument of the function only where an op reads arguments alone and
 makes more than the argument, `_to_tie`) are read through
