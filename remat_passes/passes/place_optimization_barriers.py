@@ -17,8 +17,9 @@ right after HloCSE, before layout assignment), so there a later CSE merges a clo
 forward op it copies and the scheduler runs all recomputation first: the program needs as
 much memory as without remat. Later XLA:CPU keeps them until it schedules, but first drops
 each result no op reads, the cotangent's among them, so there a group can wait only for
-what it reads (seen on jaxlib 0.11.2 and 0.12: a barrier over a weight and a late value whose
-result nothing reads; the op reading the weight's result ran at the start). `tie-to-cotangent=true` adds a data dependency that survives:
+what it reads (seen on jaxlib 0.11.2 and 0.12: a barrier over a weight and a late value
+whose result nothing reads; the op reading the weight's result ran at the start).
+`tie-to-cotangent=true` adds a data dependency that survives:
 enough of the group's computed inputs (one for each op that reads such an input and
 nothing tied yet; an argument of the function only where an op reads arguments alone and
 makes more than the argument, `_to_tie`) are read through
@@ -220,14 +221,13 @@ def _to_tie(group, inputs, is_argument, with_arguments: bool = False) -> list:
         if any(v in waiting for v in reads):
             waiting.update(op.results)
             continue
-        outside = [v for v in reads if v in candidates]
-        if not outside:
-            outside = [v for v in reads if v in arguments]
-            if outside and not with_arguments and min(graph.type_bytes(v.type) for v in outside) \
-                    >= sum(graph.type_bytes(r.type) for r in op.results):
-                outside = []
+        outside = [v for v in reads if v in candidates] or \
+            [v for v in reads if v in arguments]
         if outside:
             pick = min(outside, key=lambda v: graph.type_bytes(v.type))
+            if pick in arguments and not with_arguments and graph.type_bytes(pick.type) >= \
+                    sum(graph.type_bytes(r.type) for r in op.results):
+                continue      # (a weight transposed or reshaped: nothing to gain)
             chosen.append(pick)
             waiting.add(pick)
             waiting.update(op.results)
