@@ -1057,7 +1057,9 @@ def test_xla_liveness_reads_the_peak_of_a_dump(tmp_path):
     assert proc.returncode == 0, proc.stderr
     r = liveness(str(tmp_path), "jit_f")
     assert r["temp"] >= 2 * 64 * 256 * 4           # h and g @ W, or g, live together
-    assert r["peak"] == r["temp"], r                # no gap: the values fill it
+    assert r["peak"] == r["temp"] and r["gap"] == 0, r   # no hole: the values fill it
+    # XLA's own live ranges where the dump has them (`*-live-range.txt`)
+    assert r["ranges"] == ("xla" if list(tmp_path.glob("*jit_f*live-range.txt")) else "uses")
     assert sum(size for size, _, _ in r["values"]) == r["peak"]
     assert all(shape.startswith("f32[64,256]") for _, _, shape in r["values"])
 

@@ -167,8 +167,7 @@ def _print_liveness(xla_liveness, directory, name) -> None:
     except SystemExit as e:
         print(f"  XLA: {e}")
         return
-    print(f"  XLA: temp allocation {r['temp']:,} B; its values peak at {r['peak']:,} B "
-          f"at {r['at']} (instruction {r['index']} of {r['of']})")
+    print(f"  XLA: {xla_liveness.headline(r)}")
     for size, value, shape in r["values"]:
         print(f"    {size:>12,} B  {value}  {shape}")
 
