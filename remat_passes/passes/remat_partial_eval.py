@@ -255,12 +255,11 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         return copy, st
 
     def _rest_of_pipeline(self, groups: str = "per-use", rounded: bool = False,
-                          tie: bool | None = None) -> list:
+                          tie: bool = True) -> list:
         """The default pipeline's passes after this one, as rp.jit runs them: where XLA
-        deletes barriers (CPU), the recomputation tied to the cotangent unless `tie` is
-        False (and, where it keeps them through fusion, duplicated chains fenced); barriers
-        `groups`, residuals `rounded` (round_read_back). For trial plans measured as they
-        will run."""
+        deletes barriers (CPU), the recomputation tied to the cotangent if `tie` (and, where
+        it keeps them through fusion, duplicated chains fenced); barriers `groups`,
+        residuals `rounded` (round_read_back). For trial plans measured as they will run."""
         from remat_passes.cost.xla_schedule import deletes_barriers, fences_chains
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
@@ -271,7 +270,7 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                                       round_read_back=rounded),
                 SegmentScans(func=self.func), SinkLoopConstants(func=self.func),
                 PlaceOptimizationBarriers(func=self.func,
-                                          tie_to_cotangent=deletes_barriers() and tie is not False,
+                                          tie_to_cotangent=deletes_barriers() and tie,
                                           groups=groups, function_region=True,
                                           fence_chains=fences_chains()),
                 AnnotateHostOffload(func=self.func), StripCheckpointNames()]
@@ -337,7 +336,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
         names = [self.func] if self.mode == "joint" else \
             [f"{self.func}_fwd", f"{self.func}_bwd"]
-        ties = (True, False) if self.mode == "split" and deletes_barriers() else (None,)
+        # (rp.jit's split variants on CPU, api/variants.barrier_variants: tied and untied)
+        ties = (True, False) if self.mode == "split" and deletes_barriers() else (True,)
 
         def made_with(rb, copy, st, tie):
             with copy.context:

@@ -33,6 +33,8 @@ _TEMP = re.compile(r"allocation \d+: size (\d+),(?: page \d+,)? preallocated-tem
                    r"((?: value:.*\n)+)")      # (`page N,`: newer XLA)
 _USES = re.compile(r"<\d+ ([\w.\-]+) @\d+>\n positions:\n(?:  .*\n)+ uses:\n((?:  .*\n)+)")
 _INSTR = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (.*)$", re.M)
+_RANGE = re.compile(r"^    ([\w.\-]+)\{([\d,]*)\}:(\d+)-(\d+)$", re.M)   # live-range.txt
+_SEQUENCE = re.compile(r"^    (\d+):([\w.\-]+)$", re.M)
 
 
 def _one(directory: Path, name: str | None, suffix: str) -> Path:
@@ -66,11 +68,13 @@ def liveness(directory: str, name: str | None = None, top: int = 12) -> dict:
     if temp is None:
         return {"module": module, "temp": 0, "peak": 0, "gap": 0, "at": None, "index": -1,
                 "of": len(order), "values": [], "ranges": None}
-    uses = {m.group(1): re.findall(r"^  ([\w.\-]+), operand", m.group(2), re.M)
-            for m in _USES.finditer(uses_text)}
     sequence, ranges = _live_ranges(d, module)
     if ranges is not None:      # (its sequence: every computation's, as XLA numbers them)
         order, position = sequence, {n: i for i, n in enumerate(sequence)}
+        uses = {}
+    else:
+        uses = {m.group(1): re.findall(r"^  ([\w.\-]+), operand", m.group(2), re.M)
+                for m in _USES.finditer(uses_text)}
     spans = []
     for value, index, size, offset, shape in _VALUE.findall(temp.group(2)):
         if value not in position:
@@ -97,11 +101,6 @@ def liveness(directory: str, name: str | None = None, top: int = 12) -> dict:
             "of": len(order), "values": at_peak[:top],
             "ranges": "xla" if ranges is not None else "uses"}
 
-
-_RANGE = re.compile(r"^    ([\w.\-]+)\{([\d,]*)\}:(\d+)-(\d+)$", re.M)
-
-
-_SEQUENCE = re.compile(r"^    (\d+):([\w.\-]+)$", re.M)
 
 
 def _live_ranges(directory: Path, module: str) -> tuple:
