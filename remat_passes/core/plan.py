@@ -10,7 +10,9 @@ comes from:
 * values computed from constants alone are *free*: cloned, never saved;
 * Recompute values get a *clone*: the op is copied into the backward, its own
   reads resolved the same way, once per (op, checkpoint-scope context), just in time
-  (right before the first backward op that needs it: its *serve*);
+  (right before the first backward op that needs it: its *serve*), but a clone
+  smaller than the clones it is the last to read is moved to where they are made
+  (`make_narrowing_clones_early`: a ReLU mask beside the recomputed pre-activation);
 * a result of an op kept whole that has a *twin* (a backward op computing the same
   value: the recompute case of a cond, see `case_rewrite`) is read from the twin.
   A twin's own op is served only if something reads the twin (else it stays unused
@@ -193,6 +195,7 @@ class RematPlan:
         self._serve = array("q")           # consumer, group, first clone, stop clone, ...
         self._read_starts, self._read_flat = array("q", [0]), array("q")
         self._slots: tuple = ()
+        self._moved: dict = {}             # clone -> the serve (index) it was moved to
 
     # --- building (by the plan builder)
     def add_clone(self, pos, ctx, sources, group) -> int:
@@ -227,11 +230,24 @@ class RematPlan:
         """The serves in program order (the return last, in split mode)."""
         sv, rs = self._serve, self._read_starts
         n = len(sv) // 4
+        moved_in: dict = {}
+        for clone, to in sorted(self._moved.items()):
+            moved_in.setdefault(to, []).append(clone)
         for k in range(n):
             consumer, group, first, stop = sv[4 * k:4 * k + 4]
             slots = self._slots if consumer == len(self.analysis.ops) else ()
-            yield Serve(consumer, group, range(first, stop),
+            clones = range(first, stop)
+            if self._moved:
+                clones = tuple(c for c in clones if c not in self._moved) + \
+                    tuple(moved_in.get(k, ()))
+            yield Serve(consumer, group, clones,
                         tuple(self._read_flat[rs[k]:rs[k + 1]]), slots)
+
+    def move_clone(self, clone: int, serve: int) -> None:
+        """Make clone number `clone` before the consumer of serve number `serve` (an
+        earlier one than its own), in that serve's recompute group, after its clones."""
+        self._moved[clone] = serve
+        self._clone_group[clone] = self._serve[4 * serve + 1]
 
     def residuals(self) -> list[int]:
         """The saved vids: arguments first, then in program order."""
@@ -387,7 +403,97 @@ def build_plan(analysis, decider, *, split: bool = False, kept_whole=None,
                 slots += (i, b.resolve(vid, ()))
         plan.add_serve(len(analysis.ops), b.group, first, (), slots)
     plan.next_group = b.group
+    make_narrowing_clones_early(plan)
     return plan
+
+
+def make_narrowing_clones_early(plan: RematPlan) -> None:
+    """Move a clone to the serve where its inputs are made when that ends more bytes'
+    lives than it starts. Just in time, a small value read late (the conv net's ReLU
+    mask, 128 KiB of bool, read by the select of the first layer's backward) keeps the
+    large clone it is computed from (the 512 KiB pre-activation, made earlier for the
+    weight gradient's input) alive until then; made where that clone is made, the mask
+    lives instead. A clone moves to the latest serve that makes one of its clone inputs,
+    when the inputs that no other reader needs later outweigh its own results; free
+    inputs made for it alone (a broadcast constant) move with it. Clones are taken in
+    creation order, so a chain of narrowing clones moves together."""
+    a = plan.analysis
+    clones = plan.clones()
+    if not clones:
+        return
+    where = array("q", [0]) * len(clones)
+    readers: dict = {}            # clone source -> [("clone", k) | ("serve", index)]
+    for index, serve in enumerate(plan.serves()):
+        for k in serve.clones:
+            where[k] = index
+        for src in serve.reads[1::2] + serve.result_slots[1::2]:
+            if is_clone_source(src):
+                readers.setdefault(src, []).append(("serve", index))
+    for k, c in enumerate(clones):
+        for src in set(c.sources):
+            if is_clone_source(src):
+                readers.setdefault(src, []).append(("clone", k))
+
+    def last_read(src, but) -> int:
+        return max((where[r] if kind == "clone" else r
+                    for kind, r in readers.get(src, ()) if not (kind == "clone" and r == but)),
+                   default=-1)
+
+    def made_for(k, j, i):
+        """The free clones of serve j that only feed clone k (a broadcast constant), in
+        creation order; None where k reads another clone of serve j, or where those
+        read a clone made after serve i."""
+        along, todo = set(), [k]
+        while todo:
+            x = todo.pop()
+            for src in set(clones[x].sources):
+                if not is_clone_source(src):
+                    continue
+                m = clone_of_source(src)[0]
+                if where[m] != j:
+                    if where[m] > i:
+                        return None
+                    continue
+                if m in along:
+                    continue
+                if not a.free[clones[m].op] or any(
+                        kind != "clone" or not (r == x or r == k or r in along)
+                        for kind, r in readers[src]):
+                    return None
+                along.add(m)
+                todo.append(m)
+        return sorted(along)
+
+    for k, c in enumerate(clones):
+        j = where[k]
+        if any(not is_clone_source(src) and src >= a.nargs and a.is_backward_vid(src)
+               for src in c.sources):
+            continue                        # reads a backward value: not there earlier
+        inputs = {src for src in c.sources
+                  if is_clone_source(src) and where[clone_of_source(src)[0]] != j}
+        if not inputs:
+            continue
+        i = max(where[clone_of_source(src)[0]] for src in inputs)
+        along = made_for(k, j, i) if i < j else None
+        if along is None:
+            continue
+        ending = sum(graph.type_bytes(_clone_result_type(a, clones, src)) for src in inputs
+                     if last_read(src, k) <= i)
+        starting = sum(graph.type_bytes(t) for t in _result_types(a, c.op))
+        if ending <= starting:
+            continue
+        for m in along + [k]:
+            plan.move_clone(m, i)
+            where[m] = i
+
+
+def _result_types(a, pos) -> list:
+    return [a.value(v).type for v in a.results(pos)]
+
+
+def _clone_result_type(a, clones, src):
+    clone, result = clone_of_source(src)
+    return _result_types(a, clones[clone].op)[result]
 
 
 def _split_flags(analysis) -> list[bool]:

@@ -12,6 +12,10 @@ barriers (XLA:CPU of jaxlib 0.10 deletes them before it fuses) a fence changes n
   some reader stores (a dot or a convolution reads it) and other readers would compute
   again (a reduce, an elementwise op, a transpose), when the buffers the chain reads are
   at least twice its own bytes.
+* `fence_early_clones`: a clone remat-partial-eval made early, in a group that does not
+  read it (`core.plan.make_narrowing_clones_early`: a ReLU mask made where the
+  pre-activation it is computed from is made), so that XLA stores it there instead of
+  computing it inside its late reader from an input kept alive until then.
 """
 from __future__ import annotations
 
@@ -174,4 +178,37 @@ def fence_duplicated_chains(a, block, is_shape, note=None) -> int:
             note(fence.operation, after=op)
         graph.replace_reads_all(readers, {v: fence.results[0]})
         placed += 1
+    return placed
+
+
+def fence_early_clones(groups, is_shape, note=None) -> int:
+    """A clone that nothing in its own recompute group reads (neither the group's clones
+    nor its consumer: remat-partial-eval moved it there, ahead of its readers, because it
+    is smaller than the clones it is computed from) gets one barrier right after it, read
+    by all its readers. Without it XLA (GPU; XLA:CPU from jaxlib 0.11) fuses the clone
+    into its late reader and keeps the inputs alive until there, which the move was to
+    end. Constants and shape values are left alone (a loop's trip count stays visible),
+    and so is a clone read inside another op's region. Returns how many barriers it
+    placed."""
+    placed = 0
+    for group in groups:
+        own = {op_id(op) for op in group.ops}
+        if group.consumer is not None:
+            own.add(op_id(group.consumer))
+        for op in group.ops:
+            if len(op.results) != 1 or not len(op.operands) or is_shape(op.results[0]):
+                continue
+            v = op.results[0]
+            readers = [use.owner for use in v.uses]
+            if not readers or all(contract.is_barrier(r) for r in readers) or \
+                    any(op_id(r) in own or r.parent != op.parent for r in readers):
+                continue    # (read through a barrier already: fenced, or not early)
+            fence = stablehlo.OptimizationBarrierOp([v], ip=ir.InsertionPoint(op),
+                                                   loc=op.location)
+            fence.operation.move_after(op)
+            contract.mark_barrier(fence)
+            if note is not None:
+                note(fence.operation, after=op)
+            graph.replace_reads_all(readers, {v: fence.results[0]})
+            placed += 1
     return placed

@@ -101,7 +101,8 @@ from remat_passes.analysis.function import RecomputeGroup, recompute_groups
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id, stablehlo
 from remat_passes.passes.base import ModulePass, option, parse_bool
-from remat_passes.passes.fences import fence_duplicated_chains, fence_residual_producers
+from remat_passes.passes.fences import (fence_duplicated_chains, fence_early_clones,
+                                         fence_residual_producers)
 
 
 def _incoming(group: RecomputeGroup, is_backward, cotangents) -> ir.Value | None:
@@ -562,6 +563,7 @@ class PlaceOptimizationBarriers(ModulePass):
             placed += place(groups, a.is_backward, [a.args[i] for i in a.cotangent_indices],
                             note, _in_regions_without_barrier(module_op), _manual_test(a),
                             is_shape, tie=tie, tie_arguments=contract.recompute_levels(f) == 2)
+            fence_early_clones(a.recompute_groups, is_shape, note)
             # (only where something is recomputed: with no barrier of a recomputation, a
             # program keeps its residuals as XLA fuses them, and rp.jit can tell it apart)
             if self.fence_producers and placed and target == name and _manual_test(a) is None:

@@ -26,6 +26,8 @@
 // RUN: sed -n '/^module @duplicated_chain/,/^}/p' %s | remat-opt --place-optimization-barriers=fence-chains=true --place-optimization-barriers=fence-chains=true | filecheck %s --check-prefix=CHAIN
 // fence-producers=false on @fused_producer: only the group's barrier.
 // RUN: sed -n '/^module @fused_producer/,/^}/p' %s | remat-opt --place-optimization-barriers=fence-producers=false | filecheck %s --check-prefix=NOFENCE
+// A clone its own group does not read (remat-partial-eval made it early) gets a fence:
+// RUN: sed -n '/^module @made_early/,/^}/p' %s | remat-opt --place-optimization-barriers --place-optimization-barriers | filecheck %s --check-prefix=EARLY
 // function-region=true (a module policy) on @saved_all, which recomputes nothing; without it
 // (and per-use) no barrier:
 // RUN: sed -n '/^module @saved_all/,/^}/p' %s | remat-opt --place-optimization-barriers='groups=per-region function-region=true' | filecheck %s --check-prefix=ALL
@@ -687,5 +689,39 @@ module @duplicated_chain {
     %z = stablehlo.constant dense<0.000000e+00> : tensor<f32>
     %r = stablehlo.reduce(%g1 init: %z) applies stablehlo.add across dimensions = [0] : (tensor<32x32xf32>, tensor<f32>) -> tensor<32xf32>
     return %y, %d, %r : tensor<32x32xf32>, tensor<32x32xf32>, tensor<32xf32>
+  }
+}
+
+// -----
+
+// The mask (%m) is a clone of group 1 that nothing in group 1 reads: remat-partial-eval
+// made it where the pre-activation it is computed from is made, for the select after
+// the group's consumer. It gets a barrier of its own right after it (once, also when
+// the pass runs twice), so XLA stores the mask instead of computing it inside the
+// select from the pre-activation, kept alive until there. The constant beside it, read
+// by the select too, is left alone.
+// EARLY-LABEL: module @made_early
+// EARLY: %[[B:.*]]:3 = stablehlo.optimization_barrier {remat.barrier} %arg0, %arg1, %arg2
+// EARLY-NEXT: %[[D:.*]] = stablehlo.dot_general %[[B]]#0, %[[B]]#1
+// EARLY-NEXT: %[[Z:.*]] = stablehlo.constant {remat.recompute = 1 : i64}
+// EARLY-NEXT: %[[R:.*]] = stablehlo.maximum %[[D]], %[[Z]]
+// EARLY-NEXT: %[[M:.*]] = stablehlo.compare GT, %[[D]], %[[Z]]
+// EARLY-NEXT: %[[F:.*]] = stablehlo.optimization_barrier {remat.barrier} %[[M]] : tensor<64xi1>
+// EARLY-NEXT: %[[G1:.*]] = stablehlo.multiply %arg2, %[[R]]
+// EARLY-NEXT: stablehlo.select %[[F]], %[[G1]], %[[Z]]
+// EARLY-NOT: optimization_barrier
+// EARLY: return
+module @made_early {
+  func.func @main(%w: tensor<64x64xf32>, %x: tensor<64xf32>, %ct: tensor<64xf32> {remat.cotangent}) -> (tensor<64xf32>, tensor<64xf32>) {
+    %d = stablehlo.dot_general %w, %x, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64xf32>) -> tensor<64xf32>
+    %z = stablehlo.constant dense<0.0> : tensor<64xf32>
+    %r = stablehlo.maximum %d, %z : tensor<64xf32>
+    %d2 = stablehlo.dot_general %w, %x, contracting_dims = [1] x [0] {remat.recompute = 1 : i64} : (tensor<64x64xf32>, tensor<64xf32>) -> tensor<64xf32>
+    %z2 = stablehlo.constant {remat.recompute = 1 : i64} dense<0.0> : tensor<64xf32>
+    %r2 = stablehlo.maximum %d2, %z2 {remat.recompute = 1 : i64} : tensor<64xf32>
+    %m2 = stablehlo.compare GT, %d2, %z2 {remat.recompute = 1 : i64} : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xi1>
+    %g1 = stablehlo.multiply %ct, %r2 : tensor<64xf32>
+    %g2 = stablehlo.select %m2, %g1, %z2 : tensor<64xi1>, tensor<64xf32>
+    return %r, %g2 : tensor<64xf32>, tensor<64xf32>
   }
 }

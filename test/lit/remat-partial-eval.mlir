@@ -531,3 +531,27 @@ module @split {
     return %s, %gw : tensor<4xf32>, tensor<4x4xf32>
   }
 }
+
+// -----
+
+// A clone smaller than the clone it is computed from, read later than that one
+// (a ReLU mask), is made where its input is made, in that group: the 256-byte
+// pre-activation then dies there instead of living until the select.
+// NOTHING-LABEL: module @narrowing_made_early
+// NOTHING: %[[D:.*]] = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0] {remat.recompute = [[G:[0-9]+]] : i64}
+// NOTHING-NEXT: %[[Z:.*]] = stablehlo.constant {remat.recompute = [[G]] : i64}
+// NOTHING-NEXT: %[[R:.*]] = stablehlo.maximum %[[D]], %[[Z]] {remat.recompute = [[G]] : i64}
+// NOTHING-NEXT: %[[M:.*]] = stablehlo.compare GT, %[[D]], %[[Z]] {remat.recompute = [[G]] : i64}
+// NOTHING-NEXT: %[[G1:.*]] = stablehlo.multiply %arg2, %[[R]]
+// NOTHING-NEXT: stablehlo.select %[[M]], %[[G1]], %[[Z]]
+module @narrowing_made_early {
+  func.func @main(%w: tensor<64x64xf32>, %x: tensor<64xf32>, %ct: tensor<64xf32> {remat.cotangent}) -> (tensor<64xf32>, tensor<64xf32>) {
+    %d = stablehlo.dot_general %w, %x, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64xf32>) -> tensor<64xf32>
+    %z = stablehlo.constant dense<0.0> : tensor<64xf32>
+    %r = stablehlo.maximum %d, %z : tensor<64xf32>
+    %m = stablehlo.compare GT, %d, %z : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xi1>
+    %g1 = stablehlo.multiply %ct, %r : tensor<64xf32>
+    %g2 = stablehlo.select %m, %g1, %z : tensor<64xi1>, tensor<64xf32>
+    return %r, %g2 : tensor<64xf32>, tensor<64xf32>
+  }
+}
