@@ -308,10 +308,11 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         """auto(monotone=larger|smaller): plan trial residual budgets on copies of the
         module, in this pass's form with the rest of the pipeline as rp.jit runs it, and
         measure each plan's peak (`estimate_memory`'s xla model; of the split form, its
-        larger half; in split form where XLA deletes barriers (CPU), the lower of the forms
-        tied to the cotangent and not, as rp.jit compiles both there and runs the smaller:
-        the conv net's plan for 897,280 B on jaxlib 0.12 peaks at 2.96 MB tied, 2.69 MB
-        not) and its recompute cost (clones and roundings, as
+        larger half; the lowest of the forms rp.jit compiles and runs the smaller of: in
+        split form where XLA deletes barriers (CPU), tied to the cotangent and not (the
+        conv net's plan for 897,280 B on jaxlib 0.12 peaks at 2.96 MB tied, 2.69 MB not),
+        and barriers per use and per region where XLA keeps them until it fuses) and its
+        recompute cost (clones and roundings, as
         `rp.recompute_seconds` counts them); where the plan for the budget
         peaks above a larger budget's, `monotone_peak` names the plan kept instead (of a
         larger budget or of a smaller one, as the rule says)."""
@@ -336,15 +337,21 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
         names = [self.func] if self.mode == "joint" else \
             [f"{self.func}_fwd", f"{self.func}_bwd"]
-        # (rp.jit's split variants on CPU, api/variants.barrier_variants: tied and untied)
+        # the forms rp.jit compiles and runs the smaller of (api/variants.barrier_variants):
+        # in split form on CPU tied to the cotangent and not; both groupings of barriers
+        # but where XLA:CPU fuses across them (jaxlib 0.10). The conv net's plan for
+        # 299,093 B on jaxlib 0.12 peaks at 2.83 MB per use, 2.57 MB per region.
         ties = (True, False) if self.mode == "split" and deletes_barriers() else (True,)
+        groupings = ("per-use",) if deletes_barriers() and \
+            jax_compat.xla_cpu_fuses_across_barriers() else ("per-use", "per-region")
+        forms = [(tie, groups) for tie in ties for groups in groupings]
 
-        def made_with(rb, copy, st, tie):
+        def made_with(rb, copy, st, tie, groups):
             with copy.context:
                 def funcs():
                     return [graph.find_func(copy, name).operation for name in names]
                 before = roundings_in(funcs())
-                *rest, strip = self._rest_of_pipeline(tie=tie)
+                *rest, strip = self._rest_of_pipeline(groups=groups, tie=tie)
                 for step in rest:
                     step.apply(copy, st)
                     st.drop()
@@ -357,8 +364,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
         def made(rb):
             copy, st = self._trial(candidate(rb), module_op, state, [], mode=self.mode)
-            forms = [(copy, st)] + [(mlir.clone(copy), st.fork()) for _ in ties[1:]]
-            return min((made_with(rb, c, s, tie) for (c, s), tie in zip(forms, ties)),
+            copies = [(copy, st)] + [(mlir.clone(copy), st.fork()) for _ in forms[1:]]
+            return min((made_with(rb, c, s, *form) for (c, s), form in zip(copies, forms)),
                        key=lambda t: t.peak)
         m = monotone_peak(budget, lo, hi,
                           lambda rb: trials.remembered(memo, "monotone", rb, lambda: made(rb)),

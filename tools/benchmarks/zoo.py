@@ -492,9 +492,11 @@ def merge(old: dict | None, new: dict) -> dict:
     for m in kept.values():
         m.setdefault("commit", old["meta"]["commit"])
         m.setdefault("jax", old["meta"]["jax"])
+    own = {(e["model"], e["setting"]): e   # (one entry per setting: the latest)
+           for e in [e for e in old["own"] if e["model"] in kept] + new["own"]}
     return dict(new, models={**kept, **new["models"]},
                 rows=[r for r in old["rows"] if r["model"] in kept] + new["rows"],
-                own=[e for e in old["own"] if e["model"] in kept] + new["own"])
+                own=list(own.values()))
 
 
 def checks(data) -> list[tuple[str, bool]]:
