@@ -422,9 +422,10 @@ def test_monotone_holds_the_conv_nets_peak_to_a_larger_budgets():
     monotone=larger (true) keeps a larger budget's plan instead: more activations than
     the budget, no more recomputation, an XLA peak at most the larger budget's (+2%).
     monotone=smaller keeps a smaller budget's plan: within the budget, its XLA peak at
-    most the larger budget's (+2%; 0.12: 2.50 MB, the plan of 112,160 B; 0.10: 2.96 MB).
-    The trials weigh each plan as rp.jit runs it (tied and untied, the lower). Gradients
-    are jax.vjp's."""
+    most the larger budget's (+2%; 0.12: 2.57 MB, the plan of 336,480 B; 0.10: 2.96 MB,
+    that of 560,800 B). The trials weigh each plan as rp.jit runs it (tied and untied,
+    per use and per region where XLA keeps barriers, the lowest). Gradients are
+    jax.vjp's."""
     from tools.benchmarks import common, models, xla_memory
     model = models.make_convnet()
     fun = model.build(models._identity)
