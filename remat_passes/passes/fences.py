@@ -170,15 +170,21 @@ def fence_duplicated_chains(a, block, is_shape, note=None) -> int:
         v = op.results[0]
         if not duplicated_chain(v, is_shape):
             continue
-        readers = [use.owner for use in v.uses]
-        fence = stablehlo.OptimizationBarrierOp([v], ip=ir.InsertionPoint(op), loc=op.location)
-        fence.operation.move_after(op)
-        contract.mark_barrier(fence)
-        if note is not None:
-            note(fence.operation, after=op)
-        graph.replace_reads_all(readers, {v: fence.results[0]})
+        _fence_after(op, note)
         placed += 1
     return placed
+
+
+def _fence_after(op, note=None) -> None:
+    """One barrier right after `op`, over its one result, which all its readers read."""
+    v = op.results[0]
+    readers = [use.owner for use in v.uses]
+    fence = stablehlo.OptimizationBarrierOp([v], ip=ir.InsertionPoint(op), loc=op.location)
+    fence.operation.move_after(op)
+    contract.mark_barrier(fence)
+    if note is not None:
+        note(fence.operation, after=op)
+    graph.replace_reads_all(readers, {v: fence.results[0]})
 
 
 def fence_early_clones(groups, is_shape, note=None) -> int:
@@ -198,17 +204,10 @@ def fence_early_clones(groups, is_shape, note=None) -> int:
         for op in group.ops:
             if len(op.results) != 1 or not len(op.operands) or is_shape(op.results[0]):
                 continue
-            v = op.results[0]
-            readers = [use.owner for use in v.uses]
+            readers = [use.owner for use in op.results[0].uses]
             if not readers or all(contract.is_barrier(r) for r in readers) or \
                     any(op_id(r) in own or r.parent != op.parent for r in readers):
                 continue    # (read through a barrier already: fenced, or not early)
-            fence = stablehlo.OptimizationBarrierOp([v], ip=ir.InsertionPoint(op),
-                                                   loc=op.location)
-            fence.operation.move_after(op)
-            contract.mark_barrier(fence)
-            if note is not None:
-                note(fence.operation, after=op)
-            graph.replace_reads_all(readers, {v: fence.results[0]})
+            _fence_after(op, note)
             placed += 1
     return placed
