@@ -170,7 +170,7 @@ class Serve(NamedTuple):
     value: the clones placed right before it and what it reads instead."""
     consumer: int    # position; len(analysis.ops) is the function's return (split results)
     group: int
-    clones: range    # clone numbers created for it, in order
+    clones: range    # clone numbers made before it, in order (a tuple where some moved)
     reads: tuple     # vid it reads, source, vid, source, ... for the reads that change
     result_slots: tuple = ()    # the return only: result index, source, ...
 

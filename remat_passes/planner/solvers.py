@@ -9,12 +9,19 @@ deterministic for a given node limit, so the same module and budget give the sam
 loaded machine as on an idle one. The integer program also has a clock
 (`AUTO_EXACT_SECONDS`, to keep planning fast where HiGHS's root work alone takes seconds):
 when the clock stops it first, its plan is set aside and the Lagrangian one is used. Only a
-search whose nodes are unexpectedly slow meets `SAFETY_SECONDS`.
+search whose nodes are unexpectedly slow meets `SAFETY_SECONDS`. So that clock can still
+give another plan under another load, a solution is kept for the process (`SOLVED`, by the
+problem's content and the budget): objective=peak and monotone plan trial residual budgets
+and then the one they chose again, and the plan they keep must be the plan they weighed
+(measured, the benchmark GPT's budgets page refreshed while the test suite ran: the trial
+of objective=peak at 16,832,175 B fitted, its plan made again peaked at 17,676,828 B).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
+import hashlib
 import math
 import os
 import sys
@@ -32,6 +39,8 @@ WINDOW_NODES = 200          # nodes per window of the neighbourhood search
 LNS_WINDOWS = 12            # windows the neighbourhood search solves: one per 5,000 nodes
 LNS_NODES_PER_WINDOW = 5000 # of the problem, at least 2, at most LNS_WINDOWS
 SAFETY_SECONDS = 20.0       # a search still running after this long stops anyway
+SOLVED: collections.OrderedDict = collections.OrderedDict()   # (problem, budget, ...) ->
+SOLVED_MEMO = 256           # its solutions, for the process (the oldest go first)
 
 
 def _milp(*args, **kwargs):
@@ -542,6 +551,30 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
     `exact_limit` seconds), 'lagrangian', or
     a function `(problem, budget) -> recompute` (bool per op node) for experiments and
     baselines."""
+    if callable(solver):                 # (a function may keep state: solved each time)
+        return _solve(p, budget, solver, exact_limit, compare_exact)
+    key = (_fingerprint(p), budget, solver, exact_limit, compare_exact)
+    if key not in SOLVED:
+        SOLVED[key] = _solve(p, budget, solver, exact_limit, compare_exact)
+        while len(SOLVED) > SOLVED_MEMO:
+            SOLVED.popitem(last=False)
+    return SOLVED[key]
+
+
+def _fingerprint(p: Problem) -> str:
+    """The problem's content: equal for the same function planned again (a copy of the
+    module, another pass run), whatever the objects."""
+    h = hashlib.sha256()
+    for a in (p.op_cost, p.value_bytes, p.value_producer, p.recomputable, p.needed,
+              p.read_rows, p.read_flat, p.keep_cost, p.markers, p.through,
+              p.offload_cost, p.argument_bytes):
+        h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
+    h.update(repr(p.labels).encode())
+    return h.hexdigest()
+
+
+def _solve(p: Problem, budget: int, solver, exact_limit: float,
+           compare_exact: bool) -> tuple[Solution, Solution | None]:
     exact = None
     nothing = np.zeros(p.n_ops, bool)
     avail, off, device, cost = evaluate(p, nothing)

@@ -809,11 +809,41 @@ def test_objective_peak_plans_its_trial_budgets_once_per_module(monkeypatch):
     assert planned >= 13
     second = rp.remat(m, P.auto(budget=int(base * 0.95), objective="peak"))
     assert len(made) == planned
+    from remat_passes.planner import solvers
     for budget, out in ((0.9, first), (0.95, second)):
         monkeypatch.setattr(trials, "TRIALS", collections.OrderedDict())
+        monkeypatch.setattr(solvers, "SOLVED", collections.OrderedDict())
         fresh = rp.remat(m, P.auto(budget=int(base * budget), objective="peak"))
         assert fresh.text() == out.text()
     assert len(made) == 3 * planned
+
+
+def test_a_problem_planned_again_gets_the_plan_it_got(monkeypatch):
+    """The integer program of `auto` stops at a clock (AUTO_EXACT_SECONDS), where the
+    Lagrangian plan is taken instead: under another load the same problem could get another
+    plan. objective=peak and monotone plan trial residual budgets, then the chosen one
+    again, and must keep the plan they weighed: a problem solved again in the process (the
+    same function from another copy of the module) gets its first solution. Here the clock
+    is made to stop every solve after the first: the memo answers; without it, the plan
+    is the Lagrangian one."""
+    from remat_passes.passes.remat_partial_eval import planning_problem
+    from remat_passes.planner import solvers
+    monkeypatch.setattr(solvers, "SOLVED", collections.OrderedDict())
+    _, _, m = case("block")
+    p = planning_problem(m)
+    budget = p.no_remat_bytes() // 3
+    first, exact = solvers.solve(p, budget)
+    assert first.method == "exact" and exact is first
+
+    def clock_stopped(*args, **kwargs):
+        found = real(*args, **kwargs)
+        return dataclasses.replace(found, method="exact (time limit)")
+    real = solvers.solve_exact
+    monkeypatch.setattr(solvers, "solve_exact", clock_stopped)
+    again = planning_problem(m)          # another copy of the module, the same problem
+    assert again is not p and solvers.solve(again, budget)[0] is first
+    monkeypatch.setattr(solvers, "SOLVED", collections.OrderedDict())
+    assert solvers.solve(again, budget)[0].method != "exact"
 
 
 def test_objective_peak_measures_a_plan_recomputing_nothing_as_rp_jit_builds_it():
