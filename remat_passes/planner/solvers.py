@@ -553,7 +553,8 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
     baselines."""
     if callable(solver):                 # (a function may keep state: solved each time)
         return _solve(p, budget, solver, exact_limit, compare_exact)
-    key = (_fingerprint(p), budget, solver, exact_limit, compare_exact)
+    key = (_fingerprint(p), budget, solver, exact_limit, compare_exact, AUTO_EXACT_NODES,
+           AUTO_EXACT_WORK, AUTO_EXACT_SECONDS, WINDOW_NODES, LNS_WINDOWS, LNS_NODES_PER_WINDOW)
     if key not in SOLVED:
         SOLVED[key] = _solve(p, budget, solver, exact_limit, compare_exact)
         while len(SOLVED) > SOLVED_MEMO:

@@ -339,6 +339,8 @@ def test_auto_stops_on_work_done_not_on_a_clock(monkeypatch):
 
     def plan(late):
         monkeypatch.setattr(scipy.optimize, "milp", lambda *a, **k: milp(*a, late=late, **k))
+        # (each plan solved anew: in a process, a problem solved again gets its plan)
+        monkeypatch.setattr(solvers, "SOLVED", collections.OrderedDict())
         out = rp.remat(m, P.auto(budget=budget), mode="split")
         return out.plan_reports[0].solution, str(out)
     (first, text), (second, late_text) = plan(0.0), plan(0.3)
