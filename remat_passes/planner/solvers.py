@@ -40,7 +40,8 @@ LNS_WINDOWS = 12            # windows the neighbourhood search solves: one per 5
 LNS_NODES_PER_WINDOW = 5000 # of the problem, at least 2, at most LNS_WINDOWS
 SAFETY_SECONDS = 20.0       # a search still running after this long stops anyway
 SOLVED: collections.OrderedDict = collections.OrderedDict()   # (problem, budget, ...) ->
-SOLVED_MEMO = 256           # its solutions, for the process (the oldest go first)
+SOLVED_MEMO = 128           # its solutions, for the process (the oldest go first; at
+                            # 100k ops one holds about 0.3 MB)
 
 
 def _milp(*args, **kwargs):
