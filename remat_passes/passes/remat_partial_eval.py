@@ -346,7 +346,9 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             jax_compat.xla_cpu_fuses_across_barriers() else ("per-use", "per-region")
         forms = [(tie, groups) for tie in ties for groups in groupings]
 
-        def made_with(rb, copy, st, tie, groups):
+        def made_with(rb, copy, st, tie, groups, fwd=None):
+            """The trial in one form; `fwd`: the forward half's peak where an earlier form
+            measured it (the forms differ in the backward's barriers only)."""
             with copy.context:
                 def funcs():
                     return [graph.find_func(copy, name).operation for name in names]
@@ -358,15 +360,25 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 cost = recomputation_seconds(funcs(), policy.profile, flops.CostModel(copy),
                                              before)   # (before the clones' marks go)
                 strip.apply(copy, st)
-            peaks = estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")
+            measured = names if fwd is None else names[1:]
+            estimate = estimate_memory(copy, measured, dim_symbols=st.dim_symbols,
+                                       model="xla")
+            peaks = {name: estimate[name].peak_bytes for name in measured}
+            if fwd is not None:
+                peaks[names[0]] = fwd
             return Trial(rb, report.activation_bytes(st.residuals[self.func]),
-                         max(peaks[name].peak_bytes for name in names), cost)
+                         max(peaks.values()), cost), peaks[names[0]]
 
         def made(rb):
             copy, st = self._trial(candidate(rb), module_op, state, [], mode=self.mode)
             copies = [(copy, st)] + [(mlir.clone(copy), st.fork()) for _ in forms[1:]]
-            return min((made_with(rb, c, s, *form) for (c, s), form in zip(copies, forms)),
-                       key=lambda t: t.peak)
+            tried, fwd = [], None
+            for (c, s), form in zip(copies, forms):
+                trial, first = made_with(rb, c, s, *form,
+                                         fwd=fwd if self.mode == "split" else None)
+                tried.append(trial)
+                fwd = first
+            return min(tried, key=lambda t: t.peak)
         m = monotone_peak(budget, lo, hi,
                           lambda rb: trials.remembered(memo, "monotone", rb, lambda: made(rb)),
                           policy.monotone)

@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from remat_passes.planner.model import Problem, Solution, evaluate
+from remat_passes.planner.trials import kept
 
 AUTO_EXACT_NODES = 400      # 'auto': branch-and-bound nodes the integer program may take
 AUTO_EXACT_WORK = 1_000_000 # before the Lagrangian solve is tried too, at most this many
@@ -556,11 +557,8 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
         return _solve(p, budget, solver, exact_limit, compare_exact)
     key = (_fingerprint(p), budget, solver, exact_limit, compare_exact, AUTO_EXACT_NODES,
            AUTO_EXACT_WORK, AUTO_EXACT_SECONDS, WINDOW_NODES, LNS_WINDOWS, LNS_NODES_PER_WINDOW)
-    if key not in SOLVED:
-        SOLVED[key] = _solve(p, budget, solver, exact_limit, compare_exact)
-        while len(SOLVED) > SOLVED_MEMO:
-            SOLVED.popitem(last=False)
-    return SOLVED[key]
+    return kept(SOLVED, SOLVED_MEMO, key,
+                lambda: _solve(p, budget, solver, exact_limit, compare_exact))
 
 
 def _fingerprint(p: Problem) -> str:

@@ -3,7 +3,8 @@
 Both plan the module at trial residual budgets and measure each plan's peak. A trial
 depends on the module, the pass's options, the policy's own options, what the pipeline
 state tells it and the backend alone, so a sweep of budgets plans each trial once:
-`remembered(key(...), kind, budget, make)` runs `make()` the first time only.
+`remembered(key(...), kind, budget, make)` runs `make()` the first time only; `kept` is
+that bounded memo, which the solvers' memo of solutions (`solvers.SOLVED`) uses too.
 """
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ def remembered(memo, kind: str, rb: int, make):
     """`make()`, the trial `kind` at residual budget `rb`, once per `memo` (None: each time)."""
     if memo is None:
         return make()
-    k = (memo, kind, rb)
-    if k not in TRIALS:
-        TRIALS[k] = make()
-        while len(TRIALS) > TRIALS_MEMO:
-            TRIALS.popitem(last=False)
-    return TRIALS[k]
+    return kept(TRIALS, TRIALS_MEMO, (memo, kind, rb), make)
+
+
+def kept(store: collections.OrderedDict, size: int, k, make):
+    """`store[k]`, made by `make()` the first time; `store` keeps its `size` newest."""
+    if k not in store:
+        store[k] = make()
+        while len(store) > size:
+            store.popitem(last=False)
+    return store[k]
 
 
 def key(module_op, options: dict, region_policies: dict, loop_body: bool, policy):
