@@ -58,6 +58,21 @@ def fences_chains(backend: str | None = None) -> bool:
     return deletes_barriers(backend) and not jax_compat.xla_cpu_fuses_across_barriers()
 
 
+def compiled_forms(mode: str, backend: str | None = None) -> list[tuple[bool, str]]:
+    """The (tied to the cotangent, barrier grouping) forms rp.jit compiles on `backend` and
+    runs the smaller of (api/variants.barrier_variants, for the passes, which cannot import
+    api): in split form on CPU tied and untied; both groupings but where XLA:CPU fuses
+    across barriers (jaxlib 0.10). monotone's trials weigh each plan in all of them (on
+    jaxlib 0.12 the conv net's plan for 299,093 B peaks at 2.83 MB per use, 2.57 MB per
+    region; its plan for 897,280 B at 2.96 MB tied, 2.69 MB untied)."""
+    from remat_passes import jax_compat
+    cpu = deletes_barriers(backend)
+    ties = (True, False) if mode == "split" and cpu else (True,)
+    groupings = ("per-use",) if cpu and jax_compat.xla_cpu_fuses_across_barriers() else \
+        ("per-use", "per-region")
+    return [(tie, groups) for tie in ties for groups in groupings]
+
+
 def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
               copies_after: dict | None = None) -> list:
     """`ops` (a block's top-level ops, its terminator last) in XLA:CPU's breadth-first

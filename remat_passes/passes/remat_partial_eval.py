@@ -308,18 +308,15 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         """auto(monotone=larger|smaller): plan trial residual budgets on copies of the
         module, in this pass's form with the rest of the pipeline as rp.jit runs it, and
         measure each plan's peak (`estimate_memory`'s xla model; of the split form, its
-        larger half; the lowest of the forms rp.jit compiles and runs the smaller of: in
-        split form where XLA deletes barriers (CPU), tied to the cotangent and not (the
-        conv net's plan for 897,280 B on jaxlib 0.12 peaks at 2.96 MB tied, 2.69 MB not),
-        and barriers per use and per region where XLA keeps them until it fuses) and its
-        recompute cost (clones and roundings, as
-        `rp.recompute_seconds` counts them); where the plan for the budget
+        larger half; the lowest of `compiled_forms`, as rp.jit runs the smallest) and its
+        recompute cost (clones and roundings, as `rp.recompute_seconds` counts them);
+        where the plan for the budget
         peaks above a larger budget's, `monotone_peak` names the plan kept instead (of a
         larger budget or of a smaller one, as the rule says)."""
         from remat_passes.cost import flops
         from remat_passes.cost.devices import recomputation_seconds, roundings_in
         from remat_passes.cost.memory import estimate_memory
-        from remat_passes.cost.xla_schedule import deletes_barriers
+        from remat_passes.cost.xla_schedule import compiled_forms
         from remat_passes.planner.report import format_flop, format_seconds
         from remat_passes.policy.auto import auto
         problem = planning_problem(module_op, self.func, policy)
@@ -337,18 +334,11 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
 
         names = [self.func] if self.mode == "joint" else \
             [f"{self.func}_fwd", f"{self.func}_bwd"]
-        # the forms rp.jit compiles and runs the smaller of (api/variants.barrier_variants):
-        # in split form on CPU tied to the cotangent and not; both groupings of barriers
-        # but where XLA:CPU fuses across them (jaxlib 0.10). The conv net's plan for
-        # 299,093 B on jaxlib 0.12 peaks at 2.83 MB per use, 2.57 MB per region.
-        ties = (True, False) if self.mode == "split" and deletes_barriers() else (True,)
-        groupings = ("per-use",) if deletes_barriers() and \
-            jax_compat.xla_cpu_fuses_across_barriers() else ("per-use", "per-region")
-        forms = [(tie, groups) for tie in ties for groups in groupings]
+        forms = compiled_forms(self.mode)
 
         def made_with(rb, copy, st, tie, groups, fwd=None):
-            """The trial in one form; `fwd`: the forward half's peak where an earlier form
-            measured it (the forms differ in the backward's barriers only)."""
+            # (`fwd`: the forward half's peak, one for all forms: they differ in the
+            # backward's barriers only)
             with copy.context:
                 def funcs():
                     return [graph.find_func(copy, name).operation for name in names]
@@ -360,12 +350,10 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
                 cost = recomputation_seconds(funcs(), policy.profile, flops.CostModel(copy),
                                              before)   # (before the clones' marks go)
                 strip.apply(copy, st)
-            measured = names if fwd is None else names[1:]
+            measured = names[1:] if fwd is not None and len(names) > 1 else names
             estimate = estimate_memory(copy, measured, dim_symbols=st.dim_symbols,
                                        model="xla")
-            peaks = {name: estimate[name].peak_bytes for name in measured}
-            if fwd is not None:
-                peaks[names[0]] = fwd
+            peaks = {names[0]: fwd, **{n: estimate[n].peak_bytes for n in measured}}
             return Trial(rb, report.activation_bytes(st.residuals[self.func]),
                          max(peaks.values()), cost), peaks[names[0]]
 
@@ -374,10 +362,8 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
             copies = [(copy, st)] + [(mlir.clone(copy), st.fork()) for _ in forms[1:]]
             tried, fwd = [], None
             for (c, s), form in zip(copies, forms):
-                trial, first = made_with(rb, c, s, *form,
-                                         fwd=fwd if self.mode == "split" else None)
+                trial, fwd = made_with(rb, c, s, *form, fwd=fwd)
                 tried.append(trial)
-                fwd = first
             return min(tried, key=lambda t: t.peak)
         m = monotone_peak(budget, lo, hi,
                           lambda rb: trials.remembered(memo, "monotone", rb, lambda: made(rb)),
