@@ -1062,6 +1062,13 @@ def test_xla_liveness_reads_the_peak_of_a_dump(tmp_path):
     assert r["ranges"] == ("xla" if list(tmp_path.glob("*jit_f*live-range.txt")) else "uses")
     assert sum(size for size, _, _ in r["values"]) == r["peak"]
     assert all(shape.startswith("f32[64,256]") for _, _, shape in r["values"])
+    # tools.benchmarks.xla_heap: the heap packed again as XLA packs it is XLA's allocation
+    from tools.benchmarks.xla_heap import replay
+    packed = replay(str(tmp_path), "jit_f")
+    if r["ranges"] == "xla":
+        assert packed["replayed"] == r["temp"] and packed["live"] == r["peak"], packed
+    else:
+        assert packed is None      # (no live ranges in the dump to replay)
 
 
 def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
@@ -1086,11 +1093,13 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
         assert "XLA footprint" in block and "estimate, live at the peak" in block
         temp = int(re.search(r"temp ([\d,]+),", block)[1].replace(",", ""))
         assert f"XLA: temp allocation {temp:,} B" in block      # the dump is the run's
+        assert re.search(r"XLA's packing replayed: .*\(XLA's;", block), block
     for half in ("fwd", "bwd"):       # JAX's split of jax.checkpoint, beside ours
         assert list(tmp_path.glob(f"module_*.jit_{half}.*buffer-assignment.txt")), half
         block = proc.stdout.split(f"JAX's {half}:")[1].split("\nJAX's")[0]
         temp = int(re.search(r"temp ([\d,]+),", block)[1].replace(",", ""))
         assert f"XLA: temp allocation {temp:,} B" in block
+        assert re.search(r"XLA's packing replayed: .*\(XLA's;", block), block
     # --joint: the joint form as rp.jit builds it (jit_main), then JAX's joint program
     proc = run_process(run + ["convnet", "dots", str(tmp_path / "joint"), "--joint"],
                        env=env, cwd=root, capture_output=True, text=True)
@@ -1101,6 +1110,8 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
         block = proc.stdout.split(head)[1].split("\nJAX's")[0]
         temp = int(re.search(r"temp ([\d,]+),", block)[1].replace(",", ""))
         assert f"XLA: temp allocation {temp:,} B" in block, block    # the dump is the run's
+        # XLA's heap packed again over its own live ranges: XLA's allocation to the byte
+        assert re.search(r"XLA's packing replayed: .*\(XLA's;", block), block
     assert "estimate, live at the peak" in proc.stdout.split("@main:")[1]
     for bad, needle in ((["nope", "none"], "unknown model 'nope'"),
                         (["mlp", "nope"], "unknown policy 'nope' for mlp; known: none"),

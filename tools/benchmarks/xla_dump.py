@@ -160,14 +160,18 @@ def _gather(target: Path, made: list, chosen, names) -> Path:
 
 
 def _print_liveness(xla_liveness, directory, name) -> None:
-    """XLA's scratch peak of the module called `name` dumped in `directory` and its
-    values."""
+    """XLA's scratch peak of the module called `name` dumped in `directory`, its heap
+    packed again (`xla_heap`: where a hole comes from) and its values."""
+    from tools.benchmarks import xla_heap
     try:
         r = xla_liveness.liveness(directory, name)
     except SystemExit as e:
         print(f"  XLA: {e}")
         return
     print(f"  XLA: {xla_liveness.headline(r)}")
+    replayed = xla_heap.replay(directory, name)
+    if replayed is not None:
+        print(f"  {xla_heap.headline(replayed)}")
     for size, value, shape in r["values"]:
         print(f"    {size:>12,} B  {value}  {shape}")
 
