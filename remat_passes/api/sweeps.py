@@ -21,7 +21,8 @@ from remat_passes.ir.mlir import RematError
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.manager import run_pipeline
-from remat_passes.passes.remat_partial_eval import RematPartialEval, planning_problem
+from remat_passes.passes.remat_partial_eval import RematPartialEval
+from remat_passes.passes.trial_plans import planning_problem
 from remat_passes.planner.model import Problem
 from remat_passes.planner.report import format_flop
 from remat_passes.planner.solvers import minimum_bytes

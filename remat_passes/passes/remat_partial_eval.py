@@ -29,25 +29,19 @@ import dataclasses
 import functools
 import re
 
-from remat_passes import jax_compat
 from remat_passes.analysis import scan_pairs
 from remat_passes.core import residuals as report
 from remat_passes.core.levels import two_levels
 from remat_passes.core.materialize import analysis_after, materialize
 from remat_passes.core.plan import PolicyDecider, build_plan
 from remat_passes.core.split import half_analyses, split_function
-from remat_passes.ir import contract, graph, mlir
+from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.ir.symbolic import DimNames
 from remat_passes.passes.diagnostics import Remark
 from remat_passes.passes.base import ModulePass, PassState, option, parse_int_list, parse_regex
-from remat_passes.passes.inline import Inline
-from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
-from remat_passes.planner.model import build_problem
-from remat_passes.planner.resolve import (BudgetBelowMinimum, Trial, by_compiled_cost,
-                                          for_peak, has_auto, monotone_peak, resolve)
-from remat_passes.planner import trials
-from remat_passes.planner.solvers import minimum_bytes
+from remat_passes.passes.trial_plans import TrialPlans
+from remat_passes.planner.resolve import BudgetBelowMinimum, has_auto, resolve
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable, parse_policy
@@ -114,7 +108,7 @@ class PartialEvalOptions:
 
 
 @dataclasses.dataclass
-class RematPartialEval(PartialEvalOptions, ModulePass):
+class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
     name = "remat-partial-eval"
     summary = ("Save or recompute forward values of a joint VJP function per a checkpoint "
                "policy; recomputation placed just in time")
@@ -237,268 +231,6 @@ class RematPartialEval(PartialEvalOptions, ModulePass):
         state.plan_reports[self.func] = reports
         state.remarks[first_remark:] = [Remark(r, location)
                                         for r in state.remarks[first_remark:]]
-
-    def _trial(self, candidate, module_op, state, after, mode="joint"):
-        """A trial plan of `candidate` (a policy) on a copy of the module: inline,
-        remat-partial-eval in form `mode`, then the passes `after`. Returns (the copy, its
-        PassState)."""
-        copy = mlir.clone(module_op)
-        st = PassState(region_policies=state.region_policies, filename=state.filename)
-        st.dim_symbols = dict(state.dim_symbols or {})
-        options = {**self.partial_eval_options(), "policy": candidate, "mode": mode}
-        # (a loop body outline-loop-backwards made is called from its loop: inlining would
-        # put it back)
-        inline = [] if _is_loop_body(state, self.func) else [Inline()]
-        for step in inline + [RematPartialEval(**options)] + list(after):
-            step.apply(copy, st)
-            st.drop()
-        return copy, st
-
-    def _rest_of_pipeline(self, groups: str = "per-use", rounded: bool = False,
-                          tie: bool = True) -> list:
-        """The default pipeline's passes after this one, as rp.jit runs them: where XLA
-        deletes barriers (CPU), the recomputation tied to the cotangent if `tie` (and, where
-        it keeps them through fusion, duplicated chains fenced); barriers `groups`,
-        residuals `rounded` (round_read_back). For trial plans measured as they will run."""
-        from remat_passes.cost.xla_schedule import deletes_barriers, fences_chains
-        from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
-        from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
-        from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
-        from remat_passes.passes.segment_scans import SegmentScans
-        from remat_passes.passes.sink_loop_constants import SinkLoopConstants
-        return [InsertReducePrecision(func=self.func, region_regex=self.region_regex,
-                                      round_read_back=rounded),
-                SegmentScans(func=self.func), SinkLoopConstants(func=self.func),
-                PlaceOptimizationBarriers(func=self.func,
-                                          tie_to_cotangent=deletes_barriers() and tie,
-                                          groups=groups, function_region=True,
-                                          fence_chains=fences_chains()),
-                AnnotateHostOffload(func=self.func), StripCheckpointNames()]
-
-    def _residual_budget_for_peak(self, policy, module_op, state):
-        """auto(objective=peak): plan trial residual budgets on copies of the module and
-        measure each plan's joint peak as XLA would allocate it (`estimate_memory`'s "xla"
-        model, for the JAX backend in use; `for_peak` chooses among them)."""
-        from remat_passes.cost.memory import estimate_memory
-        problem = planning_problem(module_op, self.func, policy)
-        memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
-                          _is_loop_body(state, self.func), policy)
-
-        def trial(candidate):   # the default pipeline, joint form (barriers split fusions)
-            def peak(rest):
-                copy, st = self._trial(candidate, module_op, state, rest)
-                return (estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
-                    self.func].peak_bytes, st.plan_reports[self.func][0].solution.cost)
-
-            def made():
-                own, cost = peak(self._rest_of_pipeline())
-                if cost:
-                    return own, cost
-                # recomputing nothing, rp.jit also builds the plan with JAX's one barrier
-                # where barriers decide, else with its residuals rounded, and runs the
-                # smaller (api/variants)
-                return min(own, peak(self._rest_of_pipeline(
-                    "per-use" if one_grouping else "per-region", one_grouping))[0]), cost
-            return trials.remembered(memo, "peak", candidate.budget.resolve(0), made)
-        from remat_passes.cost.xla_schedule import deletes_barriers
-        one_grouping = deletes_barriers() and jax_compat.xla_cpu_fuses_across_barriers()
-        return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
-
-    def _monotone_peak(self, policy, module_op, state):
-        """auto(monotone=larger|smaller): plan trial residual budgets on copies of the
-        module, in this pass's form with the rest of the pipeline as rp.jit runs it, and
-        measure each plan's peak (`estimate_memory`'s xla model; of the split form, its
-        larger half; the lowest of `compiled_forms`, as rp.jit runs the smallest) and its
-        recompute cost (clones and roundings, as `rp.recompute_seconds` counts them);
-        where the plan for the budget
-        peaks above a larger budget's, `monotone_peak` names the plan kept instead (of a
-        larger budget or of a smaller one, as the rule says)."""
-        from remat_passes.cost import flops
-        from remat_passes.cost.devices import recomputation_seconds, roundings_in
-        from remat_passes.cost.memory import estimate_memory
-        from remat_passes.cost.xla_schedule import compiled_forms
-        from remat_passes.planner.report import format_flop, format_seconds
-        from remat_passes.policy.auto import auto
-        problem = planning_problem(module_op, self.func, policy)
-        lo, hi = minimum_bytes(problem), problem.no_remat_bytes()
-        budget = policy.budget.resolve(hi)
-        if not lo <= budget < hi:      # below the minimum: an error or scans in segments;
-            return policy              # at no remat: nothing recomputed, nothing to weigh
-
-        def candidate(rb):
-            return auto(rb, offload=policy.offload, device=policy.device,
-                        solver=policy.solver, monotone=False)
-
-        memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
-                          _is_loop_body(state, self.func), policy)
-
-        names = [self.func] if self.mode == "joint" else \
-            [f"{self.func}_fwd", f"{self.func}_bwd"]
-        forms = compiled_forms(self.mode)
-
-        def made_with(rb, copy, st, tie, groups, fwd=None):
-            # (`fwd`: the forward half's peak, one for all forms: they differ in the
-            # backward's barriers only)
-            with copy.context:
-                def funcs():
-                    return [graph.find_func(copy, name).operation for name in names]
-                before = roundings_in(funcs())
-                *rest, strip = self._rest_of_pipeline(groups=groups, tie=tie)
-                for step in rest:
-                    step.apply(copy, st)
-                    st.drop()
-                cost = recomputation_seconds(funcs(), policy.profile, flops.CostModel(copy),
-                                             before)   # (before the clones' marks go)
-                strip.apply(copy, st)
-            measured = names[1:] if fwd is not None and len(names) > 1 else names
-            estimate = estimate_memory(copy, measured, dim_symbols=st.dim_symbols,
-                                       model="xla")
-            peaks = {names[0]: fwd, **{n: estimate[n].peak_bytes for n in measured}}
-            return Trial(rb, report.activation_bytes(st.residuals[self.func]),
-                         max(peaks.values()), cost), peaks[names[0]]
-
-        def made(rb):
-            copy, st = self._trial(candidate(rb), module_op, state, [], mode=self.mode)
-            copies = [(copy, st)] + [(mlir.clone(copy), st.fork()) for _ in forms[1:]]
-            tried, fwd = [], None
-            for (c, s), form in zip(copies, forms):
-                trial, fwd = made_with(rb, c, s, *form, fwd=fwd)
-                tried.append(trial)
-            return min(tried, key=lambda t: t.peak)
-        m = monotone_peak(budget, lo, hi,
-                          lambda rb: trials.remembered(memo, "monotone", rb, lambda: made(rb)),
-                          policy.monotone)
-        if not m.rises:
-            return policy
-        planned = "" if m.lower.budget == m.lower_for else \
-            f" (that of residual budget {m.lower.budget} B)"
-        above = (f"its plan would peak at {m.own.peak} B (estimate_memory's xla model), above "
-                 f"the {m.lower.peak} B of the plan for residual budget {m.lower_for} B"
-                 f"{planned}")
-        if m.chosen is None:
-            state.remarks.append(
-                f"@{self.func}: {policy.spec}: {above}, and no plan within the budget of the "
-                f"{m.trials} tried peaks lower: kept (objective=peak bounds the peak)")
-            return policy
-        chosen = candidate(m.chosen.budget)
-        chosen.spec = f"{policy.spec} (residual budget {m.chosen.budget} B, monotone)"
-        profile = policy.profile
-        price = format_flop if profile.name == "flops" else format_seconds
-        over = f" ({m.chosen.kept - budget} B over the budget)" \
-            if m.chosen.kept > budget else ""
-        state.remarks.append(
-            f"@{self.func}: {policy.spec}: {above}; planned at residual budget "
-            f"{m.chosen.budget} B instead: {m.chosen.kept} B kept{over}, a peak of "
-            f"{m.chosen.peak} B, recomputation {price(m.own.cost)} -> {price(m.chosen.cost)} "
-            f"on {profile.name} (of {m.trials} plans tried)")
-        return chosen
-
-    def _by_compiled_cost(self, policy, module_op, state):
-        """auto(score=xla): plan each candidate (`by_compiled_cost` names them) on a copy of
-        the module in split form with the rest of the default pipeline, compile its two
-        halves with XLA and keep the one with the fewest FLOPs in XLA's count. In a function
-        with loops, the count is `remat_passes.flops` of the same programs instead: XLA's
-        cost analysis counts a loop body once whatever its trip count."""
-        from remat_passes.cost import flops
-        from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
-        from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
-        from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
-        from remat_passes.passes.segment_scans import SegmentScans
-        from remat_passes.planner.report import format_flop
-        if _is_loop_body(state, self.func):
-            raise RematError(f"error: {policy.spec} compiles the split form of each candidate "
-                             f"plan, and @{self.func} is a loop body with its own backward "
-                             "(gradient accumulation), which has none: use score=model")
-        if state.compiled_cost is None:
-            raise RematError(f"error: {policy.spec} compiles its candidate plans with XLA, and "
-                             "this pipeline was given no compiler: run it through rp.remat, "
-                             "rp.jit or remat-opt")
-        halves = (f"{self.func}_fwd", f"{self.func}_bwd")
-        backend = []
-        with module_op.context:
-            loops = any(op.operation.name == "stablehlo.while" for op in graph.nested_ops(
-                graph.body_block(graph.find_func(module_op, self.func))))
-
-        compiled: dict = {}      # the program's text -> its count (candidates may coincide)
-
-        def trial(candidate):
-            copy, st = self._trial(candidate, module_op, state, [
-                InsertReducePrecision(func=self.func, region_regex=self.region_regex),
-                SegmentScans(func=self.func), PlaceOptimizationBarriers(func=self.func),
-                AnnotateHostOffload(func=self.func), StripCheckpointNames()], mode="split")
-            # (in split form the residual records already are what crosses, saved carries
-            # included; a segmented loop's slots are added as the joint form counts them)
-            segmented = st.segmented.get(self.func, [])
-            kept = report.activation_bytes(st.residuals[self.func]) + sum(
-                s.segment_bytes for s in segmented)
-            if loops:
-                cost = sum(flops.function_flops(copy, h) for h in halves)
-            else:
-                text = str(copy)
-                if text not in compiled:
-                    compiled[text] = state.compiled_cost(copy, halves)
-                cost, name = compiled[text]
-                backend[:] = [name]
-            plans = st.plan_reports.get(self.func)
-            return kept, cost, plans[0].budget if plans else None
-        chosen, scored, budget = by_compiled_cost(policy, trial)
-        first = scored[0].cost
-        count = "remat_passes.flops (loops: XLA counts a loop body once)" if loops else \
-            f"XLA's compiled count ({backend[0] if backend else 'default backend'})"
-        rows = "; ".join(f"{s.label}: {s.kept} B, {format_flop(s.cost)}"
-                         + (f" ({(s.cost - first) / first:+.2%})" if first else "")
-                         for s in scored)
-        kept = next(s for s in scored if s.policy is chosen)
-        state.remarks.append(
-            f"@{self.func}: {policy.spec}: {len(scored)} plans within the budget ({budget} B) "
-            f"scored by FLOPs in {count}: {rows}. Kept {kept.label}")
-        return chosen
-
-    def _segments_below_the_minimum(self, below, module_op, state):
-        """auto with a budget below the least a per-iteration plan keeps (`below`), in a
-        function with scan loops: segment the scans too (segment-scans with the two levels
-        that keep the fewest bytes, `sqrt`; three, `cbrt`, only when two cannot meet the
-        budget). Plans 13 trial residual budgets from that least to no remat on copies of
-        the module (joint form), each followed by the segmentation, and takes the cheapest
-        plan whose activations after segmentation fit; its policy is returned, and
-        segment-scans (next in the remat pipeline) reads the decision from
-        `state.planned_segments`."""
-        from remat_passes.passes.segment_scans import SegmentScans
-        from remat_passes.policy.auto import auto
-        policy, budget = below.policy, below.budget
-        lo, hi = below.minimum, below.no_remat
-
-        def trial(rb, levels):
-            candidate = auto(rb, offload=policy.offload, device=policy.device,
-                             solver=policy.solver, monotone=False)
-            _, st = self._trial(candidate, module_op, state,
-                                [SegmentScans(segments=levels, func=self.func)])
-            kept = report.activation_bytes(st.residuals[self.func],
-                                           st.segmented.get(self.func, []))
-            return kept, st.plan_reports[self.func][0].solution.cost, rb, candidate
-        least = None
-        for levels in ("sqrt", "cbrt"):
-            tried = [trial(int(lo + (hi - lo) * k / 12), levels) for k in range(13)]
-            least = min(t[0] for t in tried)
-            fitting = [t for t in tried if t[0] <= budget]
-            if fitting:
-                break
-            if least >= lo:                 # segments do not help this function
-                raise below
-        else:
-            raise RematError(
-                f"error: {policy.spec}: the budget, {budget} B of activations, is below the "
-                f"least this function can keep with its scans in segments (three levels), "
-                f"{least} B (per iteration: {lo} B; without remat {hi} B)")
-        kept, _, rb, candidate = min(fitting, key=lambda t: (t[1], t[0]))
-        candidate.spec = f"{policy.spec} (residual budget {rb} B, scans in segments)"
-        state.planned_segments[self.func] = levels
-        state.remarks.append(
-            f"@{self.func}: {policy.spec}: the budget is below the least a per-iteration plan "
-            f"keeps ({lo} B), so the scans run in segments "
-            f"({'two' if levels == 'sqrt' else 'three'} levels): {kept} B of activations "
-            "after segmenting")
-        return candidate
 
     def _mark_cotangents(self, f, state: PassState) -> None:
         """`cotangent-args` is authoritative: it replaces the marks (remarked if they differ);
@@ -672,27 +404,3 @@ def _recorded_scope_policies(module_op, state: PassState) -> dict:
     out.update({k: as_policy(p) for k, p in state.region_policies.items()})
     return out
 
-
-def planning_problem(module, func: str = "main", policy=None):
-    """The planning problem `auto` solves for `func` of a copy of `module` (an ir.Module or
-    a Module; inlined; no checkpoint regions of their own: every forward op is governed),
-    for the solvers, `bounds` and benchmarks to work on directly."""
-    policy = policy or AutoPolicy(0)
-    copy = mlir.clone(getattr(module, "op", module))
-    state = PassState()
-    with copy.context:
-        Inline().apply(copy, state)
-        state.drop()
-        a = state.analysis(graph.find_func(copy, func))
-        kept = {}
-        for rule in new_rules().values():
-            kept.update(rule.kept_whole(a))
-        p, _ = build_problem(a, None, set(kept), policy.profile, policy.offload is not None,
-                             lambda pos: True)
-    p.module = copy      # the ops and values it names live in this copy (an ir.Module)
-    return p
-
-
-def _is_loop_body(state, func: str) -> bool:
-    """Is `func` a loop body outline-loop-backwards made a function of?"""
-    return any(func in bodies for bodies in state.loop_bodies.values())

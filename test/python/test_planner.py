@@ -828,7 +828,7 @@ def test_a_problem_planned_again_gets_the_plan_it_got(monkeypatch):
     same function from another copy of the module) gets its first solution. Here the clock
     is made to stop every solve after the first: the memo answers; without it, the plan
     is the Lagrangian one."""
-    from remat_passes.passes.remat_partial_eval import planning_problem
+    from remat_passes.passes.trial_plans import planning_problem
     from remat_passes.planner import solvers
     monkeypatch.setattr(solvers, "SOLVED", collections.OrderedDict())
     _, _, m = case("block")
