@@ -26,7 +26,7 @@ from remat_passes.cost.memory_report import format_memory
 from remat_passes.cost.xla_buffers import model_line
 from remat_passes.ir import mlir
 from remat_passes.ir.mlir import RematError
-from remat_passes.jax.module import Module, compiled_cost, write_atomically
+from remat_passes.jax.module import Module, compiled_cost, compiled_memory, write_atomically
 from remat_passes.passes import diagnostics
 from remat_passes.passes.base import PassState
 from remat_passes.passes.manager import make_pass, parse_options, parse_pipeline, run_pipeline
@@ -220,6 +220,7 @@ def _process(data: bytes, steps: list, args, filename: str, remarks_to=None) -> 
     module = Module.parse(data, filename=filename, allow_empty=True)
     state = PassState(filename=filename)
     state.compiled_cost = compiled_cost
+    state.compiled_memory = compiled_memory
     run_pipeline(module.op, steps, state,
                  verify_each=args.verify_each == "true",
                  print_before=args.mlir_print_ir_before_all,

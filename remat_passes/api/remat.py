@@ -6,7 +6,7 @@ import inspect
 
 from remat_passes.ir import mlir
 from remat_passes.ir.mlir import RematError
-from remat_passes.jax.module import Module, compiled_cost
+from remat_passes.jax.module import Module, compiled_cost, compiled_memory
 from remat_passes.passes.base import PassState, parse_regex
 from remat_passes.passes.manager import expand, run_pipeline
 from remat_passes.passes.place_optimization_barriers import (PlaceOptimizationBarriers,
@@ -134,6 +134,7 @@ def pass_state(module, out) -> PassState:
     state = PassState(region_policies=dict(out.region_policies), filename=module.filename)
     state.dim_symbols = dict(module.dim_symbols)
     state.compiled_cost = compiled_cost
+    state.compiled_memory = compiled_memory
     return state
 
 

@@ -191,3 +191,11 @@ def compiled_cost(module_op, functions) -> tuple[float, str]:
     `PassState.compiled_cost`, for `auto(score=xla)`."""
     from remat_passes.jax import run
     return run.compiled_cost(Module(module_op), functions)
+
+
+def compiled_memory(module_op, function) -> tuple[int, str]:
+    """XLA's footprint of `function` of an ir.Module and the backend's name
+    (`run.compiled_memory`): `PassState.compiled_memory`, for
+    `auto(objective=peak, score=xla)`."""
+    from remat_passes.jax import run
+    return run.compiled_memory(Module(module_op), function)

@@ -143,21 +143,37 @@ def compiled_cost(module, functions) -> tuple[float, str]:
     `auto(..., score=xla)` compares), and that backend's name."""
     total = 0.0
     for name in functions:
-        exported = to_exported(module, name)
-        if exported.nr_devices != 1:
-            raise RematError(f"error: score=xla compiles each plan for one device; @{name} "
-                             f"runs on {exported.nr_devices}")
-        if any(d < 0 for a in exported.in_avals for d in a.shape):
-            raise RematError(f"error: score=xla compiles each plan and needs static shapes; "
-                             f"@{name} has dynamic dimensions (export it for one shape)")
-        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
-        compiled = jax.jit(_named(exported.call, name)).lower(*avals).compile()
-        analysis = compiled.cost_analysis()
+        analysis = _compiled_alone(module, name, "score=xla").cost_analysis()
         if isinstance(analysis, (list, tuple)):
             analysis = analysis[0] if analysis else {}
         analysis = analysis or {}
         total += float(analysis.get("flops", 0.0)) + float(analysis.get("transcendentals", 0.0))
     return total, jax.default_backend()
+
+
+def compiled_memory(module, function: str) -> tuple[int, str]:
+    """What `function` of a Module holds on the device as XLA compiles it for the default
+    backend from its argument types alone: its arguments, outputs (less those aliased to
+    donated arguments) and scratch buffer, from `memory_analysis()` (what
+    `auto(..., objective=peak, score=xla)` bounds), and that backend's name."""
+    m = _compiled_alone(module, function, "objective=peak with score=xla").memory_analysis()
+    return (int(m.temp_size_in_bytes) + int(m.argument_size_in_bytes)
+            + int(m.output_size_in_bytes) - int(m.alias_size_in_bytes),
+            jax.default_backend())
+
+
+def _compiled_alone(module, name: str, what: str):
+    """`name` of a Module compiled for the default backend from its argument types alone,
+    for `what` (an option that compiles plans: one device, static shapes)."""
+    exported = to_exported(module, name)
+    if exported.nr_devices != 1:
+        raise RematError(f"error: {what} compiles each plan for one device; @{name} "
+                         f"runs on {exported.nr_devices}")
+    if any(d < 0 for a in exported.in_avals for d in a.shape):
+        raise RematError(f"error: {what} compiles each plan and needs static shapes; "
+                         f"@{name} has dynamic dimensions (export it for one shape)")
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
+    return jax.jit(_named(exported.call, name)).lower(*avals).compile()
 
 
 def memory_kinds(module, function: str, which: str) -> list:

@@ -72,7 +72,9 @@ class PassState:
       bodies (the runner runs a later pass that names the function on each of them);
     * `compiled_cost`: what `auto(score=xla)` compiles its candidates with,
       `(module_op, functions) -> (XLA's FLOP count, backend name)` (rp.remat and remat-opt
-      give `remat_passes.jax.run.compiled_cost`; a bare pipeline has none).
+      give `remat_passes.jax.run.compiled_cost`; a bare pipeline has none);
+    * `compiled_memory`: what `auto(objective=peak, score=xla)` compiles its trial plans
+      with, `(module_op, function) -> (XLA's footprint in bytes, backend name)` (likewise).
     """
 
     def __init__(self, region_policies=None, filename=None):
@@ -86,6 +88,7 @@ class PassState:
         self.planned_segments: dict = {}   # function -> segment-scans' k that auto chose
         self.segmented: dict = {}          # function -> [scan_segments.Segmented]
         self.compiled_cost = None
+        self.compiled_memory = None
         self.loop_bodies: dict = {}        # function -> [its outlined loop bodies]
         self._analyses: dict = {}
 
@@ -118,6 +121,7 @@ class PassState:
         other.planned_segments = dict(self.planned_segments)
         other.segmented = {k: list(v) for k, v in self.segmented.items()}
         other.compiled_cost = self.compiled_cost
+        other.compiled_memory = self.compiled_memory
         other.loop_bodies = {k: list(v) for k, v in self.loop_bodies.items()}
         return other
 

@@ -70,8 +70,12 @@ class TrialPlans:
     def _residual_budget_for_peak(self, policy, module_op, state):
         """auto(objective=peak): plan trial residual budgets on copies of the module and
         measure each plan's joint peak as XLA would allocate it (`estimate_memory`'s "xla"
-        model, for the JAX backend in use; `for_peak` chooses among them)."""
+        model, for the JAX backend in use; with score=xla, XLA's footprint of the program
+        compiled, `state.compiled_memory`); `for_peak` chooses among them."""
         from remat_passes.cost.memory import estimate_memory
+        compiled = policy.score == "xla"
+        if compiled:
+            self._can_compile(policy, state, state.compiled_memory)
         problem = planning_problem(module_op, self.func, policy)
         memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
                           _is_loop_body(state, self.func), policy)
@@ -79,8 +83,10 @@ class TrialPlans:
         def trial(candidate):   # the default pipeline, joint form (barriers split fusions)
             def peak(rest):
                 copy, st = self._trial(candidate, module_op, state, rest)
-                return (estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
-                    self.func].peak_bytes, st.plan_reports[self.func][0].solution.cost)
+                own = state.compiled_memory(copy, self.func)[0] if compiled else \
+                    estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
+                        self.func].peak_bytes
+                return own, st.plan_reports[self.func][0].solution.cost
 
             def made():
                 own, cost = peak(self._rest_of_pipeline())
@@ -91,10 +97,22 @@ class TrialPlans:
                 # smaller (api/variants)
                 return min(own, peak(self._rest_of_pipeline(
                     "per-use" if one_grouping else "per-region", one_grouping))[0]), cost
-            return trials.remembered(memo, "peak", candidate.budget.resolve(0), made)
+            return trials.remembered(memo, "compiled peak" if compiled else "peak",
+                                     candidate.budget.resolve(0), made)
         from remat_passes.cost.xla_schedule import deletes_barriers
         one_grouping = deletes_barriers() and jax_compat.xla_cpu_fuses_across_barriers()
         return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
+
+    def _can_compile(self, policy, state, compiler) -> None:
+        """Raise unless `policy` (score=xla) can compile this pass's trial plans."""
+        if _is_loop_body(state, self.func):
+            raise RematError(f"error: {policy.spec} compiles each trial plan, and @{self.func} "
+                             "is a loop body with its own backward (gradient accumulation), "
+                             "which is not a program of its own: use score=model")
+        if compiler is None:
+            raise RematError(f"error: {policy.spec} compiles its trial plans with XLA, and this "
+                             "pipeline was given no compiler: run it through rp.remat, rp.jit "
+                             "or remat-opt")
 
     def _monotone_peak(self, policy, module_op, state):
         """auto(monotone=larger|smaller): plan trial residual budgets on copies of the
@@ -197,14 +215,7 @@ class TrialPlans:
         from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
         from remat_passes.passes.segment_scans import SegmentScans
         from remat_passes.planner.report import format_flop
-        if _is_loop_body(state, self.func):
-            raise RematError(f"error: {policy.spec} compiles the split form of each candidate "
-                             f"plan, and @{self.func} is a loop body with its own backward "
-                             "(gradient accumulation), which has none: use score=model")
-        if state.compiled_cost is None:
-            raise RematError(f"error: {policy.spec} compiles its candidate plans with XLA, and "
-                             "this pipeline was given no compiler: run it through rp.remat, "
-                             "rp.jit or remat-opt")
+        self._can_compile(policy, state, state.compiled_cost)
         halves = (f"{self.func}_fwd", f"{self.func}_bwd")
         backend = []
         with module_op.context:

@@ -158,9 +158,11 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
     fits = [t for t in tried if t[0] <= budget]
     if not fits:
         lowest = min(t[0] for t in tried)
+        measured = "XLA's footprint of each compiled" if policy.score == "xla" else \
+            "as estimated"
         raise RematError(
             f"error: {policy.spec}: the peak budget, {budget} B, is below the lowest joint "
-            f"peak of the {len(tried)} plans tried, {lowest} B (without remat: "
+            f"peak of the {len(tried)} plans tried, {lowest} B ({measured}; without remat: "
             f"{measure(hi)[0]} B; the peak is not monotone in the residual bytes, so a plan "
             "between the residual budgets tried may peak lower)")
     return min(fits, key=lambda t: t[1])[2]

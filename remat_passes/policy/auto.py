@@ -71,7 +71,8 @@ class AutoPolicy(Policy):
     planner before it decides anything (`resolve`). `score='xla'`: among the planner's
     solution and JAX's fixed policies that fit the budget, keep the plan XLA's compiled
     programs count the fewest FLOPs in (remat-partial-eval compiles each; see
-    `planner.resolve.by_compiled_cost`). `monotone`: where the plan for the budget would
+    `planner.resolve.by_compiled_cost`); with objective=peak, the peak of each trial plan is
+    XLA's footprint of its compiled joint program instead of the estimate. `monotone`: where the plan for the budget would
     peak above a larger budget's plan, keep another (`planner.resolve.monotone_peak`; it
     plans up to 14 trial budgets): `'larger'` (or True) that larger budget's plan, which
     keeps more than the budget and recomputes no more; `'smaller'` the cheapest plan of a
@@ -92,9 +93,9 @@ class AutoPolicy(Policy):
                              f"got {solver!r}")
         if score not in ("model", "xla"):
             raise ValueError(f"score must be model or xla, got {score!r}")
-        if score == "xla" and (offload is not None or objective != "residuals"):
-            raise ValueError("score=xla compares XLA's FLOP counts, which leave out transfers "
-                             "and peak memory: it takes neither offload nor objective=peak")
+        if score == "xla" and offload is not None:
+            raise ValueError("score=xla compares what XLA compiles, whose counts leave out "
+                             "transfers: it does not take offload")
         monotone = _monotone_rule(monotone)
         if monotone and (objective != "residuals" or score != "model"):
             raise ValueError(f"monotone={monotone} holds a plan's peak to those of larger "
