@@ -246,6 +246,43 @@ def test_xla_benchmark_checks_and_keeps_the_objective_peak_sweeps():
     assert merged["rows"] == stored["rows"]
 
 
+def test_xla_benchmark_checks_the_compiled_twins_of_the_objective_peak_sweeps():
+    """`xla --peak --compiled`: beside each point, auto(b, objective=peak, score=xla)'s (its
+    own table); its joint footprint above its budget (at all) or above a larger budget's
+    (+2%) is a missed check, a budget it refuses (no compiled trial fits) is not."""
+    from tools.benchmarks import xla_memory
+
+    def point(b, joint, compiled):
+        return {"budget": b, "activations": 0,
+                "joint": {"temp": joint, "args": 0, "out": 0, "estimate": b},
+                "halves": [{"temp": joint, "args": 0, "out": 0}],
+                "compiled": compiled if isinstance(compiled, dict) else {
+                    "budget": b, "activations": 7, "joint": {"temp": compiled, "args": 0,
+                                                              "out": 0},
+                    "halves": [{"temp": compiled, "args": 0, "out": 0}]}}
+    refused = {"budget": 100, "error": "error: below the lowest joint peak"}
+    data = {"meta": {"backend": "cpu"}, "rows": [], "sweeps": [],
+            "peak_sweeps": [{"model": "mlp", "commit": "aaa", "points": [
+                point(100, 110, refused), point(200, 180, 150), point(300, 290, 290)]}]}
+
+    def missed(d):
+        return [t for t, ok in xla_memory.checks(d) if not ok]
+    assert not [t for t in missed(data) if "score=xla" in t]
+    assert "mlp objective=peak score=xla sweep: XLA's joint footprint at most 0.967x the " \
+           "peak budget" in [t for t, _ in xla_memory.checks(data)]
+    table = "\n".join(xla_memory._render_peak_sweeps(data))
+    assert "| mlp (at aaa) | 100 | error: below the lowest joint peak | | |\n" in table
+    assert "| mlp | 200 | 7 | 150 (0.75) | 150 |" in table
+    data["peak_sweeps"][0]["points"][1] = point(200, 180, 201)     # over its budget
+    assert "mlp objective=peak score=xla sweep: XLA's joint footprint at most 1.005x the " \
+           "peak budget" in missed(data)
+    data["peak_sweeps"][0]["points"][1] = point(200, 180, 196)     # above 300's (+2%)
+    data["peak_sweeps"][0]["points"][2] = point(300, 290, 180)
+    assert [t for t in missed(data) if "score=xla" in t] == [
+        "mlp objective=peak score=xla sweep, joint: XLA footprint at a budget at most "
+        "1.089x that of any larger budget"]
+
+
 def test_xla_benchmark_merge_keeps_the_monotone_twins_of_a_sweep_measured_the_same():
     """`xla --models K --merge` after `xla --monotone`: the plain run measures no twins; they
     stay where its sweep came out as the stored one, and go (said) where it did not."""

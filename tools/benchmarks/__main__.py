@@ -140,6 +140,10 @@ def run_xla(argv) -> None:
                     help="add to the stored results of this backend and jax, for each of "
                          "--models, auto(b, objective=peak) at 10 peak budgets: XLA's "
                          "footprint of the joint and split forms")
+    ap.add_argument("--compiled", action="store_true",
+                    help="with --peak: at each budget also auto(b, objective=peak, "
+                         "score=xla), which weighs its trial plans by XLA's footprint of "
+                         "each compiled")
     args = ap.parse_args(argv)
     if args.merge_from:
         name, data, parts = _parts_and_stored(ap, args.merge_from)
@@ -176,6 +180,8 @@ def run_xla(argv) -> None:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
     if args.monotone and args.peak:
         ap.error("--monotone and --peak are separate runs: give one")
+    if args.compiled and not args.peak:
+        ap.error("--compiled goes with --peak")
     if args.monotone or args.peak:
         from tools.benchmarks import ynn_probe
         ynn_probe.turn_off()      # (as the stored sweeps were measured; before XLA starts)
@@ -184,7 +190,8 @@ def run_xla(argv) -> None:
         stored = common.read_json(name)
         if stored is None:
             ap.error(f"no stored results {name}.json to add the sweeps to")
-        _write_and_check(name, xla_memory.measure_peak(stored, keys, _log) if args.peak
+        _write_and_check(name, xla_memory.measure_peak(stored, keys, _log, args.compiled)
+                         if args.peak
                          else xla_memory.measure_monotone(stored, keys, args.monotone, _log))
         return
     # XLA:CPU's YNNPACK fusions hide their buffers from memory_analysis(): measure without

@@ -215,13 +215,16 @@ def measure_monotone(data: dict, keys, rule: str = "larger", log=print) -> dict:
     return out
 
 
-def measure_peak(data: dict, keys, log=print) -> dict:
+def measure_peak(data: dict, keys, log=print, compiled: bool = False) -> dict:
     """`xla --peak`: the stored results with, for each model of `keys`, `auto(b,
     objective=peak)` at `SWEEP_POINTS` peak budgets from the lowest joint peak estimate of
     the plans at 13 residual budgets (the trial budgets objective=peak weighs: the least a
     plan can keep to no remat) to no remat's: XLA's footprint of the joint form as rp.jit
     builds it (what objective=peak bounds, through its estimate), of the split form's larger
-    half, the estimate and the activations kept, at this commit."""
+    half, the estimate and the activations kept, at this commit. `compiled` (`--compiled`):
+    at each budget also `auto(b, objective=peak, score=xla)`, which weighs its trial plans
+    by XLA's footprint of each compiled (its point's "compiled": the same figures, or the
+    error where no compiled trial fits)."""
     tie = needs_tie()
     sweeps = [s for s in data.get("peak_sweeps", []) if s["model"] not in keys]
     for key in keys:
@@ -235,18 +238,21 @@ def measure_peak(data: dict, keys, log=print) -> dict:
             return int(estimate_memory(joint, model="xla")["main"].peak_bytes)
         low = min(estimate(rp.policies.auto(int(lo + (hi - lo) * k / 12))) for k in range(13))
         high = estimate(None)
-        points = []
-        for b in sorted({int(low + (high - low) * k / (SWEEP_POINTS - 1))
-                         for k in range(SWEEP_POINTS)}):    # (one where low is high: mlp)
-            policy = rp.policies.auto(b, objective="peak")
+        def point(b, score):
+            policy = rp.policies.auto(b, objective="peak", score=score)
             try:
                 joint = our_joint(module, policy, model.args, ct)
                 split, halves, tied = our_split(module, policy, model.args)
             except rp.RematError as e:
-                points.append({"budget": b, "error": str(e)})
-                continue
-            points.append({"budget": b, "joint": joint, "halves": halves, "split_tied": tied,
-                           "activations": activation_bytes(split.residuals)})
+                return {"budget": b, "error": str(e)}
+            return {"budget": b, "joint": joint, "halves": halves, "split_tied": tied,
+                    "activations": activation_bytes(split.residuals)}
+        points = []
+        for b in sorted({int(low + (high - low) * k / (SWEEP_POINTS - 1))
+                         for k in range(SWEEP_POINTS)}):    # (one where low is high: mlp)
+            points.append(point(b, "model"))
+            if compiled:
+                points[-1]["compiled"] = point(b, "xla")
         sweeps.append({"model": key, "commit": common.git_commit(), "points": points})
         log(f"xla: {key} sweep of {SWEEP_POINTS} peak budgets (objective=peak)")
     return dict(data, peak_sweeps=_in_sweep_order(sweeps, data))
@@ -589,15 +595,37 @@ def _render_peak_sweeps(data) -> list[str]:
     for s in data["peak_sweeps"]:
         first = f" (at {s['commit']})"
         for p in s["points"]:
-            if "error" in p:
-                parts.append(f"| {s['model']}{first} | {p['budget']:,} | {p['error']} | | | |")
-            else:
-                fp = common.xla_footprint(p["joint"])
-                parts.append(f"| {s['model']}{first} | {p['budget']:,} | "
-                             f"{p['joint']['estimate']:,} | {p['activations']:,} | {fp:,} "
-                             f"({fp / p['budget']:.2f}) | {common.xla_peak(p['halves']):,} |")
+            parts.append(f"| {s['model']}{first} | {p['budget']:,} | " + _peak_cells(p, True))
             first = ""
+    compiled = [s for s in data["peak_sweeps"] if all("compiled" in p for p in s["points"])]
+    if compiled:
+        parts += ["", "The same budgets with `auto(budget=b, objective=peak, score=xla)` "
+                  "(`xla --peak --compiled`), which weighs each trial plan by XLA's footprint "
+                  "of its joint program compiled instead of the estimate (see "
+                  "[policies.md](policies.md)): the activations the plan keeps, XLA's "
+                  "footprint of the joint form as rp.jit builds it (and against the budget) "
+                  "and of the split form's larger half; where no compiled trial plan fits "
+                  "the budget, the error it gives.", "",
+                  "| model | peak budget | activations | XLA joint footprint | "
+                  "XLA split footprint |", "|---|---:|---:|---:|---:|"]
+        for s in compiled:
+            first = f" (at {s['commit']})"
+            for p in s["points"]:
+                parts.append(f"| {s['model']}{first} | {p['budget']:,} | "
+                             + _peak_cells(p["compiled"], False))
+                first = ""
     return parts
+
+
+def _peak_cells(p: dict, estimate: bool) -> str:
+    """The cells of one objective=peak point after its budget (`estimate`: with the joint
+    form's estimate)."""
+    if "error" in p:
+        return f"{p['error']} |" + " |" * (3 if estimate else 2)
+    fp = common.xla_footprint(p["joint"])
+    return ((f"{p['joint']['estimate']:,} | " if estimate else "")
+            + f"{p['activations']:,} | {fp:,} ({fp / p['budget']:.2f}) | "
+            f"{common.xla_peak(p['halves']):,} |")
 
 
 def _worst_rise(peaks: list) -> float:
@@ -653,6 +681,18 @@ def checks(data) -> list[tuple[str, bool]]:
                    default=0.0)
         out.append((f"{s['model']} objective=peak sweep: XLA's joint footprint at most "
                     f"{over:.3f}x the peak budget", over <= 1 + ESTIMATE_TOLERANCE))
+        if all("compiled" in p for p in s["points"]):
+            # score=xla: what XLA allocates within the budget, never rising; a budget below
+            # every compiled trial is refused (an error), not missed
+            fitted = [p["compiled"] for p in s["points"] if "error" not in p["compiled"]]
+            joint = [common.xla_footprint(p["joint"]) for p in fitted]
+            worst = _worst_rise(joint)
+            out.append((f"{s['model']} objective=peak score=xla sweep, joint: XLA footprint "
+                        f"at a budget at most {worst:.3f}x that of any larger budget",
+                        worst <= TEMP_SLACK))
+            over = max((f / p["budget"] for f, p in zip(joint, fitted)), default=0.0)
+            out.append((f"{s['model']} objective=peak score=xla sweep: XLA's joint footprint "
+                        f"at most {over:.3f}x the peak budget", over <= 1))
     return out
 
 
