@@ -301,6 +301,22 @@ def test_objective_peak_with_score_xla_bounds_what_xla_allocates():
         rp.remat(m, P.auto(budget // 2, objective="peak", score="xla"))
 
 
+def test_what_score_xla_cannot_compile_is_a_clear_error():
+    """score=xla compiles each plan from its argument types alone: a module exported with a
+    symbolic dimension is an error that says so, for the FLOP count and for the peak."""
+    def f(W, x):
+        return jnp.sum(jnp.tanh(jnp.tanh(x @ W) @ W))
+    b, = jax.export.symbolic_shape("b")
+    m = rp.export_vjp(f, jax.ShapeDtypeStruct((16, 16), jnp.float32),
+                      jax.ShapeDtypeStruct((b, 16), jnp.float32))
+    for spec, what in (("auto(50%, score=xla)", "score=xla"),
+                       ("auto(50%, objective=peak, score=xla)",
+                        "objective=peak with score=xla")):
+        with pytest.raises(rp.RematError, match=f"{what} compiles each plan and needs static "
+                           r"shapes; @main\w* has dynamic dimensions"):
+            rp.remat(m, spec, mode="split")
+
+
 def test_objective_peak_looks_between_grid_points_where_none_fits():
     """The joint peak is not monotone in the residual budget; where its valley falls between
     two of the 13 trial budgets and no trial fits, 7 more between the lowest one's neighbours
