@@ -149,17 +149,8 @@ class Lowered:
         aliased, of the larger executable (None where the backend does not say). On
         XLA:CPU the buffers YNNPACK uses inside its fusions are not in it (measured by
         `python -m tools.benchmarks.ynn_probe`)."""
-        sizes = []
-        for e in self.executables:
-            try:
-                m = e.memory_analysis()
-            except Exception:             # (a backend without memory analysis)
-                return None
-            if m is None:
-                return None
-            sizes.append(m.temp_size_in_bytes + m.argument_size_in_bytes
-                         + m.output_size_in_bytes - m.alias_size_in_bytes)
-        return max(sizes) if sizes else None
+        sizes = [jax_run.footprint(e) for e in self.executables]
+        return None if not sizes or None in sizes else max(sizes)
 
 
 def _result_info(func_op) -> list:

@@ -156,10 +156,25 @@ def compiled_memory(module, function: str) -> tuple[int, str]:
     backend from its argument types alone: its arguments, outputs (less those aliased to
     donated arguments) and scratch buffer, from `memory_analysis()` (what
     `auto(..., objective=peak, score=xla)` bounds), and that backend's name."""
-    m = _compiled_alone(module, function, "objective=peak with score=xla").memory_analysis()
-    return (int(m.temp_size_in_bytes) + int(m.argument_size_in_bytes)
-            + int(m.output_size_in_bytes) - int(m.alias_size_in_bytes),
-            jax.default_backend())
+    what = "objective=peak with score=xla"
+    size = footprint(_compiled_alone(module, function, what))
+    if size is None:
+        raise RematError(f"error: {what} weighs each plan by XLA's memory_analysis(), which "
+                         f"the {jax.default_backend()} backend does not give: use score=model")
+    return size, jax.default_backend()
+
+
+def footprint(executable) -> int | None:
+    """What a compiled executable holds while it runs, as XLA's `memory_analysis()` says:
+    temp + arguments + outputs - aliased (None where the backend does not say)."""
+    try:
+        m = executable.memory_analysis()
+    except Exception:             # (a backend without memory analysis)
+        return None
+    if m is None:
+        return None
+    return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+               - m.alias_size_in_bytes)
 
 
 def _compiled_alone(module, name: str, what: str):
