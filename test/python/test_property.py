@@ -6,17 +6,30 @@ values (inputs x and y, with W: f32[4,4] and b: f32[4]) of elementwise ops
 reshape/transpose, a reduce-sum broadcast back, and checkpoint names. For
 every policy the rewritten module must verify, in joint and split form; for a
 drawn subset of policies (compiling is what costs time) both forms are
-compiled and must match jax.vjp. Set REMAT_HYPOTHESIS=dev for random (not
-derandomized) runs with more examples.
+compiled and must match jax.vjp.
+
+A second generator (`build_with_regions`) draws from ops with regions and ops
+that have rules or corners of their own: `lax.scan` with a named carry,
+`lax.cond` and `lax.switch` (the branch taken varies), `fori_loop`, a
+forward-only `while_loop`, a `jax.checkpoint` region with its own policy,
+custom_jvp functions (relu, softplus, logsumexp), gather by a computed
+permutation, sort, cumsum/cumprod, dynamic_slice/dynamic_update_slice,
+where, an integer path, stop_gradient, pad, concatenate, flip. Every policy, `auto` budgets included, is rewritten,
+verified, compiled and compared with jax.vjp in both forms.
+
+Set REMAT_HYPOTHESIS=dev for random (not derandomized) runs with more
+examples.
 """
 from __future__ import annotations
 
 import os
 
+import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
 
@@ -157,3 +170,155 @@ def test_fixed_programs_all_policies_compile(program):
     # guard against a policy being ignored: saving everything and nothing differ
     assert str(rp.remat(module, P.everything_saveable)) != str(rp.remat(module, P.nothing_saveable))
     assert len(seen) >= 2
+
+
+# ------------------------------------------------- programs with regions and rules --
+REGION_OPS = ["sin", "mul", "dot", "name", "scan", "cond", "switch", "fori", "while",
+              "checkpoint", "relu", "softplus", "logsumexp", "gather", "sort", "cumsum", "cumprod", "max",
+              "where", "intpath", "concat", "dslice", "stopgrad", "pad", "flip", "div"]
+REGION_POLICIES = {
+    "everything_saveable": P.everything_saveable,
+    "nothing_saveable": P.nothing_saveable,
+    "dots_saveable": P.dots_saveable,
+    "save_only_these_names": P.save_only_these_names("n0", "n2"),
+    "save_any_names_but_these": P.save_any_names_but_these("n1"),
+    "save_anything_except_these_names": P.save_anything_except_these_names("n0"),
+    "offload_dot_with_no_batch_dims": P.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    "auto_50": P.auto("50%"),
+    "auto_minimum": P.auto("0%"),
+}
+INNER_POLICIES = [jax.checkpoint_policies.nothing_saveable,
+                  jax.checkpoint_policies.dots_saveable,
+                  jax.checkpoint_policies.save_only_these_names("n1")]
+
+
+def _region_op(op, u, v, W, k):
+    """One step of a region program: a f32[3,4] from two (k picks a variant)."""
+    if op == "sin":
+        return jnp.sin(u)
+    if op == "mul":
+        return u * v
+    if op == "div":
+        return u / (1.5 + jnp.tanh(v))
+    if op == "dot":
+        return jnp.tanh(u @ W)
+    if op == "name":
+        return checkpoint_name(u, NAMES[k % 3])
+    if op == "relu":                       # custom_jvp
+        return jax.nn.relu(u) + 0.1 * u
+    if op == "softplus":
+        return jax.nn.softplus(u)
+    if op == "logsumexp":
+        return u - jax.nn.logsumexp(u, axis=1, keepdims=True)
+    if op == "gather":                     # rows by a permutation computed from v
+        return u[jnp.argsort(v[:, 0])] * 1.1
+    if op == "sort":
+        return jnp.sort(u, axis=1)
+    if op == "cumsum":
+        return jnp.cumsum(u, axis=1) * 0.3
+    if op == "cumprod":
+        return jnp.cumprod(1.0 + 0.1 * jnp.tanh(u), axis=0)
+    if op == "max":
+        return u + jnp.max(v, axis=0, keepdims=True)
+    if op == "where":
+        return jnp.where(v > 0, u, jnp.sin(u))
+    if op == "intpath":                    # an integer value computed from v scales u
+        return u * (1 + (jnp.floor(jnp.abs(v) * 3).astype(jnp.int32) % 3).astype(jnp.float32))
+    if op == "concat":
+        return jnp.concatenate([u[:, :2], v[:, 2:] * u[:, 2:]], axis=1)
+    if op == "dslice":
+        i = (jnp.argmax(v[0]) % 2).astype(jnp.int32)
+        piece = lax.dynamic_slice(u, (0, i), (u.shape[0], 2))
+        return lax.dynamic_update_slice(u * 0.9, jnp.sin(piece), (0, i))
+    if op == "stopgrad":
+        return u * lax.stop_gradient(v) + u
+    if op == "pad":
+        return jnp.pad(u[:, 1:], ((0, 0), (0, 1))) + 0.5 * u
+    if op == "flip":
+        return jnp.flip(u, axis=0) * v
+    if op == "scan":                       # a carry f32[4] over v's 3 rows, a named value
+        def body(c, row):
+            h = checkpoint_name(jnp.tanh(c @ W + row), NAMES[k % 3])
+            return h * 0.9 + 0.1 * c, jnp.sin(h)
+        c, ys = lax.scan(body, u[0], v)
+        return ys + c
+    if op == "fori":
+        return lax.fori_loop(0, 3, lambda i, h: jnp.sin(h @ W) + h * 0.5, u)
+    if op == "while":                      # a loop with no gradient through it
+        n = lax.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, s[1] * 0.5),
+                           (0, jnp.sum(lax.stop_gradient(v))))[1]
+        return u * (1.0 + 0.01 * n)
+    if op == "cond":                       # k flips which branch runs
+        return lax.cond((jnp.sum(v) > 0) != (k == 1), lambda a, b: jnp.sin(a) * b,
+                        lambda a, b: jnp.tanh(a @ W) + b, u, v)
+    if op == "switch":                     # four branches, the index computed from v
+        i = (jnp.sum(v) > 0).astype(jnp.int32) + k
+        return lax.switch(i, [lambda a, b: jnp.exp(0.1 * a) * b, lambda a, b: a @ W * b,
+                              lambda a, b: jnp.sin(a) + b, lambda a, b: a * b], u, v)
+    if op == "checkpoint":                 # a region with a policy of its own
+        def inner(a, b):
+            return jnp.tanh(checkpoint_name(jnp.sin(a @ W), "n1")) * b
+        return jax.checkpoint(inner, policy=INNER_POLICIES[k % 3])(u, v)
+    raise ValueError(op)
+
+
+def build_with_regions(program):
+    """A function (x, y, W) -> (f32[3,4], f32[]) from a list of (op, i, j, k) steps."""
+    def fun(x, y, W):
+        pool = [x, y]
+        for op, i, j, k in program:
+            pool.append(_region_op(op, pool[i % len(pool)], pool[j % len(pool)], W, k))
+        return pool[-1], jnp.sum(jnp.sin(pool[len(pool) // 2])) + jnp.sum(jnp.tanh(x * y) @ W)
+    return fun
+
+
+def _chain(ops):
+    """A program whose every step reads the one before it (and the one before that)."""
+    return [(op, t + 1, t, t % 3) for t, op in enumerate(ops)]
+
+
+# every op at least once, in chains, beside what Hypothesis draws
+REGION_EXAMPLES = [
+    _chain(["scan", "cond", "fori", "while", "checkpoint", "name", "dot", "gather", "sort"]),
+    _chain(["relu", "softplus", "logsumexp", "cumsum", "name", "cumprod", "max", "where",
+            "intpath", "cond", "switch"]),
+    _chain(["concat", "dslice", "stopgrad", "name", "pad", "flip", "div", "sin", "mul",
+            "checkpoint", "scan", "switch", "cond"]),
+]
+assert {op for program in REGION_EXAMPLES for op, *_ in program} == set(REGION_OPS)
+
+region_step = st.tuples(st.sampled_from(REGION_OPS), st.integers(0, 63), st.integers(0, 63),
+                        st.integers(0, 2))
+
+
+@pytest.mark.slow
+@settings(settings.get_profile(PROFILE), max_examples=4 if PROFILE == "remat-ci" else 60)
+@given(program=st.lists(region_step, min_size=2, max_size=7))
+@example(program=REGION_EXAMPLES[0])
+@example(program=REGION_EXAMPLES[1])
+@example(program=REGION_EXAMPLES[2])
+def test_random_programs_with_regions_every_policy(program):
+    fun = build_with_regions(program)
+    args = ARGS[:3]
+    module = rp.export_vjp(fun, *args)
+    out, ct, grads = reference_vjp(fun, args)
+    n_out = len(leaves(out))
+    expected = leaves(out) + leaves(grads)
+    seen = {}
+    for name, policy in REGION_POLICIES.items():
+        try:
+            joint = rp.remat(module, policy)
+        except rp.RematError as e:         # a loop or a cond keeps some bytes whatever is done
+            assert name.startswith("auto") and "of activations, is below the" in str(e), \
+                (name, str(e))
+            continue
+        joint.verify()
+        key = str(joint)
+        if key not in seen:
+            seen[key] = run_joint(joint, args, ct)
+        assert_trees_close(seen[key], expected, what=f"{name} joint {program}")
+        split = rp.remat(module, policy, mode="split")
+        split.verify()
+        got, residuals = run_split(split, args, ct, n_out)
+        assert_trees_close(got, expected, what=f"{name} split {program}")
+        assert len(residuals) == len(split.residuals), name
