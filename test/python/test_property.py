@@ -118,16 +118,19 @@ ARGS = (jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(3, 4),
         jnp.linspace(0.1, 0.4, 4, dtype=jnp.float32))
 
 
+def exported_and_expected(fun, args):
+    """(export_vjp's module, jax.vjp's cotangent, the number of outputs, outputs and grads
+    of jax.vjp as one flat list)."""
+    out, ct, grads = reference_vjp(fun, args)
+    return rp.export_vjp(fun, *args), ct, len(leaves(out)), leaves(out) + leaves(grads)
+
+
 @pytest.mark.slow
 @settings(settings.get_profile(PROFILE))
 @given(program=program_st,
        compiled=st.lists(st.sampled_from(sorted(POLICIES)), min_size=3, max_size=3, unique=True))
 def test_random_programs_every_policy(program, compiled):
-    fun = build(program)
-    module = rp.export_vjp(fun, *ARGS)
-    out, ct, grads = reference_vjp(fun, ARGS)
-    n_out = len(leaves(out))
-    expected = leaves(out) + leaves(grads)
+    module, ct, n_out, expected = exported_and_expected(build(program), ARGS)
     seen = {}
     for name, policy in POLICIES.items():
         joint = rp.remat(module, policy)
@@ -156,10 +159,7 @@ def test_random_programs_every_policy(program, compiled):
 ], ids=["dot_name_tanh", "names_chain"])
 def test_fixed_programs_all_policies_compile(program):
     """Two fixed programs through every policy, compiled (fast regression net)."""
-    fun = build(program)
-    module = rp.export_vjp(fun, *ARGS)
-    out, ct, grads = reference_vjp(fun, ARGS)
-    expected = leaves(out) + leaves(grads)
+    module, ct, _, expected = exported_and_expected(build(program), ARGS)
     seen = {}
     for name, policy in POLICIES.items():
         joint = rp.remat(module, policy)
@@ -298,12 +298,8 @@ region_step = st.tuples(st.sampled_from(REGION_OPS), st.integers(0, 63), st.inte
 @example(program=REGION_EXAMPLES[1])
 @example(program=REGION_EXAMPLES[2])
 def test_random_programs_with_regions_every_policy(program):
-    fun = build_with_regions(program)
     args = ARGS[:3]
-    module = rp.export_vjp(fun, *args)
-    out, ct, grads = reference_vjp(fun, args)
-    n_out = len(leaves(out))
-    expected = leaves(out) + leaves(grads)
+    module, ct, n_out, expected = exported_and_expected(build_with_regions(program), args)
     seen = {}
     for name, policy in REGION_POLICIES.items():
         try:
