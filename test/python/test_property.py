@@ -9,13 +9,14 @@ drawn subset of policies (compiling is what costs time) both forms are
 compiled and must match jax.vjp.
 
 A second generator (`build_with_regions`) draws from ops with regions and ops
-that have rules or corners of their own: `lax.scan` with a named carry,
-`lax.cond` and `lax.switch` (the branch taken varies), `fori_loop`, a
+that have rules or corners of their own: `lax.scan` with a named value in its
+body, `lax.cond` and `lax.switch` (the branch taken varies), `fori_loop`, a
 forward-only `while_loop`, a `jax.checkpoint` region with its own policy,
 custom_jvp functions (relu, softplus, logsumexp), gather by a computed
-permutation, sort, cumsum/cumprod, dynamic_slice/dynamic_update_slice,
-where, an integer path, stop_gradient, pad, concatenate, flip. Every policy, `auto` budgets included, is rewritten,
-verified, compiled and compared with jax.vjp in both forms.
+permutation, sort, cumsum/cumprod, dynamic_slice/dynamic_update_slice, where,
+an integer path, stop_gradient, pad, concatenate, flip. Every policy, `auto`
+budgets included, is rewritten, verified, compiled and compared with jax.vjp
+in both forms.
 
 Set REMAT_HYPOTHESIS=dev for random (not derandomized) runs with more
 examples.
@@ -174,8 +175,9 @@ def test_fixed_programs_all_policies_compile(program):
 
 # ------------------------------------------------- programs with regions and rules --
 REGION_OPS = ["sin", "mul", "dot", "name", "scan", "cond", "switch", "fori", "while",
-              "checkpoint", "relu", "softplus", "logsumexp", "gather", "sort", "cumsum", "cumprod", "max",
-              "where", "intpath", "concat", "dslice", "stopgrad", "pad", "flip", "div"]
+              "checkpoint", "relu", "softplus", "logsumexp", "gather", "sort", "cumsum",
+              "cumprod", "max", "where", "intpath", "concat", "dslice", "stopgrad", "pad",
+              "flip", "div"]
 REGION_POLICIES = {
     "everything_saveable": P.everything_saveable,
     "nothing_saveable": P.nothing_saveable,
