@@ -19,7 +19,7 @@ import sys
 # tool should not print that (read when the library starts: set before it is loaded)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from remat_passes import __version__
+from remat_passes import __version__, jax_compat
 from remat_passes.core.residuals import residual_bytes_text
 from remat_passes.cost.memory import estimate_memory
 from remat_passes.cost.memory_report import format_memory
@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "or what XLA's buffer assignment does on the backend JAX uses (kept "
                         "arguments, fusion, in-place ops, copies of returned arguments)")
     p.add_argument("--memory-backend", choices=("cpu", "gpu", "tpu"),
-                   help="the XLA backend --memory-model=xla models (default: the JAX backend "
-                        "in use), so a GPU's memory can be estimated on a machine without one")
+                   help="the XLA backend --memory-model=xla models (default: the platform JAX "
+                        "runs on, as for --pareto-device), so a GPU's memory can be estimated "
+                        "on a machine without one")
     p.add_argument("--print-pareto", action="store_true",
                    help="print, for a sweep of memory budgets, what auto(budget=...) keeps "
                         "and recomputes (residual bytes, extra FLOPs, joint peak, solve time) "
@@ -153,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let the --print-pareto plans offload to this memory")
     p.add_argument("--pareto-device", metavar="PROFILE",
                    help="cost profile of the --print-pareto plans: cpu, h100, tpu-v5e, flops "
-                        "(default: the JAX backend in use)")
+                        "(default: the platform JAX runs on, found without starting it: "
+                        "JAX_PLATFORMS, else an installed GPU or TPU plugin, else cpu)")
     p.add_argument("--pareto-monotone", nargs="?", const="larger", default="",
                    choices=["larger", "smaller"],
                    help="plan the --print-pareto budgets with auto(..., monotone=RULE): a "
@@ -231,8 +233,7 @@ def _process(data: bytes, steps: list, args, filename: str, remarks_to=None) -> 
         if args.memory_model == "xla":
             backend = args.memory_backend
             if backend is None:
-                import jax
-                backend = jax.default_backend()
+                backend = jax_compat.platform_in_use()
             report += model_line(backend) + "\n"
         estimate = estimate_memory(module.op, dim_symbols=state.dim_symbols,
                                    model=args.memory_model, backend=backend)

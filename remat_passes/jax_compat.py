@@ -24,6 +24,9 @@ primitives a JAX-style      `jax._src.lax.lax.dot_general_p`,            policie
 policy is asked about       `...convolution.conv_general_dilated_p`,
                             `jax.extend.core.Primitive`
 JAX's own saved_residuals   `jax._src.ad_checkpoint.saved_residuals`     tests, tools
+whether a backend is        `jax._src.xla_bridge`'s                       devices,
+started (without starting   `backends_are_initialized`                    memory, cli
+one)
 the PRNG implementation of  a key dtype's `_impl`                         rp.jit
 a key type (to wrap a key
 returned by a split half)
@@ -273,6 +276,45 @@ def make_exported(**fields):
     for key in unknown:
         fields.pop(key)
     return jax_export.Exported(**fields)
+
+
+def platform_in_use() -> str:
+    """The platform XLA runs on in this process (`cpu`, `gpu`, `tpu`), found without
+    starting a backend where none is started (public `jax.default_backend()` starts every
+    one it finds: on a GPU host that initialises CUDA and XLA reserves most of the GPU's
+    memory, seconds spent to rewrite text): the started backend's; else the first platform
+    `JAX_PLATFORMS` (or `jax.config.jax_platforms`) names; else `gpu` or `tpu` where a JAX
+    plugin for one is installed, as JAX would start it; else `cpu`."""
+    import sys
+    if "jax" in sys.modules:
+        from jax._src import xla_bridge
+        import jax
+        if xla_bridge.backends_are_initialized():
+            return jax.default_backend()
+        asked = jax.config.jax_platforms or ""
+    else:
+        asked = os.environ.get("JAX_PLATFORMS", "")
+    first = asked.split(",")[0].strip().lower()
+    if first:
+        return {"cuda": "gpu", "rocm": "gpu"}.get(first, first)
+    return _installed_accelerator() or "cpu"
+
+
+def _installed_accelerator() -> str | None:
+    """`gpu` or `tpu` where a PJRT plugin for one is installed (JAX's `jax_plugins`
+    namespace modules and entry points, or libtpu), else None; nothing is imported."""
+    import importlib.metadata
+    import importlib.util
+    names = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations:
+        import pkgutil
+        names += [m.name for m in pkgutil.iter_modules(spec.submodule_search_locations)]
+    if any("cuda" in n or "rocm" in n for n in names):
+        return "gpu"
+    if any("tpu" in n for n in names) or importlib.util.find_spec("libtpu") is not None:
+        return "tpu"
+    return None
 
 
 def key_impl(dtype):

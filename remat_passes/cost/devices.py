@@ -2,13 +2,14 @@
 
 `auto(budget=..., device=...)` prices each op it may recompute with
 `DeviceProfile.op_seconds`; `default_device()` picks the profile of the backend
-JAX would run on.
+JAX runs on, without starting one.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
+from remat_passes import jax_compat
 from remat_passes.cost import flops
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import op_id
@@ -94,13 +95,13 @@ PROFILES = {
 
 
 def default_device() -> str:
-    """The profile of the JAX backend in use (cpu, gpu -> h100, tpu -> tpu-v5e)."""
+    """The profile of the platform JAX runs on in this process (cpu, gpu -> h100, tpu ->
+    tpu-v5e), found without starting a backend (`jax_compat.platform_in_use`)."""
     try:
-        import jax
-        backend = jax.default_backend()
-    except Exception:   # no JAX backend: the CPU figures
+        platform = jax_compat.platform_in_use()
+    except Exception:   # JAX's backends failed to start: the CPU figures
         return "cpu"
-    return {"gpu": "h100", "cuda": "h100", "rocm": "h100", "tpu": "tpu-v5e"}.get(backend, "cpu")
+    return {"gpu": "h100", "tpu": "tpu-v5e"}.get(platform, "cpu")
 
 
 def _walk(op, visit, scale=1) -> None:

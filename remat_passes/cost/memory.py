@@ -672,10 +672,11 @@ def estimate_function(func_op, model: str = "program-order", backend=None,
 
 
 def _backend(model: str, backend: str | None) -> str | None:
-    """The backend the xla model models: `backend`, else JAX's default one."""
+    """The backend the xla model models: `backend`, else the platform JAX runs on
+    (`jax_compat.platform_in_use`: none is started to find out)."""
     if model != "xla":
         return None
     if backend is None:
-        import jax
-        backend = jax.default_backend()
+        from remat_passes import jax_compat
+        backend = jax_compat.platform_in_use()
     return backend

@@ -43,8 +43,8 @@ def deletes_barriers(backend: str | None = None) -> bool:
     keeps it late. (Later XLA:CPU keeps them until after it schedules; the tie is built on
     CPU all the same, and rp.jit runs the smaller of the tied and untied programs.)"""
     if backend is None:
-        import jax
-        backend = jax.default_backend()
+        from remat_passes import jax_compat
+        backend = jax_compat.platform_in_use()
     return backend == "cpu"
 
 

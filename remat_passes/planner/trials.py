@@ -38,7 +38,7 @@ def key(module_op, options: dict, region_policies: dict, loop_body: bool, policy
     (it may keep state)."""
     if callable(policy.solver):
         return None
-    import jax
+    from remat_passes import jax_compat
 
     def named(v):
         return getattr(v, "spec", getattr(v, "pattern", v))
@@ -46,4 +46,5 @@ def key(module_op, options: dict, region_policies: dict, loop_body: bool, policy
     settings = [(k, named(v)) for k, v in options.items() if k != "policy"]
     regions = sorted((str(k), named(v)) for k, v in region_policies.items())
     return (hashlib.sha256(text.encode()).hexdigest(), str(settings), str(regions),
-            loop_body, policy.offload, policy.device, policy.solver, jax.default_backend())
+            loop_body, policy.offload, policy.device, policy.solver,
+            jax_compat.platform_in_use())

@@ -413,8 +413,8 @@ def test_deep_nesting_is_a_located_error(tmp_path):
 
 
 def test_short_runs_do_not_import_jax(files, tmp_path):
-    """--version, --help, --list-passes and pipelines on MLIR input run on jaxlib's
-    bindings alone: `import jax` is most of the start-up time (see the start-up
+    """--version, --help, --list-passes and pipelines on MLIR input, auto among them, run
+    on jaxlib's bindings alone: `import jax` is most of the start-up time (see the start-up
     benchmark, `python -m tools.benchmarks startup`). A serialized Exported or a
     portable artifact imports it, as jax.export reads them."""
     runs = [["--version"], ["--help"], ["--list-passes"],
@@ -424,7 +424,11 @@ def test_short_runs_do_not_import_jax(files, tmp_path):
             [files["vjp"], "--print-saved-residuals", "--emit-bytecode",
              "-o", tmp_path / "out.mlirbc"],
             [files["vjp"], "--print-memory", "--memory-model=xla", "--memory-backend=gpu",
-             "-o", tmp_path / "out2.mlir"]]
+             "-o", tmp_path / "out2.mlir"],
+            # auto prices ops by the platform JAX runs on, and the xla model models it:
+            # found without starting a backend (jax_compat.platform_in_use)
+            [files["vjp"], "--remat-partial-eval=policy=auto(50%)", "--print-memory",
+             "--memory-model=xla", "-o", tmp_path / "out3.mlir"]]
     script = ("import sys\n"
               "from remat_passes import cli\n"
               f"for argv in {[[str(a) for a in r] for r in runs]!r}:\n"

@@ -6,7 +6,10 @@
   (dataclass objects in 0.10-0.11, closures in 0.12) is read as our own policy
   with the same spec, and gives the same verdicts as calling it JAX-style;
 * the classes 0.11 exports (`SaveOnlyTheseNames`, ...) are accepted directly;
-* `make_exported` builds an `Exported` in whatever fields this JAX has.
+* `make_exported` builds an `Exported` in whatever fields this JAX has;
+* `platform_in_use` finds the platform without starting a backend (JAX_PLATFORMS, or
+  none asked: cpu where no accelerator plugin is installed), and is the started
+  backend's once one is.
 """
 from __future__ import annotations
 
@@ -144,3 +147,33 @@ def test_make_exported_fills_version_specific_fields():
     assert exp.fun_name == "main_fwd"
     out = split.call(jnp.ones(3), function="main_fwd")
     assert len(jax.tree_util.tree_leaves(out)) >= 1
+
+
+@pytest.mark.parametrize("asked,platform,profile", [
+    ("cpu", "cpu", "cpu"), ("cuda", "gpu", "h100"), ("rocm,cpu", "gpu", "h100"),
+    ("tpu", "tpu", "tpu-v5e"), ("", None, None)])
+def test_platform_in_use_starts_no_backend(asked, platform, profile):
+    """Without JAX imported (remat-opt on a text module) the platform comes from
+    JAX_PLATFORMS, else from the plugins installed; JAX is not imported to find it, so no
+    backend (CUDA, and XLA's reservation of most of a GPU's memory) is started for it."""
+    import os
+    import subprocess
+    import sys
+    script = ("import sys\n"
+              "from remat_passes import jax_compat\n"
+              "from remat_passes.cost.devices import default_device\n"
+              "print(jax_compat.platform_in_use(), default_device(),\n"
+              "      jax_compat._installed_accelerator(), 'jax' in sys.modules)\n")
+    env = dict(os.environ, JAX_PLATFORMS=asked)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    installed = None if out[2] == "None" else out[2]
+    if platform is None:           # nothing asked: what is installed, else cpu
+        platform = installed or "cpu"
+        profile = {"gpu": "h100", "tpu": "tpu-v5e"}.get(platform, "cpu")
+    assert out == [platform, profile, str(installed), "False"]
+
+
+def test_platform_in_use_is_the_started_backends():
+    jax.numpy.zeros(1).block_until_ready()        # a backend is started
+    assert jax_compat.platform_in_use() == jax.default_backend()
