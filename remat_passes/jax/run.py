@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,19 @@ jax_compat.check_installed_version(("jax",))   # jaxlib was checked by `import r
 _MARKER_CHECK = jax_export.DisabledSafetyCheck.custom_call(contract.NAME_TARGET)
 
 # ------------------------------------------------------ compile & call --
+def backend(what: str) -> str:
+    """The name of JAX's default backend, started if none is; where JAX cannot start one
+    (`JAX_PLATFORMS` naming a platform this machine has no plugin or device for), a
+    RematError that says `what` needed it."""
+    try:
+        return jax.default_backend()
+    except Exception as e:      # (jax 0.12 asserts where JAX_PLATFORMS names no plugin)
+        asked = os.environ.get("JAX_PLATFORMS")
+        raise RematError(f"error: {what} compiles with XLA, and JAX could not start a backend"
+                         + (f" (JAX_PLATFORMS={asked})" if asked else "")
+                         + (f": {e}" if str(e) else "")) from None
+
+
 _DTYPES = {
     "f16": jnp.float16, "bf16": jnp.bfloat16, "f32": jnp.float32, "f64": jnp.float64,
     "i1": jnp.bool_, "i8": jnp.int8, "i16": jnp.int16, "i32": jnp.int32, "i64": jnp.int64,
@@ -112,7 +126,7 @@ def to_exported(module, function: str = "main"):
     in_avals = tuple(_aval(t) for t in main.type.inputs)
     out_avals = tuple(_aval(t) for t in main.type.results)
     n_in, n_out = len(in_avals), len(out_avals)
-    platforms = exp.platforms if exp is not None else (jax.default_backend(),)
+    platforms = exp.platforms if exp is not None else (backend("running the module"),)
     out_tree = jax.tree_util.tree_structure(0 if n_out == 1 else (0,) * n_out)
     return jax_compat.make_exported(
         fun_name=function,
@@ -148,7 +162,7 @@ def compiled_cost(module, functions) -> tuple[float, str]:
             analysis = analysis[0] if analysis else {}
         analysis = analysis or {}
         total += float(analysis.get("flops", 0.0)) + float(analysis.get("transcendentals", 0.0))
-    return total, jax.default_backend()
+    return total, backend("score=xla")
 
 
 def compiled_memory(module, function: str) -> tuple[int, str]:
@@ -160,8 +174,8 @@ def compiled_memory(module, function: str) -> tuple[int, str]:
     size = footprint(_compiled_alone(module, function, what))
     if size is None:
         raise RematError(f"error: {what} weighs each plan by XLA's memory_analysis(), which "
-                         f"the {jax.default_backend()} backend does not give: use score=model")
-    return size, jax.default_backend()
+                         f"the {backend(what)} backend does not give: use score=model")
+    return size, backend(what)
 
 
 def footprint(executable) -> int | None:
@@ -180,6 +194,7 @@ def footprint(executable) -> int | None:
 def _compiled_alone(module, name: str, what: str):
     """`name` of a Module compiled for the default backend from its argument types alone,
     for `what` (an option that compiles plans: one device, static shapes)."""
+    backend(what)
     exported = to_exported(module, name)
     if exported.nr_devices != 1:
         raise RematError(f"error: {what} compiles each plan for one device; @{name} "

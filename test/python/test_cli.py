@@ -81,8 +81,8 @@ func.func private @b(%x: tensor<4xf32>) -> tensor<4xf32> {
 """
 
 
-def remat_opt(*args, stdin=None):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+def remat_opt(*args, stdin=None, platforms="cpu"):
+    env = dict(os.environ, JAX_PLATFORMS=platforms)
     return run_process([sys.executable, "-m", "remat_passes.cli", *map(str, args)],
                        input=stdin, capture_output=True, env=env, timeout=300)
 
@@ -410,6 +410,22 @@ def test_deep_nesting_is_a_located_error(tmp_path):
     proc = remat_opt(deep)
     err = assert_user_error(proc, "nested more than")
     assert err.startswith(f"{deep}:1:"), err
+
+
+def test_a_backend_jax_cannot_start_is_a_user_error(files, tmp_path):
+    """score=xla compiles each candidate: where JAX_PLATFORMS names a platform JAX cannot
+    start here, the error says so (JAX itself asserts or raises), and no output is written;
+    a plain auto needs no backend and runs."""
+    out = tmp_path / "out.mlir"
+    proc = remat_opt(files["vjp"], "--remat-partial-eval=policy=auto(50%,score=xla)",
+                     "-o", out, platforms="bogus")
+    assert_user_error(proc, "score=xla compiles with XLA", "could not start a backend",
+                      "JAX_PLATFORMS=bogus")
+    assert not out.exists()
+    proc = remat_opt(files["vjp"], "--remat-partial-eval=policy=auto(50%)", "-o", out,
+                     platforms="bogus")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert out.exists()
 
 
 def test_short_runs_do_not_import_jax(files, tmp_path):
