@@ -412,6 +412,7 @@ def _eval_policy(node, spec):
             args = [_eval_policy(a, spec) for a in node.args]
         else:
             args = [_eval_arg(a, spec) for a in node.args]
+        _check_keywords(name, factory, node.keywords, spec)
         kwargs = {k.arg: _eval_arg(k.value, spec) for k in node.keywords}
         try:
             return factory(*args, **kwargs)
@@ -420,6 +421,25 @@ def _eval_policy(node, spec):
         except ValueError as e:
             raise RematError(f"error: {e}") from None
     raise RematError(f"error: cannot read policy '{spec}': expected NAME or NAME(args)")
+
+
+def _check_keywords(name, factory, keywords, spec) -> None:
+    """An option the policy does not take is named with the ones it does (before its value
+    is read: `auto(10%, levels=2)` asks for a pass option, not a bad value)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):     # (a factory without a signature to read)
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    known = [n for n, p in params.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for k in keywords:
+        if k.arg is not None and k.arg not in known:
+            takes = f"its options: {', '.join(known)}" if known else \
+                f"it takes arguments only, no name=value options: {name}(a, b)"
+            raise RematError(f"error: policy '{name}' has no option '{k.arg}' (in '{spec}'); "
+                             + takes)
 
 
 def _eval_arg(node, spec):

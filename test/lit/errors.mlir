@@ -56,16 +56,21 @@
 
 // Bad option values: the mode, an unknown policy (the known ones are listed),
 // a misspelt policy (the close ones are suggested), a policy given arguments
-// it does not take, a malformed cotangent index list.
+// it does not take, an option a policy does not take (its options are listed;
+// levels is the pass's), a malformed cotangent index list.
 // RUN: echo 'module {}' | not remat-opt --remat-partial-eval='mode=sideways' 2>&1 | filecheck %s --check-prefixes=NOTRACE,BADMODE
 // RUN: echo 'module {}' | not remat-opt --remat-partial-eval='policy=bogus' 2>&1 | filecheck %s --check-prefixes=NOTRACE,BADPOLICY
 // RUN: echo 'module {}' | not remat-opt --remat-partial-eval='policy=nothing_savable' 2>&1 | filecheck %s --check-prefixes=NOTRACE,CLOSEPOLICY
 // RUN: echo 'module {}' | not remat-opt --remat-partial-eval='policy=dots_saveable(a)' 2>&1 | filecheck %s --check-prefixes=NOTRACE,POLICYARGS
+// RUN: echo 'module {}' | not remat-opt --remat-partial-eval='policy=auto(10%,levels=2)' 2>&1 | filecheck %s --check-prefixes=NOTRACE,POLICYOPT
+// RUN: echo 'module {}' | not remat-opt --remat-partial-eval='policy=save_only_these_names(names=[a])' 2>&1 | filecheck %s --check-prefixes=NOTRACE,NAMESOPT
 // RUN: echo 'module {}' | not remat-opt --remat-partial-eval='cotangent-args=x' 2>&1 | filecheck %s --check-prefixes=NOTRACE,BADINDEX
 // BADMODE: remat-opt: error: bad value for option 'mode' of pass 'remat-partial-eval': expected joint or split, got 'sideways'
 // BADPOLICY: remat-opt: error: bad value for option 'policy' of pass 'remat-partial-eval': unknown policy 'bogus' in 'bogus'; known policies: everything_saveable, nothing_saveable, dots_saveable,
 // CLOSEPOLICY: remat-opt: error: bad value for option 'policy' of pass 'remat-partial-eval': unknown policy 'nothing_savable' in 'nothing_savable'; did you mean nothing_saveable
 // POLICYARGS: remat-opt: error: bad value for option 'policy' of pass 'remat-partial-eval': policy 'dots_saveable' takes no arguments
+// POLICYOPT: remat-opt: error: bad value for option 'policy' of pass 'remat-partial-eval': policy 'auto' has no option 'levels' (in 'auto(10%,levels=2)'); its options: budget, offload, device, objective, solver, score, monotone
+// NAMESOPT: remat-opt: error: bad value for option 'policy' of pass 'remat-partial-eval': policy 'save_only_these_names' has no option 'names' {{.*}}; it takes arguments only, no name=value options: save_only_these_names(a, b)
 // BADINDEX: remat-opt: error: bad value for option 'cotangent-args' of pass 'remat-partial-eval':
 
 // Pipeline text: not anchored on builtin.module, a missing ')', a stray ')',
