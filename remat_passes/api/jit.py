@@ -97,6 +97,7 @@ from remat_passes.jax.bridge import JAX_CHECKPOINT, export
 from remat_passes.jax import run as jax_run
 from remat_passes.jax.module import Module
 from remat_passes.passes.remat_partial_eval import LEVELS
+from remat_passes.policy.policies import as_policy
 
 MODES = ("auto", "joint", "split")
 
@@ -172,6 +173,11 @@ class Jitted:
                  static_argnames: str | Sequence[str] = (),
                  donate_argnames: str | Sequence[str] = (), in_shardings=None,
                  out_shardings=None, fence_chains: bool | None = None):
+        if not callable(fun):
+            raise TypeError(f"rp.jit: expected a function to compile, got "
+                            f"{type(fun).__name__} {fun!r}")
+        if policy is not None:
+            as_policy(policy)    # a bad spec is an error here, not at the first call
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")

@@ -5,8 +5,8 @@ import dataclasses
 import inspect
 
 from remat_passes.ir import mlir
-from remat_passes.ir.mlir import RematError
-from remat_passes.jax.module import Module, compiled_cost, compiled_memory
+from remat_passes.ir.mlir import RematError, expect_module
+from remat_passes.jax.module import compiled_cost, compiled_memory
 from remat_passes.passes.base import PassState, parse_regex
 from remat_passes.passes.manager import expand, run_pipeline
 from remat_passes.passes.place_optimization_barriers import (PlaceOptimizationBarriers,
@@ -68,9 +68,7 @@ def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_
              region_regex, region_policy, levels, round_read_back=False,
              fence_chains=False) -> dict:
     """rp.remat's arguments checked and read, as the options of the `remat` pipeline."""
-    if not isinstance(module, Module):
-        raise TypeError("rp.remat takes a remat_passes.Module (from rp.export_vjp, rp.export, "
-                        f"rp.load or rp.Module.parse), got {type(module).__name__}")
+    expect_module(module, "rp.remat")
     if mode not in ("joint", "split"):
         raise RematError(f"error: mode must be 'joint' or 'split', got {mode!r}")
     parsed = {}

@@ -17,7 +17,7 @@ from remat_passes.cost.memory import estimate_memory
 from remat_passes.cost.memory_report import format_bytes
 from remat_passes.cost.xla_schedule import deletes_barriers
 from remat_passes.ir import graph
-from remat_passes.ir.mlir import RematError
+from remat_passes.ir.mlir import RematError, expect_module
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.manager import run_pipeline
@@ -37,6 +37,7 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
     `auto` minimises counts both), loop bodies times their trip count. `mode="split"`:
     of the split form. `levels` as `rp.remat`'s: with "1" it is the cost `auto`'s solver
     reports; two levels add what they recompute twice."""
+    expect_module(module, "rp.recompute_seconds")
     profile = PROFILES[device or default_device()]
     out = module.clone()
     run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func,
@@ -54,6 +55,7 @@ def _own_backward(module, func: str, what: str) -> None:
     """A sweep plans `func`'s own backward: say so clearly where it runs inside loop bodies
     (gradient accumulation; `outline-loop-backwards`), which a sweep does not take."""
     from remat_passes.regions import loop_backward
+    expect_module(module, what)
     out = module.clone()
     run_pipeline(out.op, [Inline()], pass_state(module, out), verify_each=False)
     with out.op.context:

@@ -65,7 +65,7 @@ from remat_passes.cost.xla_buffers import (
     split_k_partials, transposed_dot)
 from remat_passes.cost.xla_schedule import bfs_order
 from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import RematError, ir, op_id
+from remat_passes.ir.mlir import RematError, expect_module, ir, op_id
 
 __all__ = ["FunctionMemory", "MemoryEstimate", "estimate_memory"]
 
@@ -643,6 +643,7 @@ def estimate_memory(module, function=None, dim_symbols=None,
     default JAX's) matters to that model only: XLA:CPU has one memory, so what is placed
     in host memory counts as device memory there.
     """
+    expect_module(module, "rp.estimate_memory", ir_module=True)
     if model not in MODELS:
         raise RematError(f"error: unknown memory model {model!r}; known: {', '.join(MODELS)}")
     from remat_passes.ir.symbolic import argument_dims
@@ -677,6 +678,5 @@ def _backend(model: str, backend: str | None) -> str | None:
     if model != "xla":
         return None
     if backend is None:
-        from remat_passes import jax_compat
         backend = jax_compat.platform_in_use()
     return backend

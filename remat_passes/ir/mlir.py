@@ -55,6 +55,17 @@ class RematError(Exception):
 _CONTEXT = None
 
 
+def expect_module(module, who: str, *, ir_module: bool = False) -> None:
+    """A TypeError that names what `who` (a function of the Python API) takes, where
+    `module` is not a remat_passes.Module (or, with `ir_module`, an ir.Module either)."""
+    if isinstance(getattr(module, "op", None), ir.Module) or \
+            (ir_module and isinstance(module, ir.Module)):
+        return
+    raise TypeError(f"{who} takes a remat_passes.Module (from rp.export_vjp, rp.export, "
+                    f"rp.load or rp.Module.parse){' or an ir.Module' if ir_module else ''}, "
+                    f"got {type(module).__name__}")
+
+
 def context() -> ir.Context:
     """The process-wide MLIR context with JAX's dialects registered.
 

@@ -116,6 +116,7 @@ def to_exported(module, function: str = "main"):
     @main keeps the Exported's calling convention (pytrees, platform index,
     symbolic shapes) as long as its signature is what was imported.
     """
+    mlir.expect_module(module, "rp.to_exported")
     copy = _single_function_module(module, function)
     serialized = copy.bytecode()
     exp = module.exported
@@ -246,6 +247,7 @@ def compile(module, function: str = "main", donate_argnums=()):
     flat arrays, and pytrees of arrays are flattened for it. `donate_argnums` donates
     arguments as `jax.jit` does.
     """
+    mlir.expect_module(module, "rp.compile")
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     key = (function, donate, hashlib.sha256(module.bytecode()).digest())
     cache = module.__dict__.setdefault("_compiled", {})

@@ -18,7 +18,7 @@ import time
 from typing import TextIO
 
 from remat_passes.ir import mlir, symbolic
-from remat_passes.ir.mlir import RematError, passmanager
+from remat_passes.ir.mlir import RematError, ir, passmanager
 from remat_passes.passes.base import PassState, PipelinePass
 from remat_passes.passes.registry import CORE_PASSES, CorePass, registry, unknown_pass_error
 
@@ -177,6 +177,9 @@ def run_pipeline(module, passes: list, state: PassState | None = None, *,
     place: verify after each step, dump the IR around it when asked, and keep analyses
     across steps that preserve them. Python's cyclic GC is paused for the run (many
     small long-lived objects; collections would cost more than the passes)."""
+    if not isinstance(module, ir.Module):
+        raise TypeError("rp.run_pipeline takes an ir.Module (a remat_passes.Module's .op), "
+                        f"got {type(module).__name__}")
     state = state or PassState()
     if state.dim_symbols is None:
         with mlir.context():

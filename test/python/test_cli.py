@@ -392,6 +392,22 @@ def test_text_with_latin1_comment_and_binary_split_input(files, tmp_path):
 def test_python_api_rejects_wrong_kinds():
     with pytest.raises(TypeError, match="Module"):
         rp.remat("not a module")
+    # every function that takes a module names itself and what it takes, not an
+    # AttributeError from inside
+    for name, call in [("rp.to_exported", rp.to_exported), ("rp.compile", rp.compile),
+                       ("rp.estimate_memory", rp.estimate_memory), ("rp.pareto", rp.pareto),
+                       ("rp.bounds", rp.bounds), ("rp.policy_points", rp.policy_points),
+                       ("rp.recompute_seconds",
+                        lambda m: rp.recompute_seconds(m, "nothing_saveable"))]:
+        with pytest.raises(TypeError, match=rf"^{name} takes a remat_passes\.Module"):
+            call("not a module")
+    with pytest.raises(TypeError, match=r"rp.run_pipeline takes an ir.Module \(a "):
+        rp.run_pipeline(rp.Module.parse(BAD_OP_TEXT.replace("stablehlo.bogus",
+                                                            "stablehlo.sine")), [])
+    with pytest.raises(TypeError, match="rp.jit: expected a function to compile, got int"):
+        rp.jit(3)
+    with pytest.raises(rp.RematError, match="unknown policy 'bogus'"):
+        rp.jit(lambda x: x, policy="bogus")        # when made, not at the first call
     with pytest.raises(TypeError):
         rp.Module.parse(3)
     with pytest.raises(rp.RematError, match="empty input"):
