@@ -20,6 +20,7 @@ from remat_passes.ir import graph
 from remat_passes.ir.mlir import RematError, expect_module
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
+from remat_passes.passes.base import Progress
 from remat_passes.passes.manager import run_pipeline
 from remat_passes.passes.remat_partial_eval import RematPartialEval
 from remat_passes.passes.trial_plans import planning_problem
@@ -81,31 +82,6 @@ def problem_for(module, func: str = "main", policy: AutoPolicy | None = None) ->
     checkpoint regions of their own: every forward op is governed), for the solvers and
     benchmarks to work on directly."""
     return planning_problem(module, func, policy)
-
-
-class Progress:
-    """A rich progress bar on standard error, shown once the work has taken a second, and
-    only on a terminal (so logs and tests see nothing)."""
-
-    def __init__(self, total: int, what: str):
-        self.total, self.what, self.done = total, what, 0
-        self.start = time.perf_counter()
-        self.bar = None
-        self.task = None
-
-    def advance(self) -> None:
-        if self.bar is None and time.perf_counter() - self.start > 1.0 and sys.stderr.isatty():
-            from rich.progress import Progress as Bar
-            self.bar = Bar(transient=True)
-            self.task = self.bar.add_task(self.what, total=self.total, completed=self.done)
-            self.bar.start()
-        if self.bar is not None:
-            self.bar.update(self.task, completed=self.done)
-        self.done += 1
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 @dataclasses.dataclass

@@ -15,9 +15,56 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import sys
+import time
 from typing import Any, Callable, ClassVar
 
 from remat_passes.ir.mlir import RematError
+
+
+class Progress:
+    """A progress bar on standard error for work that takes long, shown once it has taken a
+    second and only on a terminal (logs and tests see nothing); `total` None: a count with
+    no end known. Also a context manager, which takes the bar down however the work ends.
+    One bar shows at a time (a sweep's, not also those of the plans it makes)."""
+
+    showing: ClassVar[bool] = False
+
+    def __init__(self, total: int | None, what: str):
+        self.done, self.shown = 0, False
+        self.start = time.perf_counter()
+        self.bar = None
+        if sys.stderr.isatty():      # (made now, so its clock starts with the work)
+            from rich import progress as rich_progress
+            from rich.console import Console
+            count = rich_progress.MofNCompleteColumn() if total is not None else \
+                rich_progress.TextColumn("{task.completed}")
+            self.bar = rich_progress.Progress(
+                rich_progress.TextColumn("{task.description}"), rich_progress.BarColumn(),
+                count, rich_progress.TimeElapsedColumn(), transient=True,
+                console=Console(stderr=True))
+            self.task = self.bar.add_task(what, total=total)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            if not self.shown and not Progress.showing and \
+                    time.perf_counter() - self.start > 1.0:
+                self.bar.start()
+                self.shown = Progress.showing = True
+            self.bar.update(self.task, completed=self.done)
+        self.done += 1
+
+    def close(self) -> None:
+        if self.shown:
+            self.bar.stop()
+            Progress.showing = False
+        self.bar, self.shown = None, False
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def parse_bool(text: str) -> bool:
@@ -74,7 +121,9 @@ class PassState:
       `(module_op, functions) -> (XLA's FLOP count, backend name)` (rp.remat and remat-opt
       give `remat_passes.jax.run.compiled_cost`; a bare pipeline has none);
     * `compiled_memory`: what `auto(objective=peak, score=xla)` compiles its trial plans
-      with, `(module_op, function) -> (XLA's footprint in bytes, backend name)` (likewise).
+      with, `(module_op, function) -> (XLA's footprint in bytes, backend name)` (likewise);
+    * `progress`: while `auto` plans trial budgets (objective=peak, score=xla, monotone),
+      the `Progress` each trial plan advances.
     """
 
     def __init__(self, region_policies=None, filename=None):
@@ -90,6 +139,7 @@ class PassState:
         self.compiled_cost = None
         self.compiled_memory = None
         self.loop_bodies: dict = {}        # function -> [its outlined loop bodies]
+        self.progress: Progress | None = None
         self._analyses: dict = {}
 
     def analysis(self, func_op, cotangent_indices=None):

@@ -122,14 +122,7 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
         with module_op.context:
             self._mark_cotangents(f, state)
             unnamed = _without_name_stacks(module_op, f, self.func)
-            policy = self.policy
-            if isinstance(policy, AutoPolicy) and policy.objective == "peak":
-                policy = self._residual_budget_for_peak(policy, module_op, state)
-            if isinstance(policy, AutoPolicy) and policy.score == "xla":
-                policy = self._by_compiled_cost(policy, module_op, state)
-            elif isinstance(policy, AutoPolicy) and policy.monotone and \
-                    policy.objective == "residuals":
-                policy = self._monotone_peak(policy, module_op, state)
+            policy = self._trial_budgets(self.policy, module_op, state)
             rules = new_rules()   # (each run its own: rules keep what they learn)
             policies = ScopePolicies(
                 policy,

@@ -14,7 +14,7 @@ from remat_passes import jax_compat
 from remat_passes.core import residuals as report
 from remat_passes.ir import graph, mlir
 from remat_passes.ir.mlir import RematError
-from remat_passes.passes.base import PassState
+from remat_passes.passes.base import PassState, Progress
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner import trials
@@ -30,10 +30,32 @@ class TrialPlans:
     `mode`, `region_regex`): each method takes an `auto` policy and returns the policy to
     plan with, leaving a remark where it chose another."""
 
+    def _trial_budgets(self, policy, module_op, state):
+        """The policy to plan with: `policy`, or where it is an auto policy that plans trial
+        budgets first (objective=peak, score=xla, monotone), the candidate they choose. A
+        progress bar counts the trial plans on a terminal where they take over a second."""
+        if not isinstance(policy, AutoPolicy) or not (
+                policy.objective == "peak" or policy.score == "xla" or policy.monotone):
+            return policy
+        with Progress(None, f"@{self.func}: {policy.spec}: trial plans") as state.progress:
+            try:
+                if policy.objective == "peak":
+                    policy = self._residual_budget_for_peak(policy, module_op, state)
+                if isinstance(policy, AutoPolicy) and policy.score == "xla":
+                    policy = self._by_compiled_cost(policy, module_op, state)
+                elif isinstance(policy, AutoPolicy) and policy.monotone and \
+                        policy.objective == "residuals":
+                    policy = self._monotone_peak(policy, module_op, state)
+            finally:
+                state.progress = None
+        return policy
+
     def _trial(self, candidate, module_op, state, after, mode="joint"):
         """A trial plan of `candidate` (a policy) on a copy of the module: inline,
         remat-partial-eval in form `mode`, then the passes `after`. Returns (the copy, its
         PassState)."""
+        if state.progress is not None:
+            state.progress.advance()
         copy = mlir.clone(module_op)
         st = PassState(region_policies=state.region_policies, filename=state.filename)
         st.dim_symbols = dict(state.dim_symbols or {})

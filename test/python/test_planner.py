@@ -301,6 +301,38 @@ def test_objective_peak_with_score_xla_bounds_what_xla_allocates():
         rp.remat(m, P.auto(budget // 2, objective="peak", score="xla"))
 
 
+def test_trial_plans_advance_a_progress_bar(monkeypatch):
+    """auto's trial budgets (objective=peak here) advance one Progress per pass run, once
+    per trial plan made, and take it down after (the bar itself: test_reports)."""
+    from remat_passes.passes import trial_plans
+    made = []
+
+    class Counted:
+        def __init__(self, total, what):
+            self.what, self.done, self.closed = what, 0, False
+            made.append(self)
+
+        def advance(self):
+            self.done += 1
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.closed = True
+    monkeypatch.setattr(trial_plans, "Progress", Counted)
+
+    def f(W, x):                   # (a function of its own: no other test's trials kept)
+        return jnp.sum(jnp.sin(jnp.cos(jnp.tanh(x @ W) @ W) @ W) * 1.25)
+    m = rp.export_vjp(f, jnp.ones((24, 24)), jnp.ones((8, 24)))
+    rp.remat(m, P.auto("1MiB", objective="peak"))
+    assert [p.what for p in made] == ["@main: auto(budget=1048576, objective=peak): "
+                                      "trial plans"]
+    assert made[0].done >= 13 and made[0].closed      # 13 trial budgets at least
+    rp.remat(m, P.auto("50%"))                         # a plain auto plans once: no bar
+    assert len(made) == 1
+
+
 def test_what_score_xla_cannot_compile_is_a_clear_error():
     """score=xla compiles each plan from its argument types alone: a module exported with a
     symbolic dimension is an error that says so, for the FLOP count and for the peak."""

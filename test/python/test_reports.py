@@ -113,3 +113,40 @@ def test_a_training_step_is_not_differentiated_again():
     assert [r.description for r in residuals][:2] == ["from the argument w",
                                                       "from the argument x"]
     assert rp.saved_residuals(loss, w, x)       # a plain function is still differentiated
+
+
+def test_progress_bar_on_a_terminal_after_a_second_one_at_a_time(monkeypatch):
+    """Long work (a pareto sweep, auto's trial plans) shows a bar on standard error: only
+    where that is a terminal, only once the work has taken a second, one bar at a time
+    (a sweep's, not also those of the plans it makes), taken down however the work ends."""
+    from remat_passes.passes.base import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    with Progress(None, "outer work") as outer:
+        outer.advance()
+        assert not outer.shown and err.getvalue() == ""      # under a second: nothing
+        outer.start -= 2
+        outer.advance()
+        assert outer.shown and Progress.showing
+        with Progress(3, "inner work") as inner:
+            inner.start -= 2
+            inner.advance()
+            assert not inner.shown                           # the outer bar is showing
+    assert not Progress.showing and "outer work" in err.getvalue()
+    assert "inner work" not in err.getvalue()
+    with pytest.raises(ValueError):
+        with Progress(None, "failing work") as failing:
+            failing.start -= 2
+            failing.advance()
+            assert failing.shown
+            raise ValueError
+    assert not Progress.showing
+    monkeypatch.setattr(sys, "stderr", io.StringIO())        # not a terminal: no bar
+    quiet = Progress(None, "logged work")
+    quiet.start -= 2
+    quiet.advance()
+    assert not quiet.shown
