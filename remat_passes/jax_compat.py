@@ -27,6 +27,9 @@ JAX's own saved_residuals   `jax._src.ad_checkpoint.saved_residuals`     tests, 
 whether a backend is        `jax._src.xla_bridge`'s                       devices,
 started (without starting   `backends_are_initialized`                    memory, cli
 one)
+calling an Exported under   `Exported._in_named_shardings`,               run, rp.jit
+GSPMD (JAX's own call       `_out_named_shardings` (`_has_named_shardings`
+fails there)                to 0.11.0)
 the PRNG implementation of  a key dtype's `_impl`                         rp.jit
 a key type (to wrap a key
 returned by a split half)
@@ -315,6 +318,30 @@ def _installed_accelerator() -> str | None:
     if any("tpu" in n for n in names) or importlib.util.find_spec("libtpu") is not None:
         return "tpu"
     return None
+
+
+def exported_for_call(exp):
+    """(`exp` as `jax.jit(exp.call)` can lower it under the partitioner in use, the
+    `out_shardings` for that jax.jit, None where it needs none).
+
+    JAX's call_exported wraps each argument and result in a Shardy sharding op whatever the
+    partitioner (`use_shardy=True`, jax 0.10.2 to 0.12), which the MLIR verifier refuses
+    under GSPMD (`jax_use_shardy_partitioner=False`: "'stablehlo.custom_call' op should have
+    a sharding attribute of type TensorShardingPerValueAttr"), so JAX cannot call its own
+    Exported of a sharded function there. Under GSPMD the named shardings are taken out of
+    the Exported, and those of its results handed to jax.jit instead (jax.jit takes no
+    argument sharding over an abstract mesh: arguments keep the shardings they come with,
+    and the module's own argument shardings place those that come without)."""
+    import jax
+    named = tuple(exp._in_named_shardings) + tuple(exp._out_named_shardings)
+    if jax.config.jax_use_shardy_partitioner or all(s is None for s in named):
+        return exp, None
+    fields = dict(_in_named_shardings=(None,) * len(exp._in_named_shardings),
+                  _out_named_shardings=(None,) * len(exp._out_named_shardings))
+    if hasattr(exp, "_has_named_shardings"):        # jax <= 0.11.0
+        fields["_has_named_shardings"] = False
+    return (dataclasses.replace(exp, **fields),
+            jax.tree_util.tree_unflatten(exp.out_tree, list(exp._out_named_shardings)))
 
 
 def key_impl(dtype):

@@ -415,7 +415,10 @@ class Jitted:
         if exp.in_tree != exported.exported.in_tree or exp.out_tree != exported.exported.out_tree:
             raise RematError("error: rp.jit: the rewritten program does not keep the calling "
                              "convention of the function (report this as a bug)")
-        compiled = jax.jit(exp.call, donate_argnums=donated).lower(*dynamic).compile()
+        exp, outs = jax_compat.exported_for_call(exp)
+        compiled = jax.jit(exp.call, donate_argnums=donated,
+                           **({} if outs is None else {"out_shardings": outs})).lower(
+            *dynamic).compile()
         return Lowered("joint", exported, module, (compiled,), compiled, traced=exp.call)
 
     def _build_split(self, exported, module, dynamic, donated) -> Lowered:
