@@ -159,19 +159,18 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
         budgets = sorted({int(lo + (hi - lo) * k / max(points - 1, 1)) for k in range(points)})
     out = []
     best = None      # the cheapest plan so far
-    progress = Progress(len(budgets), "pareto: planning budgets")
-    for b in sorted(budgets):
-        progress.advance()
-        split, dev, host, extra, pct, peak = measure(
-            auto(b, offload=offload, device=device, solver=solver, monotone=monotone))
-        rep = split.plan_reports[0]
-        point = ParetoPoint(b, dev, host, extra, pct, peak, rep.solution.seconds,
-                            rep.solution.method)
-        if best is not None and best.extra_flops < point.extra_flops:
-            point = dataclasses.replace(best, budget=b, solve_seconds=point.solve_seconds)
-        best = point
-        out.append(point)
-    progress.close()
+    with Progress(len(budgets), "pareto: planning budgets") as progress:
+        for b in sorted(budgets):
+            progress.advance()
+            split, dev, host, extra, pct, peak = measure(
+                auto(b, offload=offload, device=device, solver=solver, monotone=monotone))
+            rep = split.plan_reports[0]
+            point = ParetoPoint(b, dev, host, extra, pct, peak, rep.solution.seconds,
+                                rep.solution.method)
+            if best is not None and best.extra_flops < point.extra_flops:
+                point = dataclasses.replace(best, budget=b, solve_seconds=point.solve_seconds)
+            best = point
+            out.append(point)
     return out
 
 
