@@ -447,12 +447,14 @@ class Jitted:
             start = len(jax.tree_util.tree_leaves(dynamic[:pos]))
             count = len(jax.tree_util.tree_leaves(dynamic[pos]))
             donated_leaves.update(range(start, start + count))
-        # a donated argument goes to its last reader: the backward if it reads it
-        to_bwd = set(passthrough.values())
-        fwd_donated = tuple(j for j, i in enumerate(kept)
-                            if i in donated_leaves and j not in to_bwd)
+        # a donated argument goes to its last reader: the backward if it reads it; to the
+        # forward where one of its outputs can take the buffer
         fwd_exp = module.to_exported("main_fwd")
         bwd_exp = module.to_exported("main_bwd")
+        to_bwd = set(passthrough.values())
+        fwd_donatable = [j for j, i in enumerate(kept) if i in donated_leaves and j not in to_bwd]
+        fwd_donated = tuple(fwd_donatable[k] for k in _reusable(
+            [fwd_exp.in_avals[j] for j in fwd_donatable], fwd_exp.out_avals))
         device = _one_device(leaves)
         fwd_kw = jax_run.memory_kind_shardings(module, "main_fwd", device)
         bwd_kw = {}

@@ -145,6 +145,32 @@ def test_donated_arguments_are_deleted(mode):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("policy", ["dots_saveable", "everything_saveable"])
+def test_split_donation_warns_no_more_than_jax_jit(policy):
+    """A donated argument only the forward reads is donated to it where one of its outputs
+    can take the buffer: donating the weights of a gradient step to a forward that returns
+    none of their shape made JAX warn 'Some donated buffers were not usable' at every
+    build, where jax.jit of the same step is silent. The arguments are still deleted."""
+    import warnings
+
+    def grads(p, x):
+        return jax.grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"] + p["b"]) ** 2))(p)
+    params = {"w": jnp.full((6, 6), 0.1), "b": jnp.zeros(6)}
+    x = jnp.ones((4, 6))
+    expected = jax.jit(grads)(params, x)
+    for name, jitted in (("jax.jit", jax.jit(grads, donate_argnums=0)),
+                         ("rp.jit", rp.jit(grads, policy=policy, mode="split",
+                                           donate_argnums=0))):
+        donated = jax.tree.map(jnp.copy, params)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = jitted(donated, x)
+        assert not [w for w in caught if "donated buffers" in str(w.message)], name
+        assert all(a.is_deleted() for a in jax.tree.leaves(donated)), name
+        for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_one_build_per_signature_and_static_arguments():
     def scaled_step(params, x, scale):
         g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p) ** 2) * scale)(params)
