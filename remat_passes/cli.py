@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the pipeline, one line per function (the module goes to -o only)")
     p.add_argument("--memory-model", choices=("program-order", "xla"), default="program-order",
                    help="the model of --print-memory: program order with no reuse (default), "
-                        "or what XLA's buffer assignment does on the backend JAX uses (kept "
+                        "or what XLA's buffer assignment does on the platform JAX runs on (kept "
                         "arguments, fusion, in-place ops, copies of returned arguments)")
     p.add_argument("--memory-backend", choices=("cpu", "gpu", "tpu"),
                    help="the XLA backend --memory-model=xla models (default: the platform JAX "

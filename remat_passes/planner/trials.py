@@ -34,7 +34,7 @@ def kept(store: collections.OrderedDict, size: int, k, make):
 def key(module_op, options: dict, region_policies: dict, loop_body: bool, policy):
     """The key of `module_op`'s trials under `options` (the pass's, but the policy),
     `policy`'s own options, the policies of recorded checkpoint regions and whether the
-    function is a loop body, on the JAX backend in use; None where the solver is a function
+    function is a loop body, on the platform JAX runs on; None where the solver is a function
     (it may keep state)."""
     if callable(policy.solver):
         return None
