@@ -445,10 +445,10 @@ def test_a_backend_jax_cannot_start_is_a_user_error(files, tmp_path):
 
 
 def test_short_runs_do_not_import_jax(files, tmp_path):
-    """--version, --help, --list-passes and pipelines on MLIR input, auto among them, run
-    on jaxlib's bindings alone: `import jax` is most of the start-up time (see the start-up
-    benchmark, `python -m tools.benchmarks startup`). A serialized Exported or a
-    portable artifact imports it, as jax.export reads them."""
+    """--version, --help, --list-passes and pipelines on MLIR input, auto and --print-pareto
+    among them, run on jaxlib's bindings alone: `import jax` is most of the start-up time
+    (see the start-up benchmark, `python -m tools.benchmarks startup`). A serialized
+    Exported or a portable artifact imports it, as jax.export reads them."""
     runs = [["--version"], ["--help"], ["--list-passes"],
             [files["vjp"], "--pass-pipeline", PIPELINE],
             [files["vjp"], "--remat-partial-eval=policy=nothing_saveable mode=split",
@@ -460,7 +460,8 @@ def test_short_runs_do_not_import_jax(files, tmp_path):
             # auto prices ops by the platform JAX runs on, and the xla model models it:
             # found without starting a backend (jax_compat.platform_in_use)
             [files["vjp"], "--remat-partial-eval=policy=auto(50%)", "--print-memory",
-             "--memory-model=xla", "-o", tmp_path / "out3.mlir"]]
+             "--memory-model=xla", "-o", tmp_path / "out3.mlir"],
+            [files["vjp"], "--print-pareto", "--pareto-points=2", "-o", tmp_path / "out4.mlir"]]
     script = ("import sys\n"
               "from remat_passes import cli\n"
               f"for argv in {[[str(a) for a in r] for r in runs]!r}:\n"

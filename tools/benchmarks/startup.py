@@ -82,7 +82,7 @@ def render(data) -> str:
              f"Wall time of short runs, each in a fresh process, {data['repeat']} rounds "
              f"interleaved ({meta['cpus']} CPUs, Python {meta['python']}, jax {meta['jax']}, "
              f"commit {meta['commit']}). The CLI imports JAX only when a step needs it (a "
-             "serialized `Exported`, a portable artifact, `--print-pareto`), so these runs "
+             "serialized `Exported`, a portable artifact, `score=xla`), so these runs "
              "never do (`auto` prices ops for the platform JAX would run on without "
              "starting it). Target: at most half of `import jax`, but for `auto`, which "
              "imports SciPy's optimizer (HiGHS) and igraph, and igraph imports "
