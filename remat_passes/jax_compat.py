@@ -322,7 +322,7 @@ def _installed_accelerator() -> str | None:
 
 def exported_for_call(exp):
     """(`exp` as `jax.jit(exp.call)` can lower it under the partitioner in use, the
-    `out_shardings` for that jax.jit, None where it needs none).
+    keyword arguments that jax.jit then needs: {} or {"out_shardings": ...}).
 
     JAX's call_exported wraps each argument and result in a Shardy sharding op whatever the
     partitioner (`use_shardy=True`, jax 0.10.2 to 0.12), which the MLIR verifier refuses
@@ -335,13 +335,13 @@ def exported_for_call(exp):
     import jax
     named = tuple(exp._in_named_shardings) + tuple(exp._out_named_shardings)
     if jax.config.jax_use_shardy_partitioner or all(s is None for s in named):
-        return exp, None
+        return exp, {}
     fields = dict(_in_named_shardings=(None,) * len(exp._in_named_shardings),
                   _out_named_shardings=(None,) * len(exp._out_named_shardings))
     if hasattr(exp, "_has_named_shardings"):        # jax <= 0.11.0
         fields["_has_named_shardings"] = False
-    return (dataclasses.replace(exp, **fields),
-            jax.tree_util.tree_unflatten(exp.out_tree, list(exp._out_named_shardings)))
+    return dataclasses.replace(exp, **fields), {"out_shardings": jax.tree_util.tree_unflatten(
+        exp.out_tree, list(exp._out_named_shardings))}
 
 
 def key_impl(dtype):

@@ -415,10 +415,8 @@ class Jitted:
         if exp.in_tree != exported.exported.in_tree or exp.out_tree != exported.exported.out_tree:
             raise RematError("error: rp.jit: the rewritten program does not keep the calling "
                              "convention of the function (report this as a bug)")
-        exp, outs = jax_compat.exported_for_call(exp)
-        compiled = jax.jit(exp.call, donate_argnums=donated,
-                           **({} if outs is None else {"out_shardings": outs})).lower(
-            *dynamic).compile()
+        exp, jit_kw = jax_compat.exported_for_call(exp)
+        compiled = jax.jit(exp.call, donate_argnums=donated, **jit_kw).lower(*dynamic).compile()
         return Lowered("joint", exported, module, (compiled,), compiled, traced=exp.call)
 
     def _build_split(self, exported, module, dynamic, donated) -> Lowered:

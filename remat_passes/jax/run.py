@@ -254,9 +254,9 @@ def compile(module, function: str = "main", donate_argnums=()):
     if key not in cache:
         exported = to_exported(module, function)
         if module.exported is not None and exported.in_tree == module.exported.in_tree:
-            exported, outs = jax_compat.exported_for_call(exported)
+            exported, jit_kw = jax_compat.exported_for_call(exported)
             cache[key] = jax.jit(_named(exported.call, function), donate_argnums=donate,
-                                 **({} if outs is None else {"out_shardings": outs}))
+                                 **jit_kw)
         else:     # (the split halves: an offloaded residual leaves <f>_fwd in host memory)
             placed = {} if exported.nr_devices != 1 else \
                 memory_kind_shardings(module, function, jax.devices()[0])

@@ -4,9 +4,9 @@ and measuring what each plan leaves: `objective=peak` (the residual budget whose
 within the budget: as estimated, or with score=xla as XLA compiles it), `monotone` (a larger
 or smaller budget's plan where the budget's own would peak above a larger budget's),
 `score=xla` (the candidate XLA compiles to the fewest FLOPs) and a budget below the least a
-per-iteration plan keeps in a function with scans (the scans in segments). `TrialPlans` is the pass's side of it (remat-partial-eval inherits it);
-the rules that choose among trial plans are `planner.resolve`'s, the memo of plans made is
-`planner.trials`.
+per-iteration plan keeps in a function with scans (the scans in segments). `TrialPlans` is
+the pass's side of it (remat-partial-eval inherits it); the rules that choose among trial
+plans are `planner.resolve`'s, the memo of plans made is `planner.trials`.
 """
 from __future__ import annotations
 
