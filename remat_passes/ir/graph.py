@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from remat_passes.ir.mlir import RematError, ir
 
 SCOPE_FRAME_RE = re.compile(r"remat\[\d+\]")
@@ -367,6 +369,20 @@ def type_bytes(t) -> int:
     """Bytes of a ranked tensor type; 0 for tokens and other non-tensors."""
     n = type_elements(t)
     return n * element_bits(str(ir.RankedTensorType(t).element_type)) // 8 if n else 0
+
+
+def zeros_attr(t) -> ir.Attribute:
+    """The dense splat of zeros of tensor type `t`, whatever its element type (integer,
+    float, complex: the bindings have no attribute for one complex element, nor parse a
+    complex splat, so it is made from one NumPy zero)."""
+    t = ir.RankedTensorType(t)
+    elem = str(t.element_type)
+    if elem.startswith("complex<"):
+        dtype = np.complex128 if elem == "complex<f64>" else np.complex64
+        return ir.DenseElementsAttr.get(np.zeros((1,), dtype), type=t)
+    if elem.startswith(("i", "ui", "si")):
+        return ir.DenseElementsAttr.get_splat(t, ir.IntegerAttr.get(t.element_type, 0))
+    return ir.DenseElementsAttr.get_splat(t, ir.FloatAttr.get(t.element_type, 0.0))
 
 
 def is_static_float(v) -> bool:

@@ -13,13 +13,6 @@ from remat_passes.regions import loop_edit
 CASE = graph.CASE
 
 
-def zeros(t, ip, loc) -> ir.Value:
-    rt = ir.RankedTensorType(t)
-    attr = ir.DenseElementsAttr.get_splat(rt, loop_edit.zero_attr(rt.element_type))
-    return ir.Operation.create("stablehlo.constant", results=[t], attributes={"value": attr},
-                               ip=ip, loc=loc).results[0]
-
-
 def _return_in(block, values) -> None:
     """Replace (or add) the terminator of a case branch with one returning `values`."""
     ops = list(block.operations)
@@ -96,7 +89,7 @@ def add_nested_saves(case, saved: list, verdict):
 
     def yields(j, before, ip):
         return before + [per_branch[j][s] if s in per_branch[j] else
-                         zeros(t, ip, case.location) for s, t in enumerate(extra)]
+                         loop_edit.zeros(t, ip, case.location) for s, t in enumerate(extra)]
     new = rebuilt(case, types + extra, yields, ir.InsertionPoint(case))
     for k in range(n_old):
         case.results[k].replace_all_uses_with(new.results[k])

@@ -47,7 +47,8 @@ from remat_passes.analysis.scan_pairs import inside
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
-from remat_passes.regions.case_nested import presave_nested, rebuilt, reuse_nested_saves, zeros
+from remat_passes.regions.case_nested import presave_nested, rebuilt, reuse_nested_saves
+from remat_passes.regions.loop_edit import zeros
 
 CASE = graph.CASE
 

@@ -121,10 +121,11 @@ def drop_unused_carries(w):
     return new
 
 
-def zero_attr(elem):
-    if isinstance(elem, ir.IntegerType) or str(elem).startswith(("i", "ui")):
-        return ir.IntegerAttr.get(elem, 0)
-    return ir.FloatAttr.get(elem, 0.0)
+def zeros(t, ip, loc=None) -> ir.Value:
+    """A constant of zeros of tensor type `t` (any element type), made at `ip`."""
+    return ir.Operation.create("stablehlo.constant", results=[t],
+                               attributes={"value": graph.zeros_attr(t)}, ip=ip,
+                               loc=loc).results[0]
 
 
 def int_const(t, value, ip) -> ir.Value:
@@ -171,23 +172,19 @@ def stack_value(loop: ForwardLoop, edit: LoopEdit, v) -> ir.Value:
     ftype = ir.RankedTensorType(v.type)
     stacked_type = ir.RankedTensorType.get([loop.trip_count] + list(ftype.shape),
                                            ftype.element_type)
-    zero = ir.Operation.create(
-        "stablehlo.constant", results=[stacked_type],
-        attributes={"value": ir.DenseElementsAttr.get_splat(
-            stacked_type, zero_attr(ftype.element_type))},
-        ip=ir.InsertionPoint(loop.op)).results[0]
+    zero = zeros(stacked_type, ir.InsertionPoint(loop.op))
     ref = next(iter(loop.stacked.values()))
     arg = edit.add(zero, loop.op.location)
     ip = ir.InsertionPoint(graph.terminator(edit.body))
     one_type = ir.RankedTensorType.get([1] + list(ftype.shape), ftype.element_type)
     upd = ir.Operation.create("stablehlo.reshape", results=[one_type], operands=[v],
                               ip=ip).results[0]
-    zeros = [int_const(ref.index.type, 0, ip) for _ in ftype.shape]
+    offsets = [int_const(ref.index.type, 0, ip) for _ in ftype.shape]
     dus = ir.Operation.create("stablehlo.dynamic_update_slice", results=[stacked_type],
-                              operands=[arg, upd, ref.index] + zeros, ip=ip)
+                              operands=[arg, upd, ref.index] + offsets, ip=ip)
     edit.set_returned(len(edit.inits) - 1, dus.results[0])
     return zero
 
 
 __all__ = ["LoopEdit", "drop_unused_carries", "read_slot", "slice_part",
-           "stack_value", "int_const", "zero_attr", "shape"]
+           "stack_value", "int_const", "zeros", "shape"]

@@ -17,7 +17,8 @@ import numpy as np
 
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
-from remat_passes.regions.scan_segments import Crossing, new_op, pairs_across, zeros
+from remat_passes.regions.loop_edit import zeros
+from remat_passes.regions.scan_segments import Crossing, new_op, pairs_across
 from remat_passes.regions.shard_map_rewrite import new_manual, shrunk
 from remat_passes.sharding import gspmd
 from remat_passes.sharding.sdy import (manual_axes, mesh_of, residual_layout, shardings,

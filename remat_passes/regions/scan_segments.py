@@ -32,7 +32,7 @@ from remat_passes.analysis.scan_pairs import WHILE, Pair, const_int, owner, shap
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import func, ir, op_id
 from remat_passes.sharding import gspmd
-from remat_passes.regions.loop_edit import LoopEdit, drop_unused_carries, int_const, zero_attr
+from remat_passes.regions.loop_edit import LoopEdit, drop_unused_carries, int_const, zeros
 
 
 # ----------------------------------------------------------------- checks --
@@ -193,12 +193,6 @@ def _compare(direction, a, b, ip):
 
 def _select(pred, a, b, ip):
     return new_op("stablehlo.select", [pred, a, b], a.type, ip)
-
-
-def zeros(t, ip):
-    t = ir.RankedTensorType(t)
-    return new_op("stablehlo.constant", [], t, ip,
-               value=ir.DenseElementsAttr.get_splat(t, zero_attr(t.element_type)))
 
 
 def _stack_type(n, value_type):

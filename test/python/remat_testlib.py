@@ -155,7 +155,8 @@ def assert_trees_close(got, expected, *, rtol=F32_RTOL, atol=F32_ATOL, what=""):
         if e.dtype == np.bool_:
             assert not g.any(), f"{what} leaf {i}: expected a zero cotangent"
             continue
-        g64, e64 = g.astype(np.float64), e.astype(np.float64)
+        wide = np.complex128 if np.iscomplexobj(e) else np.float64   # (both parts of complex)
+        g64, e64 = g.astype(wide), e.astype(wide)
         scale = max(1.0, float(np.max(np.abs(e64)))) if e64.size else 1.0
         np.testing.assert_allclose(g64, e64, rtol=rtol, atol=atol * scale,
                                    err_msg=f"{what} leaf {i}")

@@ -678,3 +678,33 @@ def test_a_large_literal_stays_outside_the_loop():
         assert len(literals) == (2 if copied else 1), n
         np.testing.assert_allclose(np.asarray(module.call(np.ones(n, np.float32))),
                                    (np.arange(n) + 0.5) ** 3, rtol=1e-6)
+
+
+# --------------------------------------------------------------- complex values --
+def _complex_step(where):
+    """A loss over complex64 weights whose scan carries, cond branches or scan segments
+    hold complex values: the rewrites then make zero constants of a complex type (a
+    stacked buffer's start, a cond slot another branch fills, a segment's carries)."""
+    w = (rnd(0, (4, 4), 0.4) + 1j * rnd(1, (4, 4), 0.4)).astype(jnp.complex64)
+    x = (rnd(2, (2, 4)) + 1j * rnd(3, (2, 4))).astype(jnp.complex64)
+
+    def loss(w):
+        def layer(c, _):
+            return jnp.sin(c @ w) * 0.5 + c, None
+        if where == "cond":
+            h = lax.cond(jnp.real(x[0, 0]) > 0, lambda h: jnp.sin(h @ w), jnp.cos, x)
+        else:
+            h, _ = lax.scan(layer, x, None, length=4)
+        return jnp.mean(jnp.abs(h) ** 2)
+    return (lambda w: jax.value_and_grad(loss)(w)), w
+
+
+@pytest.mark.parametrize("where,options", [
+    ("scan", {}), ("scan", {"scan_segments": 2}), ("cond", {})])
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_complex_values_in_regions(where, options, mode):
+    step, w = _complex_step(where)
+    want = jax.jit(step)(w)
+    for policy in ("dots_saveable", "nothing_saveable"):
+        got = rp.jit(step, policy=policy, mode=mode, **options)(w)
+        assert_trees_close(got, want, what=f"{where} {options} {policy} {mode}")
