@@ -451,8 +451,11 @@ class Jitted:
         bwd_exp = module.to_exported("main_bwd")
         to_bwd = set(passthrough.values())
         fwd_donatable = [j for j, i in enumerate(kept) if i in donated_leaves and j not in to_bwd]
+        fwd_in_kinds = jax_run.memory_kinds(module, "main_fwd", "arg_attrs")
         fwd_donated = tuple(fwd_donatable[k] for k in _reusable(
-            [fwd_exp.in_avals[j] for j in fwd_donatable], fwd_exp.out_avals))
+            [fwd_exp.in_avals[j] for j in fwd_donatable], fwd_exp.out_avals,
+            [fwd_in_kinds[j] for j in fwd_donatable],
+            jax_run.memory_kinds(module, "main_fwd", "res_attrs")))
         device = _one_device(leaves)
         fwd_kw = jax_run.memory_kind_shardings(module, "main_fwd", device)
         bwd_kw = {}
@@ -482,7 +485,9 @@ class Jitted:
                     continue
                 seen.add(passthrough[r])
             ours.append(r)
-        reusable = _reusable([res_avals[r] for r in ours], bwd_exp.out_avals)
+        reusable = _reusable([res_avals[r] for r in ours], bwd_exp.out_avals,
+                             [in_kinds[r] for r in ours],
+                             jax_run.memory_kinds(module, "main_bwd", "res_attrs"))
         bwd = jax.jit(bwd_exp.call, donate_argnums=tuple(ours[k] for k in reusable),
                       **bwd_kw).lower(*res_avals).compile()
         n_fwd_out, out_tree = len(fwd_out), ex.out_tree
@@ -574,15 +579,19 @@ def _drop_passthrough(module: Module, n_out: int) -> dict:
     return passthrough
 
 
-def _reusable(inputs: list, outputs: list) -> tuple:
-    """Positions of the inputs whose buffers an output of the same shape and type can take
-    (donating others only makes JAX warn)."""
+def _reusable(inputs: list, outputs: list, in_kinds: list, out_kinds: list) -> tuple:
+    """Positions of the inputs whose buffers an output of the same shape and type in the
+    same memory can take (donating others only makes JAX warn; a residual in host memory
+    taken by a gradient in device memory aborts the process in PjRt). `in_kinds`,
+    `out_kinds`: each value's memory kind (None: the device's)."""
+    def key(aval, kind):
+        return tuple(aval.shape), aval.dtype, kind or "device"
     free: dict = {}
-    for o in outputs:
-        free[(tuple(o.shape), o.dtype)] = free.get((tuple(o.shape), o.dtype), 0) + 1
+    for o, kind in zip(outputs, out_kinds, strict=True):
+        free[key(o, kind)] = free.get(key(o, kind), 0) + 1
     out = []
-    for i, a in enumerate(inputs):
-        k = (tuple(a.shape), a.dtype)
+    for i, (a, kind) in enumerate(zip(inputs, in_kinds, strict=True)):
+        k = key(a, kind)
         if free.get(k):
             free[k] -= 1
             out.append(i)
