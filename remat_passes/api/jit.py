@@ -452,7 +452,7 @@ class Jitted:
         to_bwd = set(passthrough.values())
         fwd_donatable = [j for j, i in enumerate(kept) if i in donated_leaves and j not in to_bwd]
         fwd_in_kinds = jax_run.memory_kinds(module, "main_fwd", "arg_attrs")
-        fwd_donated = tuple(fwd_donatable[k] for k in _reusable(
+        fwd_donated = tuple(fwd_donatable[k] for k in jax_run.usable_donations(
             [fwd_exp.in_avals[j] for j in fwd_donatable], fwd_exp.out_avals,
             [fwd_in_kinds[j] for j in fwd_donatable],
             jax_run.memory_kinds(module, "main_fwd", "res_attrs")))
@@ -485,9 +485,9 @@ class Jitted:
                     continue
                 seen.add(passthrough[r])
             ours.append(r)
-        reusable = _reusable([res_avals[r] for r in ours], bwd_exp.out_avals,
-                             [in_kinds[r] for r in ours],
-                             jax_run.memory_kinds(module, "main_bwd", "res_attrs"))
+        reusable = jax_run.usable_donations(
+            [res_avals[r] for r in ours], bwd_exp.out_avals, [in_kinds[r] for r in ours],
+            jax_run.memory_kinds(module, "main_bwd", "res_attrs"))
         bwd = jax.jit(bwd_exp.call, donate_argnums=tuple(ours[k] for k in reusable),
                       **bwd_kw).lower(*res_avals).compile()
         n_fwd_out, out_tree = len(fwd_out), ex.out_tree
@@ -577,25 +577,6 @@ def _drop_passthrough(module: Module, n_out: int) -> dict:
             list(fwd.type.inputs), [values[i].type for i in keep]))
         contract.set_all_entries(fwd, "res_attrs", [entries[i] for i in keep])
     return passthrough
-
-
-def _reusable(inputs: list, outputs: list, in_kinds: list, out_kinds: list) -> tuple:
-    """Positions of the inputs whose buffers an output of the same shape and type in the
-    same memory can take (donating others only makes JAX warn; a residual in host memory
-    taken by a gradient in device memory aborts the process in PjRt). `in_kinds`,
-    `out_kinds`: each value's memory kind (None: the device's)."""
-    def key(aval, kind):
-        return tuple(aval.shape), aval.dtype, kind or "device"
-    free: dict = {}
-    for o, kind in zip(outputs, out_kinds, strict=True):
-        free[key(o, kind)] = free.get(key(o, kind), 0) + 1
-    out = []
-    for i, (a, kind) in enumerate(zip(inputs, in_kinds, strict=True)):
-        k = key(a, kind)
-        if free.get(k):
-            free[k] -= 1
-            out.append(i)
-    return tuple(out)
 
 
 def _placement(before: list, fwd_out: list, bwd_out: list) -> list:

@@ -216,6 +216,25 @@ def memory_kinds(module, function: str, which: str) -> list:
         return [contract.memory_kind(f, which, i) for i in range(n)]
 
 
+def usable_donations(inputs: list, outputs: list, in_kinds: list, out_kinds: list) -> tuple:
+    """Positions of the inputs whose buffers an output of the same shape and type in the
+    same memory can take (donating others only makes JAX warn; a residual in host memory
+    taken by a gradient in device memory aborts the process in PjRt). `in_kinds`,
+    `out_kinds`: each value's memory kind (None: the device's)."""
+    def key(aval, kind):
+        return tuple(aval.shape), aval.dtype, kind or "device"
+    free: dict = {}
+    for o, kind in zip(outputs, out_kinds, strict=True):
+        free[key(o, kind)] = free.get(key(o, kind), 0) + 1
+    out = []
+    for i, (a, kind) in enumerate(zip(inputs, in_kinds, strict=True)):
+        k = key(a, kind)
+        if free.get(k):
+            free[k] -= 1
+            out.append(i)
+    return tuple(out)
+
+
 def placed_shardings(kinds: list, device) -> list | None:
     """Single-device shardings that put each value in its memory kind (None: default), or
     None when no value has one or the program is not on one `device`. XLA must see an
@@ -253,6 +272,7 @@ def compile(module, function: str = "main", donate_argnums=()):
     cache = module.__dict__.setdefault("_compiled", {})
     if key not in cache:
         exported = to_exported(module, function)
+        donate = _in_same_memory(module, function, exported, donate)
         if module.exported is not None and exported.in_tree == module.exported.in_tree:
             exported, jit_kw = jax_compat.exported_for_call(exported)
             cache[key] = jax.jit(_named(exported.call, function), donate_argnums=donate,
@@ -264,6 +284,19 @@ def compile(module, function: str = "main", donate_argnums=()):
                 _named(lambda *args: exported.call(*jax.tree_util.tree_leaves(args)), function),
                 donate_argnums=donate, **placed)
     return cache[key]
+
+
+def _in_same_memory(module, function: str, exported, donate: tuple) -> tuple:
+    """`donate` less the arguments in host memory (an offloaded residual) that no result in
+    the same memory can take (`usable_donations`), where the function takes flat arrays."""
+    in_kinds = memory_kinds(module, function, "arg_attrs")
+    n = len(exported.in_avals)
+    flat = jax.tree_util.tree_structure((tuple(range(n)), {}))
+    if not any(in_kinds) or exported.in_tree != flat or not all(0 <= i < n for i in donate):
+        return donate
+    return tuple(donate[k] for k in usable_donations(
+        [exported.in_avals[i] for i in donate], exported.out_avals,
+        [in_kinds[i] for i in donate], memory_kinds(module, function, "res_attrs")))
 
 
 def _named(call, function: str):

@@ -693,19 +693,28 @@ def test_split_form_keeps_offloaded_residuals_in_host_memory():
 
 def test_split_form_donates_no_host_residual_to_a_device_gradient():
     """A residual offloaded to host memory whose shape and type a gradient has: the backward
-    must not take its buffer for the gradient (in device memory). Donated, PjRt aborted the
-    whole process on the call ("PjRtBuffer's memory kind does not match sharding's memory
-    kind"), on XLA:CPU of jaxlib 0.10.2 to 0.12."""
+    must not take its buffer for the gradient (in device memory), in rp.jit's split form nor
+    where the user donates it to rp.compile's backward. Donated, PjRt aborted the whole
+    process on the call ("PjRtBuffer's memory kind does not match sharding's memory kind"),
+    on XLA:CPU of jaxlib 0.10.2 to 0.12."""
     w, x = jnp.eye(8) * 0.3, jnp.ones((8, 8))
+    offload = "offload_dot_with_no_batch_dims(device, pinned_host)"
+
+    def loss(w):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
 
     def step(w):
-        return jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
-    jitted = rp.jit(step, policy="offload_dot_with_no_batch_dims(device, pinned_host)",
-                    mode="split")
+        return jax.value_and_grad(loss)(w)
+    jitted = rp.jit(step, policy=offload, mode="split")
     _, bwd = jitted.lower(w).executables
     assert [s.memory_kind for s in jax.tree.leaves(bwd.input_shardings)] == ["pinned_host"]
     for got, want in zip(jax.tree.leaves(jitted(w)), jax.tree.leaves(jax.jit(step)(w))):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    split = rp.remat(rp.export_vjp(loss, w), offload, mode="split")
+    _, residual = rp.compile(split, "main_fwd")(w)
+    assert residual.sharding.memory_kind == "pinned_host"
+    grad = rp.compile(split, "main_bwd", donate_argnums=0)(residual, jnp.ones(()))
+    np.testing.assert_allclose(grad, jax.grad(loss)(w), rtol=1e-6, atol=1e-7)
 
 
 def test_a_saved_sum_of_a_dot_and_a_bias_costs_no_more_than_in_jax_checkpoint():
