@@ -166,6 +166,22 @@ def _jax_checkpoints(how: str):
         yield
 
 
+@contextlib.contextmanager
+def _exportable():
+    """What jax.export cannot carry, as a RematError that says what to change."""
+    try:
+        yield
+    except NotImplementedError as e:
+        if "host_callbacks" not in str(e):
+            raise
+        raise RematError(
+            "error: the function calls back into Python (jax.debug.print, "
+            "jax.debug.callback, jax.pure_callback or io_callback), and jax.export, "
+            "through which the passes read a program, cannot carry a host callback (JAX: "
+            f"{e}): take the callback out of the function, or return what it would "
+            "print") from None
+
+
 def export_vjp(fun, *primals, platforms=None, jax_checkpoint: str = "jax") -> Module:
     """Export the joint VJP of `fun` at `primals` as a Module.
 
@@ -190,7 +206,7 @@ def export_vjp(fun, *primals, platforms=None, jax_checkpoint: str = "jax") -> Mo
         [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
     joint.__name__ = getattr(fun, "__name__", "fun")
 
-    with names_as_markers(), _jax_checkpoints(jax_checkpoint):
+    with names_as_markers(), _jax_checkpoints(jax_checkpoint), _exportable():
         exported = jax_export.export(jax.jit(joint, keep_unused=True), platforms=platforms,
                                      disabled_checks=[_MARKER_CHECK])(*primals, cotangent)
     module = Module.parse(exported.mlir_module())
@@ -231,7 +247,7 @@ def export(fun, *args, platforms=None, jax_checkpoint: str = "jax",
     @functools.wraps(fun)
     def fresh(*a):      # a new function: JAX's caches never hand the marker lowering
         return fun(*a)  # to a later plain jit of `fun`, nor a plain one to us
-    with names_as_markers(), _jax_checkpoints(jax_checkpoint):
+    with names_as_markers(), _jax_checkpoints(jax_checkpoint), _exportable():
         exported = jax_export.export(jax.jit(fresh, **(shardings or {})), platforms=platforms,
                                      disabled_checks=[_MARKER_CHECK])(*args)
     module = from_exported(exported)

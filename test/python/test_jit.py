@@ -691,6 +691,25 @@ def test_split_form_keeps_offloaded_residuals_in_host_memory():
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("callback", ["debug_print", "pure_callback"])
+def test_a_host_callback_is_a_clear_error(callback):
+    """jax.export cannot carry a host callback (JAX raises NotImplementedError about
+    serialization): rp.jit and rp.export_vjp say what in the function is the cause."""
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        if callback == "debug_print":
+            jax.debug.print("mean {}", h.mean())
+        else:
+            h = h + jax.pure_callback(np.sin, jax.ShapeDtypeStruct(h.shape, h.dtype),
+                                      jax.lax.stop_gradient(h))
+        return jnp.mean(h ** 2)
+    w, x = jnp.eye(4), jnp.ones((2, 4))
+    with pytest.raises(rp.RematError, match="calls back into Python .* cannot carry a host"):
+        rp.jit(lambda w: jax.value_and_grad(loss)(w, x))(w)
+    with pytest.raises(rp.RematError, match="calls back into Python"):
+        rp.export_vjp(loss, w, x)
+
+
 def test_split_form_donates_no_host_residual_to_a_device_gradient():
     """A residual offloaded to host memory whose shape and type a gradient has: the backward
     must not take its buffer for the gradient (in device memory), in rp.jit's split form nor
