@@ -287,8 +287,9 @@ def compile(module, function: str = "main", donate_argnums=()):
 
 
 def _in_same_memory(module, function: str, exported, donate: tuple) -> tuple:
-    """`donate` less the arguments in host memory (an offloaded residual) that no result in
-    the same memory can take (`usable_donations`), where the function takes flat arrays."""
+    """`donate` less the arguments no result of the same shape, type and memory can take
+    (`usable_donations`), for a function that takes flat arrays, some of them in host
+    memory (an offloaded residual); else `donate` as given."""
     in_kinds = memory_kinds(module, function, "arg_attrs")
     n = len(exported.in_avals)
     flat = jax.tree_util.tree_structure((tuple(range(n)), {}))
