@@ -273,13 +273,14 @@ def compile(module, function: str = "main", donate_argnums=()):
     if key not in cache:
         exported = to_exported(module, function)
         donate = _in_same_memory(module, function, exported, donate)
+        # (an offloaded residual leaves <f>_fwd in host memory, whichever convention it has)
+        placed = {} if exported.nr_devices != 1 else \
+            memory_kind_shardings(module, function, jax.devices()[0])
         if module.exported is not None and exported.in_tree == module.exported.in_tree:
             exported, jit_kw = jax_compat.exported_for_call(exported)
             cache[key] = jax.jit(_named(exported.call, function), donate_argnums=donate,
-                                 **jit_kw)
-        else:     # (the split halves: an offloaded residual leaves <f>_fwd in host memory)
-            placed = {} if exported.nr_devices != 1 else \
-                memory_kind_shardings(module, function, jax.devices()[0])
+                                 **(jit_kw or placed))
+        else:
             cache[key] = jax.jit(
                 _named(lambda *args: exported.call(*jax.tree_util.tree_leaves(args)), function),
                 donate_argnums=donate, **placed)

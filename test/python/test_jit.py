@@ -736,6 +736,24 @@ def test_split_form_donates_no_host_residual_to_a_device_gradient():
     np.testing.assert_allclose(grad, jax.grad(loss)(w), rtol=1e-6, atol=1e-7)
 
 
+def test_a_split_step_returns_its_offloaded_residual_in_host_memory():
+    """The forward half of an exported training step takes the step's own arguments (the
+    step's calling convention), and still returns an offloaded residual in host memory, as
+    the backward half takes it (XLA:GPU refuses a value moved to host that an executable
+    returns in device memory); it came back in device memory."""
+    w, x = jnp.eye(8) * 0.3, jnp.ones((8, 8))
+
+    def loss(w):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+    split = rp.remat(rp.export(lambda w: jax.value_and_grad(loss)(w), w),
+                     "offload_dot_with_no_batch_dims(device, pinned_host)", mode="split")
+    value, residual = jax.tree.leaves(rp.compile(split, "main_fwd")(w))
+    assert residual.sharding.memory_kind == "pinned_host"
+    grad = rp.compile(split, "main_bwd")(residual)
+    np.testing.assert_allclose(value, loss(w), rtol=1e-6)
+    np.testing.assert_allclose(grad, jax.grad(loss)(w), rtol=1e-6, atol=1e-7)
+
+
 def test_a_saved_sum_of_a_dot_and_a_bias_costs_no_more_than_in_jax_checkpoint():
     """`h = x @ w + b` saved by name, its gelu recomputed: XLA (GPU; XLA:CPU from jaxlib
     0.11) would compute the sum again inside backward fusions from the dot output and keep
