@@ -41,7 +41,11 @@ activation again late, from the split-K partial products of its matrix product, 
 keeps alive until then. rp.jit sets it for the split form on a GPU. Nothing
 is inserted where the producer already is an identical `reduce_precision`, nor for
 complex or integer values, nor for function arguments: they arrive from memory in
-their own type, so rounding them is the identity (JAX's lowering emits none).
+their own type, so rounding them is the identity (JAX's lowering emits none). Nor for
+the narrow float types other than f8E5M2 (`contract.EXACT_ROUNDING`): XLA's
+reduce_precision to their own bits changes their values (f8E4M3FN's 448 becomes NaN,
+f4E2M1FN's 4 becomes 6, subnormals become 0), where jax.checkpoint rounds them and its
+gradients change.
 
 What the pass reads is all in the module (recompute attributes, name stacks,
 residual attributes), so running it alone on a file agrees with the pipeline.
@@ -71,7 +75,7 @@ def _is_same_rounding(v, bits) -> bool:
 def _exact(t) -> bool:
     """Is rounding a value of type `t` to its own format exact (XLA computes it in its own
     type: f32 and f64; narrower floats it may keep in f32 inside a fusion)?"""
-    return contract.float_format(t) in (contract.FLOAT_FORMATS["f32"],
+    return contract.own_rounding(t) in (contract.FLOAT_FORMATS["f32"],
                                         contract.FLOAT_FORMATS["f64"])
 
 
@@ -161,7 +165,7 @@ def round_stacked(loop) -> None:
     """Round each stacked per-iteration value the forward body also uses itself (not one
     offloaded to another memory)."""
     for s in loop.stacked.values():
-        v, bits = s.value, contract.float_format(s.value.type)
+        v, bits = s.value, contract.own_rounding(s.value.type)
         wrap = s.dus.operands[1].owner.operation
         if not bits or isinstance(v, ir.BlockArgument) or _offloaded(v):
             continue
@@ -197,7 +201,7 @@ class InsertReducePrecision(ModulePass):
     def _wanted(self, v, forward_uses, read_by, recomputes_inside: dict) -> bool:
         """Round residual `v` (producer an op), read by `forward_uses` in the forward and,
         in the backward, by `read_by` (a value: v itself, or the argument of <f>_bwd)?"""
-        if not forward_uses or not contract.float_format(v.type):
+        if not forward_uses or not contract.own_rounding(v.type):
             return False
         if self.round_read_back and _exact(v.type):
             return True
@@ -226,7 +230,7 @@ class InsertReducePrecision(ModulePass):
                 if _offloaded(v):
                     continue
                 if self._wanted(v, forward_uses, v, recomputes_inside):
-                    op = round_value(v, contract.float_format(v.type), a.block)
+                    op = round_value(v, contract.own_rounding(v.type), a.block)
                     if op is not None:
                         a.note_inserted(op, backward=False, after=v.owner)
             round_loops(a.scan_pairs)
@@ -248,7 +252,7 @@ class InsertReducePrecision(ModulePass):
                 continue
             uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
             if self._wanted(v, uses, bwd_args[k], recomputes_inside):
-                op = round_value(v, contract.float_format(v.type), a.block)
+                op = round_value(v, contract.own_rounding(v.type), a.block)
                 if op is not None:
                     a.note_inserted(op, backward=False, after=v.owner)
         if not any(recomputes_inside.get(op_id(op.operation)) or _has_recompute(op.operation)

@@ -96,21 +96,39 @@ module @f64 {
 
 // -----
 
-// f8E4M3FN: e4m3.
+// f8E4M3FN, f4E2M1FN, f8E8M0FNU, f8E4M3: not rounded. XLA's reduce_precision to their
+// own bits changes their values (448 -> NaN, 4 -> 6, 2^-127 -> NaN, subnormals -> 0).
 // CHECK-LABEL: module @f8E4M3FN
+// CHECK-NOT: reduce_precision
 // CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf8E4M3FN>
-// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e4m3 : tensor<4xf8E4M3FN>
-// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[R]]
-// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[R]] {remat.recompute = 1 : i64}
-// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %arg1, %[[C]]
-// CHECK-NEXT: return %[[F]], %[[G]]
+// CHECK-NEXT: %[[F:.*]] = stablehlo.negate %[[P]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine %[[P]] {remat.recompute = 1 : i64}
+// CHECK-NOT: reduce_precision
+// CHECK: return
 module @f8E4M3FN {
-  func.func @main(%x: tensor<4xf8E4M3FN>, %ct: tensor<4xf8E4M3FN> {remat.cotangent}) -> (tensor<4xf8E4M3FN>, tensor<4xf8E4M3FN>) {
+  func.func @main(%x: tensor<4xf8E4M3FN>, %ct: tensor<4xf8E4M3FN> {remat.cotangent},
+                  %y: tensor<4xf4E2M1FN>, %cy: tensor<4xf4E2M1FN> {remat.cotangent},
+                  %z: tensor<4xf8E8M0FNU>, %w: tensor<4xf8E4M3>, %cw: tensor<4xf8E4M3> {remat.cotangent})
+      -> (tensor<4xf8E4M3FN>, tensor<4xf8E4M3FN>, tensor<4xf4E2M1FN>, tensor<4xf4E2M1FN>,
+          tensor<4xf32>, tensor<4xf32>, tensor<4xf8E4M3>, tensor<4xf8E4M3>) {
     %p = stablehlo.multiply %x, %x : tensor<4xf8E4M3FN>
     %f = stablehlo.negate %p : tensor<4xf8E4M3FN>
     %c = stablehlo.cosine %p {remat.recompute = 1 : i64} : tensor<4xf8E4M3FN>
     %g = stablehlo.multiply %ct, %c : tensor<4xf8E4M3FN>
-    return %f, %g : tensor<4xf8E4M3FN>, tensor<4xf8E4M3FN>
+    %q = stablehlo.multiply %y, %y : tensor<4xf4E2M1FN>
+    %qf = stablehlo.negate %q : tensor<4xf4E2M1FN>
+    %qc = stablehlo.negate %q {remat.recompute = 2 : i64} : tensor<4xf4E2M1FN>
+    %qg = stablehlo.multiply %cy, %qc : tensor<4xf4E2M1FN>
+    %s = stablehlo.reverse %z, dims = [0] : tensor<4xf8E8M0FNU>
+    %sf = stablehlo.convert %s : (tensor<4xf8E8M0FNU>) -> tensor<4xf32>
+    %sc = stablehlo.convert %s {remat.recompute = 3 : i64} : (tensor<4xf8E8M0FNU>) -> tensor<4xf32>
+    %r = stablehlo.multiply %w, %w : tensor<4xf8E4M3>
+    %rf = stablehlo.negate %r : tensor<4xf8E4M3>
+    %rc = stablehlo.cosine %r {remat.recompute = 4 : i64} : tensor<4xf8E4M3>
+    %rg = stablehlo.multiply %cw, %rc : tensor<4xf8E4M3>
+    return %f, %g, %qf, %qg, %sf, %sc, %rf, %rg : tensor<4xf8E4M3FN>, tensor<4xf8E4M3FN>,
+        tensor<4xf4E2M1FN>, tensor<4xf4E2M1FN>, tensor<4xf32>, tensor<4xf32>, tensor<4xf8E4M3>,
+        tensor<4xf8E4M3>
   }
 }
 
