@@ -178,9 +178,17 @@ def _shape_test(a):
     return is_shape
 
 
+def _tieable(v) -> bool:
+    """Can `v` be tied (multiplied by an exact 1 made in its own type): a floating-point
+    tensor of static shape whose type has a 0 (f8E8M0FNU, powers of two only, has none: its
+    "0" is NaN, and so was every value tied through it)."""
+    return graph.is_static_float(v) and \
+        str(ir.RankedTensorType(v.type).element_type) != "f8E8M0FNU"
+
+
 def _tie_source(ct) -> bool:
     """Can the ties read `ct` (a floating-point tensor of static shape with an element)?"""
-    return graph.is_static_float(ct) and bool(graph.type_elements(ct.type))
+    return _tieable(ct) and bool(graph.type_elements(ct.type))
 
 
 def _tied(values: list, ct: ir.Value, before, note) -> list:
@@ -214,8 +222,8 @@ def _to_tie(group, inputs, is_argument, with_arguments: bool = False) -> list:
     256x128 head weight: +131,072 B). `with_arguments` (two levels): every op reading
     arguments alone gets its smallest tied, or the second level of the first segment
     merges with the first."""
-    candidates = {v for v in inputs if graph.is_static_float(v) and not is_argument(v)}
-    arguments = {v for v in inputs if graph.is_static_float(v) and is_argument(v)}
+    candidates = {v for v in inputs if _tieable(v) and not is_argument(v)}
+    arguments = {v for v in inputs if _tieable(v) and is_argument(v)}
     waiting, chosen = set(), []
     for op in group.ops:
         reads = graph.read_values(op)

@@ -8,6 +8,7 @@
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=TWICE
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers | filecheck %s --check-prefix=NOTIE
 // RUN: sed -n '/^module @tie/,/^}/p' %s | remat-opt --place-optimization-barriers='groups=per-region function-region=true tie-to-cotangent=true' | filecheck %s --check-prefix=REGIONTIE
+// RUN: sed -n '/^module @e8m0_tie/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=E8M0
 // RUN: sed -n '/^module @no_activation/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=NOACT
 // A clone of arguments alone that makes more than its smaller argument (an embedding) gets
 // that argument tied, on @embedding:
@@ -339,6 +340,32 @@ module @tie {
     %wt = stablehlo.transpose %w, dims = [1, 0] {remat.recompute = 3 : i64} : (tensor<4x4xf32>) -> tensor<4x4xf32>
     %d = stablehlo.dot_general %t, %wt, contracting_dims = [1] x [0] {remat.recompute = 3 : i64} : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
     %g1 = stablehlo.multiply %g0, %d : tensor<2x4xf32>
+    return %e, %g1 : tensor<2x4xf32>, tensor<2x4xf32>
+  }
+}
+
+// -----
+
+// tie-to-cotangent=true: the group's first op reads a computed f8E8M0FNU scale, the
+// smaller of its computed inputs, but that type has no 0 (the tie's 1 + 0 * flag would be
+// NaN in it, and so would the scale): the op after it, reading the computed f32 %h, gets
+// %h tied instead.
+// CHECK-LABEL: module @e8m0_tie
+// E8M0-LABEL: module @e8m0_tie
+// E8M0: %[[B:.*]]:3 = stablehlo.optimization_barrier {{[^%]*}}%{{[^,]*}}, %{{[^,]*}}, %{{[^ ]*}} : tensor<2x4xf8E8M0FNU>, tensor<2x4xf32>, tensor<2x4xf32>
+// E8M0-NOT: f8E8M0FNU
+// E8M0: %[[H1:.*]] = stablehlo.multiply %[[B]]#1, %{{.*}} {remat.barrier} : tensor<2x4xf32>
+// E8M0-NEXT: %[[SC:.*]] = stablehlo.convert %[[B]]#0 {remat.recompute = 1 : i64}
+// E8M0-NEXT: stablehlo.multiply %[[SC]], %[[H1]] {remat.recompute = 1 : i64}
+module @e8m0_tie {
+  func.func @main(%x: tensor<2x4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+    %h = stablehlo.sine %x : tensor<2x4xf32>
+    %s = stablehlo.convert %h : (tensor<2x4xf32>) -> tensor<2x4xf8E8M0FNU>
+    %e = stablehlo.exponential %h : tensor<2x4xf32>
+    %g0 = stablehlo.multiply %ct, %e : tensor<2x4xf32>
+    %sc = stablehlo.convert %s {remat.recompute = 1 : i64} : (tensor<2x4xf8E8M0FNU>) -> tensor<2x4xf32>
+    %m = stablehlo.multiply %sc, %h {remat.recompute = 1 : i64} : tensor<2x4xf32>
+    %g1 = stablehlo.multiply %g0, %m : tensor<2x4xf32>
     return %e, %g1 : tensor<2x4xf32>, tensor<2x4xf32>
   }
 }
