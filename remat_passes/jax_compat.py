@@ -145,6 +145,16 @@ def xla_cpu_fuses_across_barriers() -> bool:
     return _jaxlib_below((0, 11))
 
 
+def aot_takes_sub_byte_results() -> bool:
+    """Does an executable compiled ahead of time (`jax.jit(f).lower(...).compile()`) take
+    a 4-bit or 2-bit array that another such executable returned? jaxlib 0.10 reports the
+    returned array's layout as unpacked (sub_byte_element_size_in_bits=0) where the
+    executable asks for the packed one, and refuses the call ("compiled for input layouts
+    that disagree with the layouts of arguments"); 0.11.2 and 0.12 take it. (An array the
+    user made passes on 0.10 too; so does any array through a plain `jax.jit` call.)"""
+    return not _jaxlib_below((0, 11))
+
+
 def _jaxlib_below(version: tuple[int, ...]) -> bool:
     return _parse_version(installed_version("jaxlib") or "0") < version
 

@@ -488,8 +488,13 @@ class Jitted:
         reusable = jax_run.usable_donations(
             [res_avals[r] for r in ours], bwd_exp.out_avals, [in_kinds[r] for r in ours],
             jax_run.memory_kinds(module, "main_bwd", "res_attrs"))
-        bwd = jax.jit(bwd_exp.call, donate_argnums=tuple(ours[k] for k in reusable),
-                      **bwd_kw).lower(*res_avals).compile()
+        bwd_jit = jax.jit(bwd_exp.call, donate_argnums=tuple(ours[k] for k in reusable),
+                          **bwd_kw)
+        bwd = bwd_jit.lower(*res_avals).compile()
+        # (jaxlib 0.10 refuses a 4-bit residual the forward returns in a call of the
+        # compiled backward: there the backward runs through jax.jit, which takes it)
+        call_bwd = bwd if jax_compat.aot_takes_sub_byte_results() or all(
+            jax.dtypes.itemsize_bits(res_avals[r].dtype) >= 8 for r in made) else bwd_jit
         n_fwd_out, out_tree = len(fwd_out), ex.out_tree
         # the halves take and give a typed PRNG key as its data: wrap the keys returned
         out_keys = {k: impl for k, a in enumerate(ex.out_avals)
@@ -509,7 +514,7 @@ class Jitted:
                 residuals[r] = kept_args[a]
             for r, value in zip(made, outs[n_fwd_out:]):
                 residuals[r] = value
-            grads = bwd(*residuals)
+            grads = call_bwd(*residuals)
             grads = grads if isinstance(grads, (tuple, list)) else (grads,)
             results = [None] * len(place)
             for k, (half, j) in enumerate(place):

@@ -249,6 +249,63 @@ def test_bf16_mlp_matches_vjp():
         assert all(r.dtype == jnp.bfloat16 for r in residuals)
 
 
+# ---------------------------------------------------------- narrow floats --
+def _ir_name(d) -> str:
+    from jax.interpreters import mlir as jax_mlir
+
+    from remat_passes.ir import mlir
+    with mlir.context():
+        return str(jax_mlir.dtype_to_ir_type(np.dtype(d)))
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float4_e2m1fn", "float8_e4m3",
+                                   "float8_e8m0fnu"])
+def test_a_saved_narrow_float_keeps_its_values(dtype, mode):
+    """A saved float8/float4 value that a recomputation reads keeps its values. XLA's
+    reduce_precision to these types' own bits changes some (float8_e4m3fn: 448 -> NaN;
+    float4_e2m1fn: 4 -> 6, 0.5 -> 0; float8_e4m3: subnormals -> 0; float8_e8m0fnu:
+    2^-127 -> NaN), and the residual rounding applied it to every saved float (as
+    jax.checkpoint does). The int4 argument (a quantized weight) goes through the split
+    form's calls too."""
+    d = getattr(jnp, dtype, None)
+    if d is None:
+        pytest.skip(f"jax has no {dtype}")
+    x = jnp.array([0.25, 2.0, 224.0, 2.0 ** -10, 2.0 ** -128, 3.0], jnp.float32)
+    wq = jnp.array([1, -2, 3, 7, -8, 5], jnp.int4)
+
+    def loss(x, wq):
+        q = checkpoint_name((x * 2.0).astype(d), "q")
+        return jnp.sum(jnp.sin(q.astype(jnp.float32) * wq.astype(jnp.float32)) * x)
+    step = jax.value_and_grad(loss)
+    f = rp.jit(step, policy="save_only_these_names(q)", mode=mode)
+    got = f(x, wq)
+    assert [r.type for r in f.lower(x, wq).residuals if r.description.startswith("named 'q'")] \
+        == [_ir_name(d) + "[6]"]
+    assert_trees_close(leaves(got), leaves(jax.jit(step)(x, wq)), what=f"{dtype} {mode}")
+
+
+def test_a_tie_leaves_an_e8m0_scale_alone():
+    """On XLA:CPU a recomputation waits for the cotangent by data: its smallest computed
+    input is multiplied by an exact 1 made in its own type (tie-to-cotangent). The type of
+    an MX block scale, float8_e8m0fnu, has no 0 (only powers of two): the tied scale was
+    NaN, and so was the gradient."""
+    if not hasattr(jnp, "float8_e8m0fnu"):
+        pytest.skip("jax has no float8_e8m0fnu")
+    x = jnp.array([0.25, 2.0, 3.0, 5.0, 7.0, 0.1], jnp.float32)
+
+    def loss(x):
+        scale = jax.lax.stop_gradient(jnp.abs(x * 1.7)).astype(jnp.float8_e8m0fnu)
+        t = jnp.exp(checkpoint_name(scale, "s").astype(jnp.float32) * 0.1)
+        return jnp.sum(jnp.sin(t * x))
+    step = jax.value_and_grad(loss)
+    out = rp.remat(rp.export(step, x), "save_only_these_names(s)", tie_to_cotangent=True)
+    assert not [line for line in str(out).splitlines()        # (no tie made in e8m0)
+                if "stablehlo.multiply" in line and line.endswith("xf8E8M0FNU>")]
+    got = jax.jit(rp.to_exported(out).call)(x)
+    assert_trees_close(leaves(got), leaves(jax.jit(step)(x)), what="tied e8m0")
+
+
 # -------------------------------------------- residual parity: whole model --
 JAX_POLICIES = {
     "everything_saveable": lambda: JP.everything_saveable,
