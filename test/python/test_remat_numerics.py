@@ -267,7 +267,7 @@ def test_a_saved_narrow_float_keeps_its_values(dtype, mode):
     float4_e2m1fn: 4 -> 6, 0.5 -> 0; float8_e4m3: subnormals -> 0; float8_e8m0fnu:
     2^-127 -> NaN), and the residual rounding applied it to every saved float (as
     jax.checkpoint does). The int4 argument (a quantized weight) goes through the split
-    form's calls too."""
+    form's calls too. The value's bytes are XLA's (float4 packed two to a byte)."""
     d = getattr(jnp, dtype, None)
     if d is None:
         pytest.skip(f"jax has no {dtype}")
@@ -280,8 +280,11 @@ def test_a_saved_narrow_float_keeps_its_values(dtype, mode):
     step = jax.value_and_grad(loss)
     f = rp.jit(step, policy="save_only_these_names(q)", mode=mode)
     got = f(x, wq)
-    assert [r.type for r in f.lower(x, wq).residuals if r.description.startswith("named 'q'")] \
-        == [_ir_name(d) + "[6]"]
+    (saved,) = [r for r in f.lower(x, wq).residuals if r.description.startswith("named 'q'")]
+    assert saved.type == _ir_name(d) + "[6]"
+    # its bytes as XLA holds it (a 4-bit type packed two to a byte)
+    held = jax.jit(lambda x: x.astype(d)).lower(x).compile().memory_analysis()
+    assert saved.bytes == held.output_size_in_bytes
     assert_trees_close(leaves(got), leaves(jax.jit(step)(x, wq)), what=f"{dtype} {mode}")
 
 
