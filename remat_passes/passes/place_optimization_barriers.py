@@ -180,8 +180,8 @@ def _shape_test(a):
 
 def _tieable(v) -> bool:
     """Can `v` be tied (multiplied by an exact 1 made in its own type): a floating-point
-    tensor of static shape whose type has a 0 (f8E8M0FNU, powers of two only, has none: its
-    "0" is NaN, and so was every value tied through it)."""
+    tensor of static shape whose type has a 0. f8E8M0FNU (powers of two only) has none: 0
+    converted to it is NaN, and every value tied through it came out NaN."""
     return graph.is_static_float(v) and \
         str(ir.RankedTensorType(v.type).element_type) != "f8E8M0FNU"
 
