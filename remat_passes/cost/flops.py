@@ -12,7 +12,12 @@ StableHLO before any optimization:
 * `while`: its body times the trip count when the loop counts from a constant
   to a constant (JAX's scans and fori_loops), else once; `reduce`: its body once
   per element folded in (input minus result elements); `case`/`if`: the most
-  expensive branch; `func.call`: the callee.
+  expensive branch; `func.call`: the callee;
+* `stablehlo.composite`: its decomposition, as a call; but a ragged dot
+  (`chlo.ragged_dot`, what `jax.lax.ragged_dot` exports for GPU and TPU: a mixture of
+  experts' grouped matmul) the work each row does with its own group: 2 x (result
+  elements) x (contracted size), over the groups where the ragged dimension is
+  contracted. Its decomposition runs every group over every row (G times that).
 
 XLA's own cost analysis counts a `while` body once whatever its trip count, so
 for programs with scans this is the count to compare. `op_bytes` is the
@@ -104,6 +109,21 @@ def i64s(op, name, default):
         return [int(x) for x in ir.DenseIntElementsAttr(attr)]
 
 
+def _ragged_dot_flops(op) -> float:
+    """A `stablehlo.composite "chlo.ragged_dot"`: its dimension numbers are (lhs batch, rhs
+    batch, lhs contracting, rhs contracting, lhs ragged, rhs group) dimensions."""
+    numbers = ir.DictAttr(op.attributes["composite_attributes"])["ragged_dot_dimension_numbers"]
+    _, _, contracting, _, ragged, _ = [[int(d) for d in ir.DenseIntElementsAttr(a)]
+                                       for a in ir.ArrayAttr(numbers)]
+    lhs = ir.RankedTensorType(op.operands[0].type).shape
+    k = 1
+    for d in contracting:
+        k *= lhs[d]
+    groups = ir.RankedTensorType(op.operands[2].type).shape
+    per_group = groups[-1] if groups and set(ragged) & set(contracting) else 1
+    return 2.0 * elements(op.results[0].type) * k / max(per_group, 1)
+
+
 def _conv_flops(op) -> float:
     """2 x multiply-adds that touch real input (not padding), as XLA counts them."""
     dims = conv_dims(op)
@@ -166,8 +186,15 @@ class CostModel:
         if name in ("stablehlo.case", "stablehlo.if"):
             return max((sum(self.block_flops(b) for b in r.blocks) for r in op.regions),
                        default=0.0)
-        if name == "func.call":
-            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+        if name == "stablehlo.composite" and \
+                ir.StringAttr(op.attributes["name"]).value == "chlo.ragged_dot":
+            try:
+                return _ragged_dot_flops(op)
+            except (ValueError, TypeError, KeyError, IndexError):
+                pass                    # (another form: counted by its decomposition)
+        if name in ("func.call", "stablehlo.composite"):
+            callee = ir.FlatSymbolRefAttr(
+                op.attributes["callee" if name == "func.call" else "decomposition"]).value
             if callee not in self._callee:
                 f = self._funcs.get(callee)
                 self._callee[callee] = 0.0 if f is None or not len(f.regions[0].blocks) \

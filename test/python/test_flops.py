@@ -118,3 +118,41 @@ func.func @main(%a: tensor<4x8xf32>, %b: tensor<8x2xbf16>) -> tensor<4x2xf32> {
         assert flops.op_bytes(ops[0]) == 8 * 2 * 2 + 8 * 2 * 4
         assert flops.op_bytes(ops[1]) == 4 * 8 * 4 + 8 * 2 * 4 + 4 * 2 * 4
         assert flops.CostModel().op_flops(ops[1]) == 2 * 4 * 2 * 8
+
+
+def test_ragged_dot_counts_each_row_with_its_own_group():
+    """`jax.lax.ragged_dot` (a mixture of experts' grouped matmul) exports for GPU and TPU
+    as a `stablehlo.composite "chlo.ragged_dot"` whose decomposition runs every group over
+    every row. Each row meets its own group's weights only, so each ragged dot of the
+    training step (the forward's, and the two its transpose makes: the weight gradient
+    contracts the ragged rows) costs what one dense matmul of all rows costs, as XLA counts
+    that matmul."""
+    M, K, N = 32, 16, 24
+    x, w = jnp.ones((M, K)), jnp.ones((4, K, N))
+    sizes = jnp.array([5, 11, 0, 16], jnp.int32)
+
+    def loss(x, w):
+        return jnp.sum(jnp.sin(jax.lax.ragged_dot(x, w, sizes)))
+    module = rp.export(jax.grad(loss, argnums=(0, 1)), x, w, platforms=("cuda",))
+    with module.op.context:
+        model = flops.CostModel(module.op)
+        ragged = [model.op_flops(op) for op in graph.body_block(
+            graph.find_func(module.op, "main")).operations
+            if op.operation.name == "stablehlo.composite"]
+    dense = xla_flops(rp.export(lambda x, v: x @ v, x, w[0]))
+    assert dense == 2 * M * K * N
+    assert ragged == [dense] * 3, ragged
+
+
+def test_a_composite_costs_its_decomposition():
+    module = rp.Module.parse("""
+func.func @main(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>) -> tensor<4x2xf32> {
+  %d = stablehlo.composite "test.matmul" %a, %b {decomposition = @impl} : (tensor<4x8xf32>, tensor<8x2xf32>) -> tensor<4x2xf32>
+  return %d : tensor<4x2xf32>
+}
+func.func private @impl(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>) -> tensor<4x2xf32> {
+  %d = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x2xf32>) -> tensor<4x2xf32>
+  %t = stablehlo.tanh %d : tensor<4x2xf32>
+  return %t : tensor<4x2xf32>
+}""")
+    assert flops.function_flops(module) == 2 * 4 * 2 * 8 + 4 * 2
