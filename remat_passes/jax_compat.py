@@ -212,6 +212,18 @@ def portable_artifacts():
             jax_extend_mlir.deserialize_portable_artifact)
 
 
+def any_custom_call_check():
+    """The `jax.export.DisabledSafetyCheck` that lets an export hold a custom call of any
+    target. jax.export refuses the targets it does not guarantee to stay compatible across
+    versions: on GPU, Pallas' Triton kernels, cuDNN attention
+    (`dot_product_attention(implementation="cudnn")`), cuDNN block-scaled dots
+    (`jax.nn.scaled_matmul`). The passes' exports are rewritten and compiled by the JAX that
+    made them (the disk cache is keyed by its version), so that guarantee is not needed.
+    ("ALL" is what `_check_module` reads as every target, jax 0.10.2 to 0.12.)"""
+    from jax import export as jax_export
+    return jax_export.DisabledSafetyCheck.custom_call("ALL")
+
+
 # ---------------------------------------------------------- checkpoint names --
 def name_primitive():
     """The primitive `jax.ad_checkpoint.checkpoint_name` binds."""

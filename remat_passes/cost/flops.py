@@ -13,6 +13,8 @@ StableHLO before any optimization:
   to a constant (JAX's scans and fori_loops), else once; `reduce`: its body once
   per element folded in (input minus result elements); `case`/`if`: the most
   expensive branch; `func.call`: the callee;
+* JAX's block-scaled matmul (`jax.nn.scaled_matmul`, a custom call on GPU): as a dot
+  contracting the last dimension;
 * `stablehlo.composite`: its decomposition, as a call; but a ragged dot
   (`chlo.ragged_dot`, what `jax.lax.ragged_dot` exports for GPU and TPU: a mixture of
   experts' grouped matmul) the work each row does with its own group: 2 x (result
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import re
 
-from remat_passes.ir import graph
+from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir
 
 ELEMENTWISE = frozenset({
@@ -177,6 +179,9 @@ class CostModel:
             return 2.0 * elements(op.results[0].type) * (lhs[-1] if lhs else 1)
         if name == "stablehlo.convolution":
             return _conv_flops(op)
+        if contract.is_scaled_dot(op):       # [b, m, k] x [b, n, k] -> [b, m, n]
+            lhs = ir.RankedTensorType(op.operands[0].type).shape
+            return 2.0 * elements(op.results[0].type) * (lhs[-1] if lhs else 1)
         if name == "stablehlo.reduce":   # the body once per element folded in
             applications = elements(op.operands[0].type) - elements(op.results[0].type)
             return max(applications, 0) * max(self.block_flops(op.regions[0].blocks[0]), 1.0)

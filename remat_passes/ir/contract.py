@@ -217,6 +217,19 @@ def strip_bookkeeping(op) -> None:
             del attrs[name]
 
 
+# JAX's block-scaled matmul (`jax.nn.scaled_matmul` / `scaled_dot_general`, MX formats) on
+# GPU: its `scaled_matmul_wrapper` primitive, which JAX's dot policies count as a dot.
+SCALED_DOT_TARGET = "__op$block_scaled_dot"
+
+
+def is_scaled_dot(op) -> bool:
+    """Is `op` the custom call of JAX's block-scaled matmul (lhs, rhs, lhs scales, rhs
+    scales; the contraction over the last dimension of both, the first being the batch)?"""
+    op = op.operation
+    return op.name == "stablehlo.custom_call" and \
+        ir.StringAttr(op.attributes["call_target_name"]).value == SCALED_DOT_TARGET
+
+
 # -------------------------------------------------------------- the marker --
 def checkpoint_name(op) -> str | None:
     """The name if `op` is the `@remat.name` checkpoint-name marker, else None."""

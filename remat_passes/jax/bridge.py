@@ -29,7 +29,7 @@ from remat_passes.ir import contract, graph, mlir
 jax_compat.check_installed_version(("jax",))   # jaxlib was checked by `import remat_passes`
 from remat_passes.ir.mlir import RematError, ir, stablehlo
 from remat_passes.jax.module import Module
-from remat_passes.jax.run import _MARKER_CHECK
+from remat_passes.jax.run import EXPORT_CHECKS
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable
 
 MARKER_TARGET = contract.NAME_TARGET
@@ -208,7 +208,7 @@ def export_vjp(fun, *primals, platforms=None, jax_checkpoint: str = "jax") -> Mo
 
     with names_as_markers(), _jax_checkpoints(jax_checkpoint), _exportable():
         exported = jax_export.export(jax.jit(joint, keep_unused=True), platforms=platforms,
-                                     disabled_checks=[_MARKER_CHECK])(*primals, cotangent)
+                                     disabled_checks=list(EXPORT_CHECKS))(*primals, cotangent)
     module = Module.parse(exported.mlir_module())
     n_primal_leaves = len(jax.tree_util.tree_leaves(primals))
     n_out_leaves = len(jax.tree_util.tree_leaves(out_shape))
@@ -249,7 +249,7 @@ def export(fun, *args, platforms=None, jax_checkpoint: str = "jax",
         return fun(*a)  # to a later plain jit of `fun`, nor a plain one to us
     with names_as_markers(), _jax_checkpoints(jax_checkpoint), _exportable():
         exported = jax_export.export(jax.jit(fresh, **(shardings or {})), platforms=platforms,
-                                     disabled_checks=[_MARKER_CHECK])(*args)
+                                     disabled_checks=list(EXPORT_CHECKS))(*args)
     module = from_exported(exported)
     with module.op.context:
         _record_regions(module)

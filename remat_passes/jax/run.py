@@ -22,8 +22,10 @@ from remat_passes.sharding import gspmd
 
 jax_compat.check_installed_version(("jax",))   # jaxlib was checked by `import remat_passes`
 
-# the checkpoint-name markers a module may still hold are custom calls JAX must accept
-_MARKER_CHECK = jax_export.DisabledSafetyCheck.custom_call(contract.NAME_TARGET)
+# the checkpoint-name markers a module may still hold are custom calls JAX must accept, and
+# so are the user's own kernels (jax_compat.any_custom_call_check)
+EXPORT_CHECKS = (jax_export.DisabledSafetyCheck.custom_call(contract.NAME_TARGET),
+                 jax_compat.any_custom_call_check())
 
 # ------------------------------------------------------ compile & call --
 def backend(what: str) -> str:
@@ -149,7 +151,7 @@ def to_exported(module, function: str = "main"):
         platforms=tuple(platforms),
         ordered_effects=(),
         unordered_effects=(),
-        disabled_safety_checks=(_MARKER_CHECK,),
+        disabled_safety_checks=EXPORT_CHECKS,
         mlir_module_serialized=serialized,
         calling_convention_version=exp.calling_convention_version if exp is not None else 10,
         module_kept_var_idx=tuple(range(n_in)),

@@ -8,6 +8,7 @@ passes). JAX's primitives map onto StableHLO ops as follows:
 
   dot_general_p            -> stablehlo.dot_general, stablehlo.dot
   conv_general_dilated_p   -> stablehlo.convolution
+  scaled_matmul_wrapper    -> stablehlo.custom_call @__op$block_scaled_dot (GPU)
   name_p (checkpoint_name) -> stablehlo.custom_call @remat.name {backend_config = "<name>"}
 
 Every built-in policy carries a `spec`: the expression that recreates it, e.g.
@@ -42,6 +43,9 @@ class OpInfo:
     primitive        JAX's name for the op when its location says ("sin"), else the
                      StableHLO op name without dialect ("sine")
     lhs_batching_dims / rhs_batching_dims  for dot_general
+    scaled_dot_batch  for JAX's block-scaled matmul (a custom call on GPU), its batch
+                     size (a dot to JAX's dot policies: "no batch dims" where it is 1);
+                     else None
 
     `operand_types`, `result_types`, `attributes` and `primitive` may be given as
     zero-argument callables: they are computed on first use (printing types and
@@ -50,8 +54,9 @@ class OpInfo:
 
     def __init__(self, name, operand_types, result_types, attributes, checkpoint_name,
                  lhs_batching_dims=(), rhs_batching_dims=(), lhs_contracting_dims=(),
-                 rhs_contracting_dims=(), primitive=None):
+                 rhs_contracting_dims=(), primitive=None, scaled_dot_batch=None):
         self.name = name
+        self.scaled_dot_batch = scaled_dot_batch
         self._lazy = {"operand_types": operand_types, "result_types": result_types,
                       "attributes": attributes,
                       "primitive": primitive or name.split(".", 1)[-1]}
@@ -96,7 +101,8 @@ class OpInfo:
 
     @property
     def is_dot(self) -> bool:
-        return self.name in ("stablehlo.dot_general", "stablehlo.dot")
+        return self.name in ("stablehlo.dot_general", "stablehlo.dot") or \
+            self.scaled_dot_batch is not None
 
     @property
     def is_conv(self) -> bool:
@@ -123,6 +129,8 @@ def _dots(op):
 def _dots_no_batch(op):
     if op.name == "stablehlo.dot":  # plain dot has no batch dimensions
         return True
+    if op.scaled_dot_batch is not None:     # (as JAX: a batch of one)
+        return op.scaled_dot_batch == 1
     return op.name == "stablehlo.dot_general" and not op.lhs_batching_dims \
         and not op.rhs_batching_dims
 
@@ -305,6 +313,16 @@ POLICIES: dict[str, Any] = {
 }
 
 
+SCALED_DOT = "scaled_matmul_wrapper"
+
+
+class _Shaped:
+    """What a JAX policy reads of an operand's aval: its shape."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
 def _from_jax_policy(policy) -> Policy:
     """Adapt a policy written for jaxprs (`policy(prim, *avals, **params)`).
 
@@ -325,6 +343,9 @@ def _from_jax_policy(policy) -> Policy:
             return policy(dot_general_p, dimension_numbers=dims)
         if op.name == "stablehlo.convolution":
             return policy(conv_p)
+        if op.scaled_dot_batch is not None:     # (JAX's policies read the lhs's batch size)
+            prim = stand_ins.setdefault(SCALED_DOT, Primitive(SCALED_DOT))
+            return policy(prim, _Shaped((op.scaled_dot_batch,)))
         prim = stand_ins.setdefault(op.primitive, Primitive(op.primitive))
         return policy(prim)
     name = getattr(policy, "__qualname__", None) or repr(policy)

@@ -13,7 +13,7 @@ import re
 import sys
 
 from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import RematError, op_id
+from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.policy.auto import PlannedPolicy
 from remat_passes.policy.policies import OpInfo, everything_saveable, nothing_saveable
 
@@ -30,6 +30,9 @@ def op_info(op, with_attributes: bool = True) -> OpInfo:
             dims[key + "_dims"] = tuple(int(x) for x in m.group(1).split(",")) if m else ()
     elif op.name == "stablehlo.dot":
         dims = {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (0,)}
+    elif contract.is_scaled_dot(op):
+        lhs = ir.RankedTensorType(op.operands[0].type).shape
+        dims = {"scaled_dot_batch": lhs[0] if lhs else 1}
     return OpInfo(name=op.name,
                   operand_types=lambda: [str(v.type) for v in op.operands],
                   result_types=lambda: [str(r.type) for r in op.results],

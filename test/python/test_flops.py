@@ -14,6 +14,7 @@ import pytest
 import remat_passes as rp
 from remat_passes.cost import flops
 from remat_passes.ir import graph
+from remat_passes.ir.mlir import ir
 
 
 def xla_flops(module) -> float:
@@ -156,3 +157,28 @@ func.func private @impl(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>) -> tensor<4x2x
   return %t : tensor<4x2xf32>
 }""")
     assert flops.function_flops(module) == 2 * 4 * 2 * 8 + 4 * 2
+
+
+def test_a_block_scaled_matmul_counts_as_its_dot():
+    """`jax.nn.scaled_dot_general` on GPU is a custom call: it costs the dot it computes,
+    as XLA counts the same dot (the lowering for CPU, a dot_general of the dequantized
+    operands, counted here by XLA)."""
+    from jax.nn import get_scaled_dot_general_config, scaled_dot_general
+    cfg = get_scaled_dot_general_config("mxfp8")
+    a, b = jnp.ones((2, 64, 64)), jnp.ones((2, 32, 64))
+
+    def f(a, b):
+        return scaled_dot_general(a, b, (((2,), (2,)), ((0,), (0,))), configs=[cfg] * 3)
+    module = rp.export(f, a, b, platforms=("cuda",))
+    found = []
+
+    def visit(op):
+        if op.name == "stablehlo.custom_call":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+    with module.op.context:
+        module.op.operation.walk(visit)
+        assert [flops.CostModel(module.op).op_flops(op) for op in found] == \
+            [2 * 2 * 64 * 32 * 64]
+    dense = rp.export(lambda a, b: jnp.einsum("bmk,bnk->bmn", a, b), a, b)
+    assert xla_flops(dense) == 2 * 2 * 64 * 32 * 64

@@ -449,3 +449,29 @@ def test_maxtext_preset_errors_and_remarks():
                            jnp.ones((2, 4)))
     remarks = rp.remat(module, "maxtext(save_qkv_proj)").remarks
     assert any("no checkpoint names" in r for r in remarks), remarks
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("policy", ["dots_saveable", "dots_with_no_batch_dims_saveable",
+                                    "nothing_saveable"])
+def test_a_block_scaled_matmul_on_gpu_is_a_dot(policy, batch):
+    """`jax.nn.scaled_dot_general` (MX formats) exports for GPU as a custom call, which
+    JAX's dot policies count as a dot (dots_with_no_batch_dims_saveable where its batch is
+    1). The export itself used to fail: jax.export refuses a custom call it does not
+    guarantee to stay compatible, unless told. Both spellings of the policy keep what
+    jax.checkpoint keeps."""
+    from jax.nn import get_scaled_dot_general_config, scaled_dot_general
+    from remat_testlib import assert_same_residual_types
+    cfg = get_scaled_dot_general_config("mxfp8")
+    a = jax.random.normal(jax.random.key(0), (batch, 64, 64))
+    b = jax.random.normal(jax.random.key(1), (batch, 32, 64))
+
+    def loss(a, b):
+        y = scaled_dot_general(a, b, (((2,), (2,)), ((0,), (0,))), configs=[cfg] * 3)
+        return jnp.sum(jnp.sin(y))
+    module = rp.export(jax.value_and_grad(loss, argnums=(0, 1)), a, b, platforms=("cuda",))
+    assert "@__op$block_scaled_dot" in str(module)
+    for spelling in (policy, getattr(jax.checkpoint_policies, policy)):
+        assert_same_residual_types(rp.remat(module, spelling).residuals,
+                                   jax.checkpoint(loss, policy=getattr(
+                                       jax.checkpoint_policies, policy)), a, b)
