@@ -126,13 +126,17 @@ def _dots(op):
     return op.is_dot or op.is_conv
 
 
-def _dots_no_batch(op):
+def _dot_general_no_batch(op):
     if op.name == "stablehlo.dot":  # plain dot has no batch dimensions
         return True
-    if op.scaled_dot_batch is not None:     # (as JAX: a batch of one)
-        return op.scaled_dot_batch == 1
     return op.name == "stablehlo.dot_general" and not op.lhs_batching_dims \
         and not op.rhs_batching_dims
+
+
+def _dots_no_batch(op):
+    if op.scaled_dot_batch is not None:     # (as JAX: a batch of one)
+        return op.scaled_dot_batch == 1
+    return _dot_general_no_batch(op)
 
 
 everything_saveable = Policy(_everything, "everything_saveable", constant=Saveable)
@@ -145,7 +149,7 @@ checkpoint_dots_with_no_batch_dims = dots_with_no_batch_dims_saveable
 
 def offload_dot_with_no_batch_dims(offload_src, offload_dst):
     def policy(op):
-        if _dots_no_batch(op):
+        if _dot_general_no_batch(op):      # (JAX's: dot_general alone, not the scaled one)
             return Offloadable(offload_src, offload_dst)
         return Recompute
     return Policy(policy, f"offload_dot_with_no_batch_dims({offload_src!r}, {offload_dst!r})")

@@ -453,13 +453,14 @@ def test_maxtext_preset_errors_and_remarks():
 
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("policy", ["dots_saveable", "dots_with_no_batch_dims_saveable",
-                                    "nothing_saveable"])
+                                    "nothing_saveable",
+                                    "offload_dot_with_no_batch_dims('device', 'pinned_host')"])
 def test_a_block_scaled_matmul_on_gpu_is_a_dot(policy, batch):
     """`jax.nn.scaled_dot_general` (MX formats) exports for GPU as a custom call, which
     JAX's dot policies count as a dot (dots_with_no_batch_dims_saveable where its batch is
-    1). The export itself used to fail: jax.export refuses a custom call it does not
-    guarantee to stay compatible, unless told. Both spellings of the policy keep what
-    jax.checkpoint keeps."""
+    1; JAX's offload_dot_with_no_batch_dims takes dot_general alone). The export itself used
+    to fail: jax.export refuses a custom call it does not guarantee to stay compatible,
+    unless told. Both spellings of the policy keep what jax.checkpoint keeps."""
     from jax.nn import get_scaled_dot_general_config, scaled_dot_general
     from remat_testlib import assert_same_residual_types
     cfg = get_scaled_dot_general_config("mxfp8")
@@ -471,7 +472,7 @@ def test_a_block_scaled_matmul_on_gpu_is_a_dot(policy, batch):
         return jnp.sum(jnp.sin(y))
     module = rp.export(jax.value_and_grad(loss, argnums=(0, 1)), a, b, platforms=("cuda",))
     assert "@__op$block_scaled_dot" in str(module)
-    for spelling in (policy, getattr(jax.checkpoint_policies, policy)):
+    theirs = eval(policy, vars(jax.checkpoint_policies))
+    for spelling in (policy, theirs):
         assert_same_residual_types(rp.remat(module, spelling).residuals,
-                                   jax.checkpoint(loss, policy=getattr(
-                                       jax.checkpoint_policies, policy)), a, b)
+                                   jax.checkpoint(loss, policy=theirs), a, b)
