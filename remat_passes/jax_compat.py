@@ -247,6 +247,25 @@ def lowering_overridden(prim, rule):
 
 
 @contextlib.contextmanager
+def lowering_wrapped(prim, wrap):
+    """Lower `prim` with `wrap(rule)` where JAX would use its default (platform-independent)
+    rule `rule`, for the duration; platform-specific rules stay as they are."""
+    from jax._src.interpreters import mlir as jax_lowering
+    saved = jax_lowering._lowerings.get(prim)
+    if saved is None:
+        yield
+        return
+    with lowering_overridden(prim, wrap(getattr(saved, "rule", saved))):  # (an entry, 0.12)
+        yield
+
+
+def ragged_dot_primitive():
+    """The primitive `jax.lax.ragged_dot` binds (`ragged_dot_general`)."""
+    from jax._src.lax import lax as lax_internal
+    return lax_internal.ragged_dot_general_p
+
+
+@contextlib.contextmanager
 def checkpoints_differentiated_as(make_region):
     """Within it, differentiating a `jax.checkpoint` call (JAX's `remat_p`) differentiates
     `make_region(fun, policy, prevent_cse)` of its body instead: JAX's own

@@ -55,9 +55,13 @@ CASE_KEY = "remat.case"     # a forward stablehlo.case the case-pair rule rewrot
 TWIN = "remat.twin"         # results equal to the keyed case's: [key, k, r, k, r, ...]
 CASE_SAVES = "remat.case_saves"   # results of a nested case that hold saved branch values
 LEVELS = "remat.levels"     # on a function: recomputation in two levels (core/levels.py)
+# on a dot_general that JAX lowered from another primitive (on CPU, `ragged_dot_general`
+# lowers to a masked dot_general): that primitive's name, which JAX's policies decide on
+PRIMITIVE = "remat.primitive"
 
 # The op attributes a finished pipeline removes (strip-checkpoint-names).
-BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE_KEY, TWIN, CASE_SAVES, LEVELS)
+BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE_KEY, TWIN, CASE_SAVES, LEVELS,
+                        PRIMITIVE)
 
 # Host offload, as JAX emits it for offload policies on GPU/TPU.
 PLACEMENT_TARGET = "annotate_device_placement"
@@ -215,6 +219,13 @@ def strip_bookkeeping(op) -> None:
     for name in BOOKKEEPING_OP_ATTRS:
         if name in attrs:
             del attrs[name]
+
+
+def lowered_from(op) -> str | None:
+    """The JAX primitive other than dot_general_p that `op` (a dot_general) was lowered from
+    (`PRIMITIVE`), else None."""
+    attrs = op.operation.attributes
+    return ir.StringAttr(attrs[PRIMITIVE]).value if PRIMITIVE in attrs else None
 
 
 # JAX's block-scaled matmul (`jax.nn.scaled_matmul` / `scaled_dot_general`, MX formats) on

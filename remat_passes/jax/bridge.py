@@ -60,15 +60,40 @@ def _marker_lowering(ctx, x, *, name):
     return op.results
 
 
+_LOOKED_THROUGH = ("stablehlo.convert", "stablehlo.reshape", "stablehlo.transpose")
+
+
+def _marking_dots(rule, primitive: str):
+    """`rule`, a lowering of `primitive` to StableHLO that ends in a dot_general (JAX's
+    decomposition of `ragged_dot_general` for CPU), marking that dot_general with the
+    primitive's name (`contract.PRIMITIVE`): JAX's dot policies decide on the primitive,
+    and do not count this one as a dot."""
+    def marked(ctx, *args, **params):
+        outs = rule(ctx, *args, **params)
+        for v in outs:
+            op = v.owner if isinstance(v, ir.OpResult) else None
+            while op is not None and op.name in _LOOKED_THROUGH and len(op.operands) == 1:
+                v = op.operands[0]
+                op = v.owner if isinstance(v, ir.OpResult) else None
+            if op is not None and op.name == "stablehlo.dot_general":
+                op.attributes[contract.PRIMITIVE] = ir.StringAttr.get(primitive)
+        return outs
+    return marked
+
+
 @contextlib.contextmanager
 def names_as_markers():
     """Within it, `checkpoint_name` lowers to the `@remat.name` marker the passes read
-    (instead of to nothing), so a `jax.export` made inside keeps the names. JAX's own
+    (instead of to nothing), so a `jax.export` made inside keeps the names, and the
+    dot_general `jax.lax.ragged_dot` lowers to on CPU is marked as not a dot
+    (`contract.PRIMITIVE`), as JAX's policies see it. JAX's own
     lowering is restored on exit. A module exported this way needs
     `disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("remat.name")]`,
     and the function must be one JAX has not lowered before in the process (its
     lowering cache would hand back the old lowering); `rp.export` does both."""
-    with jax_compat.lowering_overridden(jax_compat.name_primitive(), _marker_lowering):
+    ragged = jax_compat.ragged_dot_primitive()
+    with jax_compat.lowering_overridden(jax_compat.name_primitive(), _marker_lowering), \
+            jax_compat.lowering_wrapped(ragged, lambda rule: _marking_dots(rule, ragged.name)):
         yield
 
 

@@ -46,6 +46,9 @@ class OpInfo:
     scaled_dot_batch  for JAX's block-scaled matmul (a custom call on GPU), its batch
                      size (a dot to JAX's dot policies: "no batch dims" where it is 1);
                      else None
+    lowered_from     for a dot_general JAX lowered from another primitive
+                     ("ragged_dot_general", on CPU): that primitive, which JAX's dot
+                     policies do not count as a dot; else None
 
     `operand_types`, `result_types`, `attributes` and `primitive` may be given as
     zero-argument callables: they are computed on first use (printing types and
@@ -54,12 +57,14 @@ class OpInfo:
 
     def __init__(self, name, operand_types, result_types, attributes, checkpoint_name,
                  lhs_batching_dims=(), rhs_batching_dims=(), lhs_contracting_dims=(),
-                 rhs_contracting_dims=(), primitive=None, scaled_dot_batch=None):
+                 rhs_contracting_dims=(), primitive=None, scaled_dot_batch=None,
+                 lowered_from=None):
         self.name = name
         self.scaled_dot_batch = scaled_dot_batch
+        self.lowered_from = lowered_from
         self._lazy = {"operand_types": operand_types, "result_types": result_types,
                       "attributes": attributes,
-                      "primitive": primitive or name.split(".", 1)[-1]}
+                      "primitive": lowered_from or primitive or name.split(".", 1)[-1]}
         self.checkpoint_name = checkpoint_name
         self.lhs_batching_dims = tuple(lhs_batching_dims)
         self.rhs_batching_dims = tuple(rhs_batching_dims)
@@ -101,8 +106,8 @@ class OpInfo:
 
     @property
     def is_dot(self) -> bool:
-        return self.name in ("stablehlo.dot_general", "stablehlo.dot") or \
-            self.scaled_dot_batch is not None
+        return (self.name in ("stablehlo.dot_general", "stablehlo.dot")
+                and self.lowered_from is None) or self.scaled_dot_batch is not None
 
     @property
     def is_conv(self) -> bool:
@@ -127,6 +132,8 @@ def _dots(op):
 
 
 def _dot_general_no_batch(op):
+    if op.lowered_from is not None:
+        return False
     if op.name == "stablehlo.dot":  # plain dot has no batch dimensions
         return True
     return op.name == "stablehlo.dot_general" and not op.lhs_batching_dims \
@@ -341,7 +348,7 @@ def _from_jax_policy(policy) -> Policy:
     def adapted(op: OpInfo):
         if op.checkpoint_name is not None:
             return policy(name_p, name=op.checkpoint_name)
-        if op.name in ("stablehlo.dot_general", "stablehlo.dot"):
+        if op.name in ("stablehlo.dot_general", "stablehlo.dot") and op.lowered_from is None:
             dims = ((op.lhs_contracting_dims, op.rhs_contracting_dims),
                     (op.lhs_batching_dims, op.rhs_batching_dims))
             return policy(dot_general_p, dimension_numbers=dims)

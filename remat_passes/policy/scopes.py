@@ -23,7 +23,9 @@ def op_info(op, with_attributes: bool = True) -> OpInfo:
     the policy looks at them). Built-in policies never read attributes; they get none."""
     op = op.operation
     dims = {}
-    if op.name == "stablehlo.dot_general" and "dot_dimension_numbers" in op.attributes:
+    if op.name == "stablehlo.dot_general" and contract.lowered_from(op):
+        dims = {"lowered_from": contract.lowered_from(op)}
+    elif op.name == "stablehlo.dot_general" and "dot_dimension_numbers" in op.attributes:
         text = str(op.attributes["dot_dimension_numbers"])
         for key in ("lhs_batching", "rhs_batching", "lhs_contracting", "rhs_contracting"):
             m = re.search(key + r"_dimensions = \[([^\]]*)\]", text)

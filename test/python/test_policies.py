@@ -476,3 +476,31 @@ def test_a_block_scaled_matmul_on_gpu_is_a_dot(policy, batch):
     for spelling in (policy, theirs):
         assert_same_residual_types(rp.remat(module, spelling).residuals,
                                    jax.checkpoint(loss, policy=theirs), a, b)
+
+
+@pytest.mark.parametrize("policy", ["dots_saveable", "dots_with_no_batch_dims_saveable",
+                                    "nothing_saveable",
+                                    "offload_dot_with_no_batch_dims('device', 'pinned_host')"])
+def test_a_ragged_dot_on_cpu_is_not_a_dot(policy):
+    """`jax.lax.ragged_dot` (a mixture of experts' grouped matmul) lowers for CPU to a
+    masked dot_general, with nothing in its location that says so; JAX's dot policies decide
+    on its primitive, `ragged_dot_general`, and do not count it as a dot. rp.export marks
+    those dot_generals (`remat.primitive`), so both spellings of each policy keep what
+    jax.checkpoint keeps; the mark is gone from the result."""
+    from remat_testlib import assert_same_residual_types
+    sizes = jnp.array([5, 11, 0, 16], jnp.int32)
+    params = (jax.random.normal(jax.random.key(0), (4, 16, 24)) * 0.3,
+              jax.random.normal(jax.random.key(1), (4, 24, 16)) * 0.3)
+    x = jax.random.normal(jax.random.key(2), (32, 16))
+
+    def loss(params, x):
+        w, w2 = params
+        h = jax.nn.gelu(jax.lax.ragged_dot(x, w, sizes))
+        return jnp.mean((jax.lax.ragged_dot(h, w2, sizes) @ jnp.ones((16, 16))) ** 2)
+    module = rp.export(jax.value_and_grad(loss), params, x)
+    assert "remat.primitive" in str(module)
+    theirs = eval(policy, vars(jax.checkpoint_policies))
+    for spelling in (policy, theirs):
+        out = rp.remat(module, spelling)
+        assert "remat.primitive" not in str(out)
+        assert_same_residual_types(out.residuals, jax.checkpoint(loss, policy=theirs), params, x)
