@@ -14,7 +14,9 @@ StableHLO before any optimization:
   per element folded in (input minus result elements); `case`/`if`: the most
   expensive branch; `func.call`: the callee;
 * JAX's block-scaled matmul (`jax.nn.scaled_matmul`, a custom call on GPU): as a dot
-  contracting the last dimension;
+  contracting the last dimension; a Pallas TPU kernel (`tpu_custom_call`): the flops and
+  transcendentals of the `cost_estimate` given to `pallas_call`, which its backend_config
+  carries (what XLA counts); any other custom call: nothing (its cost is unknown);
 * `stablehlo.composite`: its decomposition, as a call; but a ragged dot
   (`chlo.ragged_dot`, what `jax.lax.ragged_dot` exports for GPU and TPU: a mixture of
   experts' grouped matmul) the work each row does with its own group: 2 x (result
@@ -27,6 +29,7 @@ memory traffic of an op (its operands and results), for a roofline cost.
 """
 from __future__ import annotations
 
+import json
 import re
 
 from remat_passes.ir import contract, graph
@@ -111,6 +114,20 @@ def i64s(op, name, default):
         return [int(x) for x in ir.DenseIntElementsAttr(attr)]
 
 
+def _kernel_estimate(op) -> float:
+    """flops + transcendentals of a Pallas TPU kernel's `cost_estimate` (its backend_config,
+    JSON: custom_call_config.cost_estimate); 0 for any other custom call."""
+    if ir.StringAttr(op.attributes["call_target_name"]).value != "tpu_custom_call" or \
+            "backend_config" not in op.attributes:
+        return 0.0
+    try:
+        config = json.loads(ir.StringAttr(op.attributes["backend_config"]).value)
+        estimate = config["custom_call_config"]["cost_estimate"]
+        return float(estimate.get("flops", 0)) + float(estimate.get("transcendentals", 0))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return 0.0
+
+
 def _ragged_dot_flops(op) -> float:
     """A `stablehlo.composite "chlo.ragged_dot"`: its dimension numbers are (lhs batch, rhs
     batch, lhs contracting, rhs contracting, lhs ragged, rhs group) dimensions."""
@@ -182,6 +199,8 @@ class CostModel:
         if contract.is_scaled_dot(op):       # [b, m, k] x [b, n, k] -> [b, m, n]
             lhs = ir.RankedTensorType(op.operands[0].type).shape
             return 2.0 * elements(op.results[0].type) * (lhs[-1] if lhs else 1)
+        if name == "stablehlo.custom_call":
+            return _kernel_estimate(op)
         if name == "stablehlo.reduce":   # the body once per element folded in
             applications = elements(op.operands[0].type) - elements(op.results[0].type)
             return max(applications, 0) * max(self.block_flops(op.regions[0].blocks[0]), 1.0)

@@ -182,3 +182,28 @@ def test_a_block_scaled_matmul_counts_as_its_dot():
             [2 * 2 * 64 * 32 * 64]
     dense = rp.export(lambda a, b: jnp.einsum("bmk,bnk->bmn", a, b), a, b)
     assert xla_flops(dense) == 2 * 2 * 64 * 32 * 64
+
+
+def test_a_pallas_tpu_kernel_costs_its_cost_estimate():
+    """A Pallas kernel is a custom call whose work the count cannot see; on TPU it carries
+    the `cost_estimate` given to `pallas_call` (what XLA's cost analysis reads), and the
+    count takes its flops and transcendentals. Lowered for TPU here, without one."""
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.sin(x_ref[...]) * 2.0
+
+    def f(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              cost_estimate=pl.CostEstimate(flops=12345, transcendentals=678,
+                                                            bytes_accessed=9999))(x)
+    module = rp.export(f, jnp.ones((8, 128)), platforms=("tpu",))
+    found = []
+
+    def visit(op):
+        if op.name == "stablehlo.custom_call":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+    with module.op.context:
+        module.op.operation.walk(visit)
+        assert [flops.CostModel(module.op).op_flops(op) for op in found] == [12345 + 678]
