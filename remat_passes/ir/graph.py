@@ -324,6 +324,18 @@ def clone_ops(ops, ip, mapping: dict) -> dict:
     return mapping
 
 
+def ops_named(op, name: str) -> list:
+    """The ops called `name` inside `op` (and `op` itself if it is one), in walk order."""
+    found = []
+
+    def visit(inner):
+        if inner.name == name:
+            found.append(inner)
+        return ir.WalkResult.ADVANCE
+    op.operation.walk(visit)
+    return found
+
+
 def replace_reads(op, old, new) -> None:
     """Replace every read of `old` by `op` (operands and nested captures)."""
     op = op.operation

@@ -80,14 +80,7 @@ def _is_private(f) -> bool:
 
 
 def _calls_in(op) -> list:
-    found = []
-
-    def visit(inner):
-        if inner.name == "func.call":
-            found.append(inner)
-        return ir.WalkResult.ADVANCE
-    op.operation.walk(visit)
-    return found
+    return graph.ops_named(op, "func.call")
 
 
 def _at(call, filename) -> str:

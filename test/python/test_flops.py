@@ -14,7 +14,6 @@ import pytest
 import remat_passes as rp
 from remat_passes.cost import flops
 from remat_passes.ir import graph
-from remat_passes.ir.mlir import ir
 
 
 def xla_flops(module) -> float:
@@ -159,6 +158,11 @@ func.func private @impl(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>) -> tensor<4x2x
     assert flops.function_flops(module) == 2 * 4 * 2 * 8 + 4 * 2
 
 
+def _custom_calls(module) -> list:
+    """The custom calls of a Module, in every function."""
+    return graph.ops_named(module.op, "stablehlo.custom_call")
+
+
 def test_a_block_scaled_matmul_counts_as_its_dot():
     """`jax.nn.scaled_dot_general` on GPU is a custom call: it costs the dot it computes,
     as XLA counts the same dot (the lowering for CPU, a dot_general of the dequantized
@@ -170,14 +174,8 @@ def test_a_block_scaled_matmul_counts_as_its_dot():
     def f(a, b):
         return scaled_dot_general(a, b, (((2,), (2,)), ((0,), (0,))), configs=[cfg] * 3)
     module = rp.export(f, a, b, platforms=("cuda",))
-    found = []
-
-    def visit(op):
-        if op.name == "stablehlo.custom_call":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
     with module.op.context:
-        module.op.operation.walk(visit)
+        found = _custom_calls(module)
         assert [flops.CostModel(module.op).op_flops(op) for op in found] == \
             [2 * 2 * 64 * 32 * 64]
     dense = rp.export(lambda a, b: jnp.einsum("bmk,bnk->bmn", a, b), a, b)
@@ -198,12 +196,6 @@ def test_a_pallas_tpu_kernel_costs_its_cost_estimate():
                               cost_estimate=pl.CostEstimate(flops=12345, transcendentals=678,
                                                             bytes_accessed=9999))(x)
     module = rp.export(f, jnp.ones((8, 128)), platforms=("tpu",))
-    found = []
-
-    def visit(op):
-        if op.name == "stablehlo.custom_call":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
     with module.op.context:
-        module.op.operation.walk(visit)
+        found = _custom_calls(module)
         assert [flops.CostModel(module.op).op_flops(op) for op in found] == [12345 + 678]
