@@ -83,6 +83,15 @@ def compiled_collectives(fn, *args) -> list[int]:
     return [len(re.findall(r"\b" + k + r"(-start)?\(", text)) for k in COLLECTIVE_KINDS]
 
 
+def ir_element(dtype) -> str:
+    """The MLIR element type JAX lowers a dtype to ('f4E2M1FN' for float4_e2m1fn)."""
+    from jax.interpreters import mlir as jax_mlir
+
+    from remat_passes.ir import mlir
+    with mlir.context():
+        return str(jax_mlir.dtype_to_ir_type(np.dtype(dtype)))
+
+
 def jax_type(aval) -> str:
     return aval.str_short(short_dtypes=True)
 

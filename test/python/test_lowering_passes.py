@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
-from remat_testlib import (assert_trees_close, func_ops, leaves, parse_text, reference_vjp,
-                           run_joint, run_split)
+from remat_testlib import (assert_trees_close, func_ops, ir_element, leaves, parse_text,
+                           reference_vjp, run_joint, run_split)
 
 import remat_passes as rp
 from remat_passes import cli
@@ -228,14 +228,6 @@ func.func @main(%x: tensor<4xT>, %ct: tensor<4xT> {remat.cotangent}) -> (tensor<
 """
 
 
-def _ir_element(d) -> str:
-    from jax.interpreters import mlir as jax_mlir
-
-    from remat_passes.ir import mlir
-    with mlir.context():
-        return str(jax_mlir.dtype_to_ir_type(np.dtype(d)))
-
-
 def _values_xla_rounding_changes(d) -> int:
     """How many values of dtype `d` XLA's reduce_precision to the type's own finfo bits
     changes: every bit pattern of a 8- or 16-bit type; for f32 and f64 their extremes,
@@ -266,7 +258,7 @@ def test_reduce_precision_where_xla_rounds_the_type_exactly(dtype):
     d = getattr(jnp, dtype, None)
     if d is None:
         pytest.skip(f"jax has no {dtype}")
-    elem = _ir_element(d)
+    elem = ir_element(d)
     changed = _values_xla_rounding_changes(d)
     assert (elem in contract.EXACT_ROUNDING) == (changed == 0), (elem, changed)
     finfo = jax.dtypes.finfo(d)

@@ -20,8 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
-from remat_testlib import (assert_same_residual_types, assert_trees_close, leaves, reference_vjp,
-                           run_joint, run_joint_cached, run_split, run_split_cached)
+from remat_testlib import (assert_same_residual_types, assert_trees_close, ir_element, leaves,
+                           reference_vjp, run_joint, run_joint_cached, run_split,
+                           run_split_cached)
 
 import remat_passes as rp
 from remat_passes.policy.policies import Offloadable, Recompute, Saveable
@@ -250,14 +251,6 @@ def test_bf16_mlp_matches_vjp():
 
 
 # ---------------------------------------------------------- narrow floats --
-def _ir_name(d) -> str:
-    from jax.interpreters import mlir as jax_mlir
-
-    from remat_passes.ir import mlir
-    with mlir.context():
-        return str(jax_mlir.dtype_to_ir_type(np.dtype(d)))
-
-
 @pytest.mark.parametrize("mode", ["joint", "split"])
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float4_e2m1fn", "float8_e4m3",
                                    "float8_e8m0fnu"])
@@ -281,7 +274,7 @@ def test_a_saved_narrow_float_keeps_its_values(dtype, mode):
     f = rp.jit(step, policy="save_only_these_names(q)", mode=mode)
     got = f(x, wq)
     (saved,) = [r for r in f.lower(x, wq).residuals if r.description.startswith("named 'q'")]
-    assert saved.type == _ir_name(d) + "[6]"
+    assert saved.type == ir_element(d) + "[6]"
     # its bytes as XLA holds it (a 4-bit type packed two to a byte)
     held = jax.jit(lambda x: x.astype(d)).lower(x).compile().memory_analysis()
     assert saved.bytes == held.output_size_in_bytes
