@@ -16,7 +16,8 @@ StableHLO before any optimization:
 * JAX's block-scaled matmul (`jax.nn.scaled_matmul`, a custom call on GPU): as a dot
   contracting the last dimension; a Pallas TPU kernel (`tpu_custom_call`): the flops and
   transcendentals of the `cost_estimate` given to `pallas_call`, which its backend_config
-  carries (what XLA counts); any other custom call: nothing (its cost is unknown);
+  carries (what XLA counts); any other custom call: nothing (its cost is unknown:
+  `unpriced_target` names it, so `auto` can say when it recomputes one);
 * `stablehlo.composite`: its decomposition, as a call; but a ragged dot
   (`chlo.ragged_dot`, what `jax.lax.ragged_dot` exports for GPU and TPU: a mixture of
   experts' grouped matmul) the work each row does with its own group: 2 x (result
@@ -41,6 +42,10 @@ ELEMENTWISE = frozenset({
     "tanh", "sine", "cosine", "tan", "sqrt", "rsqrt", "cbrt", "power", "atan2", "floor",
     "ceil", "round_nearest_afz", "round_nearest_even", "compare", "select", "clamp", "and",
     "or", "xor", "not", "is_finite", "reduce_precision", "erf", "erf_inv", "expm1", "log1p"})
+# custom calls that only mark or place a value (free, as data movement is)
+_MARKERS = frozenset({contract.NAME_TARGET, contract.PLACEMENT_TARGET, "Sharding",
+                      graph.SPMD_FULL_TO_SHARD, graph.SPMD_SHARD_TO_FULL, "MoveToHost",
+                      "MoveToDevice", "LayoutConstraint"})
 _CONV_DIMS = re.compile(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]")
 
 
@@ -126,6 +131,16 @@ def _kernel_estimate(op) -> float:
         return float(estimate.get("flops", 0)) + float(estimate.get("transcendentals", 0))
     except (ValueError, TypeError, KeyError, AttributeError):
         return 0.0
+
+
+def unpriced_target(op) -> str | None:
+    """The target of a custom call whose cost the count cannot know (a LAPACK routine on CPU,
+    a Triton or Mosaic GPU kernel, cuDNN attention: counted as 0 FLOPs), else None."""
+    target = graph.custom_call_target(op)
+    if target is None or target in _MARKERS or target == contract.SCALED_DOT_TARGET or \
+            (target == "tpu_custom_call" and _kernel_estimate(op) > 0):
+        return None
+    return target
 
 
 def _ragged_dot_flops(op) -> float:

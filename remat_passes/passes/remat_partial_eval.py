@@ -25,6 +25,7 @@ In two phases, each deciding before it rewrites:
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import re
@@ -384,9 +385,21 @@ def _explain(plan_report, a, vids, residuals, state) -> None:
                  if label.startswith("shard_map") else f" per iteration of the {label}")
         state.remarks.append(f"auto recomputes {what}{where}: "
                              f"{plan_report.with_flops(f, seconds)}")
+    unpriced = collections.Counter(plan_report.unpriced)
+    free -= len(plan_report.unpriced)          # (costing no FLOPs as counted, too)
     if free:
         state.remarks.append(f"auto recomputes {free} op(s) that cost no FLOPs (data "
                              "movement, checkpoint names)")
+    if unpriced:
+        targets = ", ".join(f"@{t}" + (f" x{n}" if n > 1 else "")
+                            for t, n in sorted(unpriced.items()))
+        state.remarks.append(
+            f"auto recomputes {sum(unpriced.values())} custom call(s) whose cost it cannot "
+            f"know ({targets}): it counts them as 0 FLOPs"
+            + ("" if plan_report.device == "flops" else ", their memory traffic only")
+            + "; if recomputing them is expensive, give auto a larger budget or call them "
+            "in an rp.checkpoint region whose own policy saves their outputs (auto leaves "
+            "such regions to their policies)")
 
 
 def _recorded_scope_policies(module_op, state: PassState) -> dict:

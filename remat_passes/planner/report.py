@@ -20,6 +20,9 @@ class PlanReport:
     recomputed: list             # (value described as JAX would, FLOPs, seconds, where)
                                  # per op the plan recomputes (computed before any rewrite)
     argument_bytes: int = 0      # the function's arguments the plan keeps (not counted)
+    unpriced: list = dataclasses.field(default_factory=list)
+                                 # the targets of the custom calls it recomputes whose
+                                 # cost it cannot know (flops.unpriced_target), one per op
 
     def cost_text(self, cost: float) -> str:
         """A modelled cost in its unit: seconds on a device, FLOPs on the `flops` profile."""

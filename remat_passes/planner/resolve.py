@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from remat_passes.core.residuals import describe_value
+from remat_passes.cost import flops
 from remat_passes.ir import graph
 from remat_passes.ir.mlir import RematError, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute, Saveable
@@ -67,15 +68,18 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     for op in b.free_ops:      # (the fallback, save, would stack what the model never does)
         verdicts.setdefault(op_id(op), Recompute)
     cost = {op_id(op): (op.name, b.flops[n], p.op_cost[n]) for n, op in enumerate(p.ops)}
-    recomputed = []
+    recomputed, unpriced = [], []
     for n in np.nonzero(sol.recompute)[0]:
         op = p.ops[n]
         what = (f"{graph.jax_type_str(op.results[0].type)} "
                 f"{describe_value(op.results[0], a.func_op)}") if len(op.results) else op.name
         recomputed.append((what, b.flops[n], p.op_cost[n], p.labels[n]))
+        target = flops.unpriced_target(op)
+        if target is not None:
+            unpriced.append(target)
     report = PlanReport(policy.spec, budget, minimum, no_remat, sol, exact, profile.name,
                         (p.n_ops, p.n_values), cost, recomputed,
-                        p.kept_argument_bytes(sol.available))
+                        p.kept_argument_bytes(sol.available), unpriced)
     return verdicts, report
 
 

@@ -23,6 +23,7 @@ from remat_passes.api import sweeps as rp_sweeps
 from remat_passes.api.sweeps import bounds, format_pareto, pareto, recompute_seconds
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost import flops
+from remat_passes.ir import graph
 from remat_passes.planner import trials
 from remat_passes.policy.auto import AutoPolicy, parse_budget
 
@@ -226,6 +227,57 @@ def test_scalable_solver_is_close_to_the_exact_one(name):
         s, e = out.plan_reports[0].solution, exact.plan_reports[0].solution
         assert s.device_bytes <= budget and e.device_bytes <= budget
         assert s.cost <= e.cost * 1.02 + 1e-15, (budget, s.cost, e.cost)
+
+
+def _cholesky_loss(w, x):
+    a = x @ w
+    factor = jnp.linalg.cholesky(a.T @ a + 4 * jnp.eye(a.shape[1]))
+    return jnp.sum(jnp.sin(jnp.tanh(factor @ a.T)) ** 2)
+
+
+def test_auto_says_when_it_recomputes_a_custom_call_it_cannot_price():
+    """A custom call (here LAPACK's Cholesky on CPU) is work the FLOP count cannot see: auto
+    takes recomputing it for 0 FLOPs, and says so by its target instead of counting it with
+    the data movement; a budget that keeps its output, or a region whose own policy saves
+    it, makes the remark go."""
+    w, x = jnp.ones((8, 8)) * 0.1, jnp.ones((16, 8))
+    m = rp.export_vjp(_cholesky_loss, w, x)
+    with m.op.context:
+        targets = [graph.custom_call_target(op)
+                   for op in graph.ops_named(m.op, "stablehlo.custom_call")]
+    lapack = [t for t in targets if t and "potrf" in t]
+    assert lapack, targets
+
+    def remark(out):
+        return [r for r in out.remarks if "custom call(s) whose cost it cannot know" in r]
+
+    at_zero = rp.remat(m, P.auto(budget=0), mode="split")
+    said = remark(at_zero)
+    assert len(said) == 1 and "1 custom call(s)" in said[0] and f"@{lapack[0]})" in said[0], \
+        at_zero.remarks
+    assert "memory traffic only" in said[0]          # (the cpu profile's roofline)
+    assert at_zero.plan_reports[0].unpriced == [lapack[0]]
+    flops_profile = rp.remat(m, P.auto(budget=0, device="flops"), mode="split")
+    assert "memory traffic" not in remark(flops_profile)[0]
+    # the free ops are the data movement alone now: as many as recomputed ops of 0 FLOPs,
+    # less the custom call
+    free = [r for r in at_zero.remarks if "that cost no FLOPs" in r]
+    zero = sum(1 for _, f, _, _ in at_zero.plan_reports[0].recomputed if f <= 0)
+    assert free and free[0].startswith(f"auto recomputes {zero - 1} op(s)"), (free, zero)
+
+    def saved_in_region(w, x):
+        a = x @ w
+        factor = rp.checkpoint(jnp.linalg.cholesky, policy="everything_saveable")(
+            a.T @ a + 4 * jnp.eye(a.shape[1]))
+        return jnp.sum(jnp.sin(jnp.tanh(factor @ a.T)) ** 2)
+
+    region = rp.export_vjp(saved_in_region, w, x)
+    out = rp.remat(region, P.auto(budget="20%"), mode="split")
+    assert not remark(out) and out.plan_reports[0].unpriced == [], out.remarks
+    for fun, split in ((_cholesky_loss, at_zero), (saved_in_region, out)):
+        out_ref, ct, grads = reference_vjp(fun, (w, x))
+        got, _ = run_split(split, (w, x), ct, 1)
+        assert_trees_close(got, leaves(out_ref) + leaves(grads))
 
 
 def test_reports_explain_saved_and_recomputed_values():
