@@ -350,6 +350,16 @@ def replace_reads(op, old, new) -> None:
 
 
 _ELEM_BITS = {"i1": 8, "pred": 8}
+# The JAX (NumPy, ml_dtypes) name of each element type JAX has a dtype for.
+DTYPE_NAMES = {
+    "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i1": "bool_",
+    "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "ui8": "uint8",
+    "ui16": "uint16", "ui32": "uint32", "ui64": "uint64", "complex<f32>": "complex64",
+    "complex<f64>": "complex128", "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2",
+    "f8E4M3": "float8_e4m3", "f8E3M4": "float8_e3m4", "f8E4M3FNUZ": "float8_e4m3fnuz",
+    "f8E5M2FNUZ": "float8_e5m2fnuz", "f8E4M3B11FNUZ": "float8_e4m3b11fnuz",
+    "f8E8M0FNU": "float8_e8m0fnu", "f4E2M1FN": "float4_e2m1fn", "i4": "int4", "ui4": "uint4",
+    "i2": "int2", "ui2": "uint2"}
 # Element widths XLA packs several to a byte (int4, uint4, int2, uint2, float4_e2m1fn:
 # 1024 of them take 512 or 256 bytes in memory_analysis(), jaxlib 0.10.2 and 0.12, XLA:CPU).
 PACKED_BITS = (4, 2)
@@ -368,6 +378,17 @@ def element_bits(elem: str) -> int:
             return bits
         return max(bits, 8) if elem.startswith(("f", "bf", "i", "ui", "si")) else bits
     return 32
+
+
+def shape_and_element(t):
+    """(shape, element type) of a ranked tensor type, a dynamic dimension None; None for
+    another type (a token)."""
+    try:
+        rt = ir.RankedTensorType(t)
+    except (ValueError, TypeError):
+        return None
+    return (tuple(None if rt.is_dynamic_dim(i) else d for i, d in enumerate(rt.shape)),
+            str(rt.element_type))
 
 
 def type_elements(t) -> int:

@@ -41,19 +41,9 @@ def backend(what: str) -> str:
                          + (f": {e}" if str(e) else "")) from None
 
 
-_DTYPES = {
-    "f16": jnp.float16, "bf16": jnp.bfloat16, "f32": jnp.float32, "f64": jnp.float64,
-    "i1": jnp.bool_, "i8": jnp.int8, "i16": jnp.int16, "i32": jnp.int32, "i64": jnp.int64,
-    "ui8": jnp.uint8, "ui16": jnp.uint16, "ui32": jnp.uint32, "ui64": jnp.uint64,
-    "complex<f32>": jnp.complex64, "complex<f64>": jnp.complex128,
-}
-# The narrow types, where the installed JAX has them (float4 and e8m0 from jax 0.5, int2 later).
-_DTYPES.update({elem: getattr(jnp, name) for elem, name in {
-    "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2", "f8E4M3": "float8_e4m3",
-    "f8E3M4": "float8_e3m4", "f8E4M3FNUZ": "float8_e4m3fnuz", "f8E5M2FNUZ": "float8_e5m2fnuz",
-    "f8E4M3B11FNUZ": "float8_e4m3b11fnuz", "f8E8M0FNU": "float8_e8m0fnu",
-    "f4E2M1FN": "float4_e2m1fn", "i4": "int4", "ui4": "uint4", "i2": "int2", "ui2": "uint2",
-}.items() if hasattr(jnp, name)})
+# (the narrow types where the installed JAX has them: float4 and e8m0 from jax 0.5, int2 later)
+_DTYPES = {elem: getattr(jnp, name) for elem, name in graph.DTYPE_NAMES.items()
+           if hasattr(jnp, name)}
 
 
 def _aval(t):

@@ -35,8 +35,12 @@ class Policy:
     def verdict(self, op):
         try:
             value = self._fn(op)
-        except (ValueError, TypeError) as e:
-            raise PolicyError(f"error: policy {self.spec} failed on {op.name}: {e}") from None
+        except RematError:
+            raise
+        except Exception as e:          # (a user's policy: KeyError, IndexError, ... too)
+            what = str(e) if isinstance(e, (ValueError, TypeError)) else \
+                f"{type(e).__name__}: {e}"
+            raise PolicyError(f"error: policy {self.spec} failed on {op.name}: {what}") from e
         return normalize_verdict(value, self)
 
     def __repr__(self):

@@ -23,6 +23,7 @@ import inspect
 import re
 from typing import Any
 
+from remat_passes.ir.graph import DTYPE_NAMES
 from remat_passes.ir.mlir import RematError
 from remat_passes.ir.verdicts import Offloadable, Recompute, Saveable, normalize_verdict  # noqa: F401 (re-exported: policies speak of them)
 from remat_passes.policy.auto import auto  # auto(budget=...) is a policy spelling too
@@ -37,6 +38,8 @@ class OpInfo:
 
     name             e.g. "stablehlo.dot_general"
     operand_types    e.g. ["tensor<8x4xf32>", ...]
+    operand_shapes   the same as (shape, element type): [((8, 4), "f32"), ...], a dynamic
+                     dimension None, an operand that is not a tensor (a token) None
     result_types
     attributes       attribute name -> printed value
     checkpoint_name  for the @remat.name marker, its name; else None
@@ -58,12 +61,14 @@ class OpInfo:
     def __init__(self, name, operand_types, result_types, attributes, checkpoint_name,
                  lhs_batching_dims=(), rhs_batching_dims=(), lhs_contracting_dims=(),
                  rhs_contracting_dims=(), primitive=None, scaled_dot_batch=None,
-                 lowered_from=None):
+                 lowered_from=None, operand_shapes=None):
         self.name = name
         self.scaled_dot_batch = scaled_dot_batch
         self.lowered_from = lowered_from
         self._lazy = {"operand_types": operand_types, "result_types": result_types,
                       "attributes": attributes,
+                      "operand_shapes": operand_shapes if operand_shapes is not None
+                      else (lambda: [_parse_tensor_type(t) for t in self.operand_types]),
                       "primitive": lowered_from or primitive or name.split(".", 1)[-1]}
         self.checkpoint_name = checkpoint_name
         self.lhs_batching_dims = tuple(lhs_batching_dims)
@@ -87,6 +92,10 @@ class OpInfo:
     @property
     def operand_types(self) -> list[str]:
         return self._get("operand_types")
+
+    @property
+    def operand_shapes(self) -> list:
+        return self._get("operand_shapes")
 
     @property
     def result_types(self) -> list[str]:
@@ -327,11 +336,102 @@ POLICIES: dict[str, Any] = {
 SCALED_DOT = "scaled_matmul_wrapper"
 
 
-class _Shaped:
-    """What a JAX policy reads of an operand's aval: its shape."""
+_TENSOR_TYPE = re.compile(r"tensor<((?:(?:\d+|\?)x)*)([^,>]+(?:<[^>]*>)?)")
 
-    def __init__(self, shape):
-        self.shape = shape
+
+def _parse_tensor_type(text: str):
+    """(shape, element type) of a printed ranked tensor type; None for another type."""
+    m = _TENSOR_TYPE.match(text)
+    if m is None:
+        return None
+    dims = [d for d in m.group(1).split("x") if d]
+    return tuple(None if d == "?" else int(d) for d in dims), m.group(2)
+
+
+class _Shaped:
+    """An operand's aval where JAX's ShapedArray cannot stand for it (a dynamic dimension,
+    an element type JAX lacks, a token): its shape, dtype (or None) and rank."""
+
+    def __init__(self, shape, dtype=None):
+        self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
+
+
+def _precision(attrs: dict):
+    """JAX's `precision` param from a printed `precision_config`: None where every operand's
+    is DEFAULT (what JAX lowers None to), else a tuple of `lax.Precision`."""
+    import jax
+    names = re.findall(r"precision (\w+)", attrs.get("precision_config", ""))
+    if all(n == "DEFAULT" for n in names):
+        return None
+    return tuple(getattr(jax.lax.Precision, n) for n in names)
+
+
+def _i64s(text: str | None, default):
+    return tuple(int(x) for x in re.findall(r"-?\d+", text.split(":", 1)[-1].split(">")[0])) \
+        if text else default
+
+
+def _conv_params(op: "OpInfo") -> dict:
+    """The params JAX gives `conv_general_dilated_p`, read back from the printed op."""
+    import jax
+    attrs = op.attributes
+    spatial = len(op.operand_shapes[0][0]) - 2 if op.operand_shapes[0] else 0
+    m = re.search(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]",
+                  attrs.get("dimension_numbers", ""))
+    numbers = None
+    if m:
+        lhs, rhs, out = ([d.strip() for d in g.split(",")] for g in m.groups())
+        order = [str(i) for i in range(spatial)]
+        numbers = jax.lax.ConvDimensionNumbers(
+            tuple(lhs.index(d) for d in ["b", "f", *order]),
+            tuple(rhs.index(d) for d in ["o", "i", *order]),
+            tuple(out.index(d) for d in ["b", "f", *order]))
+    parsed_in = op.operand_shapes[0][1] if op.operand_shapes[0] else None
+    parsed_out = (_parse_tensor_type(op.result_types[0]) or (None, None))[1]
+    pads = re.findall(r"-?\d+", attrs.get("padding", "").split(":")[0])
+    if len(pads) == 1:                     # (a splat)
+        pads = pads * (2 * spatial)
+    return {"window_strides": _i64s(attrs.get("window_strides"), (1,) * spatial),
+            "padding": tuple((int(pads[2 * i]), int(pads[2 * i + 1])) for i in range(spatial))
+            if pads else ((0, 0),) * spatial,
+            "lhs_dilation": _i64s(attrs.get("lhs_dilation"), (1,) * spatial),
+            "rhs_dilation": _i64s(attrs.get("rhs_dilation"), (1,) * spatial),
+            "dimension_numbers": numbers,
+            "feature_group_count": int(attrs.get("feature_group_count", "1").split(":")[0]),
+            "batch_group_count": int(attrs.get("batch_group_count", "1").split(":")[0]),
+            "precision": _precision(attrs),
+            # (None unless the result's type differs from the input's)
+            "preferred_element_type": None if parsed_out == parsed_in else _dtype(parsed_out),
+            "out_sharding": None}
+
+
+def _dtype(elem: str):
+    """The JAX dtype of an MLIR element type, or None where the installed JAX has none."""
+    import jax.numpy as jnp
+    name = DTYPE_NAMES.get(elem)
+    return jnp.dtype(getattr(jnp, name)) if name and hasattr(jnp, name) else None
+
+
+def _result_dtype(op: "OpInfo"):
+    """JAX's `preferred_element_type` of a dot: its result's dtype (what jnp.matmul, einsum
+    and Flax pass; lax.dot_general called without one has None)."""
+    parsed = _parse_tensor_type(op.result_types[0]) if op.result_types else None
+    return _dtype(parsed[1]) if parsed else None
+
+
+def _avals(op: "OpInfo") -> list:
+    """The operands' avals, as JAX passes them to a policy (`jax.core.ShapedArray`)."""
+    import jax
+    out = []
+    for shape_elem in op.operand_shapes:
+        if shape_elem is None:               # a token
+            out.append(_Shaped(()))
+            continue
+        shape, elem = shape_elem
+        dtype = _dtype(elem)
+        out.append(jax.core.ShapedArray(shape, dtype) if dtype is not None and
+                   None not in shape else _Shaped(shape, dtype))
+    return out
 
 
 def _from_jax_policy(policy) -> Policy:
@@ -346,21 +446,25 @@ def _from_jax_policy(policy) -> Policy:
     stand_ins: dict[str, Any] = {}
 
     def adapted(op: OpInfo):
+        avals = _avals(op)
         if op.checkpoint_name is not None:
-            return policy(name_p, name=op.checkpoint_name)
+            return policy(name_p, *avals, name=op.checkpoint_name)
         if op.name in ("stablehlo.dot_general", "stablehlo.dot") and op.lowered_from is None:
             dims = ((op.lhs_contracting_dims, op.rhs_contracting_dims),
                     (op.lhs_batching_dims, op.rhs_batching_dims))
-            return policy(dot_general_p, dimension_numbers=dims)
+            return policy(dot_general_p, *avals, dimension_numbers=dims,
+                          precision=_precision(op.attributes),
+                          preferred_element_type=_result_dtype(op), out_sharding=None)
         if op.name == "stablehlo.convolution":
-            return policy(conv_p)
+            return policy(conv_p, *avals, **_conv_params(op))
         if op.scaled_dot_batch is not None:     # (JAX's policies read the lhs's batch size)
             prim = stand_ins.setdefault(SCALED_DOT, Primitive(SCALED_DOT))
-            return policy(prim, _Shaped((op.scaled_dot_batch,)))
+            return policy(prim, *avals)
         prim = stand_ins.setdefault(op.primitive, Primitive(op.primitive))
-        return policy(prim)
+        return policy(prim, *avals)
     name = getattr(policy, "__qualname__", None) or repr(policy)
-    return Policy(adapted, f"<jax policy {name}>")
+    # (reads_attributes: the precision and a convolution's window, as JAX's params give them)
+    return Policy(adapted, f"<jax policy {name}>", reads_attributes=True)
 
 
 def _is_jax_policy(policy) -> bool:

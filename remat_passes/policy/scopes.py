@@ -37,6 +37,7 @@ def op_info(op, with_attributes: bool = True) -> OpInfo:
         dims = {"scaled_dot_batch": lhs[0] if lhs else 1}
     return OpInfo(name=op.name,
                   operand_types=lambda: [str(v.type) for v in op.operands],
+                  operand_shapes=lambda: [graph.shape_and_element(v.type) for v in op.operands],
                   result_types=lambda: [str(r.type) for r in op.results],
                   attributes=(lambda: {name: str(op.attributes[name]) for name in op.attributes})
                   if with_attributes else {},

@@ -177,3 +177,93 @@ def test_platform_in_use_starts_no_backend(asked, platform, profile):
 def test_platform_in_use_is_the_started_backends():
     jax.numpy.zeros(1).block_until_ready()        # a backend is started
     assert jax_compat.platform_in_use() == jax.default_backend()
+
+
+def _mixed(W, V, x):
+    h = jax.numpy.tanh(x @ W)                                     # [16, 8] x [8, 8]
+    g = rp.checkpoint_name(jax.numpy.sin(h[:4] @ W), "small")     # [4, 8]
+    big = rp.checkpoint_name(jax.numpy.cos(h), "big")             # [16, 8]
+    low = (big.astype(jax.numpy.bfloat16) @ V).astype(jax.numpy.float32)
+    return jax.numpy.sum(g ** 2) + jax.numpy.sum(jax.numpy.tanh(low))
+
+
+def _lhs_rows_over_8(prim, *avals, **params):
+    return prim is jax.lax.dot_general_p and avals[0].shape[0] > 8
+
+
+def _named_of_64_or_more(prim, *avals, **params):
+    return prim.name == "name" and avals[0].size >= 64
+
+
+def _bf16_dots(prim, *avals, **params):
+    return prim is jax.lax.dot_general_p and avals[0].dtype == jax.numpy.bfloat16
+
+
+@pytest.mark.parametrize("policy", [_lhs_rows_over_8, _named_of_64_or_more, _bf16_dots])
+def test_jax_style_policy_reads_operand_avals_as_in_jax(policy):
+    """JAX calls a policy with the primitive's input avals (`policy(prim, *avals,
+    **params)`); a user policy that reads their shapes, sizes or dtypes sees the op's
+    operands as `jax.core.ShapedArray`s here too (it got none before: IndexError), and
+    saves what jax.checkpoint saves with it."""
+    import jax.numpy as jnp
+    from remat_testlib import jax_saved_residuals
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    args = (jax.random.normal(k[0], (8, 8)), jax.random.normal(k[1], (8, 8), jnp.bfloat16),
+            jax.random.normal(k[2], (16, 8)))
+    ours = rp.saved_residuals(rp.export_vjp(_mixed, *args), policy=policy)
+    theirs = jax_saved_residuals(jax.checkpoint(_mixed, policy=policy), *args)
+    assert sorted(r.type for r in ours) == sorted(a.str_short(short_dtypes=True) for a, _ in theirs), \
+        ([str(r) for r in ours], theirs)
+    assert len(ours) > 3                           # (more than the arguments)
+
+
+def _convs(w, v, x):
+    y = jax.lax.conv_general_dilated(x, w, (1, 2), ((1, 2), (0, 1)), rhs_dilation=(2, 1),
+                                     dimension_numbers=("NCHW", "OIHW", "NHWC"))
+    y = jax.numpy.tanh(y)
+    z = jax.lax.conv_general_dilated(y, v, (1, 1), "SAME", feature_group_count=2,
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     precision=jax.lax.Precision.HIGHEST)
+    h = jax.numpy.einsum("bhwc,cd->bhwd", jax.numpy.sin(z), w[:, :, 0, 0],
+                         precision="highest")
+    return jax.numpy.sum(jax.numpy.tanh(h) @ w[0, :, :, 0])
+
+
+def test_jax_style_policy_sees_jax_params_of_dots_and_convolutions():
+    """The avals and params a JAX-style policy gets for dot_general and conv_general_dilated
+    are JAX's own for the same program (window, padding, dilations, dimension numbers, group
+    counts, precision): recorded by one policy under jax.checkpoint and under the passes."""
+    import jax.numpy as jnp
+    from remat_testlib import jax_saved_residuals
+    seen = {"jax": set(), "ours": set()}
+    who = ["jax"]
+
+    def recorder(prim, *avals, **params):
+        if prim.name in ("dot_general", "conv_general_dilated"):
+            kept = tuple(sorted((k, str(v)) for k, v in params.items()
+                                if k != "preferred_element_type"))
+            seen[who[0]].add((prim.name, tuple(a.str_short(short_dtypes=True)
+                                               for a in avals), kept))
+        return prim.name == "conv_general_dilated" and params["feature_group_count"] == 2
+    k = jax.random.split(jax.random.PRNGKey(3), 3)
+    args = (jax.random.normal(k[0], (4, 3, 3, 2)), jax.random.normal(k[1], (3, 3, 2, 4)),
+            jax.random.normal(k[2], (2, 3, 8, 8)))
+    theirs = jax_saved_residuals(jax.checkpoint(_convs, policy=recorder), *args)
+    who[0] = "ours"
+    ours = rp.saved_residuals(rp.export_vjp(_convs, *args), policy=recorder)
+    # (JAX asks about every forward equation, the passes about the ops the backward reads)
+    assert seen["ours"] <= seen["jax"] and len(seen["ours"]) == 3, seen
+    assert sorted(r.type for r in ours) == sorted(a.str_short(short_dtypes=True)
+                                                  for a, _ in theirs)
+    assert any(r.type == "f32[2,7,4,4]" for r in ours)       # (the grouped conv's output)
+
+
+def test_a_jax_style_policy_that_fails_is_an_error_naming_the_op():
+    """A user's policy that raises (here a KeyError on a param JAX does not give) is a
+    PolicyError that names the policy and the op, not a bare KeyError."""
+    def reads_a_missing_param(prim, *avals, **params):
+        return params["no_such_param"]
+    m = rp.export_vjp(lambda x: jax.numpy.sum(jax.numpy.sin(x)), jax.numpy.ones(3))
+    with pytest.raises(rp.policies.PolicyError, match=r"reads_a_missing_param.*failed on "
+                       r"stablehlo\.\w+: KeyError: 'no_such_param'"):
+        rp.remat(m, reads_a_missing_param)
