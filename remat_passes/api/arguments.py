@@ -15,6 +15,8 @@ def leaf_key(x) -> tuple:
         return (x.shape, x.dtype, getattr(x.aval, "weak_type", False), None)
     if isinstance(x, jax.Array):      # (a typed PRNG key array has no weak_type)
         return (x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding)
+    if isinstance(x, jax.ShapeDtypeStruct):  # (lower(): a shape to build for, no data)
+        return (x.shape, x.dtype, x.weak_type, x.sharding)
     if isinstance(x, (bool, int, float, complex)):       # Python scalars: weakly typed
         return (type(x),)
     a = np.asarray(x)

@@ -125,6 +125,9 @@ class Lowered:
     # the program as a JAX function, for a call under a JAX transformation (jax.jit of a
     # function that calls the rp.jit one): joint form only
     traced: Callable | None = dataclasses.field(default=None, repr=False)
+    # what it was built for: (dynamic keyword names, pytree of the dynamic arguments, each
+    # leaf's shape and dtype), for a call of the Lowered itself
+    signature: tuple | None = dataclasses.field(default=None, repr=False)
 
     @property
     def barriers(self) -> str:
@@ -145,6 +148,47 @@ class Lowered:
         """XLA's `memory_analysis()` of each executable (joint, or fwd and bwd)."""
         return [e.memory_analysis() for e in self.executables]
 
+    def cost_analysis(self) -> list:
+        """XLA's `cost_analysis()` of each executable (joint, or fwd and bwd), a dict each
+        (`flops`, `transcendentals`, `bytes accessed`, ...; a loop body counts once)."""
+        out = []
+        for e in self.executables:
+            ca = e.cost_analysis()
+            out.append(ca[0] if isinstance(ca, (list, tuple)) else ca)
+        return out
+
+    def as_text(self) -> str:
+        """The rewritten program the executables were compiled from, as MLIR text."""
+        return str(self.module)
+
+    def compile(self) -> "Lowered":
+        """The executables are compiled when the step is lowered: as after `jax.jit`'s
+        `lower(...).compile()`, the result is called with the arguments (static ones left
+        out): it is this object."""
+        return self
+
+    def __call__(self, *args, **kwargs):
+        """Run the step as built, on arguments of the shapes and dtypes it was lowered for
+        (static arguments left out, as `jax.jit`'s Compiled takes them)."""
+        kw_names, tree, shapes = self.signature
+        if set(kwargs) != set(kw_names):
+            raise TypeError(f"rp.jit: this step was lowered with dynamic keyword arguments "
+                            f"{sorted(kw_names)}, called with {sorted(kwargs)} (static "
+                            "arguments are part of what was built: leave them out)")
+        dynamic = args + tuple(kwargs[k] for k in kw_names)
+        leaves, got_tree = jax.tree_util.tree_flatten(dynamic)
+        got = tuple(arguments.leaf_key(x)[:2] for x in leaves)
+        if got_tree != tree or got != shapes:
+            wrong = next((i for i, (a, b) in enumerate(zip(got, shapes)) if a != b), None)
+            raise TypeError(
+                "rp.jit: this step was lowered for other arguments: "
+                + (f"argument structure {tree}, called with {got_tree}" if got_tree != tree
+                   else f"leaf {wrong} was {_shape_text(shapes[wrong])}, called with "
+                   f"{_shape_text(got[wrong])}")
+                + "; lower it again for these (or call the rp.jit function, which builds "
+                "once per signature)")
+        return self.run(*dynamic)
+
     def footprint(self) -> int | None:
         """What XLA says the program holds while it runs: temp + arguments + outputs -
         aliased, of the larger executable (None where the backend does not say). On
@@ -152,6 +196,14 @@ class Lowered:
         `python -m tools.benchmarks.ynn_probe`)."""
         sizes = [jax_run.footprint(e) for e in self.executables]
         return None if not sizes or None in sizes else max(sizes)
+
+
+def _shape_text(key: tuple) -> str:
+    """A leaf's (shape, dtype), or (Python type,), as `f32[16,4]` / `a Python float`."""
+    if len(key) == 1:
+        return f"a Python {key[0].__name__}"
+    shape, dtype = key
+    return f"{jax.numpy.dtype(dtype).name}[{','.join(map(str, shape))}]"
 
 
 def _result_info(func_op) -> list:
@@ -300,6 +352,9 @@ class Jitted:
         lowered = self._cache.get(key)
         if lowered is None:
             lowered = self._cache[key] = self._build(call, dynamic)
+            leaves, tree = jax.tree_util.tree_flatten(dynamic)
+            lowered.signature = (call.kw_names, tree,
+                                 tuple(arguments.leaf_key(x)[:2] for x in leaves))
         return lowered
 
     # ----------------------------------------------------------------- building --

@@ -824,3 +824,53 @@ def test_a_gelu_cotangent_read_by_dots_and_a_reduce_is_computed_once(policy):
                 compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""})))
             for groups in ("per-use", "per-region"))
     assert footprint(True) <= 0.9 * footprint(False)
+
+
+def _small_step(p, x, lr=0.1):
+    def f(p):
+        return jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"]) ** 2)
+    v, g = jax.value_and_grad(f)(p)
+    return jax.tree.map(lambda a, b: a - lr * b, p, g), v
+
+
+def test_lower_for_shapes_alone_builds_one_program_per_shape():
+    """`lower` with jax.ShapeDtypeStruct arguments (memory planning without data) builds for
+    those shapes: a second batch size is a second program, not the first one again (all
+    specs were one cache entry before: the larger batch got the smaller one's program and
+    its XLA footprint)."""
+    params = {"w1": jax.ShapeDtypeStruct((4, 8), jnp.float32),
+              "w2": jax.ShapeDtypeStruct((8, 2), jnp.float32)}
+    jitted = rp.jit(_small_step, policy="nothing_saveable")
+    small = jitted.lower(params, jax.ShapeDtypeStruct((16, 4), jnp.float32))
+    large = jitted.lower(params, jax.ShapeDtypeStruct((4096, 4), jnp.float32))
+    assert small is not large and jitted.builds == 2
+    assert "tensor<4096x4xf32>" in large.as_text() and "tensor<4096x4xf32>" not in small.as_text()
+    assert large.footprint() > 100 * small.footprint()
+    assert jitted.lower(params, jax.ShapeDtypeStruct((16, 4), jnp.float32)) is small
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_lowered_compiles_and_runs_as_jax_jits_does(mode):
+    """`jitted.lower(...).compile()` runs like jax.jit's Compiled: called with the dynamic
+    arguments (static ones left out), the same results as jax.jit; `cost_analysis()` and
+    `as_text()` say what was compiled; arguments of other shapes, another structure or a
+    static keyword are a TypeError that says which."""
+    p = {"w1": jnp.ones((4, 8)) * 0.1, "w2": jnp.ones((8, 2))}
+    x = jnp.arange(64.0).reshape(16, 4) / 64
+    specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), p)
+    jitted = rp.jit(_small_step, policy="nothing_saveable", mode=mode, static_argnames="lr")
+    compiled = jitted.lower(specs, jax.ShapeDtypeStruct((16, 4), jnp.float32), lr=0.5).compile()
+    got = compiled(p, x)
+    expected = jax.jit(_small_step, static_argnames="lr")(p, x, lr=0.5)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    costs = compiled.cost_analysis()
+    assert len(costs) == (1 if mode == "joint" else 2) and all(c["flops"] > 0 for c in costs)
+    assert re.search(r"func\.func (public )?@main(_fwd)?\(", compiled.as_text())
+    with pytest.raises(TypeError, match=r"leaf 2 was float32\[16,4\], called with "
+                       r"float32\[8,4\]"):
+        compiled(p, x[:8])
+    with pytest.raises(TypeError, match="argument structure"):
+        compiled(p)
+    with pytest.raises(TypeError, match="static arguments are part of what was built"):
+        compiled(p, x, lr=0.5)
