@@ -606,8 +606,10 @@ def _key_data(x):
 
 
 def _one_device(leaves):
-    """The device of a program whose arguments are on one device (None: several)."""
-    devices = {d for x in leaves if isinstance(x, jax.Array) for d in x.sharding.device_set}
+    """The device of a program whose arguments are on one device (None: several). Arrays
+    and `jax.ShapeDtypeStruct`s with a sharding say where they are."""
+    devices = {d for x in leaves if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
+               and getattr(x, "sharding", None) is not None for d in x.sharding.device_set}
     return next(iter(devices)) if len(devices) == 1 else (
         jax.devices()[0] if not devices else None)
 
