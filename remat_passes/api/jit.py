@@ -177,7 +177,7 @@ class Lowered:
                             "arguments are part of what was built: leave them out)")
         dynamic = args + tuple(kwargs[k] for k in kw_names)
         leaves, got_tree = jax.tree_util.tree_flatten(dynamic)
-        got = tuple(arguments.leaf_key(x)[:2] for x in leaves)
+        got = tuple(_shape_key(x) for x in leaves)
         if got_tree != tree or got != shapes:
             wrong = next((i for i, (a, b) in enumerate(zip(got, shapes)) if a != b), None)
             raise TypeError(
@@ -198,12 +198,18 @@ class Lowered:
         return None if not sizes or None in sizes else max(sizes)
 
 
+def _shape_key(x) -> tuple:
+    """A leaf's (shape, dtype) as a compiled step takes it: a Python scalar as the weakly
+    typed array JAX makes of it (what a weak-typed `jax.ShapeDtypeStruct` stands for)."""
+    if isinstance(x, (bool, int, float, complex)):
+        x = jax.numpy.asarray(x)
+    return arguments.leaf_key(x)[:2]
+
+
 def _shape_text(key: tuple) -> str:
-    """A leaf's (shape, dtype), or (Python type,), as `f32[16,4]` / `a Python float`."""
-    if len(key) == 1:
-        return f"a Python {key[0].__name__}"
+    """A leaf's (shape, dtype) as `float32[16,4]`."""
     shape, dtype = key
-    return f"{jax.numpy.dtype(dtype).name}[{','.join(map(str, shape))}]"
+    return f"{dtype}[{','.join(map(str, shape))}]"
 
 
 def _result_info(func_op) -> list:
@@ -353,8 +359,7 @@ class Jitted:
         if lowered is None:
             lowered = self._cache[key] = self._build(call, dynamic)
             leaves, tree = jax.tree_util.tree_flatten(dynamic)
-            lowered.signature = (call.kw_names, tree,
-                                 tuple(arguments.leaf_key(x)[:2] for x in leaves))
+            lowered.signature = (call.kw_names, tree, tuple(_shape_key(x) for x in leaves))
         return lowered
 
     # ----------------------------------------------------------------- building --
@@ -602,6 +607,9 @@ def _key_data(x):
     it is."""
     if isinstance(x, jax.Array) and jax_compat.key_impl(x.dtype) is not None:
         return jax.random.key_data(x)
+    if isinstance(x, jax.ShapeDtypeStruct) and jax_compat.key_impl(x.dtype) is not None:
+        data = jax.eval_shape(jax.random.key_data, x)     # (a spec: its words' shape)
+        return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=x.sharding)
     return x
 
 

@@ -874,3 +874,27 @@ def test_lowered_compiles_and_runs_as_jax_jits_does(mode):
         compiled(p)
     with pytest.raises(TypeError, match="static arguments are part of what was built"):
         compiled(p, x, lr=0.5)
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_lower_for_specs_of_keys_and_weak_scalars(mode):
+    """A typed PRNG key and a weakly typed scalar given to `lower` as specs: the step builds
+    (the split halves take a key's words: the spec of a key was passed as a key, "Rank
+    mismatch ... expected (2,)") and its compiled form takes the key and a Python float, as
+    jax.jit's does."""
+    def dropout_step(p, x, key, scale):
+        def f(p):
+            h = jnp.tanh(x @ p["w1"])
+            return jnp.mean((jnp.where(jax.random.bernoulli(key, 0.8, h.shape), h, 0)
+                             @ p["w2"]) ** 2)
+        v, g = jax.value_and_grad(f)(p)
+        return jax.tree.map(lambda a, b: a - scale * b, p, g), v
+    p = {"w1": jnp.ones((4, 8)) * 0.1, "w2": jnp.ones((8, 2))}
+    x, key = jnp.arange(64.0).reshape(16, 4) / 64, jax.random.key(3)
+    specs = (jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), p),
+             jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((), key.dtype),
+             jax.ShapeDtypeStruct((), jnp.float32, weak_type=True))
+    compiled = rp.jit(dropout_step, policy="nothing_saveable", mode=mode).lower(*specs).compile()
+    got, expected = compiled(p, x, key, 0.1), jax.jit(dropout_step)(p, x, key, 0.1)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
