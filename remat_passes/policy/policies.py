@@ -336,7 +336,7 @@ POLICIES: dict[str, Any] = {
 SCALED_DOT = "scaled_matmul_wrapper"
 
 
-_TENSOR_TYPE = re.compile(r"tensor<((?:(?:\d+|\?)x)*)([^,>]+(?:<[^>]*>)?)")
+_TENSOR_TYPE = re.compile(r"tensor<((?:(?:\d+|\?)x)*)(complex<[^>]*>|[^,>]+)")
 
 
 def _parse_tensor_type(text: str):

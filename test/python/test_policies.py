@@ -504,3 +504,24 @@ def test_a_ragged_dot_on_cpu_is_not_a_dot(policy):
         out = rp.remat(module, spelling)
         assert "remat.primitive" not in str(out)
         assert_same_residual_types(out.residuals, jax.checkpoint(loss, policy=theirs), params, x)
+
+
+def test_opinfo_operand_shapes_from_printed_types():
+    """An OpInfo built from printed types (a user's, in a test of their policy) reads its
+    operand shapes from them: dynamic dimensions None, complex elements whole, a token
+    None; one built by the passes gets them from the IR, the same."""
+    info = OpInfo("stablehlo.add", ["tensor<4x?xf32>", "tensor<3xcomplex<f64>>", "tensor<bf16>",
+                                    "!stablehlo.token"], [], {}, None)
+    assert info.operand_shapes == [((4, None), "f32"), ((3,), "complex<f64>"), ((), "bf16"),
+                                   None]
+    m = rp.export_vjp(lambda x, z: jnp.sum(jnp.abs(jnp.sin(x) * z) ** 2), jnp.ones((2, 3)),
+                      jnp.ones((2, 3), jnp.complex64))
+    seen = []
+
+    def record(op):
+        if op.name == "stablehlo.multiply" and "complex" in " ".join(op.operand_types):
+            parsed = OpInfo(op.name, op.operand_types, [], {}, None).operand_shapes
+            seen.append((op.operand_shapes, parsed))
+        return False
+    rp.remat(m, record)
+    assert seen and all(ir == parsed for ir, parsed in seen), seen
