@@ -16,7 +16,11 @@ def leaf_key(x) -> tuple:
     if isinstance(x, jax.Array):      # (a typed PRNG key array has no weak_type)
         return (x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding)
     if isinstance(x, jax.ShapeDtypeStruct):  # (lower(): a shape to build for, no data)
-        return (x.shape, x.dtype, x.weak_type, x.sharding)
+        # without a sharding: where an array made without one lives, so that a call with
+        # such arrays runs what `lower` built
+        sharding = x.sharding if x.sharding is not None else \
+            jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return (x.shape, x.dtype, x.weak_type, sharding)
     if isinstance(x, (bool, int, float, complex)):       # Python scalars: weakly typed
         return (type(x),)
     a = np.asarray(x)

@@ -837,7 +837,7 @@ def test_lower_for_shapes_alone_builds_one_program_per_shape():
     """`lower` with jax.ShapeDtypeStruct arguments (memory planning without data) builds for
     those shapes: a second batch size is a second program, not the first one again (all
     specs were one cache entry before: the larger batch got the smaller one's program and
-    its XLA footprint)."""
+    its XLA footprint), and a call with arrays of one of those shapes runs what was built."""
     params = {"w1": jax.ShapeDtypeStruct((4, 8), jnp.float32),
               "w2": jax.ShapeDtypeStruct((8, 2), jnp.float32)}
     jitted = rp.jit(_small_step, policy="nothing_saveable")
@@ -847,6 +847,9 @@ def test_lower_for_shapes_alone_builds_one_program_per_shape():
     assert "tensor<4096x4xf32>" in large.as_text() and "tensor<4096x4xf32>" not in small.as_text()
     assert large.footprint() > 100 * small.footprint()
     assert jitted.lower(params, jax.ShapeDtypeStruct((16, 4), jnp.float32)) is small
+    # arrays of those shapes made without a sharding run what lower built
+    jitted({"w1": jnp.ones((4, 8)), "w2": jnp.ones((8, 2))}, jnp.ones((16, 4)))
+    assert jitted.builds == 2
 
 
 @pytest.mark.parametrize("mode", ["joint", "split"])
