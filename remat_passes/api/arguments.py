@@ -117,12 +117,19 @@ def place(args: tuple, in_shardings) -> tuple:
     an array not yet committed to a device (a NumPy array, a Python scalar, a jax.Array
     made without a device) goes there; one committed elsewhere is an error (jax.jit does
     not move it either); a tracer (under jax.jit) stays as it is, the sharding being
-    the exported program's."""
+    the exported program's; a `jax.ShapeDtypeStruct` (`lower`) gets the sharding."""
     leaves, tree = jax.tree_util.tree_flatten(args)
     placed = []
     for i, (x, s) in enumerate(zip(leaves, shardings_of(in_shardings, "in_shardings", args))):
         if s is None or isinstance(x, jax.core.Tracer):
             placed.append(x)
+            continue
+        if isinstance(x, jax.ShapeDtypeStruct):     # (lower(): the spec, so placed)
+            if x.sharding is not None and not x.sharding.is_equivalent_to(s, len(x.shape)):
+                raise ValueError(f"rp.jit: argument leaf {i} is a spec on {x.sharding}, and "
+                                 f"in_shardings says {s}")
+            placed.append(jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
+                                               sharding=s))
             continue
         if isinstance(x, jax.Array) and x.committed and not x.sharding.is_equivalent_to(
                 s, x.ndim):

@@ -761,6 +761,15 @@ for mode in ("joint", "split"):
     lowered = jitted.lower(*specs)
     out[mode] = {"loss": float(lowered.compile()(p, x)[1]), "expected": expected,
                  "called": float(jitted(p, x)[1]), "builds": jitted.builds}
+    # specs without shardings, placed by in_shardings, as jax.jit places them
+    jitted = rp.jit(step, policy="nothing_saveable", mode=mode,
+                    in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))))
+    bare = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (p, x))
+    lowered = jitted.lower(*bare)
+    host = jax.tree.map(np.asarray, (p, x))
+    out["in_shardings " + mode] = {"loss": float(lowered.compile()(p, x)[1]),
+                                   "expected": expected,
+                                   "called": float(jitted(*host)[1]), "builds": jitted.builds}
 print("RESULT " + json.dumps(out))
 '''
 
@@ -769,9 +778,10 @@ def test_lower_for_sharded_shapes_builds_for_their_devices():
     """`rp.jit(...).lower` with `jax.ShapeDtypeStruct`s that carry shardings builds the
     program for the devices they name, in both forms (the split form built its backward for
     one device: "exported for 8 devices and is called in a context with 1"), and a call with
-    arrays so placed reuses it."""
+    arrays so placed reuses it; specs without shardings take `in_shardings`' (they were
+    handed to jax.device_put: "not a valid JAX type")."""
     out = run_script(SPECS_SCRIPT, HERE)
-    for mode in ("joint", "split"):
+    for mode in ("joint", "split", "in_shardings joint", "in_shardings split"):
         r = out[mode]
         assert abs(r["loss"] - r["expected"]) < 1e-6 * abs(r["expected"]), r
         assert r["called"] == r["loss"] and r["builds"] == 1, r
