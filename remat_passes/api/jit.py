@@ -224,8 +224,14 @@ class Jitted:
 
     def __call__(self, *args, **kwargs):
         call, dynamic = self._split_args(args, kwargs)
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(dynamic)):
+        leaves = jax.tree_util.tree_leaves(dynamic)
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):
             return self._call_traced(call, dynamic)
+        for i, x in enumerate(leaves):
+            if isinstance(x, jax.ShapeDtypeStruct):
+                raise TypeError(f"rp.jit: argument leaf {i} is a jax.ShapeDtypeStruct, which "
+                                "has no data to run on: give specs to .lower(...), arrays "
+                                "to the call")
         return self._lowered(call, dynamic).run(*dynamic)
 
     def _call_traced(self, call, dynamic):

@@ -877,6 +877,8 @@ def test_lowered_compiles_and_runs_as_jax_jits_does(mode):
         compiled(p)
     with pytest.raises(TypeError, match="static arguments are part of what was built"):
         compiled(p, x, lr=0.5)
+    with pytest.raises(TypeError, match="leaf 2 is a jax.ShapeDtypeStruct, which has no data"):
+        jitted(p, jax.ShapeDtypeStruct((16, 4), jnp.float32), lr=0.5)
 
 
 @pytest.mark.parametrize("mode", ["joint", "split"])
