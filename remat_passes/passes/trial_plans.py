@@ -301,20 +301,22 @@ class TrialPlans:
             kept = report.activation_bytes(st.residuals[self.func],
                                            st.segmented.get(self.func, []))
             return kept, st.plan_reports[self.func][0].solution.cost, rb, candidate
-        least = None
+        least = {}                          # levels -> the least its trials keep
         for levels in ("sqrt", "cbrt"):
             tried = [trial(int(lo + (hi - lo) * k / 12), levels) for k in range(13)]
-            least = min(t[0] for t in tried)
+            least[levels] = min(t[0] for t in tried)
             fitting = [t for t in tried if t[0] <= budget]
             if fitting:
                 break
-            if least >= lo:                 # segments do not help this function
+            if min(least.values()) >= lo:   # segments do not help this function
                 raise below
-        else:
+        else:       # (the least of either: three levels can keep more than two for a short loop)
+            best = min(least, key=least.get)
             raise RematError(
                 f"error: {policy.spec}: the budget, {budget} B of activations, is below the "
-                f"least this function can keep with its scans in segments (three levels), "
-                f"{least} B (per iteration: {lo} B; without remat {hi} B)")
+                f"least this function can keep with its scans in segments "
+                f"({'two' if best == 'sqrt' else 'three'} levels), {least[best]} B "
+                f"(per iteration: {lo} B; without remat {hi} B)")
         kept, _, rb, candidate = min(fitting, key=lambda t: (t[1], t[0]))
         candidate.spec = f"{policy.spec} (residual budget {rb} B, scans in segments)"
         state.planned_segments[self.func] = levels

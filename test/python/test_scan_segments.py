@@ -5,6 +5,8 @@ pytree carries with `xs` and `ys`, reverse, nested and consecutive scans; XLA's 
 memory of a 256-step scan against the unsegmented program; and what the pass refuses."""
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -322,6 +324,26 @@ def test_auto_segments_a_scan_whose_budget_a_per_iteration_plan_cannot_meet():
     assert_trees_close(got[1:], leaves(grads), what="auto 48 split")
     assert sum(r.size * r.dtype.itemsize for r in residuals) - sum(
         r.bytes for r in split.residuals if r.argument) <= 48 * carry
+
+
+def test_a_budget_below_what_segments_reach_names_that_least():
+    """A short loop (9 steps): two levels reach less than a per-iteration plan, three levels
+    no less. A budget below both is an error that names what the segments reach (it named
+    the per-iteration least, as if segments could not help), and that least is met."""
+    def short(w, x, xs):
+        h, _ = jax.lax.scan(lambda h, xt: (jnp.tanh(h @ w + xt), None), x, xs)
+        return jnp.sum(h ** 2)
+    args = (jnp.ones((64, 64)) * 0.01, jnp.ones((8, 64)), jnp.ones((9, 8, 64)) * 0.1)
+    module = rp.export_vjp(short, *args)
+    lo, _ = rp.bounds(module)
+    with pytest.raises(RematError) as e:
+        rp.remat(module, "auto(budget=8000)")
+    m = re.search(r"in segments \(two levels\), (\d+) B \(per iteration: (\d+) B", str(e.value))
+    assert m and int(m.group(1)) < int(m.group(2)) == lo, str(e.value)
+    least = rp.remat(module, f"auto(budget={m.group(1)})")
+    assert least.segmented and _kept(least) <= int(m.group(1))
+    _, ct, grads = reference_vjp(short, args)
+    assert_trees_close(run_joint(least, args, ct)[1:], leaves(grads), what="auto at the least")
 
 
 def test_auto_sweep_over_a_scan_keeps_within_budget_and_cost_falls_as_budget_grows():
