@@ -58,7 +58,13 @@ def dot_dims(op, name: str) -> list[int]:
 def conv_dims(op):
     """A convolution's dimension labels, (input, kernel, output), each a list such as
     ['b', '0', '1', 'f'] / ['0', '1', 'i', 'o']; None where they cannot be read."""
-    m = _CONV_DIMS.search(str(op.attributes["dimension_numbers"]))
+    return conv_dim_labels(str(op.attributes["dimension_numbers"]))
+
+
+def conv_dim_labels(text: str):
+    """`conv_dims` of a printed `dimension_numbers` attribute (`#stablehlo.conv<[b, f, 0,
+    1]x[o, i, 0, 1]->[b, 0, 1, f]>`)."""
+    m = _CONV_DIMS.search(text)
     return None if m is None else tuple([d.strip() for d in g.split(",")] for g in m.groups())
 
 
@@ -122,8 +128,7 @@ def i64s(op, name, default):
 def _kernel_estimate(op) -> float:
     """flops + transcendentals of a Pallas TPU kernel's `cost_estimate` (its backend_config,
     JSON: custom_call_config.cost_estimate); 0 for any other custom call."""
-    if ir.StringAttr(op.attributes["call_target_name"]).value != "tpu_custom_call" or \
-            "backend_config" not in op.attributes:
+    if graph.custom_call_target(op) != "tpu_custom_call" or "backend_config" not in op.attributes:
         return 0.0
     try:
         config = json.loads(ir.StringAttr(op.attributes["backend_config"]).value)

@@ -23,6 +23,7 @@ import inspect
 import re
 from typing import Any
 
+from remat_passes.cost.flops import conv_dim_labels
 from remat_passes.ir.graph import DTYPE_NAMES
 from remat_passes.ir.mlir import RematError
 from remat_passes.ir.verdicts import Offloadable, Recompute, Saveable, normalize_verdict  # noqa: F401 (re-exported: policies speak of them)
@@ -376,11 +377,10 @@ def _conv_params(op: "OpInfo") -> dict:
     import jax
     attrs = op.attributes
     spatial = len(op.operand_shapes[0][0]) - 2 if op.operand_shapes[0] else 0
-    m = re.search(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]",
-                  attrs.get("dimension_numbers", ""))
+    labels = conv_dim_labels(attrs.get("dimension_numbers", ""))
     numbers = None
-    if m:
-        lhs, rhs, out = ([d.strip() for d in g.split(",")] for g in m.groups())
+    if labels:
+        lhs, rhs, out = labels
         order = [str(i) for i in range(spatial)]
         numbers = jax.lax.ConvDimensionNumbers(
             tuple(lhs.index(d) for d in ["b", "f", *order]),
