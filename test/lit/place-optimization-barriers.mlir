@@ -13,6 +13,12 @@
 // A clone of arguments alone that makes more than its smaller argument (an embedding) gets
 // that argument tied, on @embedding:
 // RUN: sed -n '/^module @embedding/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=EMBED
+// With tie-to-cotangent=true a clone that reads a hidden value reads the arguments beside it
+// directly, on @weight_read (per use, twice, per region):
+// RUN: sed -n '/^module @weight_read/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=WARG
+// RUN: sed -n '/^module @weight_read/,/^}/p' %s | remat-opt --place-optimization-barriers=tie-to-cotangent=true --place-optimization-barriers=tie-to-cotangent=true | filecheck %s --check-prefix=WARG
+// RUN: sed -n '/^module @weight_read/,/^}/p' %s | remat-opt --place-optimization-barriers | filecheck %s --check-prefix=WARGNOTIE
+// RUN: sed -n '/^module @weight_read/,/^}/p' %s | remat-opt --place-optimization-barriers='groups=per-region function-region=true tie-to-cotangent=true' | filecheck %s --check-prefix=WARGREGION
 // Two levels of recomputation (remat.levels = 2, set by remat-partial-eval): the groups are
 // tied although the forward keeps no activation, and a group reading arguments alone gets
 // its smallest argument tied: the second sine must not merge with the first.
@@ -408,13 +414,15 @@ module @no_activation {
 // 512 B from a 64 B %x: %x is tied (untied, XLA:CPU of jaxlib >= 0.11 runs such a
 // clone, and the cosine reading it, in the forward: the barrier's cotangent result
 // is read by nothing, and XLA drops it). The forward keeps the computed %s, so
-// ties are placed.
+// ties are placed. Of the arguments the clone reads alone only the smaller, %x, goes
+// through the barrier: that is enough to keep it apart from the forward's %e, and %w read
+// as it is gives XLA one weight, not two (see @weight_read).
 // CHECK-LABEL: module @embedding
 // EMBED-LABEL: module @embedding
-// EMBED: %[[B:.*]]:3 = stablehlo.optimization_barrier {{[^%]*}}%arg1, %arg0, %{{[^ ]*}} :
+// EMBED: %[[B:.*]]:2 = stablehlo.optimization_barrier {{[^%]*}}%arg1, %{{[^ ]*}} :
 // EMBED: stablehlo.is_finite
 // EMBED: %[[X1:.*]] = stablehlo.multiply %[[B]]#0, %{{.*}} {remat.barrier} : tensor<8x2xf32>
-// EMBED-NEXT: %[[E2:.*]] = stablehlo.dot_general %[[X1]], %[[B]]#1, {{.*}}remat.recompute = 1
+// EMBED-NEXT: %[[E2:.*]] = stablehlo.dot_general %[[X1]], %arg0, {{.*}}remat.recompute = 1
 // EMBED-NEXT: stablehlo.cosine %[[E2]] {remat.recompute = 1 : i64}
 // EMBED-NOT: stablehlo.is_finite
 module @embedding {
@@ -426,6 +434,54 @@ module @embedding {
     %c = stablehlo.cosine %e2 {remat.recompute = 1 : i64} : tensor<8x16xf32>
     %g1 = stablehlo.multiply %g0, %c : tensor<8x16xf32>
     return %s, %g1 : tensor<8x16xf32>, tensor<8x16xf32>
+  }
+}
+
+// -----
+
+// tie-to-cotangent=true (XLA:CPU): the clone `%t @ %w` reads the recomputed %t, which
+// makes it a clone of its own, so it reads the weight %w as it is, not through the
+// barrier: read through it, %w is another value to XLA, and what XLA makes of it for the
+// dot (XLA:CPU's f32 copy of a bf16 weight, a transposed copy) is made a second time, at
+// the start of the program (XLA:CPU drops the barrier's unread cotangent). The transpose
+// of %v reads an argument alone, so %v stays behind the barrier (read directly, XLA would
+// merge the clone with a forward twin). Without the tie every input is hidden.
+// CHECK-LABEL: module @weight_read
+// WARG-LABEL: module @weight_read
+// WARG: %[[B:.*]]:3 = stablehlo.optimization_barrier {{[^%]*}}%{{[^,]*}}, %arg1, %{{[^ ]*}} : tensor<2x4xf32>, tensor<4x4xf32>, tensor<2x4xf32>
+// WARG: stablehlo.is_finite
+// WARG: %[[H1:.*]] = stablehlo.multiply %[[B]]#0, %{{.*}} {remat.barrier}
+// WARG-NEXT: %[[T:.*]] = stablehlo.tanh %[[H1]] {remat.recompute = 1 : i64}
+// WARG-NEXT: %[[D:.*]] = stablehlo.dot_general %[[T]], %arg0, {{.*}}remat.recompute = 1
+// WARG-NEXT: %[[VT:.*]] = stablehlo.transpose %[[B]]#1, {{.*}}remat.recompute = 1
+// WARG-NEXT: stablehlo.dot_general %[[D]], %[[VT]], {{.*}}remat.recompute = 1
+// WARG-NOT: stablehlo.optimization_barrier
+// WARG-NOT: stablehlo.is_finite
+// WARGNOTIE-LABEL: module @weight_read
+// WARGNOTIE: %[[B:.*]]:4 = stablehlo.optimization_barrier {{[^%]*}}%{{[^,]*}}, %arg0, %arg1, %{{[^ ]*}} :
+// WARGNOTIE: stablehlo.dot_general %{{.*}}, %[[B]]#1, {{.*}}remat.recompute = 1
+// The one barrier of the region takes what the backward reads from the forward (%e) and
+// the arguments the group must hide (%v), not %w, which the backward's last dot reads too:
+// WARGREGION-LABEL: module @weight_read
+// WARGREGION: %[[B:.*]]:4 = stablehlo.optimization_barrier {{[^%]*}}%{{[^,]*}}, %{{[^,]*}}, %arg1, %arg3 :
+// WARGREGION: %[[T:.*]] = stablehlo.tanh %{{.*}} {remat.recompute = 1 : i64}
+// WARGREGION-NEXT: stablehlo.dot_general %[[T]], %arg0, {{.*}}remat.recompute = 1
+// WARGREGION-NEXT: stablehlo.transpose %[[B]]#2, {{.*}}remat.recompute = 1
+// WARGREGION-NOT: stablehlo.optimization_barrier
+// WARGREGION: stablehlo.dot_general %{{.*}}, %arg0, contracting_dims = [1] x [1] :
+module @weight_read {
+  func.func @main(%w: tensor<4x4xf32>, %v: tensor<4x4xf32>, %x: tensor<2x4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+    %h = stablehlo.sine %x : tensor<2x4xf32>
+    %y = stablehlo.dot_general %h, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    %e = stablehlo.exponential %y : tensor<2x4xf32>
+    %g0 = stablehlo.multiply %ct, %e : tensor<2x4xf32>
+    %t = stablehlo.tanh %h {remat.recompute = 1 : i64} : tensor<2x4xf32>
+    %d = stablehlo.dot_general %t, %w, contracting_dims = [1] x [0] {remat.recompute = 1 : i64} : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    %vt = stablehlo.transpose %v, dims = [1, 0] {remat.recompute = 1 : i64} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    %d2 = stablehlo.dot_general %d, %vt, contracting_dims = [1] x [0] {remat.recompute = 1 : i64} : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    %g1 = stablehlo.multiply %g0, %d2 : tensor<2x4xf32>
+    %g2 = stablehlo.dot_general %g1, %w, contracting_dims = [1] x [1] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    return %e, %g2 : tensor<2x4xf32>, tensor<2x4xf32>
   }
 }
 
