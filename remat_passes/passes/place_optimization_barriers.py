@@ -38,7 +38,13 @@ No tie is placed when the forward keeps no activation (every value the backward 
 it is an argument): the backward then recomputes the whole forward from the arguments at
 once, which needs what the program without remat needs, and XLA:CPU undoing it saves the
 recomputation's time and costs no memory (measured: Equinox `nothing_saveable`, 1.05x the
-untied footprint when tied). In two levels (`remat.levels = 2`, core/levels.py) the ties are
+untied footprint when tied). In joint form per use no barrier is placed either: XLA:CPU of
+jaxlib >= 0.11 keeps barriers through CSE, so the clones did not merge with the forward, and
+untied they ran in the forward beside it (jaxlib 0.12, joint, nothing_saveable, the zoo's
+RecurrentGemma 1,708,840 B with barriers, 1,585,960 B without, the program without remat
+1,569,576 B; Gemma 3 bf16 1,072,816 B and 1,049,296 B). Per region the barrier stays, as
+`jax.checkpoint` places it (Flax's blocks 1,125,024 B with it, 1,190,560 B without): rp.jit
+compiles both and runs the smaller. In two levels (`remat.levels = 2`, core/levels.py) the ties are
 placed all the same, and an op of a group that reads arguments alone gets its smallest
 argument tied (a transient copy): they keep each segment's second recomputation apart from
 the first, which XLA:CPU would otherwise merge and keep live from the start of the backward
@@ -585,10 +591,14 @@ class PlaceOptimizationBarriers(ModulePass):
             # (also which arguments a group's clones read directly: `_inputs_to_hide`)
             is_argument = _argument_test(module_op, f) if self.tie_to_cotangent else None
             tie = is_argument
-            if tie is not None and all(tie(v) for v in a.residuals) \
-                    and contract.recompute_levels(f) == 1:
+            no_activation = tie is not None and all(tie(v) for v in a.residuals) \
+                and contract.recompute_levels(f) == 1
+            if no_activation:
                 tie = None   # the forward keeps no activation (module docstring)
-            groups = a.recompute_groups
+            # (and joint, per use: no barrier at all, so XLA merges the clones with the
+            # forward ops they copy, as the module docstring says)
+            merge = no_activation and self.groups == "per-use" and target == name
+            groups = [] if merge else a.recompute_groups
             if self.groups == "per-region":
                 groups = per_region(groups, {op_id(op): i for i, op in
                                              enumerate(graph.body_block(f).operations)})
@@ -612,7 +622,8 @@ class PlaceOptimizationBarriers(ModulePass):
                             note, _in_regions_without_barrier(module_op), _manual_test(a),
                             is_shape, tie=tie, tie_arguments=contract.recompute_levels(f) == 2,
                             is_argument=is_argument)
-            fence_early_clones(a.recompute_groups, is_shape, note)
+            if not merge:
+                fence_early_clones(a.recompute_groups, is_shape, note)
             # (only where something is recomputed: with no barrier of a recomputation, a
             # program keeps its residuals as XLA fuses them, and rp.jit can tell it apart)
             if self.fence_producers and placed and target == name and _manual_test(a) is None:

@@ -371,22 +371,17 @@ def _cli_residuals(module, policy: str, mode: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2).replace(",", ""))) if m else (-1, -1)
 
 
-def _joint_footprints(exported, module, loss, policy, args) -> tuple[int, int]:
-    """XLA's footprint (temp + arguments + outputs) of our joint program `module` (rewritten
-    from `exported`; where it recomputes nothing, the smaller of it and its form with the
-    residuals rounded, as rp.jit builds them) and of JAX's `jax.vjp` of the checkpointed
-    loss. Both take every parameter: jax.jit would drop a parameter the loss never reads
-    (keras-hub's Llama: the 16 KiB output embedding, as the loss reads the hidden states)
-    from its arguments' count, although the array is in memory all the same
-    (`keep_unused=True`)."""
-    import remat_passes as rp
-    from remat_passes.api.variants import needs_tie
-    from tools.benchmarks.xla_memory import rounded_joint
+def _joint_footprints(exported, loss, policy, args) -> tuple[int, int]:
+    """XLA's footprint (temp + arguments + outputs) of our joint program as rp.jit builds it
+    from `exported` on this backend (the xla benchmark's `our_joint`: each barrier variant
+    rp.jit compiles, and where nothing is recomputed the residuals rounded too, the smallest)
+    and of JAX's `jax.vjp` of the checkpointed loss. Both take every parameter: jax.jit would
+    drop a parameter the loss never reads (keras-hub's Llama: the 16 KiB output embedding,
+    as the loss reads the hidden states) from its arguments' count, although the array is in
+    memory all the same (`keep_unused=True`)."""
+    from tools.benchmarks.xla_memory import our_joint
     ct = jnp.ones(())
-    rounded = rounded_joint(exported, policy, module, needs_tie(), "per-use")
-    ours = min(common.xla_footprint(common.xla_memory(
-        rp.compile(m, "main").lower(*args, ct).compile()))
-        for m in (module, rounded) if m is not None)
+    ours = common.xla_footprint(our_joint(exported, policy, args, ct))
     fun = jax.checkpoint(loss, policy=getattr(jax.checkpoint_policies, policy))
     theirs = jax.jit(lambda *a: jax.vjp(fun, *a)[1](ct), keep_unused=True).lower(*args).compile()
     return ours, common.xla_footprint(common.xla_memory(theirs))
@@ -450,7 +445,7 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
                        "jax_difference": jax_difference, "remat_s": seconds,
                        "activations": activation_bytes(out.residuals)}
                 if compiled and form == "joint":
-                    row["footprint"] = list(_joint_footprints(module, out, loss, policy,
+                    row["footprint"] = list(_joint_footprints(module, loss, policy,
                                                               (params,)))
                 elif compiled:
                     row["temp"] = _split_temps(module, checkpointed, policy, (params,))
