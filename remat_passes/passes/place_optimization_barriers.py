@@ -38,9 +38,10 @@ No tie is placed when the forward keeps no activation (every value the backward 
 it is an argument): the backward then recomputes the whole forward from the arguments at
 once, which needs what the program without remat needs, and XLA:CPU undoing it saves the
 recomputation's time and costs no memory (measured: Equinox `nothing_saveable`, 1.05x the
-untied footprint when tied). In joint form per use no barrier is placed either: XLA:CPU of
-jaxlib >= 0.11 keeps barriers through CSE, so the clones did not merge with the forward, and
-untied they ran in the forward beside it (jaxlib 0.12, joint, nothing_saveable, the zoo's
+untied footprint when tied). In joint form per use no barrier is placed either where XLA:CPU
+keeps barriers through CSE (jaxlib >= 0.11; 0.10 deletes them first and merges the clones
+itself): there the clones did not merge with the forward, and untied they ran in the forward
+beside it (jaxlib 0.12, joint, nothing_saveable, the zoo's
 RecurrentGemma 1,708,840 B with barriers, 1,585,960 B without, the program without remat
 1,569,576 B; Gemma 3 bf16 1,072,816 B and 1,049,296 B). Per region the barrier stays, as
 `jax.checkpoint` places it (Flax's blocks 1,125,024 B with it, 1,190,560 B without): rp.jit
@@ -112,6 +113,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from remat_passes import jax_compat
 from remat_passes.analysis.function import RecomputeGroup, recompute_groups
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id, stablehlo
@@ -595,9 +597,11 @@ class PlaceOptimizationBarriers(ModulePass):
                 and contract.recompute_levels(f) == 1
             if no_activation:
                 tie = None   # the forward keeps no activation (module docstring)
-            # (and joint, per use: no barrier at all, so XLA merges the clones with the
-            # forward ops they copy, as the module docstring says)
-            merge = no_activation and self.groups == "per-use" and target == name
+            # (and joint, per use, where XLA:CPU keeps barriers through its CSE: no barrier
+            # at all, so XLA merges the clones with the forward ops they copy, as the
+            # module docstring says)
+            merge = no_activation and self.groups == "per-use" and target == name \
+                and not jax_compat.xla_cpu_fuses_across_barriers()
             groups = [] if merge else a.recompute_groups
             if self.groups == "per-region":
                 groups = per_region(groups, {op_id(op): i for i, op in
