@@ -470,12 +470,13 @@ def place_over_residuals(a, block, groups, is_shape, note=None, tie=None,
     if first is None or contract.is_barrier(first):
         return 0        # nothing read from the forward (or placed by an earlier run)
     args = set(block.arguments)
-    def held(vs):
+
+    def from_forward(vs):       # what the barrier may take: forward values, arguments
         return [v for v in vs if not is_shape(v) and v not in cotangents
                 and (v in forward or v in args)]
-    values = [v for op in readers for v in held(graph.read_values(op))
+    values = [v for op in readers for v in from_forward(graph.read_values(op))
               if is_argument is None or not is_argument(v)]
-    hidden = [set(held(_inputs_to_hide(g, is_shape, is_argument))) for g in groups]
+    hidden = [set(from_forward(_inputs_to_hide(g, is_shape, is_argument))) for g in groups]
     values = list(dict.fromkeys(values + [v for h in hidden for v in h]))
     if not values or _already_placed(values):
         return 0
