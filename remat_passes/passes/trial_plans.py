@@ -19,7 +19,8 @@ from remat_passes.passes.inline import Inline
 from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner import trials
 from remat_passes.planner.model import build_problem
-from remat_passes.planner.resolve import Trial, by_compiled_cost, for_peak, monotone_peak
+from remat_passes.planner.resolve import (BudgetBelowMinimum, Trial, by_compiled_cost, for_peak,
+                                          monotone_peak)
 from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.regions.rules import new_rules
@@ -308,8 +309,15 @@ class TrialPlans:
             fitting = [t for t in tried if t[0] <= budget]
             if fitting:
                 break
-            if min(least.values()) >= lo:   # segments do not help this function
-                raise below
+            if min(least.values()) >= lo:   # segments do not help this function (a short loop)
+                raise BudgetBelowMinimum(
+                    f"error: {policy.spec}: the budget, {budget} B of activations, is below the "
+                    f"least this function can keep, {lo} B (its scan loops keep their carry for "
+                    "every iteration, beside outputs of side-effecting ops and values nothing "
+                    "may recompute; the function's arguments are not counted), and its scans in "
+                    f"segments keep no less ({least[levels]} B with "
+                    f"{'two' if levels == 'sqrt' else 'three'} levels); without remat it keeps "
+                    f"{hi} B", policy, budget, lo, hi)
         else:       # (the least of either: three levels can keep more than two for a short loop)
             best = min(least, key=least.get)
             raise RematError(

@@ -346,6 +346,31 @@ def test_a_budget_below_what_segments_reach_names_that_least():
     assert_trees_close(run_joint(least, args, ct)[1:], leaves(grads), what="auto at the least")
 
 
+def test_a_loop_too_short_for_segments_says_its_least_is_the_carries():
+    """A 4-step loop: segments keep more than a per-iteration plan, so the least is that
+    plan's, the loop's carry for every step and its output. The error said it was made of
+    'outputs of side-effecting ops and values nothing may recompute', which this function
+    has none of; it now names the scan's carries and what segments would keep, and the least
+    it names is met."""
+    def short(w, x, xs):
+        h, _ = jax.lax.scan(lambda h, xt: (jnp.tanh(h @ w + xt), None), x, xs)
+        return jnp.sum(h ** 2)
+    args = (jnp.ones((16, 16)) * 0.1, jnp.ones((8, 16)), jnp.ones((4, 8, 16)) * 0.1)
+    module = rp.export_vjp(short, *args)
+    lo, _ = rp.bounds(module)
+    carry = 8 * 16 * 4
+    assert lo == 5 * carry      # (four carries stacked, and the last, the loop's output)
+    with pytest.raises(RematError) as e:
+        rp.remat(module, "auto(budget=0)")
+    m = re.search(r"can keep, (\d+) B \(its scan loops keep their carry for every iteration"
+                  r".*segments keep no less \((\d+) B with two levels\)", str(e.value))
+    assert m and int(m.group(1)) == lo <= int(m.group(2)), str(e.value)
+    least = rp.remat(module, f"auto(budget={lo})")
+    assert _kept(least) <= lo
+    _, ct, grads = reference_vjp(short, args)
+    assert_trees_close(run_joint(least, args, ct)[1:], leaves(grads), what="auto at the least")
+
+
 def test_auto_sweep_over_a_scan_keeps_within_budget_and_cost_falls_as_budget_grows():
     from remat_passes.cost.flops import function_flops
     scans, params, xs = _long_rnn(64)
