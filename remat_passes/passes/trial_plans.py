@@ -312,7 +312,7 @@ class TrialPlans:
             if min(least.values()) >= lo:   # segments do not help this function (a short loop)
                 raise BudgetBelowMinimum(
                     f"error: {policy.spec}: the budget, {budget} B of activations, is below the "
-                    f"least this function can keep, {lo} B (its scan loops keep their carry for "
+                    f"minimum this function can keep, {lo} B (its scan loops keep their carry for "
                     "every iteration, beside outputs of side-effecting ops and values nothing "
                     "may recompute; the function's arguments are not counted), and its scans in "
                     f"segments keep no less ({least[levels]} B with "
