@@ -22,10 +22,21 @@ Saveable = _Verdict("Saveable")
 Recompute = _Verdict("Recompute")
 
 
+MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")    # (what JAX's devices address)
+
+
 @dataclasses.dataclass(frozen=True)
 class Offloadable:
+    """Move the value from memory `src` to `dst` between the passes (JAX's
+    `pe.Offloadable`); each one of `MEMORY_KINDS`, as JAX checks them when it lowers."""
     src: str
     dst: str
+
+    def __post_init__(self):
+        for what, kind in (("offload_src", self.src), ("offload_dst", self.dst)):
+            if kind not in MEMORY_KINDS:
+                raise RematError(f"error: {what} must be a memory kind, one of "
+                                 f"{', '.join(MEMORY_KINDS)}; got {kind!r}")
 
 
 def normalize_verdict(value, policy=None):

@@ -10,6 +10,7 @@ without remat.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 from remat_passes.cost.devices import PROFILES, DeviceProfile, default_device
@@ -48,19 +49,24 @@ def parse_budget(value) -> Budget:
             raise ValueError(f"a budget cannot be negative, got {value}")
         return Budget(nbytes=value)
     if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"a budget is a finite number of bytes, not negative, got {value!r}")
         return Budget(nbytes=int(value))
     text = str(value).strip()
     m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*%", text)
     if m:
         fraction = float(m.group(1)) / 100
-        if fraction < 0:
-            raise ValueError(f"a budget cannot be negative, got {text}")
+        if not math.isfinite(fraction):
+            raise ValueError(f"cannot read budget '{text}': more than a float holds")
         return Budget(fraction=fraction)
     m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)", text)
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot read budget '{text}': expected bytes (an integer), bytes "
                          "with a unit (512MiB, 2GiB, 1.5GB) or a percentage (50%)")
-    return Budget(nbytes=int(float(m.group(1)) * _UNITS[m.group(2).lower()]))
+    nbytes = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(nbytes):
+        raise ValueError(f"cannot read budget '{text}': more bytes than a float holds")
+    return Budget(nbytes=int(nbytes))
 
 
 class AutoPolicy(Policy):

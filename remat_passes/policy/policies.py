@@ -165,9 +165,11 @@ checkpoint_dots_with_no_batch_dims = dots_with_no_batch_dims_saveable
 
 
 def offload_dot_with_no_batch_dims(offload_src, offload_dst):
+    offload = Offloadable(offload_src, offload_dst)     # (its memory kinds checked now)
+
     def policy(op):
         if _dot_general_no_batch(op):      # (JAX's: dot_general alone, not the scaled one)
-            return Offloadable(offload_src, offload_dst)
+            return offload
         return Recompute
     return Policy(policy, f"offload_dot_with_no_batch_dims({offload_src!r}, {offload_dst!r})")
 
@@ -214,12 +216,13 @@ def save_and_offload_only_these_names(*, names_which_can_be_saved, names_which_c
             " `names_which_can_be_saved` and `names_which_can_be_offloaded`. Got"
             f" names_which_can_be_saved={saved}, names_which_can_be_offloaded={offloaded}"
             f" and the intersection={intersection}")
+    offload = Offloadable(offload_src, offload_dst)     # (its memory kinds checked now)
 
     def policy(op):
         if op.checkpoint_name in saved:
             return Saveable
         if op.checkpoint_name in offloaded:
-            return Offloadable(offload_src, offload_dst)
+            return offload
         return Recompute
     spec = ("save_and_offload_only_these_names("
             f"names_which_can_be_saved=[{_q(sorted(saved))}], "

@@ -204,13 +204,21 @@ def _error_cases(files):
         "recursive-calls": ([files["recursive"], "--remat=policy=nothing_saveable"],
                             [f"{files['recursive']}:10:8", "recursive calls",
                              "@a -> @b -> @a"]),
+        # (a budget past a float's range was an OverflowError's traceback)
+        "budget-beyond-a-float": ([files["vjp"], "--remat=policy=auto(budget=1e400)"],
+                                  ["budget '1e400'", "more bytes than a float holds"]),
+        # (an unknown memory kind was written into the module as it was)
+        "unknown-memory-kind": (
+            [files["vjp"], "--remat=policy=offload_dot_with_no_batch_dims(device, nowhere)"],
+            ["offload_dst", "device, pinned_host, unpinned_host", "'nowhere'"]),
     }
 
 
 ERROR_CASES = ["malformed-mlir", "unknown-pass-in-pipeline", "unknown-pass-flag", "unknown-option",
                "bad-option-value", "bad-core-pass-option", "missing-file", "missing-function",
                "missing-function-pipeline", "garbage-input", "two-modules",
-               "escaped-non-utf8", "recursive-calls"]
+               "escaped-non-utf8", "recursive-calls", "budget-beyond-a-float",
+               "unknown-memory-kind"]
 
 
 @pytest.mark.parametrize("case", ERROR_CASES)

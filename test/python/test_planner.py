@@ -111,6 +111,15 @@ def test_bad_budget_is_a_clear_error(bad):
         P.auto(budget=bad)
 
 
+def test_a_budget_is_a_finite_number_of_bytes():
+    """inf, nan and what overflows a float are refused with a ValueError that says so (the
+    CLI reports it as a bad option value; 1e400 was an OverflowError)."""
+    for bad in (float("inf"), float("nan"), -1.0, "1e400", "1e400GiB", "1e400%"):
+        with pytest.raises(ValueError, match="finite|more than a float holds|float holds"):
+            parse_budget(bad)
+    assert parse_budget(5.0).nbytes == 5 and parse_budget("200%").fraction == 2.0
+
+
 def test_specs_round_trip():
     pol = P.parse_policy("auto(budget=2GiB, offload=pinned_host, device=h100)")
     assert isinstance(pol, AutoPolicy)

@@ -111,6 +111,21 @@ def test_offload_dot_with_no_batch_dims_verdicts():
     assert pol.verdict(SIN) is Recompute
 
 
+def test_an_offload_to_an_unknown_memory_kind_is_refused_when_the_policy_is_made():
+    """JAX's lowering refuses a memory kind its devices do not address; ours wrote it into
+    the module (`_xla_buffer_placement = "nowhere"`). Now the policy is refused when it is
+    made, naming the kinds, and so is a Python policy's verdict."""
+    with pytest.raises(rp.RematError, match="offload_dst must be a memory kind.*'nowhere'"):
+        P.offload_dot_with_no_batch_dims("device", "nowhere")
+    with pytest.raises(rp.RematError, match="offload_src must be a memory kind.*'hbm'"):
+        P.save_and_offload_only_these_names(
+            names_which_can_be_saved=[], names_which_can_be_offloaded=["b"],
+            offload_src="hbm", offload_dst="pinned_host")
+    with pytest.raises(rp.RematError, match="offload_dst"):
+        Offloadable("device", "disk")
+    assert Offloadable("device", "unpinned_host").dst == "unpinned_host"
+
+
 def test_save_and_offload_only_these_names_verdicts():
     pol = P.save_and_offload_only_these_names(
         names_which_can_be_saved=["a"], names_which_can_be_offloaded=["b"],
