@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from remat_passes import __version__, jax_compat
 from remat_passes.core.residuals import residual_bytes_text
-from remat_passes.cost.memory import estimate_memory
+from remat_passes.cost.memory import BACKENDS, estimate_memory
 from remat_passes.cost.memory_report import format_memory
 from remat_passes.cost.xla_buffers import model_line
 from remat_passes.ir import mlir
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model of --print-memory: program order with no reuse (default), "
                         "or what XLA's buffer assignment does on the platform JAX runs on (kept "
                         "arguments, fusion, in-place ops, copies of returned arguments)")
-    p.add_argument("--memory-backend", choices=("cpu", "gpu", "tpu"),
+    p.add_argument("--memory-backend", choices=BACKENDS,
                    help="the XLA backend --memory-model=xla models (default: the platform JAX "
                         "runs on, as for --pareto-device), so a GPU's memory can be estimated "
                         "on a machine without one")

@@ -152,6 +152,10 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
     as `auto`'s (True or 'larger', 'smaller'): a budget whose plan would peak above a
     larger budget's takes another plan (its trial plans are made once for the whole sweep).
     """
+    if budgets is None and (isinstance(points, bool) or not isinstance(points, int)
+                            or points < 1):
+        raise RematError(f"error: rp.pareto: points is how many budgets to plan, at least "
+                         f"1, got {points!r}")
     lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device),
                     what="rp.pareto")
     measure = _Measure(module, func, levels)

@@ -672,6 +672,9 @@ def estimate_function(func_op, model: str = "program-order", backend=None,
     return est.function(func_op).peak_bytes
 
 
+BACKENDS = ("cpu", "gpu", "tpu")     # (what `backend` may name; remat-opt's --memory-backend)
+
+
 def _backend(model: str, backend: str | None) -> str | None:
     """The backend the xla model models: `backend`, else the platform JAX runs on
     (`jax_compat.platform_in_use`: none is started to find out)."""
@@ -679,4 +682,7 @@ def _backend(model: str, backend: str | None) -> str | None:
         return None
     if backend is None:
         backend = jax_compat.platform_in_use()
+    elif backend not in BACKENDS:
+        raise RematError(f"error: unknown backend {backend!r} for the xla memory model; "
+                         f"known: {', '.join(BACKENDS)}")
     return backend

@@ -674,6 +674,9 @@ def test_xla_model_copies_returned_arguments_and_counts_host_memory_on_cpu():
     assert gpu.peak_bytes == K + K + K         # h is in host memory
     with pytest.raises(RematError, match="unknown memory model 'exact'"):
         estimate_memory(rp.Module.parse(text), model="exact")
+    # (a backend the model does not know was taken as neither CPU nor GPU, silently)
+    with pytest.raises(RematError, match="unknown backend 'tpu9'.*known: cpu, gpu, tpu"):
+        estimate_memory(rp.Module.parse(text), model="xla", backend="tpu9")
 
 
 @pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])

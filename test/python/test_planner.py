@@ -493,6 +493,9 @@ def test_pareto_is_monotone():
         assert b.extra_flops <= a.extra_flops + 1e-6
         assert a.activation_bytes <= a.budget
     assert "budget | activations (device)" in format_pareto(points)
+    for bad in (0, -1, 2.5):      # (no budget at all was an empty sweep, said nowhere)
+        with pytest.raises(rp.RematError, match="points is how many budgets"):
+            pareto(m, points=bad)
 
 
 def test_monotone_peak_decides_from_the_largest_budget_down():
