@@ -48,7 +48,8 @@ compute a saved value once instead of again in each backward fusion that reads i
 
 Called inside `jax.jit` (or under another transformation), the joint form's rewritten
 program becomes part of the program being traced (`Exported.call`); the split form runs two
-executables and says so. On several devices (sharded arguments) the split form's backward
+executables and says so. Under `jax.vmap` neither runs (`Exported.call` has no batching
+rule): the error says to vmap inside instead. On several devices (sharded arguments) the split form's backward
 takes the residuals sharded as the forward's executable returns them.
 
 A step that accumulates gradients over microbatches (`jax.grad` inside `lax.scan`) has its
@@ -250,7 +251,15 @@ class Jitted:
         specs = jax.tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(
             x.shape, x.dtype, weak_type=getattr(x.aval, "weak_type", False), sharding=s)
             if isinstance(x, jax.core.Tracer) else x for x, s in zip(leaves, placed)])
-        return self._lowered(call, specs).traced(*dynamic)
+        try:
+            return self._lowered(call, specs).traced(*dynamic)
+        except NotImplementedError as e:     # (jax.vmap: no batching rule for an Exported)
+            if "call_exported" not in str(e):
+                raise
+            raise RematError(
+                f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} cannot be "
+                "called under jax.vmap: the rewritten program runs through jax.export's call, "
+                "which JAX cannot batch; put the vmap inside, rp.jit(jax.vmap(f, ...))") from None
 
     def lower(self, *args, **kwargs) -> Lowered:
         """What is (or would be) built for `args`: the rewritten Module, its residuals, the

@@ -710,6 +710,22 @@ def test_a_host_callback_is_a_clear_error(callback):
         rp.export_vjp(loss, w, x)
 
 
+def test_under_jax_vmap_is_a_clear_error_and_a_vmap_inside_works():
+    """Inside jax.jit and under jax.grad the rewritten program runs through jax.export's
+    call; JAX has no batching rule for it, and jax.vmap of an rp.jit function failed with
+    "Batching rule for 'call_exported' not implemented". It now says so and what to do,
+    and what it says to do gives jax.jit's answer."""
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+    w, xs = jnp.eye(4) * 0.5, jnp.linspace(-1, 1, 24).reshape(3, 2, 4)
+    with pytest.raises(rp.RematError, match="cannot be called under jax.vmap.*"
+                                            r"rp.jit\(jax.vmap\(f"):
+        jax.vmap(lambda x: rp.jit(step, policy="nothing_saveable")(w, x))(xs)
+    inside = rp.jit(jax.vmap(step, in_axes=(None, 0)), policy="nothing_saveable")(w, xs)
+    np.testing.assert_allclose(inside, jax.jit(jax.vmap(step, in_axes=(None, 0)))(w, xs),
+                               rtol=1e-6, atol=1e-7)
+
+
 def test_split_form_donates_no_host_residual_to_a_device_gradient():
     """A residual offloaded to host memory whose shape and type a gradient has: the backward
     must not take its buffer for the gradient (in device memory), in rp.jit's split form nor
