@@ -326,15 +326,18 @@ def test_auto_segments_a_scan_whose_budget_a_per_iteration_plan_cannot_meet():
         r.bytes for r in split.residuals if r.argument) <= 48 * carry
 
 
+def _short_loop(w, x, xs):
+    """A tanh RNN over the steps of xs (the short-loop tests' function)."""
+    h, _ = jax.lax.scan(lambda h, xt: (jnp.tanh(h @ w + xt), None), x, xs)
+    return jnp.sum(h ** 2)
+
+
 def test_a_budget_below_what_segments_reach_names_that_least():
     """A short loop (9 steps): two levels reach less than a per-iteration plan, three levels
     no less. A budget below both is an error that names what the segments reach (it named
     the per-iteration least, as if segments could not help), and that least is met."""
-    def short(w, x, xs):
-        h, _ = jax.lax.scan(lambda h, xt: (jnp.tanh(h @ w + xt), None), x, xs)
-        return jnp.sum(h ** 2)
     args = (jnp.ones((64, 64)) * 0.01, jnp.ones((8, 64)), jnp.ones((9, 8, 64)) * 0.1)
-    module = rp.export_vjp(short, *args)
+    module = rp.export_vjp(_short_loop, *args)
     lo, _ = rp.bounds(module)
     with pytest.raises(RematError) as e:
         rp.remat(module, "auto(budget=8000)")
@@ -342,7 +345,7 @@ def test_a_budget_below_what_segments_reach_names_that_least():
     assert m and int(m.group(1)) < int(m.group(2)) == lo, str(e.value)
     least = rp.remat(module, f"auto(budget={m.group(1)})")
     assert least.segmented and _kept(least) <= int(m.group(1))
-    _, ct, grads = reference_vjp(short, args)
+    _, ct, grads = reference_vjp(_short_loop, args)
     assert_trees_close(run_joint(least, args, ct)[1:], leaves(grads), what="auto at the least")
 
 
@@ -352,11 +355,8 @@ def test_a_loop_too_short_for_segments_says_its_least_is_the_carries():
     'outputs of side-effecting ops and values nothing may recompute', which this function
     has none of; it now names the scan's carries and what segments would keep, and the least
     it names is met."""
-    def short(w, x, xs):
-        h, _ = jax.lax.scan(lambda h, xt: (jnp.tanh(h @ w + xt), None), x, xs)
-        return jnp.sum(h ** 2)
     args = (jnp.ones((16, 16)) * 0.1, jnp.ones((8, 16)), jnp.ones((4, 8, 16)) * 0.1)
-    module = rp.export_vjp(short, *args)
+    module = rp.export_vjp(_short_loop, *args)
     lo, _ = rp.bounds(module)
     carry = 8 * 16 * 4
     assert lo == 5 * carry      # (four carries stacked, and the last, the loop's output)
@@ -367,7 +367,7 @@ def test_a_loop_too_short_for_segments_says_its_least_is_the_carries():
     assert m and int(m.group(1)) == lo <= int(m.group(2)), str(e.value)
     least = rp.remat(module, f"auto(budget={lo})")
     assert _kept(least) <= lo
-    _, ct, grads = reference_vjp(short, args)
+    _, ct, grads = reference_vjp(_short_loop, args)
     assert_trees_close(run_joint(least, args, ct)[1:], leaves(grads), what="auto at the least")
 
 
