@@ -38,6 +38,8 @@ user of it is backward.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from remat_passes.ir.mlir import ir, stablehlo
 from remat_passes.ir.verdicts import Offloadable, Saveable
 
@@ -280,11 +282,29 @@ def annotate_placement(value, kind: str, ip, loc):
     """`stablehlo.custom_call @annotate_device_placement(value)` (a side effect, so it is
     kept) that moves `value` to memory `kind`, as JAX emits it for an offload policy;
     returns the moved value."""
-    op = stablehlo.CustomCallOp([value.type], [value], PLACEMENT_TARGET,
+    operands = [value]
+    shaped = ir.RankedTensorType(value.type)
+    if not shaped.has_static_shape:     # (symbolic dimensions: the shape as an operand)
+        operands.append(_shape_of(value, shaped.rank, ip, loc))
+    op = stablehlo.CustomCallOp([value.type], operands, PLACEMENT_TARGET,
                                 has_side_effect=True, ip=ip, loc=loc)
     for name, attr in placement_attrs(kind).items():
         op.operation.attributes[name] = attr
+    if len(operands) > 1:
+        op.operation.attributes["indices_of_shape_operands"] = ir.DenseIntElementsAttr.get(
+            np.array([1], np.int64))
     return op.result
+
+
+def _shape_of(value, rank: int, ip, loc):
+    """tensor<rank x i32>: `value`'s dimension sizes, which a custom call of a value with
+    symbolic dimensions takes as its result's shape (JAX's `indices_of_shape_operands`), so
+    that shape refinement gives the result the shape the call is made for (it cannot see
+    through the call otherwise, and XLA refuses the module)."""
+    one = ir.RankedTensorType.get([1], ir.IntegerType.get_signless(32))
+    sizes = [stablehlo.ReshapeOp(one, stablehlo.GetDimensionSizeOp(value, d, ip=ip, loc=loc),
+                                 ip=ip, loc=loc).result for d in range(rank)]
+    return stablehlo.ConcatenateOp(sizes, 0, ip=ip, loc=loc).result
 
 
 # ------------------------------------------------- argument/result entries --

@@ -108,6 +108,10 @@ def serialize_exported(module) -> bytes:
         raise RematError(f"error: cannot serialize the calling convention: {e}") from None
 
 
+class DynamicShapes(RematError):
+    """A function with dynamic dimensions that JAX cannot call (`to_exported`)."""
+
+
 def to_exported(module, function: str = "main"):
     """A jax.export.Exported that runs `function` of `module`.
 
@@ -124,6 +128,11 @@ def to_exported(module, function: str = "main"):
     main = graph.find_func(copy.op, "main")
     in_avals = tuple(_aval(t) for t in main.type.inputs)
     out_avals = tuple(_aval(t) for t in main.type.results)
+    if any(d < 0 for a in in_avals for d in a.shape):
+        raise DynamicShapes(
+            f"error: @{function} has dynamic dimensions, and only an exported @main keeps the "
+            "symbolic shapes JAX needs to call a function with them (the split halves and "
+            "written modules do not): export for concrete shapes to run it")
     n_in, n_out = len(in_avals), len(out_avals)
     platforms = exp.platforms if exp is not None else (backend("running the module"),)
     out_tree = jax.tree_util.tree_structure(0 if n_out == 1 else (0,) * n_out)
@@ -194,13 +203,16 @@ def _compiled_alone(module, name: str, what: str):
     """`name` of a Module compiled for the default backend from its argument types alone,
     for `what` (an option that compiles plans: one device, static shapes)."""
     backend(what)
-    exported = to_exported(module, name)
+    try:
+        exported = to_exported(module, name)
+    except DynamicShapes:
+        exported = None
+    if exported is None or any(d < 0 for a in exported.in_avals for d in a.shape):
+        raise RematError(f"error: {what} compiles each plan and needs static shapes; "
+                         f"@{name} has dynamic dimensions (export it for one shape)")
     if exported.nr_devices != 1:
         raise RematError(f"error: {what} compiles each plan for one device; @{name} "
                          f"runs on {exported.nr_devices}")
-    if any(d < 0 for a in exported.in_avals for d in a.shape):
-        raise RematError(f"error: {what} compiles each plan and needs static shapes; "
-                         f"@{name} has dynamic dimensions (export it for one shape)")
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
     return jax.jit(_named(exported.call, name)).lower(*avals).compile()
 

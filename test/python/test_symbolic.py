@@ -24,7 +24,10 @@ def step(W, x):
     return value, W - 0.1 * grad
 
 
-@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable", None])
+# (the offload policy's placement calls took the symbolic shape without it as an operand:
+# shape refinement could not see through them, and XLA refused the module)
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable", None,
+                                    "offload_dot_with_no_batch_dims(device, pinned_host)"])
 def test_symbolic_batch_step_compiles_and_runs_for_several_batches(policy):
     (b,) = jax_export.symbolic_shape("b")
     W = jnp.asarray(np.random.default_rng(0).normal(size=(4, 4)) * 0.5, jnp.float32)
@@ -35,6 +38,21 @@ def test_symbolic_batch_step_compiles_and_runs_for_several_batches(policy):
         assert_trees_close(out.call(W, x), jax.jit(step)(W, x))
     if policy == "nothing_saveable":
         assert "optimization_barrier" in str(out)      # the data values are still behind one
+    if policy and policy.startswith("offload"):
+        assert "annotate_device_placement" in str(out) and "indices_of_shape_operands" in str(out)
+
+
+def test_a_split_half_with_dynamic_dimensions_is_a_clear_error_to_call():
+    """Only an exported @main keeps the symbolic shapes JAX calls a function with; a split
+    half was called with a dimension of -2**63 and JAX's error said "Shape mismatch ...
+    expected (-9223372036854775808, 4)". Now it says what is missing and what to do."""
+    (b,) = jax_export.symbolic_shape("b")
+    W = jnp.ones((4, 4), jnp.float32)
+    m = rp.export_vjp(loss, W, jax.ShapeDtypeStruct((b, 4), jnp.float32))
+    split = rp.remat(m, "nothing_saveable", mode="split")
+    with pytest.raises(rp.RematError, match="@main_fwd has dynamic dimensions.*export for "
+                                            "concrete shapes"):
+        split.call(W, jnp.ones((3, 4), jnp.float32), function="main_fwd")
 
 
 def test_dynamic_dimensions_print_by_their_symbols():
