@@ -7,7 +7,8 @@ when lowering for GPU/TPU:
 
 * after the producer, `stablehlo.custom_call @annotate_device_placement(%r)
   {has_side_effect = true, mhlo.frontend_attributes = {_xla_buffer_placement = "<dst>"}}`,
-  read only by the backward;
+  read only by the backward (with symbolic dimensions the call also takes the value's shape:
+  `contract.annotate_placement`);
 * before the first backward use, the same with `"<src>"`, and the backward reads that;
   where that first use is an optimization barrier (place-optimization-barriers runs
   first), the barrier holds the host value and the copy comes right after it, as in
