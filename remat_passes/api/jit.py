@@ -49,8 +49,8 @@ compute a saved value once instead of again in each backward fusion that reads i
 Called inside `jax.jit` (or under another transformation), the joint form's rewritten
 program becomes part of the program being traced (`Exported.call`); the split form runs two
 executables and says so. Under `jax.vmap` neither runs (`Exported.call` has no batching
-rule): the error says to vmap inside instead. On several devices (sharded arguments) the split form's backward
-takes the residuals sharded as the forward's executable returns them.
+rule): the error says to vmap inside instead. On several devices (sharded arguments) the
+split form's backward takes the residuals sharded as the forward's executable returns them.
 
 A step that accumulates gradients over microbatches (`jax.grad` inside `lax.scan`) has its
 backward inside the loop body: the policy applies to each iteration (`regions.loop_backward`),
