@@ -70,17 +70,20 @@ def _own_backward(module, func: str, what: str) -> None:
 
 def bounds(module, func: str = "main", policy: AutoPolicy | None = None, *,
            what: str = "rp.bounds") -> tuple[int, int]:
-    """(minimum, no-remat) residual bytes a plan can have for `func` of `module` (`what`:
-    who asks, for the error where the function's backward runs inside a loop body)."""
+    """(minimum, no-remat) residual bytes a plan of `auto` as the module policy can have for
+    `func` of `module`, as remat-partial-eval plans it: checkpoint regions with a policy of
+    their own keep their verdicts, and what the backward reads of them counts as saved
+    (`what`: who asks, for the error where the function's backward runs inside a loop
+    body)."""
     _own_backward(module, func, what)
     p = problem_for(module, func, policy)
     return minimum_bytes(p), p.no_remat_bytes()
 
 
 def problem_for(module, func: str = "main", policy: AutoPolicy | None = None) -> Problem:
-    """The planning problem `auto` solves for `func` of a copy of `module` (inlined; no
-    checkpoint regions of their own: every forward op is governed), for the solvers and
-    benchmarks to work on directly."""
+    """The planning problem `auto` as the module policy solves for `func` of a copy of
+    `module` (inlined; `planning_problem`), for the solvers and benchmarks to work on
+    directly."""
     return planning_problem(module, func, policy)
 
 

@@ -99,7 +99,7 @@ class TrialPlans:
         compiled = policy.score == "xla"
         if compiled:
             self._can_compile(policy, state, state.compiled_memory)
-        problem = planning_problem(module_op, self.func, policy)
+        problem = planning_problem(module_op, self.func, policy, self.region_regex)
         memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
                           _is_loop_body(state, self.func), policy)
 
@@ -152,7 +152,7 @@ class TrialPlans:
         from remat_passes.cost.xla_schedule import compiled_forms
         from remat_passes.planner.report import format_flop, format_seconds
         from remat_passes.policy.auto import auto
-        problem = planning_problem(module_op, self.func, policy)
+        problem = planning_problem(module_op, self.func, policy, self.region_regex)
         lo, hi = minimum_bytes(problem), problem.no_remat_bytes()
         budget = policy.budget.resolve(hi)
         if not lo <= budget < hi:      # below the minimum: an error or scans in segments;
@@ -336,10 +336,12 @@ class TrialPlans:
         return candidate
 
 
-def planning_problem(module, func: str = "main", policy=None):
-    """The planning problem `auto` solves for `func` of a copy of `module` (an ir.Module or
-    a Module; inlined; no checkpoint regions of their own: every forward op is governed),
-    for the solvers, `bounds` and benchmarks to work on directly."""
+def planning_problem(module, func: str = "main", policy=None, scope_re=None):
+    """The planning problem `auto` as the module policy solves for `func` of a copy of
+    `module` (an ir.Module or a Module; inlined), for the solvers, `bounds` and benchmarks
+    to work on directly. As in remat-partial-eval, the ops inside checkpoint regions (and
+    scopes `scope_re` makes) keep their region's own verdicts, saved where the backward
+    needs them: they count in its minimum and are not the plan's to recompute."""
     policy = policy or AutoPolicy(0)
     copy = mlir.clone(getattr(module, "op", module))
     state = PassState()
@@ -350,8 +352,9 @@ def planning_problem(module, func: str = "main", policy=None):
         kept = {}
         for rule in new_rules().values():
             kept.update(rule.kept_whole(a))
-        p, _ = build_problem(a, None, set(kept), policy.profile, policy.offload is not None,
-                             lambda pos: True)
+        chains = a.scope_chains(scope_re)
+        p, _ = build_problem(a, scope_re, set(kept), policy.profile, policy.offload is not None,
+                             lambda pos: not chains[pos])
     p.module = copy      # the ops and values it names live in this copy (an ir.Module)
     return p
 

@@ -58,11 +58,15 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     budget = policy.budget.resolve(no_remat)
     minimum = minimum_bytes(p)
     if budget < minimum:
+        regions = any(not governed(pos) for pos in range(len(a.ops)) if not a.backward[pos])
         raise BudgetBelowMinimum(
             f"error: {policy.spec}: the budget, {budget} B of activations, is below the minimum "
             f"this function can keep, {minimum} B (outputs of side-effecting ops and values "
-            "nothing may recompute; the function's arguments are not counted); without remat "
-            f"it keeps {no_remat} B", policy, budget, minimum, no_remat)
+            "nothing may recompute" + (", and the values of checkpoint regions with a policy "
+                                       "of their own that the backward reads, counted as "
+                                       "saved" if regions else "")
+            + f"; the function's arguments are not counted); without remat it keeps "
+            f"{no_remat} B", policy, budget, minimum, no_remat)
     sol, exact = solve(p, budget, policy.solver, compare_exact=compare_exact)
     verdicts = _verdicts(p, sol, policy.offload)
     for op in b.free_ops:      # (the fallback, save, would stack what the model never does)
@@ -149,6 +153,8 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
         if fits_yet():               # look closer there
             break
         grid = sorted(trials)
+        if len(grid) == 1:           # (the minimum is no remat: one plan, nothing between)
+            break
         k = min(range(len(grid)), key=lambda j: trials[grid[j]][0])
         side = min((j for j in (k - 1, k + 1) if 0 <= j < len(grid)),
                    key=lambda j: trials[grid[j]][0])

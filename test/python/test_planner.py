@@ -677,6 +677,29 @@ def test_auto_as_a_region_policy():
     assert out.plan_reports
 
 
+def test_bounds_leave_checkpoint_regions_their_own_policy():
+    """Under a module `auto`, a region with a policy of its own keeps its verdicts, and the
+    planner counts what the backward reads of it as saved. rp.bounds planned as if the
+    plan could recompute it: it gave a minimum (0 B) that auto refused (2048 B), so auto at
+    bounds' minimum, rp.pareto and objective=peak (which plan from it) all failed on such
+    a function. Now bounds gives auto's minimum, and auto's error says what it counts."""
+    def f(W, x):
+        g = rp.checkpoint(lambda h: jnp.tanh(h @ W), policy="nothing_saveable")
+        return jnp.sum(jnp.sin(g(g(x)) @ W))
+    args = (jnp.ones((8, 8)) * 0.1, jnp.ones((4, 8)))
+    m = rp.export_vjp(f, *args)
+    lo, hi = bounds(m)
+    assert 0 < lo <= hi
+    with pytest.raises(rp.RematError, match=f"minimum this function can keep, {lo} B .*"
+                                            "checkpoint regions with a policy of their own"):
+        rp.remat(m, P.auto(budget=lo - 1))
+    out = rp.remat(m, P.auto(budget=lo))
+    out_ref, ct, grads = reference_vjp(f, args)
+    assert_trees_close(run_joint(out, args, ct), leaves(out_ref) + leaves(grads))
+    assert [p.budget for p in pareto(m, points=3)][0] == lo
+    rp.remat(m, P.auto(budget="100%", objective="peak"))    # (plans from the minimum up)
+
+
 def test_cli_spec_with_units(tmp_path):
     from remat_passes import cli
     _, _, m = case("mlp")
