@@ -20,7 +20,7 @@ from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner import trials
 from remat_passes.planner.model import build_problem
 from remat_passes.planner.resolve import (BudgetBelowMinimum, Trial, by_compiled_cost, for_peak,
-                                          monotone_peak)
+                                          module_governed, monotone_peak)
 from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.regions.rules import new_rules
@@ -352,9 +352,8 @@ def planning_problem(module, func: str = "main", policy=None, scope_re=None):
         kept = {}
         for rule in new_rules().values():
             kept.update(rule.kept_whole(a))
-        chains = a.scope_chains(scope_re)
         p, _ = build_problem(a, scope_re, set(kept), policy.profile, policy.offload is not None,
-                             lambda pos: not chains[pos])
+                             module_governed(a, scope_re))
     p.module = copy      # the ops and values it names live in this copy (an ir.Module)
     return p
 

@@ -58,7 +58,9 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     budget = policy.budget.resolve(no_remat)
     minimum = minimum_bytes(p)
     if budget < minimum:
-        regions = any(not governed(pos) for pos in range(len(a.ops)) if not a.backward[pos])
+        chains = a.scope_chains(scope_re)      # (values of regions it leaves to them?)
+        regions = any(chains[pos] and not governed(pos)
+                      for pos in range(len(a.ops)) if not a.backward[pos])
         raise BudgetBelowMinimum(
             f"error: {policy.spec}: the budget, {budget} B of activations, is below the minimum "
             f"this function can keep, {minimum} B (outputs of side-effecting ops and values "
@@ -87,15 +89,23 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     return verdicts, report
 
 
+def module_governed(a, scope_re):
+    """governed(pos) of the module policy: the ops of analysis `a` in no checkpoint region
+    (nor scope `scope_re` makes); a region with a policy of its own keeps its verdicts.
+    remat-partial-eval plans with it, and so do `bounds` and the trial plans
+    (`planning_problem`), so that they agree on the least a plan keeps."""
+    chains = a.scope_chains(scope_re)
+    return lambda pos: not chains[pos]
+
+
 def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
     """Replace the auto policies of a ScopePolicies by their solutions (PlannedPolicy).
     Returns the reports."""
     reports = []
     if isinstance(policies.module_policy, AutoPolicy):
         auto_policy = policies.module_policy
-        chains = a.scope_chains(scope_re)
         verdicts, report = plan_auto(auto_policy, a, scope_re, kept_whole,
-                                     lambda pos: not chains[pos], compare_exact=compare_exact)
+                                     module_governed(a, scope_re), compare_exact=compare_exact)
         policies.module_policy = PlannedPolicy(auto_policy.spec, verdicts, _SAVE, report)
         reports.append(report)
     for key, pol in list(policies.recorded.items()):
