@@ -16,7 +16,7 @@ from remat_passes.cost.devices import (PROFILES, default_device, recomputation_s
 from remat_passes.cost.memory import estimate_memory
 from remat_passes.cost.memory_report import format_bytes
 from remat_passes.cost.xla_schedule import deletes_barriers
-from remat_passes.ir import graph
+from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, expect_module
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
@@ -137,7 +137,7 @@ class _Measure:
                       tie_to_cotangent=deletes_barriers())
         extra = self._flops(split) - self.base
         host = sum(r.bytes for r in split.residuals if r.offload is not None and
-                   r.offload.dst in ("pinned_host", "unpinned_host"))
+                   r.offload.dst in contract.HOST_KINDS)
         return (split, activation_bytes(split.residuals), host, extra,
                 extra / self.base * 100 if self.base else 0.0,
                 estimate_memory(joint, model="xla")[self.func].peak_bytes)

@@ -76,7 +76,7 @@ def activation_bytes(residuals, segmented=()) -> int:
     own arguments; with `segmented` (segment-scans' reports, `delta_bytes` each), as they
     are after the scans were cut into segments."""
     return sum(r.bytes for r in residuals if not r.argument and
-               (r.offload is None or r.offload.dst not in ("pinned_host", "unpinned_host"))) \
+               (r.offload is None or r.offload.dst not in contract.HOST_KINDS)) \
         + sum(s.delta_bytes for s in segmented)
 
 
