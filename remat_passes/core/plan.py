@@ -33,6 +33,7 @@ from array import array
 from typing import NamedTuple
 
 from remat_passes.ir import contract, graph
+from remat_passes.ir.mlir import op_id
 from remat_passes.policy.policies import (Offloadable, Recompute, Saveable, as_policy)
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache
 
@@ -57,6 +58,7 @@ class PolicyDecider:
         self.a = analysis
         self.policies = policies
         self.chains = analysis.scope_chains(scope_re)
+        self.scope_re = scope_re
         self._verdicts = VerdictCache()
         self._outers: dict = {}       # position -> frozenset (interned)
         self._prefix: dict = {}       # position -> tuple (interned)
@@ -64,6 +66,12 @@ class PolicyDecider:
 
     def verdict(self, policy, pos):
         return self._verdicts.get(policy, self.a.ops[pos], pos)
+
+    def body_verdict(self, op):
+        """The verdict on an op of a scan loop's body, which the loop's rule asks per
+        iteration of the policy of the op's own outermost scope (else the module's)."""
+        policy = self.policies.of_chain(graph.scope_chain(op, self.scope_re))
+        return self._verdicts.get(policy, op, op_id(op))
 
     def _intern(self, x):
         return self._interned.setdefault(x, x)
@@ -93,20 +101,31 @@ class PolicyDecider:
             self._prefix[pos] = prefix if prefix is None else self._intern(prefix)
         return self._prefix[pos]
 
-    def _saved_top(self, pos):
-        """The verdict of the forward pass itself for the op: is its result a residual?"""
+    def forward_verdict(self, pos):
+        """The verdict of the forward pass itself for the op: is its result a residual?
+        (Recompute: the backward that reads it recomputes it; the planner reads this of
+        the ops `auto` does not decide.)"""
+        scope = self.decided_by(pos)
+        if scope is False:
+            return Saveable
+        return self.verdict(self.policies.outside if scope is None
+                            else self.policies.of_scope(scope), pos)
+
+    def decided_by(self, pos):
+        """Whose policy gives the op's forward verdict: None, the module's (outside scopes,
+        and for a scope's output that is read outside it); else the op's outermost scope;
+        False where it is saved whatever a policy says: the input of a scope
+        (jax.checkpoint saves its arguments), or the output of one scope another reads."""
         chain = self.chains[pos]
         outers = self._consumer_outers(pos)
-        if not chain:
-            if outers - {None}:
-                return Saveable  # a scope input: jax.checkpoint saves its arguments
-            return self.verdict(self.policies.outside, pos)
-        outer = chain[0]
-        if outers - {None, outer}:
-            return Saveable  # the output of one scope is the input of another
-        if None in outers:
-            return self.verdict(self.policies.outside, pos)  # a scope output, seen from outside
-        return self.verdict(self.policies.of_scope(outer), pos)
+        if outers - {None, chain[0] if chain else None}:
+            return False
+        return None if not chain or None in outers else chain[0]
+
+    def scope_backward_verdict(self, pos, scope):
+        """The op's verdict for a read from the backward of `scope`, its own outermost
+        scope, where the forward pass keeps nothing else (`_saved_for_scope`)."""
+        return self._saved_for_scope(pos, scope, ())
 
     def _saved_for_scope(self, pos, scope, saved):
         """Forward verdict for the op when the backward of `scope` (its outermost) asks.
@@ -128,7 +147,7 @@ class PolicyDecider:
         return self.verdict(self.policies.of_scope(ctx[depth]), pos) is not Recompute
 
     def home(self, pos, ctx, saved):
-        verdict = self._saved_top(pos) if not ctx else self._saved_for_scope(pos, ctx[0], saved)
+        verdict = self.forward_verdict(pos) if not ctx else self._saved_for_scope(pos, ctx[0], saved)
         if verdict is not Recompute:
             return verdict, 0
         for depth in range(1, len(ctx)):

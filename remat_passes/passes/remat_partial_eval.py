@@ -44,7 +44,7 @@ from remat_passes.passes.base import ModulePass, PassState, option, parse_int_li
 from remat_passes.passes.trial_plans import TrialPlans
 from remat_passes.planner.resolve import BudgetBelowMinimum, has_auto, resolve
 from remat_passes.policy.auto import AutoPolicy
-from remat_passes.policy.scopes import ScopePolicies, VerdictCache
+from remat_passes.policy.scopes import ScopePolicies, VerdictCache, recorded_scope_policies
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable, parse_policy
 from remat_passes.regions import manual_crossing
 from remat_passes.regions.rules import Groups, new_rules
@@ -127,7 +127,7 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
             rules = new_rules()   # (each run its own: rules keep what they learn)
             policies = ScopePolicies(
                 policy,
-                _recorded_scope_policies(module_op, state), self.region_policy)
+                recorded_scope_policies(module_op, state.region_policies), self.region_policy)
             block = graph.body_block(f)
             reports = []
             planned = has_auto(policies)
@@ -400,13 +400,3 @@ def _explain(plan_report, a, vids, residuals, state) -> None:
             + "; if recomputing them is expensive, give auto a larger budget or call them "
             "in an rp.checkpoint region whose own policy saves their outputs (auto leaves "
             "such regions to their policies)")
-
-
-def _recorded_scope_policies(module_op, state: PassState) -> dict:
-    out = {}
-    for key, spec in contract.region_specs(module_op).items():
-        # "<...>": a Python callable policy, available only from state.region_policies
-        out[key] = spec if spec.startswith("<") else parse_policy(spec)
-    out.update({k: as_policy(p) for k, p in state.region_policies.items()})
-    return out
-

@@ -20,9 +20,10 @@ from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner import trials
 from remat_passes.planner.model import build_problem
 from remat_passes.planner.resolve import (BudgetBelowMinimum, Trial, by_compiled_cost, for_peak,
-                                          module_governed, monotone_peak)
+                                          Governed, fixed_verdicts, monotone_peak)
 from remat_passes.planner.solvers import minimum_bytes
 from remat_passes.policy.auto import AutoPolicy
+from remat_passes.policy.scopes import ScopePolicies, recorded_scope_policies
 from remat_passes.regions.rules import new_rules
 
 
@@ -99,7 +100,8 @@ class TrialPlans:
         compiled = policy.score == "xla"
         if compiled:
             self._can_compile(policy, state, state.compiled_memory)
-        problem = planning_problem(module_op, self.func, policy, self.region_regex)
+        problem = planning_problem(module_op, self.func, policy, self.region_regex,
+                                   state.region_policies, self.region_policy)
         memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
                           _is_loop_body(state, self.func), policy)
 
@@ -152,7 +154,8 @@ class TrialPlans:
         from remat_passes.cost.xla_schedule import compiled_forms
         from remat_passes.planner.report import format_flop, format_seconds
         from remat_passes.policy.auto import auto
-        problem = planning_problem(module_op, self.func, policy, self.region_regex)
+        problem = planning_problem(module_op, self.func, policy, self.region_regex,
+                                   state.region_policies, self.region_policy)
         lo, hi = minimum_bytes(problem), problem.no_remat_bytes()
         budget = policy.budget.resolve(hi)
         if not lo <= budget < hi:      # below the minimum: an error or scans in segments;
@@ -336,13 +339,18 @@ class TrialPlans:
         return candidate
 
 
-def planning_problem(module, func: str = "main", policy=None, scope_re=None):
+def planning_problem(module, func: str = "main", policy=None, scope_re=None,
+                     region_policies=None, region_policy=None):
     """The planning problem `auto` as the module policy solves for `func` of a copy of
     `module` (an ir.Module or a Module; inlined), for the solvers, `bounds` and benchmarks
     to work on directly. As in remat-partial-eval, the ops inside checkpoint regions (and
-    scopes `scope_re` makes) keep their region's own verdicts, saved where the backward
-    needs them: they count in its minimum and are not the plan's to recompute."""
+    scopes `scope_re` makes, under `region_policy`) keep their region's own verdicts:
+    saved where the backward needs them, or recomputed from what their region saves;
+    they are not the plan's to recompute. `region_policies`: the Python policies of
+    regions (a Module's own, where `module` is one)."""
     policy = policy or AutoPolicy(0)
+    if region_policies is None:
+        region_policies = getattr(module, "region_policies", {})
     copy = mlir.clone(getattr(module, "op", module))
     state = PassState()
     with copy.context:
@@ -352,8 +360,11 @@ def planning_problem(module, func: str = "main", policy=None, scope_re=None):
         kept = {}
         for rule in new_rules().values():
             kept.update(rule.kept_whole(a))
+        policies = ScopePolicies(policy, recorded_scope_policies(copy, region_policies),
+                                 region_policy)
+        fixed = fixed_verdicts(a, policies, scope_re)
         p, _ = build_problem(a, scope_re, set(kept), policy.profile, policy.offload is not None,
-                             module_governed(a, scope_re))
+                             Governed(fixed), fixed)
     p.module = copy      # the ops and values it names live in this copy (an ir.Module)
     return p
 

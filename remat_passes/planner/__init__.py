@@ -38,7 +38,8 @@ Two solvers:
 `PlannedPolicy`: the per-op verdicts of the solution, read by the engine
 exactly like any other policy.
 
-Modules: `model` (the problem and `build_problem` from an analysis), `solvers`,
+Modules: `model` (the problem and `build_problem` from an analysis; `scope_model`,
+how the ops under another policy, a checkpoint region's own, enter it), `solvers`,
 `resolve` (the auto policies in force to plans), `report` (what a plan says). The
 planner reads an analysis and never runs a pass: what needs whole pipelines (the
 peak objective's trials, `bounds`, `pareto`) drives it from above.

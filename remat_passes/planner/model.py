@@ -15,7 +15,8 @@ from remat_passes.cost import flops
 from remat_passes.cost.devices import ROUNDING, DeviceProfile
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
-from remat_passes.ir.verdicts import Saveable
+from remat_passes.ir.verdicts import Recompute, Saveable
+from remat_passes.planner.scope_model import ScopeModel
 from remat_passes.regions import shard_map_rewrite
 from remat_passes.regions.scan_rewrite import ScanPairPlanner
 from remat_passes.sharding import gspmd
@@ -251,12 +252,23 @@ class ProblemBuilder:
 
 
 def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool,
-                  governed) -> tuple[Problem, ProblemBuilder]:
+                  governed, fixed=None) -> tuple[Problem, ProblemBuilder]:
     """The planning problem of function analysis `a` for the ops `governed(pos)` selects
     (those under the auto policy); every other forward op keeps its own verdict and is
-    modelled as saved where the backward needs it."""
+    modelled as saved where the backward needs it, except where its policy recomputes it
+    (`fixed.forward_verdict(pos)`, of a `PolicyDecider` over the policies that are fixed;
+    a checkpoint region's `nothing_saveable`, say): then it is no node of its own, and
+    what reads it reads what its recomputation reads. Without `fixed`, every op it does
+    not decide counts as saved."""
     b = ProblemBuilder(profile, offload)
     chains = a.scope_chains(scope_re)
+    through = {}     # vid of a value its region recomputes -> the nodes that recomputation reads
+
+    def sources(vid) -> tuple:
+        """The nodes a read of `vid` needs available."""
+        if vid in vid_node:
+            return (vid_node[vid],)
+        return through.get(vid, ())
     # a value inside a GSPMD manual region counts as it leaves it as a residual: every
     # device's copy side by side (as the residual report counts it)
     tiles = gspmd.tile_counts(a)
@@ -267,9 +279,12 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
     vid_node = dict((vid, node) for vid, node in arg_node.items())
     stacked = set()      # results of forward scan loops that stack per-iteration values:
     pairs = [q for q in a.scan_pairs if _modelled(q)]   # their bytes are the loop body's
+    loops = set()
     for pair in pairs:
+        loops.add(a.position[op_id(pair.fwd.op)])
         base = a.result_base[a.position[op_id(pair.fwd.op)]]
         stacked.update(base + k for k in pair.fwd.stacked)
+    scopes = ScopeModel(a, chains, fixed, governed, kept_whole | loops)
     # Shardy shard_maps whose results the backward reads: their bodies are decided per
     # op, as the shard_map rule applies a policy (`_add_manual`); a result is the body
     # value it returns (a primal output too: the rule's recompute computation makes it
@@ -286,32 +301,45 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
                 if yields[k] is not None:
                     vid_node[vid] = yields[k]
             continue
+        if pos in scopes.recomputed:
+            read = tuple(dict.fromkeys(n for vid in a.reads(pos) for n in sources(vid)))
+            for vid in a.results(pos):
+                through[vid] = read
+            _scope_inputs_needed(b, a, pos, chains, sources)
+            continue
         rec = (not a.side_effect[pos] and pos not in kept_whole and governed(pos)
-               and op.name not in ("func.call", graph.MANUAL_COMPUTATION))
+               and op.name not in ("func.call", graph.MANUAL_COMPUTATION)
+               and pos not in scopes.kept_for_scope)
         # (a shard_map's computation itself is not recomputed whole: its body is planned
         # op by op where the backward reads it, `_add_manual`)
         node = b.op(op, rec, 1, "top")
         for vid in a.results(pos):
             if vid not in stacked:
                 forward_use = any(u < len(a.ops) and not a.backward[u] for u in a.users(vid))
-                vid_node[vid] = b.value(a.value(vid), node, 1, forward_use,
-                                        copies=tiles.get(vid, 1))
+                vid_node[vid] = b.value(a.value(vid), node, 0 if pos in scopes.on_host else 1,
+                                        forward_use, copies=tiles.get(vid, 1))
         for vid in a.reads(pos):
-            if vid in vid_node:
-                b.reads[node].append(vid_node[vid])
-        if chains[pos]:   # checkpoint scope inputs are saved (jax.checkpoint saves arguments)
-            for vid in a.reads(pos):
-                if vid in vid_node and (a.producer[vid] < 0 or chains[a.producer[vid]] != chains[pos]):
-                    b.needed[vid_node[vid]] = True
+            b.reads[node].extend(sources(vid))
+        _scope_inputs_needed(b, a, pos, chains, sources)
     for pos in range(len(a.ops)):
         if a.backward[pos]:
             for vid in a.reads(pos):
-                if vid in vid_node:
-                    b.needed[vid_node[vid]] = True
+                for n in (n for r in scopes.backward_reads(pos, vid) for n in sources(r)):
+                    b.needed[n] = True
     for pair in pairs:
         _add_pair(b, pair, vid_node, a,
-                  tiles.get(a.result_base[a.position[op_id(pair.fwd.op)]], 1))
+                  tiles.get(a.result_base[a.position[op_id(pair.fwd.op)]], 1),
+                  _own_body_verdict(governed, fixed, scope_re))
     return b.problem(), b
+
+
+def _scope_inputs_needed(b, a, pos, chains, sources) -> None:
+    """Checkpoint scope inputs are saved (jax.checkpoint saves its arguments)."""
+    if chains[pos]:
+        for vid in a.reads(pos):
+            if a.producer[vid] < 0 or chains[a.producer[vid]] != chains[pos]:
+                for n in sources(vid):
+                    b.needed[n] = True
 
 
 def _modelled(pair) -> bool:
@@ -320,10 +348,24 @@ def _modelled(pair) -> bool:
                    for k in pair.links.values())
 
 
-def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1) -> None:
+def _own_body_verdict(governed, fixed, scope_re):
+    """own(op) for `_add_pair`: None where the plan decides a body op, else its verdict
+    (Saveable where the policy is not known: `fixed` None)."""
+    def own(op):
+        if governed.body_op(op, scope_re):
+            return None
+        return Saveable if fixed is None else fixed.body_verdict(op)
+    return own
+
+
+def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1,
+              own=lambda op: None) -> None:
     """The forward body of a scan pair, per iteration: ops and values times the trip count;
     the stacked values the backward loop reads are needed. `copies`: the loop is in a GSPMD
-    manual region whose stacks leave it as that many devices' copies."""
+    manual region whose stacks leave it as that many devices' copies. `own(op)`: None where
+    the plan decides a body op, else the verdict a checkpoint region's own policy gives it:
+    a value it recomputes is no node (what reads it reads what its recomputation reads),
+    and any other counts as saved where the backward loop reads it."""
     fwd = pair.fwd
     n = fwd.trip_count
     facts = ScanPairPlanner(pair, lambda v: Saveable)
@@ -338,6 +380,17 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1) -> None:
         if vid in vid_node:
             invariant_node[fwd.body.arguments[k]] = vid_node[vid]
     invariants_of: dict = {}       # free value -> the invariant nodes it is computed from
+
+    through: dict = {}             # value its own policy recomputes -> the nodes it reads
+
+    def sources(u) -> list:
+        if u in node_of:
+            return [node_of[u]]
+        if u in through:
+            return through[u]
+        if facts.free_kind(u) is not None:
+            return graph.post_order(u, invariants_of, step)
+        return []
 
     def step(u):                   # (graph.post_order: operands first, no recursion)
         if u in invariant_node:
@@ -362,22 +415,23 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1) -> None:
         if results and all(facts.free_kind(r) is not None for r in results):
             b.free_ops.append(op)                   # invariant or re-sliced: never stacked
             continue
-        rec = not graph.is_side_effecting(op) and scan_pairs.analyse_forward(op) is None
-        node = b.op(op, rec, n, label)
+        plain = not graph.is_side_effecting(op) and scan_pairs.analyse_forward(op) is None
+        verdict = own(op)
+        if verdict is Recompute and plain and not op.regions:
+            read = list(dict.fromkeys(x for u in graph.read_values(op) for x in sources(u)))
+            for r in results:
+                through[r] = read
+            continue
+        node = b.op(op, plain and verdict is None, n, label)
         for r in results:
             node_of[r] = b.value(r, node, n, _used_beyond_stacking(r), copies=copies)
         for u in graph.read_values(op):
-            if u in node_of:
-                b.reads[node].append(node_of[u])
-            elif facts.free_kind(u) is not None:
-                b.reads[node].extend(graph.post_order(u, invariants_of, step))
+            b.reads[node].extend(sources(u))
     for m, k in pair.links.items():    # the stacked values the backward loop reads
-        v = fwd.stacked[k].value
-        if v in node_of:
-            b.needed[node_of[v]] = True
-        elif facts.free_kind(v) is not None:   # re-derived from the invariants instead
-            for node in graph.post_order(v, invariants_of, step):
-                b.needed[node] = True
+        # (one re-derived from the invariants, or recomputed by its own policy, needs what
+        # that reads)
+        for node in sources(fwd.stacked[k].value):
+            b.needed[node] = True
 
 
 def _add_manual(b: ProblemBuilder, pair, vid_node, a) -> list:

@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 
+from remat_passes.core.plan import PolicyDecider
 from remat_passes.core.residuals import describe_value
 from remat_passes.cost import flops
 from remat_passes.ir import graph
@@ -22,6 +23,7 @@ from remat_passes.planner.solvers import minimum_bytes, solve
 from remat_passes.policy.auto import AutoPolicy, PlannedPolicy, auto
 from remat_passes.policy.policies import (dots_saveable, dots_with_no_batch_dims_saveable,
                                           everything_saveable, nothing_saveable)
+from remat_passes.policy.scopes import ScopePolicies
 
 _SAVE = everything_saveable   # for the ops a plan leaves undecided (free ones, say)
 
@@ -49,11 +51,12 @@ class BudgetBelowMinimum(RematError):
 
 
 def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
-              compare_exact=False) -> tuple[dict, PlanReport]:
-    """Solve `policy` for analysis `a`: ({op_id: verdict}, report)."""
+              fixed=None, compare_exact=False) -> tuple[dict, PlanReport]:
+    """Solve `policy` for analysis `a`: ({op_id: verdict}, report). `fixed`: the verdicts
+    of the ops it does not decide (`build_problem`)."""
     profile = policy.profile
     p, b = build_problem(a, scope_re, kept_whole, profile, policy.offload is not None,
-                         governed)
+                         governed, fixed)
     no_remat = p.no_remat_bytes()
     budget = policy.budget.resolve(no_remat)
     minimum = minimum_bytes(p)
@@ -64,9 +67,10 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
         raise BudgetBelowMinimum(
             f"error: {policy.spec}: the budget, {budget} B of activations, is below the minimum "
             f"this function can keep, {minimum} B (outputs of side-effecting ops and values "
-            "nothing may recompute" + (", and the values of checkpoint regions with a policy "
-                                       "of their own that the backward reads, counted as "
-                                       "saved" if regions else "")
+            "nothing may recompute" + (", and what checkpoint regions with a policy of their "
+                                       "own save for the backward (an auto region's values, "
+                                       "the results of a cond in a region and the carries of "
+                                       "a loop in one count as saved)" if regions else "")
             + f"; the function's arguments are not counted); without remat it keeps "
             f"{no_remat} B", policy, budget, minimum, no_remat)
     sol, exact = solve(p, budget, policy.solver, compare_exact=compare_exact)
@@ -89,13 +93,43 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     return verdicts, report
 
 
-def module_governed(a, scope_re):
-    """governed(pos) of the module policy: the ops of analysis `a` in no checkpoint region
-    (nor scope `scope_re` makes); a region with a policy of its own keeps its verdicts.
-    remat-partial-eval plans with it, and so do `bounds` and the trial plans
-    (`planning_problem`), so that they agree on the least a plan keeps."""
-    chains = a.scope_chains(scope_re)
-    return lambda pos: not chains[pos]
+def fixed_verdicts(a, policies: ScopePolicies, scope_re) -> PolicyDecider:
+    """The forward verdicts of the ops of analysis `a` as far as `policies` fix them
+    (`PolicyDecider.forward_verdict`): an auto policy not yet planned (or a Python policy
+    this process does not have) counts as saving everything."""
+    def fixed(pol):
+        return everything_saveable if isinstance(pol, (AutoPolicy, str)) else pol
+    known = ScopePolicies(fixed(policies.module_policy),
+                          {k: fixed(p) for k, p in policies.recorded.items()},
+                          fixed(policies.scope_policy))
+    return PolicyDecider(a, known, scope_re)
+
+
+class Governed:
+    """Which ops a plan decides: `governed(pos)`, the ops whose forward verdict its policy
+    gives (`PolicyDecider.decided_by` of `fixed_verdicts`); for the module policy (`key`
+    None) those outside checkpoint regions and a region's outputs read outside it, for
+    the policy of the region recorded as `key` (graph.scope_key) that region's others. A
+    region with a policy of its own keeps its verdicts. remat-partial-eval plans with it,
+    and so do `bounds` and the trial plans (`planning_problem`), so that they agree on the
+    least a plan keeps."""
+
+    def __init__(self, fixed: PolicyDecider, key=None):
+        self.fixed, self.key = fixed, key
+
+    def __call__(self, pos) -> bool:
+        scope = self.fixed.decided_by(pos)
+        if self.key is None:
+            return scope is None
+        return bool(scope) and graph.scope_key(scope) == self.key
+
+    def body_op(self, op, scope_re) -> bool:
+        """For an op of a scan loop's body (which the loop's rule decides per iteration
+        by the policy of the op's own outermost scope): is that policy the plan's?"""
+        chain = graph.scope_chain(op, scope_re)
+        if self.key is None:
+            return not chain
+        return bool(chain) and graph.scope_key(chain[0]) == self.key
 
 
 def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
@@ -104,17 +138,17 @@ def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
     reports = []
     if isinstance(policies.module_policy, AutoPolicy):
         auto_policy = policies.module_policy
+        fixed = fixed_verdicts(a, policies, scope_re)
         verdicts, report = plan_auto(auto_policy, a, scope_re, kept_whole,
-                                     module_governed(a, scope_re), compare_exact=compare_exact)
+                                     Governed(fixed), fixed=fixed,
+                                     compare_exact=compare_exact)
         policies.module_policy = PlannedPolicy(auto_policy.spec, verdicts, _SAVE, report)
         reports.append(report)
     for key, pol in list(policies.recorded.items()):
         if isinstance(pol, AutoPolicy):
-            chains = a.scope_chains(scope_re)
-
-            def governed(pos, key=key, chains=chains):
-                return bool(chains[pos]) and graph.scope_key(chains[pos][0]) == key
-            verdicts, report = plan_auto(pol, a, scope_re, kept_whole, governed,
+            fixed = fixed_verdicts(a, policies, scope_re)   # (with the plans made so far)
+            verdicts, report = plan_auto(pol, a, scope_re, kept_whole,
+                                         Governed(fixed, key), fixed=fixed,
                                          compare_exact=compare_exact)
             policies.recorded[key] = PlannedPolicy(pol.spec, verdicts, _SAVE, report)
             reports.append(report)

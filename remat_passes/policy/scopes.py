@@ -15,7 +15,8 @@ import sys
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.policy.auto import PlannedPolicy
-from remat_passes.policy.policies import OpInfo, everything_saveable, nothing_saveable
+from remat_passes.policy.policies import (OpInfo, as_policy, everything_saveable, nothing_saveable,
+                                          parse_policy)
 
 
 def op_info(op, with_attributes: bool = True) -> OpInfo:
@@ -65,6 +66,18 @@ def policy_verdict(policy, op):
     if sys.getrefcount(info) > 2:   # our reference and getrefcount's own
         info.freeze()
     return verdict
+
+
+def recorded_scope_policies(module_op, region_policies: dict) -> dict:
+    """The policies of the checkpoint regions `module_op` records (`contract.region_specs`),
+    by scope key; `region_policies`: those given as Python objects (a Module's), which a
+    spec "<...>" stands for in the module's text."""
+    out = {}
+    for key, spec in contract.region_specs(module_op).items():
+        # "<...>": a Python callable policy, available only from region_policies
+        out[key] = spec if spec.startswith("<") else parse_policy(spec)
+    out.update({k: as_policy(p) for k, p in region_policies.items()})
+    return out
 
 
 class ScopePolicies:

@@ -700,6 +700,95 @@ def test_bounds_leave_checkpoint_regions_their_own_policy():
     rp.remat(m, P.auto(budget="100%", objective="peak"))    # (plans from the minimum up)
 
 
+def _regions_own_policies():
+    """Functions whose checkpoint regions have a policy of their own, for a module auto."""
+    nm = rp.checkpoint_name
+
+    def layer(w, h, name):
+        return nm(jnp.tanh(h @ w), name)
+
+    def twice(W, x):        # a region applied twice: it recomputes what it does not save
+        g = rp.checkpoint(lambda h: layer(W[0], h, "a"), policy="nothing_saveable")
+        return jnp.sum(jnp.sin(g(g(x)) @ W[1]))
+
+    def named_output(W, x):   # the region saves its output, which the module reads too
+        g = rp.checkpoint(lambda h: layer(W[1], jnp.sin(layer(W[0], h, "a")), "b"),
+                          policy="save_only_these_names('b')")
+        return jnp.sum(jnp.sin(layer(W[2], g(x), "c")) * g(x * 0.5))
+
+    def nested(W, x):
+        inner = rp.checkpoint(lambda h: layer(W[1], h, "b"), policy="save_only_these_names('b')")
+        outer = rp.checkpoint(lambda h: inner(jnp.sin(layer(W[0], h, "a"))),
+                              policy="dots_saveable")
+        return jnp.sum(jnp.sin(outer(x) @ W[2]))
+
+    def offloaded(W, x):      # what the region offloads costs no device bytes
+        g = rp.checkpoint(lambda h: layer(W[1], layer(W[0], h, "a"), "b"),
+                          policy=P.save_and_offload_only_these_names(
+                              names_which_can_be_saved=[], names_which_can_be_offloaded=["a"],
+                              offload_src="device", offload_dst="pinned_host"))
+        return jnp.sum(layer(W[2], g(x), "c") ** 2)
+    def scan_body(policy):   # a region per iteration: the loop's rule asks its policy
+        def f(W, x):
+            body = rp.checkpoint(lambda h, w: (jnp.tanh(jnp.sin(h) @ w), None), policy=policy)
+            return jnp.sum(jnp.cos(jax.lax.scan(body, x, jnp.stack(W))[0] @ W[0]))
+        f.__name__ = f"scan_body_{policy}"
+        return f
+    return {f.__name__: f for f in (twice, named_output, nested, offloaded,
+                                    *map(scan_body, ("everything_saveable", "dots_saveable",
+                                                     "nothing_saveable")))}
+
+
+@pytest.mark.parametrize("name", sorted(_regions_own_policies()))
+def test_auto_counts_what_regions_with_their_own_policy_keep(name):
+    """Under a module auto, what a checkpoint region with a policy of its own keeps is what
+    its policy saves: the values it recomputes are not kept (the planner counted them as
+    saved where the backward read them: bounds (3072, 3584) for `twice`, where
+    nothing_saveable keeps 512 B and everything_saveable 1,536 B), what it saves is kept
+    whatever the plan says (a region's output the module would recompute), and what it
+    offloads is on the host. The plan's own count equals what remat-partial-eval keeps,
+    the least a plan keeps is what nothing_saveable keeps, and no remat what
+    everything_saveable keeps."""
+    f = _regions_own_policies()[name]
+    k = jax.random.split(jax.random.PRNGKey(3), 4)
+    args = ([jax.random.normal(k[i], (16, 16)) * 0.3 for i in range(3)],
+            jax.random.normal(k[3], (8, 16)))
+    m = rp.export_vjp(f, *args)
+    lo, hi = bounds(m)
+    assert (lo, hi) == tuple(device_bytes(rp.remat(m, pol, mode="split"))
+                             for pol in (P.nothing_saveable, P.everything_saveable))
+    out_ref, ct, grads = reference_vjp(f, args)
+    for budget in (lo, (lo + hi) // 2, hi):
+        out = rp.remat(m, P.auto(budget=budget), mode="split")
+        assert out.plan_reports[0].solution.device_bytes == device_bytes(out) <= budget
+        assert_trees_close(run_split(out, args, ct, len(leaves(out_ref)))[0],
+                           leaves(out_ref) + leaves(grads))
+
+
+@pytest.mark.parametrize("policy", ["everything_saveable", "nothing_saveable"])
+def test_auto_keeps_its_budget_with_a_scan_inside_a_region(policy):
+    """A scan loop inside a checkpoint region with a policy of its own: the region's
+    policy decides per iteration, so a module auto must not count the loop body as its to
+    recompute (it did: auto(2560) kept 12,800 B under everything_saveable). The model
+    may count more than is kept (the carries per iteration: the region re-runs the loop
+    whole), never less."""
+    def f(W, x):
+        run = rp.checkpoint(lambda h, ws: jax.lax.scan(
+            lambda h, w: (jnp.tanh(jnp.sin(h) @ w), None), h, ws)[0], policy=policy)
+        return jnp.sum(jnp.cos(run(x, jnp.stack(W)) @ W[0]))
+    k = jax.random.split(jax.random.PRNGKey(4), 5)
+    args = ([jax.random.normal(k[i], (16, 16)) * 0.3 for i in range(4)],
+            jax.random.normal(k[4], (8, 16)))
+    m = rp.export_vjp(f, *args)
+    lo, hi = bounds(m)
+    out_ref, ct, grads = reference_vjp(f, args)
+    for budget in (lo, hi):
+        out = rp.remat(m, P.auto(budget=budget), mode="split")
+        assert device_bytes(out) <= out.plan_reports[0].solution.device_bytes <= budget
+        assert_trees_close(run_split(out, args, ct, len(leaves(out_ref)))[0],
+                           leaves(out_ref) + leaves(grads))
+
+
 def test_cli_spec_with_units(tmp_path):
     from remat_passes import cli
     _, _, m = case("mlp")
