@@ -108,7 +108,7 @@ def analyse_forward(w) -> ForwardLoop | None:
     body = w.regions[1].blocks[0]
     ret = graph.terminator(body)
     args = list(body.arguments)
-    counter, invariant, stacked = None, set(), {}
+    counters, invariant, stacked = [], set(), {}
     for k, (a, r) in enumerate(zip(args, ret.operands)):
         if r == a:
             invariant.add(k)
@@ -118,7 +118,7 @@ def analyse_forward(w) -> ForwardLoop | None:
             continue
         if (op.name == "stablehlo.add" and op.operands[0] == a and const_int(op.operands[1]) == 1
                 and const_int(w.operands[k]) is not None):
-            counter = k
+            counters.append(k)
             continue
         if op.name != "stablehlo.dynamic_update_slice" or op.operands[0] != a:
             continue
@@ -134,8 +134,13 @@ def analyse_forward(w) -> ForwardLoop | None:
         if value is None:
             continue
         stacked[k] = Stacked(k, value, op.operands[2], op)
-    if counter is None or not stacked:
+    if not counters or not stacked:
         return None
+    # the counter is the carry the stacks are indexed by, where several count up by one
+    # (a fori_loop made a scan: its own index beside the scan's counter); the other is a
+    # carry like any
+    slots = {s.index for s in stacked.values()}
+    counter = next((k for k in counters if args[k] in slots), counters[-1])
     return ForwardLoop(w, body, counter, invariant, stacked)
 
 
