@@ -17,7 +17,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Recompute, Saveable
 from remat_passes.planner.scope_model import ScopeModel
-from remat_passes.regions import shard_map_rewrite
+from remat_passes.regions import case_rewrite, shard_map_rewrite
 from remat_passes.regions.scan_rewrite import ScanPairPlanner
 from remat_passes.sharding import gspmd
 from remat_passes.sharding.sdy import manual_axes, mesh_of, residual_factor, varying_axes
@@ -285,6 +285,10 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         base = a.result_base[a.position[op_id(pair.fwd.op)]]
         stacked.update(base + k for k in pair.fwd.stacked)
     scopes = ScopeModel(a, chains, fixed, governed, kept_whole | loops)
+    cases = {a.position[op_id(q.fwd)]: q
+             for q in case_rewrite.find_case_pairs(a.block, a.is_backward)}
+    case_reads: dict = {}    # vid of a forward case's result -> its pair's position
+    case_needs: list = []    # what those pairs keep, as their rule plans them (nodes, vids)
     # Shardy shard_maps whose results the backward reads: their bodies are decided per
     # op, as the shard_map rule applies a policy (`_add_manual`); a result is the body
     # value it returns (a primal output too: the rule's recompute computation makes it
@@ -321,11 +325,21 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         for vid in a.reads(pos):
             b.reads[node].extend(sources(vid))
         _scope_inputs_needed(b, a, pos, chains, sources)
+        if pos in cases:
+            kept = _case_kept(a, cases[pos], vid_node, fixed)
+            if kept is not None:
+                case_reads.update((vid, pos) for vid in kept[2])
+                case_needs.append(kept[:2])
     for pos in range(len(a.ops)):
         if a.backward[pos]:
             for vid in a.reads(pos):
+                if vid in case_reads:
+                    continue        # (what its pair's plan keeps is counted below)
                 for n in (n for r in scopes.backward_reads(pos, vid) for n in sources(r)):
                     b.needed[n] = True
+    for nodes, vids in case_needs:
+        for n in (*nodes, *(n for vid in vids for n in sources(vid))):
+            b.needed[n] = True
     for pair in pairs:
         _add_pair(b, pair, vid_node, a,
                   tiles.get(a.result_base[a.position[op_id(pair.fwd.op)]], 1),
@@ -340,6 +354,38 @@ def _scope_inputs_needed(b, a, pos, chains, sources) -> None:
             if a.producer[vid] < 0 or chains[a.producer[vid]] != chains[pos]:
                 for n in sources(vid):
                     b.needed[n] = True
+
+
+def _case_kept(a, pair, vid_node, fixed):
+    """What the case-pair rule keeps for forward case `pair.fwd` (`lax.cond`), planned per
+    branch with the verdicts of the policies in force there (`fixed.body_verdict`; an
+    auto policy's ops count as saved, as the plan leaves them): (the value nodes of its
+    residual results standing for the residual slots it keeps, one of the same type
+    each; the vids of values outside the case its backward then reads directly, or its
+    recomputation reads; the vids of its results, whose reads by the backward those stand
+    for: the rule serves each from a slot, a value outside or a recompute case, a primal
+    output's direct reads too). None where the slots do not map onto its results (the
+    model then counts every result the backward reads)."""
+    def own(op):
+        return Saveable if fixed is None else fixed.body_verdict(op)
+    plan = case_rewrite.plan_case(pair, lambda v: scan_pairs.value_verdict(v, own))
+    residual = [r for k, r in enumerate(pair.fwd.results) if k not in pair.outside]
+    free = list(residual)
+    nodes = []
+    for t in (t for t in plan.layout if not isinstance(t, int)):
+        match = next((r for r in free if r.type == t), None)
+        if match is None:
+            return None
+        free.remove(match)
+        nodes.append(vid_node[a.vid(match)])
+    # the values outside the case that the backward, or a branch's recomputation, reads
+    outside = [src for _, _, src in plan.replace if isinstance(src, ir.Value)]
+    outside += [src for branch in plan.clones for clone in branch
+                for src in clone.sources.values() if isinstance(src, ir.Value)]
+    outside += [src for branch in plan.r_yields for src in branch.values()
+                if isinstance(src, ir.Value)]
+    return (nodes, [a.vid(v) for v in dict.fromkeys(outside)],
+            [a.vid(r) for r in pair.fwd.results])
 
 
 def _modelled(pair) -> bool:
