@@ -341,9 +341,12 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         for n in (*nodes, *(n for vid in vids for n in sources(vid))):
             b.needed[n] = True
     for pair in pairs:
-        _add_pair(b, pair, vid_node, a,
-                  tiles.get(a.result_base[a.position[op_id(pair.fwd.op)]], 1),
-                  _own_body_verdict(governed, fixed, scope_re))
+        loop = a.position[op_id(pair.fwd.op)]
+        # a loop in a checkpoint scope is re-run whole by the backward (its carries come
+        # from the re-run, which needs the loop's initial ones)
+        initial = sources if chains[loop] else None
+        _add_pair(b, pair, vid_node, a, tiles.get(a.result_base[loop], 1),
+                  _own_body_verdict(governed, fixed, scope_re), initial)
     return b.problem(), b
 
 
@@ -405,13 +408,15 @@ def _own_body_verdict(governed, fixed, scope_re):
 
 
 def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1,
-              own=lambda op: None) -> None:
+              own=lambda op: None, rerun=None) -> None:
     """The forward body of a scan pair, per iteration: ops and values times the trip count;
     the stacked values the backward loop reads are needed. `copies`: the loop is in a GSPMD
     manual region whose stacks leave it as that many devices' copies. `own(op)`: None where
     the plan decides a body op, else the verdict a checkpoint region's own policy gives it:
     a value it recomputes is no node (what reads it reads what its recomputation reads),
-    and any other counts as saved where the backward loop reads it."""
+    and any other counts as saved where the backward loop reads it. `rerun`: for a loop
+    the backward re-runs whole (one in a checkpoint scope), `sources(vid)` of the
+    function: its carries are not stacked, and the loop's initial carries are needed."""
     fwd = pair.fwd
     n = fwd.trip_count
     facts = ScanPairPlanner(pair, lambda v: Saveable)
@@ -455,7 +460,10 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1,
         k = arg.arg_number
         if k in fwd.invariant or k == fwd.counter or facts.free_kind(arg) is not None:
             continue
-        node_of[arg] = b.value(arg, -1, n, copies=copies)   # a carry-in: stacked if needed
+        node_of[arg] = b.value(arg, -1, 0 if rerun else n, copies=copies)   # a carry-in:
+        if rerun:                                              # stacked if needed
+            for node in rerun(a.vid(fwd.op.operands[k])):
+                b.needed[node] = True
     for op in body_ops:
         results = list(op.results)
         if results and all(facts.free_kind(r) is not None for r in results):

@@ -69,8 +69,7 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
             f"this function can keep, {minimum} B (outputs of side-effecting ops and values "
             "nothing may recompute" + (", and what checkpoint regions with a policy of their "
                                        "own save for the backward (an auto region's values "
-                                       "and the carries of a loop in one count as saved)"
-                                       if regions else "")
+                                       "count as saved)" if regions else "")
             + f"; the function's arguments are not counted); without remat it keeps "
             f"{no_remat} B", policy, budget, minimum, no_remat)
     sol, exact = solve(p, budget, policy.solver, compare_exact=compare_exact)
