@@ -24,6 +24,8 @@ from remat_passes.ir.verdicts import Offloadable, Recompute
 
 
 class ScopeModel:
+    """What the fixed policies do to the values of one function's analysis (see above)."""
+
     def __init__(self, a, chains, fixed, governed, kept_whole):
         """`fixed`: a PolicyDecider over the policies in force with `auto` ones counted as
         saving (None: every op it does not decide counts as saved); `governed(pos)`: is
@@ -76,21 +78,15 @@ class ScopeModel:
         if not self._recomputes(vid, scope):
             return (vid,)
         a, memo = self.a, self._leaves
-        stack = [vid]
-        while stack:
-            v = stack[-1]
-            if v in memo:
-                stack.pop()
-                continue
+
+        def step(v):
             reads = a.reads(a.producer[v])
-            todo = [r for r in reads if r not in memo and self._recomputes(r, scope)]
-            if todo:
-                stack.extend(todo)
-                continue
-            stack.pop()
-            memo[v] = tuple(dict.fromkeys(
-                x for r in reads for x in (memo[r] if self._recomputes(r, scope) else (r,))))
-        return memo[vid]
+            pending = [r for r in reads if r not in memo and self._recomputes(r, scope)]
+            if not pending:
+                memo[v] = tuple(dict.fromkeys(
+                    x for r in reads for x in (memo[r] if self._recomputes(r, scope) else (r,))))
+            return pending
+        return graph.post_order(vid, memo, step)
 
     def _recomputed_elsewhere(self) -> set:
         """Positions of the forward ops the plan does not decide whose own policy

@@ -700,6 +700,24 @@ def test_bounds_leave_checkpoint_regions_their_own_policy():
     rp.remat(m, P.auto(budget="100%", objective="peak"))    # (plans from the minimum up)
 
 
+def layers_and_batch(seed, layers):
+    """([16x16 weights], an 8x16 batch) for the small functions below."""
+    k = jax.random.split(jax.random.PRNGKey(seed), layers + 1)
+    return ([jax.random.normal(k[i], (16, 16)) * 0.3 for i in range(layers)],
+            jax.random.normal(k[layers], (8, 16)))
+
+
+def assert_auto_counts_what_it_keeps(m, f, args, budgets):
+    """At each budget, auto's own count of what its plan keeps is what remat-partial-eval
+    keeps, within the budget, and the gradients are jax.vjp's."""
+    out_ref, ct, grads = reference_vjp(f, args)
+    for budget in budgets:
+        out = rp.remat(m, P.auto(budget=budget), mode="split")
+        assert out.plan_reports[0].solution.device_bytes == device_bytes(out) <= budget
+        assert_trees_close(run_split(out, args, ct, len(leaves(out_ref)))[0],
+                           leaves(out_ref) + leaves(grads))
+
+
 def _regions_own_policies():
     """Functions whose checkpoint regions have a policy of their own, for a module auto."""
     nm = rp.checkpoint_name
@@ -750,19 +768,12 @@ def test_auto_counts_what_regions_with_their_own_policy_keep(name):
     the least a plan keeps is what nothing_saveable keeps, and no remat what
     everything_saveable keeps."""
     f = _regions_own_policies()[name]
-    k = jax.random.split(jax.random.PRNGKey(3), 4)
-    args = ([jax.random.normal(k[i], (16, 16)) * 0.3 for i in range(3)],
-            jax.random.normal(k[3], (8, 16)))
+    args = layers_and_batch(seed=3, layers=3)
     m = rp.export_vjp(f, *args)
     lo, hi = bounds(m)
     assert (lo, hi) == tuple(device_bytes(rp.remat(m, pol, mode="split"))
                              for pol in (P.nothing_saveable, P.everything_saveable))
-    out_ref, ct, grads = reference_vjp(f, args)
-    for budget in (lo, (lo + hi) // 2, hi):
-        out = rp.remat(m, P.auto(budget=budget), mode="split")
-        assert out.plan_reports[0].solution.device_bytes == device_bytes(out) <= budget
-        assert_trees_close(run_split(out, args, ct, len(leaves(out_ref)))[0],
-                           leaves(out_ref) + leaves(grads))
+    assert_auto_counts_what_it_keeps(m, f, args, (lo, (lo + hi) // 2, hi))
 
 
 @pytest.mark.parametrize("policy", ["everything_saveable", "nothing_saveable"])
@@ -775,17 +786,10 @@ def test_auto_keeps_its_budget_with_a_scan_inside_a_region(policy):
         run = rp.checkpoint(lambda h, ws: jax.lax.scan(
             lambda h, w: (jnp.tanh(jnp.sin(h) @ w), None), h, ws)[0], policy=policy)
         return jnp.sum(jnp.cos(run(x, jnp.stack(W)) @ W[0]))
-    k = jax.random.split(jax.random.PRNGKey(4), 5)
-    args = ([jax.random.normal(k[i], (16, 16)) * 0.3 for i in range(4)],
-            jax.random.normal(k[4], (8, 16)))
+    args = layers_and_batch(seed=4, layers=4)
     m = rp.export_vjp(f, *args)
     lo, hi = bounds(m)
-    out_ref, ct, grads = reference_vjp(f, args)
-    for budget in (lo, hi):
-        out = rp.remat(m, P.auto(budget=budget), mode="split")
-        assert out.plan_reports[0].solution.device_bytes == device_bytes(out) <= budget
-        assert_trees_close(run_split(out, args, ct, len(leaves(out_ref)))[0],
-                           leaves(out_ref) + leaves(grads))
+    assert_auto_counts_what_it_keeps(m, f, args, (lo, hi))
     assert hi == device_bytes(rp.remat(m, P.everything_saveable, mode="split"))
 
 
@@ -802,17 +806,10 @@ def test_auto_counts_what_a_cond_keeps():
         h = lay(x, W[0])
         h = jax.lax.cond(jnp.sum(h) > 0, lambda h: lay(h, W[1]), lambda h: jnp.cos(h @ W[2]), h)
         return jnp.sum(lay(h, W[3]) ** 2)
-    k = jax.random.split(jax.random.PRNGKey(6), 5)
-    args = ([jax.random.normal(k[i], (16, 16)) * 0.3 for i in range(4)],
-            jax.random.normal(k[4], (8, 16)))
+    args = layers_and_batch(seed=6, layers=4)
     m = rp.export_vjp(f, *args)
     lo, hi = bounds(m)
-    out_ref, ct, grads = reference_vjp(f, args)
-    for budget in (lo, (lo + hi) // 2, hi):
-        out = rp.remat(m, P.auto(budget=budget), mode="split")
-        assert out.plan_reports[0].solution.device_bytes == device_bytes(out) <= budget
-        assert_trees_close(run_split(out, args, ct, len(leaves(out_ref)))[0],
-                           leaves(out_ref) + leaves(grads))
+    assert_auto_counts_what_it_keeps(m, f, args, (lo, (lo + hi) // 2, hi))
     assert hi == device_bytes(rp.remat(m, P.everything_saveable, mode="split"))
 
 
@@ -825,14 +822,10 @@ def test_a_fori_loops_own_index_counts_as_a_carry():
         ws = jnp.stack(W)
         return jnp.sum(jax.lax.fori_loop(
             0, 4, lambda i, h: jnp.tanh(jnp.sin(h @ ws[i]) @ ws[i]), x) ** 2)
-    k = jax.random.split(jax.random.PRNGKey(5), 5)
-    args = ([jax.random.normal(k[i], (16, 16)) * 0.3 for i in range(4)],
-            jax.random.normal(k[4], (8, 16)))
+    args = layers_and_batch(seed=5, layers=4)
     m = rp.export_vjp(f, *args)
     lo, hi = bounds(m)
-    for budget in (lo, (lo + hi) // 2, hi):
-        out = rp.remat(m, P.auto(budget=budget), mode="split")
-        assert out.plan_reports[0].solution.device_bytes == device_bytes(out) <= budget
+    assert_auto_counts_what_it_keeps(m, f, args, (lo, (lo + hi) // 2, hi))
     assert lo == device_bytes(rp.remat(m, P.nothing_saveable, mode="split"))
 
 
