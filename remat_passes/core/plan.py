@@ -147,7 +147,8 @@ class PolicyDecider:
         return self.verdict(self.policies.of_scope(ctx[depth]), pos) is not Recompute
 
     def home(self, pos, ctx, saved):
-        verdict = self.forward_verdict(pos) if not ctx else self._saved_for_scope(pos, ctx[0], saved)
+        verdict = (self.forward_verdict(pos) if not ctx
+                   else self._saved_for_scope(pos, ctx[0], saved))
         if verdict is not Recompute:
             return verdict, 0
         for depth in range(1, len(ctx)):
