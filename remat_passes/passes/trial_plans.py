@@ -364,7 +364,7 @@ def planning_problem(module, func: str = "main", policy=None, scope_re=None,
                                  region_policy)
         fixed = fixed_verdicts(a, policies, scope_re)
         p, _ = build_problem(a, scope_re, set(kept), policy.profile, policy.offload is not None,
-                             Governed(fixed), fixed)
+                             Governed(fixed))
     p.module = copy      # the ops and values it names live in this copy (an ir.Module)
     return p
 

@@ -252,14 +252,13 @@ class ProblemBuilder:
 
 
 def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool,
-                  governed, fixed=None) -> tuple[Problem, ProblemBuilder]:
+                  governed) -> tuple[Problem, ProblemBuilder]:
     """The planning problem of function analysis `a` for the ops `governed(pos)` selects
-    (those under the auto policy); every other forward op keeps its own verdict and is
-    modelled as saved where the backward needs it, except where its policy recomputes it
-    (`fixed.forward_verdict(pos)`, of a `PolicyDecider` over the policies that are fixed;
-    a checkpoint region's `nothing_saveable`, say): then it is no node of its own, and
-    what reads it reads what its recomputation reads. Without `fixed`, every op it does
-    not decide counts as saved."""
+    (those under the auto policy: a `resolve.Governed`); every other forward op keeps the
+    verdict its own policy gives it (`ScopeModel`): modelled as saved where the backward
+    needs it, except where that policy recomputes it (a checkpoint region's
+    `nothing_saveable`, say): then it is no node of its own, and what reads it reads
+    what its recomputation reads."""
     b = ProblemBuilder(profile, offload)
     chains = a.scope_chains(scope_re)
     through = {}     # vid of a value its region recomputes -> the nodes that recomputation reads
@@ -284,7 +283,7 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         loops.add(a.position[op_id(pair.fwd.op)])
         base = a.result_base[a.position[op_id(pair.fwd.op)]]
         stacked.update(base + k for k in pair.fwd.stacked)
-    scopes = ScopeModel(a, chains, fixed, governed, kept_whole | loops)
+    scopes = ScopeModel(a, chains, governed, kept_whole | loops, scope_re)
     cases = {a.position[op_id(q.fwd)]: q
              for q in case_rewrite.find_case_pairs(a.block, a.is_backward)}
     case_reads: dict = {}    # vid of a forward case's result -> its pair's position
@@ -326,7 +325,7 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
             b.reads[node].extend(sources(vid))
         _scope_inputs_needed(b, a, pos, chains, sources)
         if pos in cases:
-            kept = _case_kept(a, cases[pos], vid_node, fixed)
+            kept = _case_kept(a, cases[pos], vid_node, governed.fixed)
             if kept is not None:
                 case_reads.update((vid, pos) for vid in kept[2])
                 case_needs.append(kept[:2])
@@ -346,7 +345,7 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         # from the re-run, which needs the loop's initial ones)
         initial = sources if chains[loop] else None
         _add_pair(b, pair, vid_node, a, tiles.get(a.result_base[loop], 1),
-                  _own_body_verdict(governed, fixed, scope_re), initial)
+                  scopes.body_verdict, initial)
     return b.problem(), b
 
 
@@ -361,17 +360,17 @@ def _scope_inputs_needed(b, a, pos, chains, sources) -> None:
 
 def _case_kept(a, pair, vid_node, fixed):
     """What the case-pair rule keeps for forward case `pair.fwd` (`lax.cond`), planned per
-    branch with the verdicts of the policies in force there (`fixed.body_verdict`; an
-    auto policy's ops count as saved, as the plan leaves them): (the value nodes of its
-    residual results standing for the residual slots it keeps, one of the same type
-    each; the vids of values outside the case its backward then reads directly, or its
+    branch with the verdicts of the policies in force there (`fixed.body_verdict`, of
+    `fixed_verdicts`: an auto policy's ops count as saved, as the plan leaves them): (the
+    value nodes of its residual results standing for the residual slots it keeps, one of
+    the same type each; the vids of values outside the case its backward then reads
+    directly, or its
     recomputation reads; the vids of its results, whose reads by the backward those stand
     for: the rule serves each from a slot, a value outside or a recompute case, a primal
     output's direct reads too). None where the slots do not map onto its results (the
     model then counts every result the backward reads)."""
-    def own(op):
-        return Saveable if fixed is None else fixed.body_verdict(op)
-    plan = case_rewrite.plan_case(pair, lambda v: scan_pairs.value_verdict(v, own))
+    plan = case_rewrite.plan_case(
+        pair, lambda v: scan_pairs.value_verdict(v, fixed.body_verdict))
     residual = [r for k, r in enumerate(pair.fwd.results) if k not in pair.outside]
     free = list(residual)
     nodes = []
@@ -395,16 +394,6 @@ def _modelled(pair) -> bool:
     """Unrolled steps (blocks of sub-steps) are left to the fallback: saved as exported."""
     return not any(scan_pairs.unrolled_parts(pair.fwd.stacked[k].value) is not None
                    for k in pair.links.values())
-
-
-def _own_body_verdict(governed, fixed, scope_re):
-    """own(op) for `_add_pair`: None where the plan decides a body op, else its verdict
-    (Saveable where the policy is not known: `fixed` None)."""
-    def own(op):
-        if governed.body_op(op, scope_re):
-            return None
-        return Saveable if fixed is None else fixed.body_verdict(op)
-    return own
 
 
 def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1,

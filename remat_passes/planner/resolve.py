@@ -51,12 +51,12 @@ class BudgetBelowMinimum(RematError):
 
 
 def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
-              fixed=None, compare_exact=False) -> tuple[dict, PlanReport]:
-    """Solve `policy` for analysis `a`: ({op_id: verdict}, report). `fixed`: the verdicts
-    of the ops it does not decide (`build_problem`)."""
+              compare_exact=False) -> tuple[dict, PlanReport]:
+    """Solve `policy` for analysis `a`: ({op_id: verdict}, report). `governed`: the ops
+    it decides (a `Governed`, which knows the others' verdicts)."""
     profile = policy.profile
     p, b = build_problem(a, scope_re, kept_whole, profile, policy.offload is not None,
-                         governed, fixed)
+                         governed)
     no_remat = p.no_remat_bytes()
     budget = policy.budget.resolve(no_remat)
     minimum = minimum_bytes(p)
@@ -138,16 +138,14 @@ def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
     if isinstance(policies.module_policy, AutoPolicy):
         auto_policy = policies.module_policy
         fixed = fixed_verdicts(a, policies, scope_re)
-        verdicts, report = plan_auto(auto_policy, a, scope_re, kept_whole,
-                                     Governed(fixed), fixed=fixed,
+        verdicts, report = plan_auto(auto_policy, a, scope_re, kept_whole, Governed(fixed),
                                      compare_exact=compare_exact)
         policies.module_policy = PlannedPolicy(auto_policy.spec, verdicts, _SAVE, report)
         reports.append(report)
     for key, pol in list(policies.recorded.items()):
         if isinstance(pol, AutoPolicy):
             fixed = fixed_verdicts(a, policies, scope_re)   # (with the plans made so far)
-            verdicts, report = plan_auto(pol, a, scope_re, kept_whole,
-                                         Governed(fixed, key), fixed=fixed,
+            verdicts, report = plan_auto(pol, a, scope_re, kept_whole, Governed(fixed, key),
                                          compare_exact=compare_exact)
             policies.recorded[key] = PlannedPolicy(pol.spec, verdicts, _SAVE, report)
             reports.append(report)

@@ -16,6 +16,7 @@ plan never keeps it. `ScopeModel` says, from a `PolicyDecider` over the fixed po
   what it saves there is saved whatever the plan says (`kept_for_scope`).
 - `on_host`: the ops their own scope's policy offloads to host memory: their values
   cost no device bytes.
+- `body_verdict(op)`: the same for the ops of a scan loop's body.
 """
 from __future__ import annotations
 
@@ -26,30 +27,30 @@ from remat_passes.ir.verdicts import Offloadable, Recompute
 class ScopeModel:
     """What the fixed policies do to the values of one function's analysis (see above)."""
 
-    def __init__(self, a, chains, fixed, governed, kept_whole):
-        """`fixed`: a PolicyDecider over the policies in force with `auto` ones counted as
-        saving (None: every op it does not decide counts as saved); `governed(pos)`: is
-        the op the plan's; `kept_whole`: positions saved whole (ops with regions a rule
-        decides, scan loops the model takes per iteration)."""
-        self.a, self.chains, self.fixed, self.governed = a, chains, fixed, governed
-        self.kept_whole = kept_whole
+    def __init__(self, a, chains, governed, kept_whole, scope_re):
+        """`governed`: which ops the plan decides (a `resolve.Governed`; its `fixed`, a
+        PolicyDecider over the policies in force with `auto` ones counted as saving, gives
+        the others' verdicts); `kept_whole`: positions saved whole (ops with regions a
+        rule decides, scan loops the model takes per iteration)."""
+        self.a, self.chains, self.governed = a, chains, governed
+        self.fixed = fixed = governed.fixed
+        self.kept_whole, self.scope_re = kept_whole, scope_re
         self._recomputes_in: dict = {}    # position -> does its scope's backward recompute it
         self._leaves: dict = {}           # vid -> the values that recomputation reads
         self.kept_for_scope: set = set()
-        if fixed is not None:
-            for q in range(len(a.ops)):
-                if a.backward[q] and chains[q]:
-                    for vid in a.reads(q):
-                        for r in self._scope_leaves(vid, chains[q][0]):
-                            p = a.producer[r]
-                            if p >= 0 and self._own_scope_decides(p, chains[q][0]):
-                                self.kept_for_scope.add(p)
+        for q in range(len(a.ops)):
+            if a.backward[q] and chains[q]:
+                for vid in a.reads(q):
+                    for r in self._scope_leaves(vid, chains[q][0]):
+                        p = a.producer[r]
+                        if p >= 0 and self._own_scope_decides(p, chains[q][0]):
+                            self.kept_for_scope.add(p)
         self.recomputed = self._recomputed_elsewhere()
         self.on_host = self._offloaded_by_own_policy()
 
     def backward_reads(self, q, vid) -> tuple:
         """The values backward op `q` needs available to read `vid`."""
-        if self.fixed is None or not self.chains[q]:
+        if not self.chains[q]:
             return (vid,)
         return self._scope_leaves(vid, self.chains[q][0])
 
@@ -95,8 +96,6 @@ class ScopeModel:
         plain ops too; not those a scope's backward reads saved."""
         a, fixed = self.a, self.fixed
         out = set()
-        if fixed is None:
-            return out
         for pos, op in enumerate(a.ops):
             if (a.backward[pos] or a.free[pos] or self.governed(pos) or a.side_effect[pos]
                     or pos in self.kept_whole or pos in self.kept_for_scope or not _plain(op)):
@@ -107,14 +106,11 @@ class ScopeModel:
                 out.add(pos)
         return out
 
-
     def _offloaded_by_own_policy(self) -> set:
         """Positions of the forward ops the plan does not decide whose own scope's policy
         moves their values to host memory (an offload policy of a region)."""
         a, fixed = self.a, self.fixed
         out = set()
-        if fixed is None:
-            return out
         for pos in range(len(a.ops)):
             if (a.backward[pos] or a.free[pos] or self.governed(pos)
                     or not self.chains[pos] or fixed.decided_by(pos) != self.chains[pos][0]):
@@ -123,6 +119,14 @@ class ScopeModel:
             if isinstance(verdict, Offloadable) and verdict.dst in contract.HOST_KINDS:
                 out.add(pos)
         return out
+
+
+    def body_verdict(self, op):
+        """For an op of a scan loop's body: None where the plan decides it, else the
+        verdict its own policy gives it (the loop's rule asks it per iteration)."""
+        if self.governed.body_op(op, self.scope_re):
+            return None
+        return self.fixed.body_verdict(op)
 
 
 def _plain(op) -> bool:
