@@ -72,7 +72,7 @@ def bounds(module, func: str = "main", policy: AutoPolicy | None = None, *,
            what: str = "rp.bounds") -> tuple[int, int]:
     """(minimum, no-remat) residual bytes a plan of `auto` as the module policy can have for
     `func` of `module`, as remat-partial-eval plans it: checkpoint regions with a policy of
-    their own keep their verdicts, and what the backward reads of them counts as saved
+    their own keep their verdicts, and count with what those keep (`planner.scope_model`)
     (`what`: who asks, for the error where the function's backward runs inside a loop
     body)."""
     _own_backward(module, func, what)
