@@ -22,6 +22,9 @@ The model, per op p and value v (`Problem`):
 Minimise sum c_p r_p + offload costs subject to saved bytes <= budget. Inside
 a scan loop pair the same model is built on the forward body, per iteration,
 with bytes and costs times the trip count (stacked values are the saved ones).
+The ops in a `lax.cond`'s branches are one op node p: recomputing all of
+them (at the costliest branch's cost), whose results are the residual slots
+only saving them keeps.
 
 Two solvers:
 

@@ -7,6 +7,7 @@ function's analysis (scan loop pairs modelled per iteration, times the trip coun
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,7 +40,8 @@ class Problem:
                                       # (no offload)
     ops: list                     # per op node, the ir.Operation
     values: list                  # per value node, the ir.Value
-    labels: list                  # per op node: "top" or the scan loop it is in
+    labels: list                  # per op node: "top", the scan loop it is in, or what
+                                  # it stands for (`stands_for`)
     keep_cost: np.ndarray | None = None   # seconds per value node when it is kept (saved or
                                           # offloaded) and a recomputation reads it: the
                                           # reduce_precision insert-reduce-precision puts
@@ -53,6 +55,9 @@ class Problem:
                                               # arguments (their value_bytes are 0: a
                                               # budget counts activations, what the
                                               # backward keeps beyond the arguments)
+    stands_for: dict = dataclasses.field(default_factory=dict)   # op node -> the ops its
+                                          # verdict goes to, where not its own op alone
+                                          # (a cond's branches, recomputed together)
 
     @property
     def n_ops(self) -> int:
@@ -176,7 +181,6 @@ class ProblemBuilder:
         self.profile = profile
         self.offload = offload
         self.cost_model = flops.CostModel()
-        self.op_index: dict = {}       # op_id -> node
         self.value_index: dict = {}    # ir.Value -> node
         self.ops, self.values, self.labels = [], [], []
         self.op_cost, self.recomputable, self.reads = [], [], []
@@ -187,10 +191,11 @@ class ProblemBuilder:
         # loop-body ops the model leaves out as free (computed from invariants and re-sliced
         # inputs alone: never stacked); the plan recomputes them, as the model assumes
         self.free_ops: list = []
+        self.stands_for: dict = {}     # op node -> the ops it stands for (`group`)
+        self.pinned: set = set()       # value nodes that cannot move to the host
 
     def op(self, op, recomputable: bool, scale: int, label: str) -> int:
         node = len(self.ops)
-        self.op_index[op_id(op)] = node
         self.ops.append(op)
         self.labels.append(label)
         f = self.cost_model.op_flops(op) if recomputable else 0.0
@@ -202,6 +207,15 @@ class ProblemBuilder:
         self.markers.append(marker)
         self.through.append(marker or scan_pairs.moves_data(op))
         self.reads.append([])
+        return node
+
+    def group(self, op, ops: list, seconds: float, flops_: float, label: str) -> int:
+        """An op node that stands for `ops` recomputed together (`op` names it in
+        reports), at the cost given."""
+        node = self.op(op, False, 1, label)
+        self.recomputable[node] = True
+        self.op_cost[node], self.flops[node] = seconds, flops_
+        self.stands_for[node] = list(ops)
         return node
 
     def value(self, v, producer: int, scale: int, forward_use: bool = False,
@@ -232,6 +246,7 @@ class ProblemBuilder:
         prod = np.array(self.value_producer, dtype=np.int64)
         movable = prod >= 0
         movable[movable] = np.array(self.recomputable, bool)[prod[movable]]
+        movable[list(self.pinned)] = False
         return np.where(movable, np.array([self.profile.offload_seconds(b) for b in vb]),
                         np.inf)
 
@@ -246,7 +261,7 @@ class ProblemBuilder:
             offload_cost=self._offload_cost(vb) if self.offload else None,
             ops=self.ops, values=self.values, labels=self.labels,
             keep_cost=np.array(self.keep_cost, dtype=np.float64),
-            markers=np.array(self.markers, dtype=bool),
+            stands_for=dict(self.stands_for), markers=np.array(self.markers, dtype=bool),
             through=np.array(self.through, dtype=bool),
             argument_bytes=np.array(self.argument_bytes, dtype=np.int64))
 
@@ -325,10 +340,10 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
             b.reads[node].extend(sources(vid))
         _scope_inputs_needed(b, a, pos, chains, sources)
         if pos in cases:
-            kept = _case_kept(a, cases[pos], vid_node, governed.fixed)
+            kept = _add_case(b, a, cases[pos], vid_node, sources, governed, scope_re)
             if kept is not None:
-                case_reads.update((vid, pos) for vid in kept[2])
-                case_needs.append(kept[:2])
+                case_reads.update((vid, pos) for vid in kept.results)
+                case_needs.append((kept.nodes, kept.outside))
     for pos in range(len(a.ops)):
         if a.backward[pos]:
             for vid in a.reads(pos):
@@ -358,36 +373,114 @@ def _scope_inputs_needed(b, a, pos, chains, sources) -> None:
                     b.needed[n] = True
 
 
-def _case_kept(a, pair, vid_node, fixed):
+class CaseKept(NamedTuple):
+    """What the case-pair rule keeps for a forward case under one choice of verdicts."""
+    nodes: list       # value nodes of its residual results standing for the residual
+                      # slots it keeps, one of the same type each
+    twins: list       # value nodes of primal outputs whose twins read a slot of their own
+                      # (kept where something reads the twin; `_add_case`)
+    outside: list     # vids of values outside the case that its backward, or a branch's
+                      # recomputation, reads directly
+    results: list     # vids of its results, whose reads by the backward those stand for
+    clones: list      # per branch, the ops its recompute case clones
+
+
+def _case_kept(a, pair, vid_node, op_verdict) -> CaseKept | None:
     """What the case-pair rule keeps for forward case `pair.fwd` (`lax.cond`), planned per
-    branch with the verdicts of the policies in force there (`fixed.body_verdict`, of
-    `fixed_verdicts`: an auto policy's ops count as saved, as the plan leaves them): (the
-    value nodes of its residual results standing for the residual slots it keeps, one of
-    the same type each; the vids of values outside the case its backward then reads
-    directly, or its
-    recomputation reads; the vids of its results, whose reads by the backward those stand
-    for: the rule serves each from a slot, a value outside or a recompute case, a primal
-    output's direct reads too). None where the slots do not map onto its results (the
-    model then counts every result the backward reads)."""
-    plan = case_rewrite.plan_case(
-        pair, lambda v: scan_pairs.value_verdict(v, fixed.body_verdict))
-    residual = [r for k, r in enumerate(pair.fwd.results) if k not in pair.outside]
-    free = list(residual)
-    nodes = []
+    branch with `op_verdict` for the ops of its branches. The rule serves each backward
+    read of a result from a slot, a value outside or a recompute case, a primal output's
+    direct reads too. None where the slots do not map onto its results (the model then
+    counts every result the backward reads)."""
+    plan = case_rewrite.plan_case(pair, lambda v: scan_pairs.value_verdict(v, op_verdict))
+    results = pair.fwd.results
+    free = [r for k, r in enumerate(results) if k not in pair.outside]
+    primal = [results[k] for k in sorted(pair.outside)]
+    nodes, twins = [], []
     for t in (t for t in plan.layout if not isinstance(t, int)):
-        match = next((r for r in free if r.type == t), None)
-        if match is None:
+        # a slot beyond JAX's residuals is the one a primal output's twin reads
+        for pool, found in ((free, nodes), (primal, twins)):
+            match = next((r for r in pool if r.type == t), None)
+            if match is not None:
+                pool.remove(match)
+                found.append(vid_node[a.vid(match)])
+                break
+        else:
             return None
-        free.remove(match)
-        nodes.append(vid_node[a.vid(match)])
-    # the values outside the case that the backward, or a branch's recomputation, reads
     outside = [src for _, _, src in plan.replace if isinstance(src, ir.Value)]
     outside += [src for branch in plan.clones for clone in branch
                 for src in clone.sources.values() if isinstance(src, ir.Value)]
     outside += [src for branch in plan.r_yields for src in branch.values()
                 if isinstance(src, ir.Value)]
-    return (nodes, [a.vid(v) for v in dict.fromkeys(outside)],
-            [a.vid(r) for r in pair.fwd.results])
+    return CaseKept(nodes, twins, [a.vid(v) for v in dict.fromkeys(outside)],
+                    [a.vid(r) for r in results],
+                    [[clone.op for clone in branch] for branch in plan.clones])
+
+
+def _add_case(b: ProblemBuilder, a, pair, vid_node, sources, governed,
+              scope_re) -> CaseKept | None:
+    """A forward case (`lax.cond`): what its pair's rule keeps (`_case_kept`, with the
+    fixed policies' verdicts: an auto policy's ops count as saved, the fallback a plan
+    leaves them to). A primal output is read from its twin: free where that reads a slot
+    kept anyway, else the bytes of a slot of its own, kept where something reads it. Where
+    the plan decides the case, one choice for all of its branches' ops: an op node
+    (`ProblemBuilder.group`) stands for recomputing them, for the cost of the costliest
+    branch's recomputation; it produces the slots only saving them keeps, and reads what
+    the recomputation reads. Returns what the saving choice keeps (None, as `_case_kept`),
+    its slots the backward needs in `nodes`."""
+    fixed = governed.fixed
+    saved = _case_kept(a, pair, vid_node, fixed.body_verdict)
+    if saved is None:
+        return None
+    needed = list(saved.nodes)
+    for k in pair.outside:
+        node = vid_node[a.vid(pair.fwd.results[k])]
+        if node not in saved.twins:
+            b.value_bytes[node] = 0
+        elif k in pair.direct:            # (read by the backward itself)
+            needed.append(node)
+    kept = saved._replace(nodes=needed)
+    if not governed(a.position[op_id(pair.fwd)]):
+        return kept
+    mine = [op for op in _branch_ops(pair.fwd)
+            if governed.body_op(op, scope_re) and not graph.is_side_effecting(op)]
+    ids = {op_id(op) for op in mine}
+    redone = _case_kept(a, pair, vid_node, lambda op: Recompute if op_id(op) in ids
+                        else fixed.body_verdict(op)) if mine else None
+    if redone is None or not (set(redone.nodes) <= set(saved.nodes)
+                              and set(redone.twins) <= set(saved.twins)):
+        return kept
+    spared = (set(saved.nodes) - set(redone.nodes)) | (set(saved.twins) - set(redone.twins))
+    if not spared:
+        return kept
+    seconds, flops_ = 0.0, 0.0
+    for before, after in zip(saved.clones, redone.clones):
+        known = {op_id(op) for op in before}
+        extra = [op for op in after if op_id(op) not in known]
+        seconds = max(seconds, sum(b.profile.op_seconds(op, b.cost_model) for op in extra))
+        flops_ = max(flops_, sum(b.cost_model.op_flops(op) for op in extra))
+    line = graph.source_position(pair.fwd)[0]
+    node = b.group(pair.fwd, mine, seconds, flops_, "the ops in the branches of the cond"
+                   + (f" at {line}" if line else ""))
+    for n in spared:
+        b.value_producer[n] = node
+        b.pinned.add(n)
+    b.reads[node].extend(redone.nodes + redone.twins)
+    b.reads[node].extend(n for vid in redone.outside for n in sources(vid))
+    return kept
+
+
+def _branch_ops(case) -> list:
+    """Every op nested in the branches of `case`."""
+    out = []
+
+    def visit(inner):
+        out.append(inner)
+        return ir.WalkResult.ADVANCE
+    for region in case.regions:
+        for block in region.blocks:
+            for op in block.operations:
+                op.operation.walk(visit)
+    return out
 
 
 def _modelled(pair) -> bool:

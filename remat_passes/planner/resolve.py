@@ -33,6 +33,10 @@ def _verdicts(p: Problem, sol: Solution, offload_kind) -> dict:
     prod = p.value_producer
     offloaded_ops = set(int(prod[v]) for v in np.nonzero(sol.offloaded)[0] if prod[v] >= 0)
     for node, op in enumerate(p.ops):
+        if node in p.stands_for:      # a choice for several ops: they are recomputed,
+            if sol.recompute[node]:   # else left to the fallback (saved)
+                out.update((op_id(each), Recompute) for each in p.stands_for[node])
+            continue
         if sol.recompute[node]:
             out[op_id(op)] = Recompute
         elif node in offloaded_ops:
@@ -79,6 +83,9 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
     cost = {op_id(op): (op.name, b.flops[n], p.op_cost[n]) for n, op in enumerate(p.ops)}
     recomputed, unpriced = [], []
     for n in np.nonzero(sol.recompute)[0]:
+        if n in p.stands_for:       # (what it stands for, say "the ops in the branches ...")
+            recomputed.append((p.labels[n], b.flops[n], p.op_cost[n], "top"))
+            continue
         op = p.ops[n]
         what = (f"{graph.jax_type_str(op.results[0].type)} "
                 f"{describe_value(op.results[0], a.func_op)}") if len(op.results) else op.name

@@ -793,23 +793,63 @@ def test_auto_keeps_its_budget_with_a_scan_inside_a_region(policy):
     assert hi == device_bytes(rp.remat(m, P.everything_saveable, mode="split"))
 
 
-def test_auto_counts_what_a_cond_keeps():
-    """A lax.cond's forward case returns JAX's residuals of every branch; the case-pair
-    rule keeps those its plan needs per branch (a slot per type shared across branches, a
-    value from outside the case read directly, a primal output the backward reads
-    recomputed by its twin). The planner counted every result the backward read: 4,096 B
-    at its minimum where 2,048 B were kept."""
+def _conds():
+    """Functions with a lax.cond (or switch) between layers, which the module policy decides."""
     def lay(h, w):
         return jnp.tanh(jnp.sin(h @ w) @ w)
 
-    def f(W, x):
+    def basic(W, x):
         h = lay(x, W[0])
         h = jax.lax.cond(jnp.sum(h) > 0, lambda h: lay(h, W[1]), lambda h: jnp.cos(h @ W[2]), h)
         return jnp.sum(lay(h, W[3]) ** 2)
+
+    def switch(W, x):
+        h = lay(x, W[0])
+        h = jax.lax.switch(jnp.sum(h > 0) % 3, [lambda h: lay(h, W[1]), lambda h: jnp.cos(h @ W[2]),
+                                                lambda h: jnp.sin(h @ W[1]) * h], h)
+        return jnp.sum(lay(h, W[3]) ** 2)
+
+    def nested(W, x):
+        h = lay(x, W[0])
+        def inner(h):
+            return jax.lax.cond(jnp.mean(h) > 0, lambda h: lay(h, W[1]),
+                                lambda h: jnp.sin(h @ W[2]), h)
+        h = jax.lax.cond(jnp.sum(h) > 0, inner, lambda h: jnp.cos(h @ W[2]), h)
+        return jnp.sum(lay(h, W[3]) ** 2)
+
+    def scan_in_branch(W, x):
+        ws = jnp.stack(W[1:3])
+        h = jax.lax.cond(jnp.sum(x) > 0,
+                         lambda h: jax.lax.scan(lambda c, w: (lay(c, w), None), h, ws)[0],
+                         lambda h: jnp.cos(h @ W[2]), lay(x, W[0]))
+        return jnp.sum(lay(h, W[3]) ** 2)
+
+    def output_only(W, x):    # the loss reads the cond's output alone
+        return jnp.sum(jax.lax.cond(jnp.sum(x) > 0, lambda h: lay(h, W[1]),
+                                    lambda h: jnp.cos(h @ W[2]), x) ** 2)
+    return {f.__name__: f for f in (basic, switch, nested, scan_in_branch, output_only)}
+
+
+@pytest.mark.parametrize("name", ["basic", "switch", "nested", "scan_in_branch", "output_only"])
+def test_auto_counts_what_a_cond_keeps(name):
+    """A lax.cond's forward case returns JAX's residuals of every branch; the case-pair
+    rule keeps those its plan needs per branch (a slot per type shared across branches, a
+    value from outside the case read directly, a primal output the backward reads
+    recomputed by its twin). auto decides the branches' ops together: saved, or recomputed.
+    The planner counted every result the backward read (4,096 B at its minimum where
+    2,048 B were kept); then it left the branches' ops saved at every budget, and counted a
+    primal output where its twin serves it, so that its least was 2,560 B where
+    nothing_saveable keeps 0 B (4,100 B for the nested cond, whose twin slot it did not
+    map)."""
+    f = _conds()[name]
     args = layers_and_batch(seed=6, layers=4)
     m = rp.export_vjp(f, *args)
     lo, hi = bounds(m)
     assert_auto_counts_what_it_keeps(m, f, args, (lo, (lo + hi) // 2, hi))
+    least = rp.remat(m, P.nothing_saveable, mode="split")
+    assert lo == device_bytes(least)
+    assert recompute_flops(rp.remat(m, P.auto(budget=lo), mode="split")) == \
+        recompute_flops(least)
     assert hi == device_bytes(rp.remat(m, P.everything_saveable, mode="split"))
 
 
