@@ -22,9 +22,8 @@ The model, per op p and value v (`Problem`):
 Minimise sum c_p r_p + offload costs subject to saved bytes <= budget. Inside
 a scan loop pair the same model is built on the forward body, per iteration,
 with bytes and costs times the trip count (stacked values are the saved ones).
-The ops in a `lax.cond`'s branches are one op node p: recomputing all of
-them (at the costliest branch's cost), whose results are the residual slots
-only saving them keeps.
+The ops in a `lax.cond`'s branches are a chain of op nodes, each a step that
+recomputes more of them (`case_model`).
 
 Two solvers:
 
@@ -42,7 +41,8 @@ Two solvers:
 exactly like any other policy.
 
 Modules: `model` (the problem and `build_problem` from an analysis; `scope_model`,
-how the ops under another policy, a checkpoint region's own, enter it), `solvers`,
+how the ops under another policy, a checkpoint region's own, enter it; `case_model`,
+how a cond does), `solvers`,
 `resolve` (the auto policies in force to plans), `report` (what a plan says). The
 planner reads an analysis and never runs a pass: what needs whole pipelines (the
 peak objective's trials, `bounds`, `pareto`) drives it from above.

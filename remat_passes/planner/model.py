@@ -7,7 +7,6 @@ function's analysis (scan loop pairs modelled per iteration, times the trip coun
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
 import numpy as np
 
@@ -17,6 +16,7 @@ from remat_passes.cost.devices import ROUNDING, DeviceProfile
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Recompute, Saveable
+from remat_passes.planner.case_model import add_case
 from remat_passes.planner.scope_model import ScopeModel
 from remat_passes.regions import case_rewrite, shard_map_rewrite
 from remat_passes.regions.scan_rewrite import ScanPairPlanner
@@ -39,7 +39,8 @@ class Problem:
     offload_cost: np.ndarray | None   # seconds per value node (inf: cannot move), or None
                                       # (no offload)
     ops: list                     # per op node, the ir.Operation
-    values: list                  # per value node, the ir.Value
+    values: list                  # per value node, the ir.Value (None: a token,
+                                  # `ProblemBuilder.token`)
     labels: list                  # per op node: "top", the scan loop it is in, or what
                                   # it stands for (`stands_for`)
     keep_cost: np.ndarray | None = None   # seconds per value node when it is kept (saved or
@@ -175,13 +176,12 @@ def feasible(p: Problem, recompute: np.ndarray) -> bool:
 
 
 class ProblemBuilder:
-    """Collects op and value nodes; one per (op or value) object, keyed by identity."""
+    """Collects op and value nodes."""
 
     def __init__(self, profile: DeviceProfile, offload: bool):
         self.profile = profile
         self.offload = offload
         self.cost_model = flops.CostModel()
-        self.value_index: dict = {}    # ir.Value -> node
         self.ops, self.values, self.labels = [], [], []
         self.op_cost, self.recomputable, self.reads = [], [], []
         self.value_bytes, self.value_producer, self.needed = [], [], []
@@ -193,6 +193,7 @@ class ProblemBuilder:
         self.free_ops: list = []
         self.stands_for: dict = {}     # op node -> the ops it stands for (`group`)
         self.pinned: set = set()       # value nodes that cannot move to the host
+        self.tokens: list = []         # value nodes no plan can keep (`token`)
 
     def op(self, op, recomputable: bool, scale: int, label: str) -> int:
         node = len(self.ops)
@@ -218,6 +219,21 @@ class ProblemBuilder:
         self.stands_for[node] = list(ops)
         return node
 
+    def token(self, producer: int) -> int:
+        """A value node of `producer` that no plan can keep (its bytes, set by `problem`,
+        are more than all the others'): an op that reads it is recomputed only together
+        with `producer`."""
+        node = len(self.values)
+        self.values.append(None)
+        self.value_bytes.append(0)
+        self.argument_bytes.append(0)
+        self.keep_cost.append(0.0)
+        self.value_producer.append(producer)
+        self.needed.append(False)
+        self.tokens.append(node)
+        self.pinned.add(node)
+        return node
+
     def value(self, v, producer: int, scale: int, forward_use: bool = False,
               argument: bool = False, copies: int = 1) -> int:
         """A value node; `forward_use`: the forward reads it too, so that keeping it makes
@@ -225,7 +241,6 @@ class ProblemBuilder:
         the function's arguments, which a budget does not count; `copies`: its bytes count
         that many times (a GSPMD manual value, one copy per device class)."""
         node = len(self.values)
-        self.value_index[v] = node
         self.values.append(v)
         nbytes = graph.type_bytes(v.type) * scale * copies
         self.value_bytes.append(0 if argument else nbytes)
@@ -252,6 +267,7 @@ class ProblemBuilder:
 
     def problem(self) -> Problem:
         vb = np.array(self.value_bytes, dtype=np.float64)
+        vb[self.tokens] = vb.sum() + 1.0
         return Problem(
             op_cost=np.array(self.op_cost, dtype=np.float64), value_bytes=vb,
             value_producer=np.array(self.value_producer, dtype=np.int64),
@@ -340,7 +356,7 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
             b.reads[node].extend(sources(vid))
         _scope_inputs_needed(b, a, pos, chains, sources)
         if pos in cases:
-            kept = _add_case(b, a, cases[pos], vid_node, sources, governed, scope_re)
+            kept = add_case(b, a, cases[pos], vid_node, sources, governed, scope_re)
             if kept is not None:
                 case_reads.update((vid, pos) for vid in kept.results)
                 case_needs.append((kept.nodes, kept.outside))
@@ -371,116 +387,6 @@ def _scope_inputs_needed(b, a, pos, chains, sources) -> None:
             if a.producer[vid] < 0 or chains[a.producer[vid]] != chains[pos]:
                 for n in sources(vid):
                     b.needed[n] = True
-
-
-class CaseKept(NamedTuple):
-    """What the case-pair rule keeps for a forward case under one choice of verdicts."""
-    nodes: list       # value nodes of its residual results standing for the residual
-                      # slots it keeps, one of the same type each
-    twins: list       # value nodes of primal outputs whose twins read a slot of their own
-                      # (kept where something reads the twin; `_add_case`)
-    outside: list     # vids of values outside the case that its backward, or a branch's
-                      # recomputation, reads directly
-    results: list     # vids of its results, whose reads by the backward those stand for
-    clones: list      # per branch, the ops its recompute case clones
-
-
-def _case_kept(a, pair, vid_node, op_verdict) -> CaseKept | None:
-    """What the case-pair rule keeps for forward case `pair.fwd` (`lax.cond`), planned per
-    branch with `op_verdict` for the ops of its branches. The rule serves each backward
-    read of a result from a slot, a value outside or a recompute case, a primal output's
-    direct reads too. None where the slots do not map onto its results (the model then
-    counts every result the backward reads)."""
-    plan = case_rewrite.plan_case(pair, lambda v: scan_pairs.value_verdict(v, op_verdict))
-    results = pair.fwd.results
-    free = [r for k, r in enumerate(results) if k not in pair.outside]
-    primal = [results[k] for k in sorted(pair.outside)]
-    nodes, twins = [], []
-    for t in (t for t in plan.layout if not isinstance(t, int)):
-        # a slot beyond JAX's residuals is the one a primal output's twin reads
-        for pool, found in ((free, nodes), (primal, twins)):
-            match = next((r for r in pool if r.type == t), None)
-            if match is not None:
-                pool.remove(match)
-                found.append(vid_node[a.vid(match)])
-                break
-        else:
-            return None
-    outside = [src for _, _, src in plan.replace if isinstance(src, ir.Value)]
-    outside += [src for branch in plan.clones for clone in branch
-                for src in clone.sources.values() if isinstance(src, ir.Value)]
-    outside += [src for branch in plan.r_yields for src in branch.values()
-                if isinstance(src, ir.Value)]
-    return CaseKept(nodes, twins, [a.vid(v) for v in dict.fromkeys(outside)],
-                    [a.vid(r) for r in results],
-                    [[clone.op for clone in branch] for branch in plan.clones])
-
-
-def _add_case(b: ProblemBuilder, a, pair, vid_node, sources, governed,
-              scope_re) -> CaseKept | None:
-    """A forward case (`lax.cond`): what its pair's rule keeps (`_case_kept`, with the
-    fixed policies' verdicts: an auto policy's ops count as saved, the fallback a plan
-    leaves them to). A primal output is read from its twin: free where that reads a slot
-    kept anyway, else the bytes of a slot of its own, kept where something reads it. Where
-    the plan decides the case, one choice for all of its branches' ops: an op node
-    (`ProblemBuilder.group`) stands for recomputing them, for the cost of the costliest
-    branch's recomputation; it produces the slots only saving them keeps, and reads what
-    the recomputation reads. Returns what the saving choice keeps (None, as `_case_kept`),
-    its slots the backward needs in `nodes`."""
-    fixed = governed.fixed
-    saved = _case_kept(a, pair, vid_node, fixed.body_verdict)
-    if saved is None:
-        return None
-    needed = list(saved.nodes)
-    for k in pair.outside:
-        node = vid_node[a.vid(pair.fwd.results[k])]
-        if node not in saved.twins:
-            b.value_bytes[node] = 0
-        elif k in pair.direct:            # (read by the backward itself)
-            needed.append(node)
-    kept = saved._replace(nodes=needed)
-    if not governed(a.position[op_id(pair.fwd)]):
-        return kept
-    mine = [op for op in _branch_ops(pair.fwd)
-            if governed.body_op(op, scope_re) and not graph.is_side_effecting(op)]
-    ids = {op_id(op) for op in mine}
-    redone = _case_kept(a, pair, vid_node, lambda op: Recompute if op_id(op) in ids
-                        else fixed.body_verdict(op)) if mine else None
-    if redone is None or not (set(redone.nodes) <= set(saved.nodes)
-                              and set(redone.twins) <= set(saved.twins)):
-        return kept
-    spared = (set(saved.nodes) - set(redone.nodes)) | (set(saved.twins) - set(redone.twins))
-    if not spared:
-        return kept
-    seconds, flops_ = 0.0, 0.0
-    for before, after in zip(saved.clones, redone.clones):
-        known = {op_id(op) for op in before}
-        extra = [op for op in after if op_id(op) not in known]
-        seconds = max(seconds, sum(b.profile.op_seconds(op, b.cost_model) for op in extra))
-        flops_ = max(flops_, sum(b.cost_model.op_flops(op) for op in extra))
-    line = graph.source_position(pair.fwd)[0]
-    node = b.group(pair.fwd, mine, seconds, flops_, "the ops in the branches of the cond"
-                   + (f" at {line}" if line else ""))
-    for n in spared:
-        b.value_producer[n] = node
-        b.pinned.add(n)
-    b.reads[node].extend(redone.nodes + redone.twins)
-    b.reads[node].extend(n for vid in redone.outside for n in sources(vid))
-    return kept
-
-
-def _branch_ops(case) -> list:
-    """Every op nested in the branches of `case`."""
-    out = []
-
-    def visit(inner):
-        out.append(inner)
-        return ir.WalkResult.ADVANCE
-    for region in case.regions:
-        for block in region.blocks:
-            for op in block.operations:
-                op.operation.walk(visit)
-    return out
 
 
 def _modelled(pair) -> bool:

@@ -10,6 +10,8 @@
 // RUN: remat-opt %s --print-saved-residuals --remat-partial-eval='policy=nothing_saveable' | filecheck %s --check-prefix=RESNOTHING
 // RUN: remat-opt %s --print-saved-residuals --remat-partial-eval='policy=dots_saveable' | filecheck %s --check-prefix=RESDOTS
 // RUN: remat-opt %s --print-saved-residuals --remat-partial-eval='policy=save_only_these_names(h1)' | filecheck %s --check-prefix=RESNAMES
+// RUN: remat-opt %s --print-saved-residuals --remat-partial-eval='policy=auto(0)' | filecheck %s --check-prefix=RESAUTO0
+// RUN: remat-opt %s --print-saved-residuals --remat-partial-eval='policy=auto(96)' | filecheck %s --check-prefix=RESAUTO96
 // (A JAX module without locations: the saved-residuals reports end with the remark
 // that says the backward is found by the cotangent marks alone.)
 
@@ -56,6 +58,19 @@
 // RESDOTS-COUNT-3: f32[2,4] output of case from line {{[0-9]+}}{{$}}
 // RESDOTS-NEXT: // remark: @main: no op carries JAX's name stack{{.*}}
 // RESDOTS-NOT: {{.}}
+
+// auto decides the branches' ops in a chain of choices (planner/case_model.py): at a
+// budget of 0 it recomputes all of them and keeps what nothing_saveable keeps; at 96 B
+// (what dots_saveable keeps beyond the arguments) it saves the dots, as dots_saveable.
+// RESAUTO0: // saved residuals of @main: 3 values, 100 bytes
+// RESAUTO0: // remark: auto(budget=0): {{.*}} plan keeps 0 B of activations
+// RESAUTO0: // remark: auto recomputes what dots_saveable recomputes in the branches of the cond at line {{[0-9]+}}
+// RESAUTO0-NEXT: // remark: auto recomputes the rest in the branches of the cond at line {{[0-9]+}}
+
+// RESAUTO96: // saved residuals of @main: 6 values, 196 bytes
+// RESAUTO96-COUNT-3: f32[2,4] output of case from line {{[0-9]+}}{{$}}
+// RESAUTO96: // remark: auto recomputes what dots_saveable recomputes in the branches of the cond at line {{[0-9]+}}
+// RESAUTO96-NOT: the rest in the branches
 
 // RESNAMES: // saved residuals of @main: 4 values, 132 bytes
 // RESNAMES: f32[] from the argument arg2

@@ -1,0 +1,159 @@
+"""How a `lax.cond` enters the planning problem of `auto`: what the case-pair rule keeps
+of its forward case, and the choices the plan has for the ops of its branches.
+
+The rule (`regions.case_rewrite`) plans a cond per branch, with the verdicts of the
+policies in force there, and keeps residual slots shared by type across branches: what
+it keeps is not a sum over values, so the branches' ops are not nodes of their own.
+Instead `add_case` models a chain of choices for the ops of the branches that the plan
+decides, each recomputing more than the one before: what `dots_saveable` recomputes, then
+what `dots_with_no_batch_dims_saveable` recomputes too, then all of them. An op node
+stands for each step (`ProblemBuilder.group`): it produces the slots only the choice
+before it keeps, reads what its recomputation reads, and costs what it recomputes more
+(in the costliest branch). A step is taken only after the one before it: it reads a
+*token* of that step, a value too large to keep (`ProblemBuilder.token`). So every plan
+is one of the choices, and what it counts is what the rule keeps.
+
+A primal output the backward needs (a later op's derivative reads it, or a recomputed
+op) is served by its *twin* (`case_rewrite`): free where the twin reads a slot the case
+keeps anyway, else the bytes of a slot of its own.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from remat_passes.analysis import scan_pairs
+from remat_passes.ir import graph
+from remat_passes.ir.mlir import ir, op_id
+from remat_passes.ir.verdicts import Recompute
+from remat_passes.policy.policies import dots_saveable, dots_with_no_batch_dims_saveable
+from remat_passes.policy.scopes import policy_verdict
+from remat_passes.regions import case_rewrite
+
+# the steps of the chain: (what recomputes the ops of the branches, how a report names them)
+STEPS = ((dots_saveable, "what dots_saveable recomputes"),
+         (dots_with_no_batch_dims_saveable, "the batch dots"),
+         (None, "the rest"))
+
+
+class CaseKept(NamedTuple):
+    """What the case-pair rule keeps for a forward case under one choice of verdicts."""
+    nodes: list       # value nodes of its residual results standing for the residual
+                      # slots it keeps, one of the same type each
+    twins: list       # value nodes of primal outputs whose twins read a slot of their own
+                      # (kept where something reads the twin)
+    outside: list     # vids of values outside the case that its backward, or a branch's
+                      # recomputation, reads directly
+    results: list     # vids of its results, whose reads by the backward those stand for
+    clones: list      # per branch, the ops its recompute case clones
+
+    def slots(self) -> set:
+        return set(self.nodes) | set(self.twins)
+
+
+def case_kept(a, pair, vid_node, op_verdict) -> CaseKept | None:
+    """What the case-pair rule keeps for forward case `pair.fwd`, planned per branch with
+    `op_verdict` for the ops of its branches. The rule serves each backward read of a
+    result from a slot, a value outside or a recompute case, a primal output's direct
+    reads too. None where the slots do not map onto its results (the model then counts
+    every result the backward reads)."""
+    plan = case_rewrite.plan_case(pair, lambda v: scan_pairs.value_verdict(v, op_verdict))
+    results = pair.fwd.results
+    free = [r for k, r in enumerate(results) if k not in pair.outside]
+    primal = [results[k] for k in sorted(pair.outside)]
+    nodes, twins = [], []
+    for t in (t for t in plan.layout if not isinstance(t, int)):
+        # a slot beyond JAX's residuals is the one a primal output's twin reads
+        for pool, found in ((free, nodes), (primal, twins)):
+            match = next((r for r in pool if r.type == t), None)
+            if match is not None:
+                pool.remove(match)
+                found.append(vid_node[a.vid(match)])
+                break
+        else:
+            return None
+    outside = [src for _, _, src in plan.replace if isinstance(src, ir.Value)]
+    outside += [src for branch in plan.clones for clone in branch
+                for src in clone.sources.values() if isinstance(src, ir.Value)]
+    outside += [src for branch in plan.r_yields for src in branch.values()
+                if isinstance(src, ir.Value)]
+    return CaseKept(nodes, twins, [a.vid(v) for v in dict.fromkeys(outside)],
+                    [a.vid(r) for r in results],
+                    [[clone.op for clone in branch] for branch in plan.clones])
+
+
+def add_case(b, a, pair, vid_node, sources, governed, scope_re) -> CaseKept | None:
+    """Model forward case `pair.fwd` in builder `b` (see the module docstring): returns
+    what saving the branches' ops keeps (the fixed policies' verdicts: an auto policy's
+    ops count as saved, the fallback a plan leaves them to), with the slots the backward
+    needs in `nodes`; None where `case_kept` is."""
+    fixed = governed.fixed
+    saved = case_kept(a, pair, vid_node, fixed.body_verdict)
+    if saved is None:
+        return None
+    needed = list(saved.nodes)
+    for k in pair.outside:
+        node = vid_node[a.vid(pair.fwd.results[k])]
+        if node not in saved.twins:
+            b.value_bytes[node] = 0
+        elif k in pair.direct:            # (read by the backward itself)
+            needed.append(node)
+    if governed(a.position[op_id(pair.fwd)]):
+        _add_steps(b, a, pair, vid_node, sources, governed, scope_re, saved)
+    return saved._replace(nodes=needed)
+
+
+def _add_steps(b, a, pair, vid_node, sources, governed, scope_re, saved) -> None:
+    """The chain of choices for the branches' ops the plan decides (`STEPS`)."""
+    fixed = governed.fixed
+    mine = [op for op in _branch_ops(pair.fwd)
+            if governed.body_op(op, scope_re) and not graph.is_side_effecting(op)]
+    line = graph.source_position(pair.fwd)[0]
+    where = "the branches of the cond" + (f" at {line}" if line else "")
+    before, taken, cost_before, last = saved, set(), (0.0, 0.0), None
+    for policy, name in STEPS:
+        ops = [op for op in mine if op_id(op) not in taken and (
+            policy is None or policy_verdict(policy, op) is Recompute)]
+        if not ops:
+            continue
+        ids = taken | {op_id(op) for op in ops}
+        after = case_kept(a, pair, vid_node, lambda op, ids=ids: Recompute
+                          if op_id(op) in ids else fixed.body_verdict(op))
+        if after is None or not after.slots() < before.slots() \
+                or not set(after.nodes) <= set(before.nodes):
+            continue        # (its ops join the next step's)
+        cost = _recompute_cost(b, saved, after)
+        node = b.group(pair.fwd, [op for op in mine if op_id(op) in ids - taken],
+                       max(cost[0] - cost_before[0], 0.0), max(cost[1] - cost_before[1], 0.0),
+                       f"{name} in {where}")
+        for n in before.slots() - after.slots():
+            b.value_producer[n] = node
+            b.pinned.add(n)
+        b.reads[node].extend(n for vid in after.outside for n in sources(vid))
+        if last is not None:
+            b.reads[node].append(b.token(last))
+        before, taken, cost_before, last = after, ids, cost, node
+
+
+def _recompute_cost(b, saved: CaseKept, after: CaseKept) -> tuple:
+    """(seconds, FLOPs) of what `after` recomputes beyond `saved`, in the costliest branch."""
+    seconds, flop_count = 0.0, 0.0
+    for known, clones in zip(saved.clones, after.clones):
+        known = {op_id(op) for op in known}
+        extra = [op for op in clones if op_id(op) not in known]
+        seconds = max(seconds, sum(b.profile.op_seconds(op, b.cost_model) for op in extra))
+        flop_count = max(flop_count, sum(b.cost_model.op_flops(op) for op in extra))
+    return seconds, flop_count
+
+
+def _branch_ops(case) -> list:
+    """Every op nested in the branches of `case`."""
+    out = []
+
+    def visit(inner):
+        out.append(inner)
+        return ir.WalkResult.ADVANCE
+    for region in case.regions:
+        for block in region.blocks:
+            for op in block.operations:
+                op.operation.walk(visit)
+    return out
