@@ -554,7 +554,8 @@ class _Estimator:
         residual_slots = contract.residual_results(func_op)
         is_split_fwd = name.endswith("_fwd") and name[:-4] + "_bwd" in self.functions()
         if residual_slots or is_split_fwd:
-            residual = sum(graph.type_bytes(ftype.results[i]) for i in residual_slots)
+            results = ftype.results      # (a new list at each access)
+            residual = sum(graph.type_bytes(results[i]) for i in residual_slots)
         peak_op = "entry (arguments)" if s.peak_op is None else describe_op(s.peak_op)
         peak_index = s.peak_index if s.peak_op is None or not self.breadth_first else next(
             i for i, op in enumerate(block.operations) if op.operation == s.peak_op)

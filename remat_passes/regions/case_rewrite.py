@@ -84,13 +84,22 @@ def find_case_pairs(block, is_backward) -> list[CasePair]:
     ops = [op.operation for op in block.operations]
     position = {op_id(op): i for i, op in enumerate(ops)}
     cases = [op for op in ops if op.name == CASE]
+    on_index: dict = {}        # index operand -> the backward cases on it, in order
+    for op in cases:
+        if is_backward(op):
+            on_index.setdefault(op.operands[0], []).append(op)
+    backward_after = [None] * (len(ops) + 1)   # i -> the first backward op after ops[i]
+    for i in range(len(ops) - 1, 0, -1):
+        op = ops[i]
+        backward_after[i - 1] = op if op.name != "func.return" and is_backward(op) \
+            else backward_after[i]
     pairs = []
     taken = set()
-    for n, fwd in enumerate(cases):
+    for fwd in cases:
         if op_id(fwd) in taken or is_backward(fwd):
             continue
-        later = [b for b in cases[n + 1:] if b.operands[0] == fwd.operands[0]
-                 and is_backward(b)]
+        here = position[op_id(fwd)]
+        later = [b for b in on_index.get(fwd.operands[0], ()) if position[op_id(b)] > here]
         regions = [_region_map(b) for b in later]
         reads: dict = {}
         direct: dict = {}
@@ -112,8 +121,7 @@ def find_case_pairs(block, is_backward) -> list[CasePair]:
                     else:
                         outside.add(k)
         if reads or direct or outside:
-            start = next((op for op in ops[position[op_id(fwd)] + 1:]
-                          if op.name != "func.return" and is_backward(op)), None)
+            start = backward_after[here]
             if start is None:       # nothing of the backward follows: nothing to decide
                 continue
             used = sorted({b for b, _ in reads})
