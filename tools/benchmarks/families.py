@@ -130,6 +130,18 @@ def jitted_calls(n):
     return f, (_weights(), jnp.ones((B, D), jnp.float32))
 
 
+def conds(n):
+    """A chain of `lax.cond`s, each choosing between two small layers."""
+    def f(W, x):
+        h = x
+        for i in range(n):
+            w = W[i % N_W]
+            h = checkpoint_name(jax.lax.cond(jnp.sum(h) > 0, lambda h: jnp.sin(jnp.tanh(h @ w)),
+                                             lambda h: jnp.cos(h @ w), h), f"layer{i}")
+        return jnp.sum(h)
+    return f, (_weights(), jnp.ones((B, D), jnp.float32))
+
+
 FAMILIES = {
     "chain-names": chain_names,
     "fan-out": fanout,
@@ -138,6 +150,7 @@ FAMILIES = {
     "scan-body": scan_body,
     "nested-regions": nested_regions,
     "jitted-calls": jitted_calls,
+    "conds": conds,
 }
 
 DESCRIPTIONS = {
@@ -148,4 +161,5 @@ DESCRIPTIONS = {
     "scan-body": "`lax.scan` over 8 layers, body a chain of n sub-layers",
     "nested-regions": "`rp.checkpoint` regions nested three deep",
     "jitted-calls": "calls of small `jax.jit` functions (inlined first)",
+    "conds": "a chain of `lax.cond`s between two small layers",
 }
