@@ -265,6 +265,16 @@ def top_level(op, container):
     return op
 
 
+def backward_starts(ops, is_backward) -> list:
+    """i -> the first op after ops[i] that `is_backward` says is one of the backward's (not
+    the return), or None: for every op of a block in one sweep."""
+    out = [None] * len(ops)
+    for i in range(len(ops) - 1, 0, -1):
+        op = ops[i]
+        out[i - 1] = op if op.name != "func.return" and is_backward(op) else out[i]
+    return out
+
+
 def read_values(op) -> list:
     """Operands of `op` plus the outer values its nested regions capture (no duplicates)."""
     op = op.operation

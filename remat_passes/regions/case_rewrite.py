@@ -88,11 +88,7 @@ def find_case_pairs(block, is_backward) -> list[CasePair]:
     for op in cases:
         if is_backward(op):
             on_index.setdefault(op.operands[0], []).append(op)
-    backward_after = [None] * (len(ops) + 1)   # i -> the first backward op after ops[i]
-    for i in range(len(ops) - 1, 0, -1):
-        op = ops[i]
-        backward_after[i - 1] = op if op.name != "func.return" and is_backward(op) \
-            else backward_after[i]
+    backward_after = graph.backward_starts(ops, is_backward)
     pairs = []
     taken = set()
     for fwd in cases:
@@ -542,15 +538,16 @@ def _shrunk(op, keep: list):
 def _move_recompute_cases(block) -> None:
     """A recompute case without twins goes right before its first user in `block`."""
     ops = [op.operation for op in block.operations]
+    position = {op_id(op): i for i, op in enumerate(ops)}
     for i, op in enumerate(ops):
         if op.name != CASE or not contract.is_recompute_clone(op) or \
                 contract.twin_of(op) is not None:
             continue
-        users = {op_id(graph.top_level(use.owner.operation, block.owner))
-                 for r in op.results for use in r.uses}
-        first = next((later for later in ops[i + 1:] if op_id(later) in users), None)
-        if first is not None and first != ops[i + 1]:
-            op.move_before(first)
+        users = (position.get(op_id(graph.top_level(use.owner.operation, block.owner)), -1)
+                 for r in op.results for use in r.uses)
+        first = min((u for u in users if u > i), default=None)
+        if first is not None and first != i + 1:
+            op.move_before(ops[first])
 
 
 def rewrite_cases(block, verdict, mark_clone, next_group, is_backward) -> dict:

@@ -62,6 +62,7 @@ def find_pairs(block, is_backward) -> list[ShardMapPair]:
     pairs = []
     ops = [op.operation for op in block.operations]
     position = {op_id(op): i for i, op in enumerate(ops)}
+    backward_after = graph.backward_starts(ops, is_backward)
     for op in ops:
         if op.name != MC or is_backward(op) or body_side_effect(op) or mesh_of(op) is None:
             continue
@@ -79,8 +80,7 @@ def find_pairs(block, is_backward) -> list[ShardMapPair]:
                     readers[op_id(top)] = top
         if reads:
             order = sorted(readers.values(), key=lambda b: position[op_id(b)])
-            start = next(later for later in ops[position[op_id(op)] + 1:]
-                         if later.name != "func.return" and is_backward(later))
+            start = backward_after[position[op_id(op)]]
             pairs.append(ShardMapPair(op, order, reads, outside, start))
     return pairs
 
