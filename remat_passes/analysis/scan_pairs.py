@@ -203,28 +203,36 @@ def find_pairs(whiles, source=None) -> list[Pair]:
     reshapes that end in its own type)."""
     source = source or _through_reshapes
     whiles = [w.operation for w in whiles]
+    # every loop's invariant carries, by what their initial value is the stack of
+    # (in loop order: the pairs come in the order of their forward, then backward, loops)
+    readers: dict = {}      # source value -> [(loop number, carry m)]
+    for n, bw in enumerate(whiles):
+        body = bw.regions[1].blocks[0]
+        ret = graph.terminator(body)
+        for m, init in enumerate(bw.operands):
+            if ret.operands[m] == body.arguments[m]:
+                readers.setdefault(source(init), []).append((n, m))
     pairs = []
-    for fw in whiles:
+    for i, fw in enumerate(whiles):
         loop = analyse_forward(fw)
         if loop is None:
             continue
-        results = {r: k for k, r in enumerate(fw.results) if k in loop.stacked}
-        for bw in whiles:
-            if bw == fw:
-                continue
-            links, reads = {}, {}
+        links: dict = {}    # loop number -> {carry m: stacked result k}
+        for k in loop.stacked:
+            for n, m in readers.get(fw.results[k], ()):
+                if n != i:
+                    links.setdefault(n, {})[m] = k
+        for n in sorted(links):
+            bw = whiles[n]
             body = bw.regions[1].blocks[0]
             ret = graph.terminator(body)
-            for m, init in enumerate(bw.operands):
-                k = results.get(source(init))
-                if k is None or ret.operands[m] != body.arguments[m]:
-                    continue
+            found, reads = {}, {}
+            for m in sorted(links[n]):
                 r = _reads(body.arguments[m], ret)
-                if r is None:
-                    continue
-                links[m], reads[m] = k, r
-            if links:
-                pairs.append(Pair(loop, bw, links, reads))
+                if r is not None:
+                    found[m], reads[m] = links[n][m], r
+            if found:
+                pairs.append(Pair(loop, bw, found, reads))
     return pairs
 
 

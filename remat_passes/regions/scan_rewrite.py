@@ -651,34 +651,50 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
     done = set()
     whole = set()       # loops of pairs in a checkpoint scope, done
     in_scope = getattr(verdict, "in_scope", None)
-    while True:
-        pairs = [p for p in scan_pairs.find_pairs_in_block(block)
-                 if (op_id(p.fwd.op), op_id(p.bwd)) not in done and op_id(p.fwd.op) not in whole]
-        if not pairs:
-            break
-        p = pairs[0]
+    pending: list = []  # pairs found and not done yet, in order: found again only when
+    while True:         # a rewrite rebuilt a loop one of them holds, or they are all done
+        if not pending:
+            pending = [p for p in scan_pairs.find_pairs_in_block(block)
+                       if (op_id(p.fwd.op), op_id(p.bwd)) not in done
+                       and op_id(p.fwd.op) not in whole]
+            if not pending:
+                break
+        p = pending.pop(0)
+        loops = {op_id(p.fwd.op), op_id(p.bwd)}    # (what its rewrite may rebuild)
         if in_scope is not None and in_scope(p.fwd.op) \
                 and not contract.is_recompute_clone(p.fwd.op):   # (not a re-run already)
             with p.fwd.op.location:
                 plan = plan_whole(p, verdict)
                 if plan.prestack:
                     prestack([(p.fwd, plan.prestack)], verdict)
-                    continue    # the forward loop was rebuilt: find the pairs again
+                    pending = []    # the forward loop was rebuilt: find the pairs again
+                    continue
                 stats["pairs"] += 1
-                loops = materialize_whole(plan, mark_clone, next_group, stats)
-            whole.update(op_id(w) for w in loops if w is not None)
-            stats["scoped_loops"].add(op_id(loops[0]))
+                rebuilt = materialize_whole(plan, mark_clone, next_group, stats)
+            whole.update(op_id(w) for w in rebuilt if w is not None)
+            stats["scoped_loops"].add(op_id(rebuilt[0]))
+            pending = _untouched(pending, loops)
             continue
         nested = plan_prestack(p, verdict)
         if nested:
             with p.fwd.op.location:
                 prestack(nested, verdict)
-            continue    # the nested loops were rebuilt: find the pairs again
+            pending = []    # the nested loops were rebuilt: find the pairs again
+            continue
         stats["pairs"] += 1
         with p.fwd.op.location:   # the default location (and context) of new ops and types
             plan = plan_pair(p, verdict)
             materialize_pair(plan, mark_clone, next_group, stats)
         done.add((op_id(p.fwd.op), op_id(p.bwd)))
         if plan.rewrites:
+            pending = _untouched(pending, loops)
             rewrite_pairs(p.bwd_body, verdict, mark_clone, next_group, stats)
     return stats
+
+
+def _untouched(pending: list, loops: set) -> list:
+    """`pending`, or none where one of them holds a loop of `loops` (rebuilt: find the
+    pairs again)."""
+    if any(op_id(q.fwd.op) in loops or op_id(q.bwd) in loops for q in pending):
+        return []
+    return pending

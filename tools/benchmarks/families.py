@@ -142,6 +142,17 @@ def conds(n):
     return f, (_weights(), jnp.ones((B, D), jnp.float32))
 
 
+def scans(n, steps=2):
+    """A chain of `lax.scan`s, each over `steps` small layers (a deep RNN, say)."""
+    def f(Ws, x):
+        h = x
+        for i in range(n):
+            h = checkpoint_name(jax.lax.scan(lambda c, w: (jnp.sin(c @ w), None), h, Ws)[0],
+                                f"layer{i}")
+        return jnp.sum(h)
+    return f, (_weights(steps), jnp.ones((B, D), jnp.float32))
+
+
 FAMILIES = {
     "chain-names": chain_names,
     "fan-out": fanout,
@@ -151,6 +162,7 @@ FAMILIES = {
     "nested-regions": nested_regions,
     "jitted-calls": jitted_calls,
     "conds": conds,
+    "scans": scans,
 }
 
 DESCRIPTIONS = {
@@ -162,4 +174,5 @@ DESCRIPTIONS = {
     "nested-regions": "`rp.checkpoint` regions nested three deep",
     "jitted-calls": "calls of small `jax.jit` functions (inlined first)",
     "conds": "a chain of `lax.cond`s between two small layers",
+    "scans": "a chain of `lax.scan`s, each over 2 small layers",
 }
