@@ -15,6 +15,7 @@ per iteration; `loop_edit` adds and drops carries.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 from remat_passes.ir import contract, graph
@@ -277,6 +278,29 @@ def slot_reads(v) -> list[Read] | None:
 
 def find_pairs_in_block(block, source=None) -> list[Pair]:
     return find_pairs([op for op in block.operations if op.operation.name == WHILE], source)
+
+
+class PendingPairs:
+    """Scan pairs still to rewrite, in order, and how many of them hold each loop (by op
+    id): a rewrite that rebuilds loops leaves the others as found unless one holds them."""
+
+    def __init__(self, pairs=()):
+        self.pairs = collections.deque(pairs)
+        self.held = collections.Counter(i for q in self.pairs
+                                        for i in (op_id(q.fwd.op), op_id(q.bwd)))
+
+    def __bool__(self) -> bool:
+        return bool(self.pairs)
+
+    def pop(self):
+        q = self.pairs.popleft()
+        self.held.subtract((op_id(q.fwd.op), op_id(q.bwd)))
+        return q
+
+    def untouched(self, loops: set) -> "PendingPairs":
+        """These, or none where one of them holds a loop of `loops` (rebuilt: the pairs
+        are to be found again)."""
+        return PendingPairs() if any(self.held[i] > 0 for i in loops) else self
 
 
 def reshapes_argument_for_loops(op) -> bool:

@@ -39,8 +39,8 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes.analysis import scan_pairs
-from remat_passes.analysis.scan_pairs import (WHILE, Pair, analyse_forward, moves_data, owner,
-                                              unrolled_parts)
+from remat_passes.analysis.scan_pairs import (WHILE, Pair, PendingPairs, analyse_forward,
+                                              moves_data, owner, unrolled_parts)
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
@@ -651,15 +651,17 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
     done = set()
     whole = set()       # loops of pairs in a checkpoint scope, done
     in_scope = getattr(verdict, "in_scope", None)
-    pending: list = []  # pairs found and not done yet, in order: found again only when
-    while True:         # a rewrite rebuilt a loop one of them holds, or they are all done
+    # the pairs found and not done yet: found again only when a rewrite rebuilt a loop one
+    # of them holds, or when all are done
+    pending = PendingPairs()
+    while True:
         if not pending:
-            pending = [p for p in scan_pairs.find_pairs_in_block(block)
-                       if (op_id(p.fwd.op), op_id(p.bwd)) not in done
-                       and op_id(p.fwd.op) not in whole]
+            pending = PendingPairs([p for p in scan_pairs.find_pairs_in_block(block)
+                                    if (op_id(p.fwd.op), op_id(p.bwd)) not in done
+                                    and op_id(p.fwd.op) not in whole])
             if not pending:
                 break
-        p = pending.pop(0)
+        p = pending.pop()
         loops = {op_id(p.fwd.op), op_id(p.bwd)}    # (what its rewrite may rebuild)
         if in_scope is not None and in_scope(p.fwd.op) \
                 and not contract.is_recompute_clone(p.fwd.op):   # (not a re-run already)
@@ -667,19 +669,19 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
                 plan = plan_whole(p, verdict)
                 if plan.prestack:
                     prestack([(p.fwd, plan.prestack)], verdict)
-                    pending = []    # the forward loop was rebuilt: find the pairs again
+                    pending = PendingPairs()    # the forward loop was rebuilt
                     continue
                 stats["pairs"] += 1
                 rebuilt = materialize_whole(plan, mark_clone, next_group, stats)
             whole.update(op_id(w) for w in rebuilt if w is not None)
             stats["scoped_loops"].add(op_id(rebuilt[0]))
-            pending = _untouched(pending, loops)
+            pending = pending.untouched(loops)
             continue
         nested = plan_prestack(p, verdict)
         if nested:
             with p.fwd.op.location:
                 prestack(nested, verdict)
-            pending = []    # the nested loops were rebuilt: find the pairs again
+            pending = PendingPairs()    # the nested loops were rebuilt
             continue
         stats["pairs"] += 1
         with p.fwd.op.location:   # the default location (and context) of new ops and types
@@ -687,14 +689,6 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
             materialize_pair(plan, mark_clone, next_group, stats)
         done.add((op_id(p.fwd.op), op_id(p.bwd)))
         if plan.rewrites:
-            pending = _untouched(pending, loops)
+            pending = pending.untouched(loops)
             rewrite_pairs(p.bwd_body, verdict, mark_clone, next_group, stats)
     return stats
-
-
-def _untouched(pending: list, loops: set) -> list:
-    """`pending`, or none where one of them holds a loop of `loops` (rebuilt: find the
-    pairs again)."""
-    if any(op_id(q.fwd.op) in loops or op_id(q.bwd) in loops for q in pending):
-        return []
-    return pending
