@@ -60,46 +60,71 @@ def case_kept(a, pair, vid_node, op_verdict) -> CaseKept | None:
     results = pair.fwd.results
     free = [r for k, r in enumerate(results) if k not in pair.outside]
     primal = [results[k] for k in sorted(pair.outside)]
+    twin_only = _twin_only_slots(plan)
     nodes, twins = [], []
-    for t in (t for t in plan.layout if not isinstance(t, int)):
-        # a slot beyond JAX's residuals is the one a primal output's twin reads
-        for pool, found in ((free, nodes), (primal, twins)):
-            match = next((r for r in pool if r.type == t), None)
-            if match is not None:
-                pool.remove(match)
-                found.append(vid_node[a.vid(match)])
-                break
-        else:
+    for s, t in enumerate(plan.layout):
+        if isinstance(t, int):
+            continue
+        # a slot stands on a residual result of its type (one beyond JAX's residuals, on
+        # a primal output); one only a twin reads, on the twin's primal output
+        pool = next((pool for pool in (free, primal) if any(r.type == t for r in pool)), None)
+        if pool is None:
             return None
+        match = next(r for r in pool if r.type == t)
+        pool.remove(match)
+        if s in twin_only:
+            twins.append(vid_node[a.vid(results[twin_only[s]])])
+        else:
+            nodes.append(vid_node[a.vid(match)])
     outside = [src for _, _, src in plan.replace if isinstance(src, ir.Value)]
     outside += [src for branch in plan.clones for clone in branch
                 for src in clone.sources.values() if isinstance(src, ir.Value)]
     outside += [src for branch in plan.r_yields for src in branch.values()
                 if isinstance(src, ir.Value)]
-    return CaseKept(nodes, twins, [a.vid(v) for v in dict.fromkeys(outside)],
+    return CaseKept(nodes, list(dict.fromkeys(twins)), [a.vid(v) for v in dict.fromkeys(outside)],
                     [a.vid(r) for r in results],
                     [[clone.op for clone in branch] for branch in plan.clones])
+
+
+def _twin_only_slots(plan) -> dict:
+    """{slot: the primal output (old result number) whose twin alone reads it}: the rule
+    drops such a slot where nothing reads the twin (`case_rewrite.tidy`)."""
+    def slots(sources):
+        return {x.index for x in sources if isinstance(x, case_rewrite.Slot)}
+    read = {x.index for _, _, x in plan.replace if isinstance(x, case_rewrite.Recomputed)}
+    twin_results = {i for _, i in plan.twins_r} - read   # (a twin the backward reads)
+    used = slots(src for _, _, src in plan.replace)
+    used |= slots(src for branch in plan.clones for clone in branch
+                  for src in (*clone.sources.values(), *(clone.saved or {}).values()))
+    used |= slots(src for branch in plan.r_yields for i, src in branch.items()
+                  if i not in twin_results)
+    out = {}
+    for k, s in plan.twins_f:
+        if s not in used:
+            out[s] = plan.layout[k]
+    for k, i in plan.twins_r:
+        if i not in twin_results:
+            continue
+        for s in slots(branch.get(i) for branch in plan.r_yields) - used:
+            out[s] = plan.layout[k]
+    return out
 
 
 def add_case(b, a, pair, vid_node, sources, governed, scope_re) -> CaseKept | None:
     """Model forward case `pair.fwd` in builder `b` (see the module docstring): returns
     what saving the branches' ops keeps (the fixed policies' verdicts: an auto policy's
-    ops count as saved, the fallback a plan leaves them to), with the slots the backward
-    needs in `nodes`; None where `case_kept` is."""
+    ops count as saved, the fallback a plan leaves them to); None where `case_kept` is."""
     fixed = governed.fixed
     saved = case_kept(a, pair, vid_node, fixed.body_verdict)
     if saved is None:
         return None
-    needed = list(saved.nodes)
     for k in pair.outside:
         node = vid_node[a.vid(pair.fwd.results[k])]
-        if node not in saved.twins:
+        if node not in saved.slots():
             b.value_bytes[node] = 0
-        elif k in pair.direct:            # (read by the backward itself)
-            needed.append(node)
     if governed(a.position[op_id(pair.fwd)]):
         _add_steps(b, a, pair, vid_node, sources, governed, scope_re, saved)
-    return saved._replace(nodes=needed)
+    return saved
 
 
 def _add_steps(b, a, pair, vid_node, sources, governed, scope_re, saved) -> None:
