@@ -91,19 +91,20 @@ def _twin_only_slots(plan) -> dict:
     drops such a slot where nothing reads the twin (`case_rewrite.tidy`)."""
     def slots(sources):
         return {x.index for x in sources if isinstance(x, case_rewrite.Slot)}
+    # the recompute case's results that are twins the backward does not read directly
     read = {x.index for _, _, x in plan.replace if isinstance(x, case_rewrite.Recomputed)}
-    twin_results = {i for _, i in plan.twins_r} - read   # (a twin the backward reads)
+    unread = {i for _, i in plan.twins_r} - read
     used = slots(src for _, _, src in plan.replace)
     used |= slots(src for branch in plan.clones for clone in branch
                   for src in (*clone.sources.values(), *(clone.saved or {}).values()))
     used |= slots(src for branch in plan.r_yields for i, src in branch.items()
-                  if i not in twin_results)
+                  if i not in unread)
     out = {}
     for k, s in plan.twins_f:
         if s not in used:
             out[s] = plan.layout[k]
     for k, i in plan.twins_r:
-        if i not in twin_results:
+        if i not in unread:
             continue
         for s in slots(branch.get(i) for branch in plan.r_yields) - used:
             out[s] = plan.layout[k]
