@@ -131,7 +131,8 @@ def add_case(b, a, pair, vid_node, sources, governed, scope_re) -> CaseKept | No
 def _add_steps(b, a, pair, vid_node, sources, governed, scope_re, saved) -> None:
     """The chain of choices for the branches' ops the plan decides (`STEPS`)."""
     fixed = governed.fixed
-    mine = [op for op in _branch_ops(pair.fwd)
+    mine = [op for region in pair.fwd.regions for block in region.blocks
+            for op in graph.nested_ops(block)
             if governed.body_op(op, scope_re) and not graph.is_side_effecting(op)]
     line = graph.source_position(pair.fwd)[0]
     where = "the branches of the cond" + (f" at {line}" if line else "")
@@ -169,17 +170,3 @@ def _recompute_cost(b, saved: CaseKept, after: CaseKept) -> tuple:
         seconds = max(seconds, sum(b.profile.op_seconds(op, b.cost_model) for op in extra))
         flop_count = max(flop_count, sum(b.cost_model.op_flops(op) for op in extra))
     return seconds, flop_count
-
-
-def _branch_ops(case) -> list:
-    """Every op nested in the branches of `case`."""
-    out = []
-
-    def visit(inner):
-        out.append(inner)
-        return ir.WalkResult.ADVANCE
-    for region in case.regions:
-        for block in region.blocks:
-            for op in block.operations:
-                op.operation.walk(visit)
-    return out

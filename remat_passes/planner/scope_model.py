@@ -120,7 +120,6 @@ class ScopeModel:
                 out.add(pos)
         return out
 
-
     def body_verdict(self, op):
         """For an op of a scan loop's body: None where the plan decides it, else the
         verdict its own policy gives it (the loop's rule asks it per iteration)."""
