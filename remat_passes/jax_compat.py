@@ -30,6 +30,9 @@ one)
 calling an Exported under   `Exported._in_named_shardings`,               run, rp.jit
 GSPMD (JAX's own call       `_out_named_shardings` (`_has_named_shardings`
 fails there)                to 0.11.0)
+whether jax.vmap batches    `jax._src.core.trace_ctx.trace`, a            rp.jit
+a call                      `...interpreters.batching.BatchTrace`; a
+                            tracer's `_trace`
 the PRNG implementation of  a key dtype's `_impl`                         rp.jit
 a key type (to wrap a key
 returned by a split half)
@@ -383,6 +386,18 @@ def exported_for_call(exp):
         fields["_has_named_shardings"] = False
     return dataclasses.replace(exp, **fields), {"out_shardings": jax.tree_util.tree_unflatten(
         exp.out_tree, list(exp._out_named_shardings))}
+
+
+def vmap_batches(leaves) -> bool:
+    """Does jax.vmap batch a call with these arguments: is it the innermost transformation
+    here (what a call made now is traced by), and are some of them batched by it? (Public
+    JAX does not say: `jax._src.core.trace_ctx.trace`, a
+    `jax._src.interpreters.batching.BatchTrace`, and a tracer's `_trace`.)"""
+    from jax._src import core
+    from jax._src.interpreters import batching
+    trace = core.trace_ctx.trace
+    return isinstance(trace, batching.BatchTrace) and any(
+        getattr(x, "_trace", None) is trace for x in leaves)
 
 
 def key_impl(dtype):

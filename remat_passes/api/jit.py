@@ -48,8 +48,10 @@ compute a saved value once instead of again in each backward fusion that reads i
 
 Called inside `jax.jit` (or under another transformation), the joint form's rewritten
 program becomes part of the program being traced (`Exported.call`); the split form runs two
-executables and says so. Under `jax.vmap` neither runs (`Exported.call` has no batching
-rule): the error says to vmap inside instead. On several devices (sharded arguments) the
+executables and says so. Under `jax.vmap` (the innermost transformation of the call)
+it is `rp.jit(jax.vmap(fun, ...))`, built once per way of batching, with the same options,
+in either form (`_call_batched`); a call inside a `jax.jit` that is vmapped in turn cannot be
+batched (`Exported.call` has no batching rule). On several devices (sharded arguments) the
 split form's backward takes the residuals sharded as the forward's executable returns them.
 
 A step that accumulates gradients over microbatches (`jax.grad` inside `lax.scan`) has its
@@ -136,6 +138,13 @@ class Jitted:
         if policy is not None:
             as_policy(policy)    # a bad spec is an error here, not at the first call
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
+        # (what a Jitted of the same function under jax.vmap is built with: `_call_batched`)
+        self._options = dict(policy=policy, mode=mode, prevent_cse=prevent_cse,
+                             tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
+                             scan_segments=scan_segments,
+                             scan_segments_offload=scan_segments_offload,
+                             barrier_groups=barrier_groups, levels=levels,
+                             cache_dir=cache_dir, fence_chains=fence_chains)
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         if barrier_groups is not None and barrier_groups not in BARRIER_GROUPS:
@@ -190,6 +199,7 @@ class Jitted:
             raise ValueError(f"rp.jit: arguments {sorted(both, key=str)} are both static "
                              "and donated")
         self._cache: dict = {}
+        self._batched: dict = {}  # (call, in_axes) -> the Jitted of jax.vmap of the function
         self.builds = 0          # how many signatures were exported, rewritten, compiled
         functools.update_wrapper(self, fun)
 
@@ -226,6 +236,8 @@ class Jitted:
     def __call__(self, *args, **kwargs):
         call, dynamic = self._split_args(args, kwargs)
         leaves = jax.tree_util.tree_leaves(dynamic)
+        if jax_compat.vmap_batches(leaves):
+            return self._call_batched(call, dynamic)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
             return self._call_traced(call, dynamic)
         for i, x in enumerate(leaves):
@@ -258,8 +270,39 @@ class Jitted:
                 raise
             raise RematError(
                 f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} cannot be "
-                "called under jax.vmap: the rewritten program runs through jax.export's call, "
-                "which JAX cannot batch; put the vmap inside, rp.jit(jax.vmap(f, ...))") from None
+                "batched here: jax.vmap of a function that calls it inside jax.jit (or "
+                "another transformation) batches jax.export's call, which JAX cannot do; "
+                "vmap the rp.jit function itself, or put the vmap inside, "
+                "rp.jit(jax.vmap(f, ...))") from None
+
+    def _call_batched(self, call, dynamic):
+        """Called under jax.vmap: rp.jit of the function vmapped the same way (a Jitted of
+        its own per way, with this one's options), through `jax.custom_batching.custom_vmap`,
+        whose rule gets the arguments with their batch axis first. Its outputs are all
+        batched, as jax.vmap's `out_axes=0`."""
+        name = getattr(self.fun, "__name__", "the function")
+        if self.in_shardings is not None or self.out_shardings is not None:
+            raise RematError(f"error: rp.jit: {name} has in_shardings or out_shardings, "
+                             "which do not say how to shard the batch axis of jax.vmap: "
+                             "put the vmap inside, rp.jit(jax.vmap(f, ...), in_shardings=...)")
+        fun = self._bound(call, len(dynamic) - len(call.kw_names))
+        arguments.keep_parameter_names(fun, self.fun, call, len(dynamic))
+        batched = jax.custom_batching.custom_vmap(fun)
+
+        @batched.def_vmap
+        def rule(axis_size, in_batched, *args):
+            del axis_size
+            in_axes = tuple(jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched))
+            flags, tree = jax.tree_util.tree_flatten(in_batched)
+            key = (call, tree, tuple(flags))
+            inner = self._batched.get(key)
+            if inner is None:
+                donated = self._donated_positions(call, len(args) - len(call.kw_names))
+                inner = self._batched[key] = Jitted(jax.vmap(fun, in_axes=in_axes),
+                                                    donate_argnums=donated, **self._options)
+            out = inner(*args)
+            return out, jax.tree_util.tree_map(lambda _: True, out)
+        return batched(*dynamic)
 
     def lower(self, *args, **kwargs) -> Lowered:
         """What is (or would be) built for `args`: the rewritten Module, its residuals, the
@@ -278,18 +321,9 @@ class Jitted:
     # ----------------------------------------------------------------- building --
     def _build(self, call, dynamic) -> Lowered:
         self.builds += 1
-        fun = self.fun
-        statics, static_kw, kw_names = dict(call.static), dict(call.static_kw), call.kw_names
-        n_pos = len(dynamic) - len(kw_names)
-
-        def dynamic_fun(*args):       # (named as jax names the arguments of *args)
-            it = iter(args[:n_pos])
-            full = [statics[i] if i in statics else next(it)
-                    for i in range(n_pos + len(statics))]
-            return fun(*full, **dict(zip(kw_names, args[n_pos:])), **static_kw)
-        dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
-        dynamic_fun.__qualname__ = getattr(fun, "__qualname__", dynamic_fun.__name__)
-        arguments.keep_parameter_names(dynamic_fun, fun, call, len(dynamic))
+        n_pos = len(dynamic) - len(call.kw_names)
+        dynamic_fun = self._bound(call, n_pos)
+        arguments.keep_parameter_names(dynamic_fun, self.fun, call, len(dynamic))
         shardings = {k: v for k, v in (("in_shardings", self.in_shardings),
                                        ("out_shardings", self.out_shardings)) if v is not None}
         exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint,
@@ -318,6 +352,21 @@ class Jitted:
                 lowered.barrier_groups = built[0].barrier_groups
                 built.append(lowered)
         return smaller(built)
+
+    def _bound(self, call, n_pos: int) -> Callable:
+        """The function of the dynamic arguments alone (`n_pos` positional ones, then the
+        keyword ones of `call`, by position): the static ones bound as `call` gives them."""
+        fun = self.fun
+        statics, static_kw, kw_names = dict(call.static), dict(call.static_kw), call.kw_names
+
+        def dynamic_fun(*args):       # (named as jax names the arguments of *args)
+            it = iter(args[:n_pos])
+            full = [statics[i] if i in statics else next(it)
+                    for i in range(n_pos + len(statics))]
+            return fun(*full, **dict(zip(kw_names, args[n_pos:])), **static_kw)
+        dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
+        dynamic_fun.__qualname__ = getattr(fun, "__qualname__", dynamic_fun.__name__)
+        return dynamic_fun
 
     def _variants(self, mode: str) -> tuple:
         return barrier_variants(mode, self.tie_to_cotangent, self.barrier_groups,

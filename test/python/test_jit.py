@@ -710,20 +710,67 @@ def test_a_host_callback_is_a_clear_error(callback):
         rp.export_vjp(loss, w, x)
 
 
-def test_under_jax_vmap_is_a_clear_error_and_a_vmap_inside_works():
-    """Inside jax.jit and under jax.grad the rewritten program runs through jax.export's
-    call; JAX has no batching rule for it, and jax.vmap of an rp.jit function failed with
-    "Batching rule for 'call_exported' not implemented". It now says so and what to do,
-    and what it says to do gives jax.jit's answer."""
-    def step(w, x):
-        return w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_under_jax_vmap_it_is_rp_jit_of_the_vmapped_function(mode):
+    """jax.vmap of an rp.jit function failed with "Batching rule for 'call_exported' not
+    implemented" (the rewritten program runs through jax.export's call), then with an error
+    that said to vmap inside. It now is rp.jit of the vmapped function: jax.jit's answer, in
+    either form, one build per way of batching, under jax.jit too (joint form), with static
+    keyword arguments and nested vmaps."""
+    def step(w, x, scale=1.0):
+        return w - 0.1 * scale * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
     w, xs = jnp.eye(4) * 0.5, jnp.linspace(-1, 1, 24).reshape(3, 2, 4)
-    with pytest.raises(rp.RematError, match="cannot be called under jax.vmap.*"
-                                            r"rp.jit\(jax.vmap\(f"):
-        jax.vmap(lambda x: rp.jit(step, policy="nothing_saveable")(w, x))(xs)
-    inside = rp.jit(jax.vmap(step, in_axes=(None, 0)), policy="nothing_saveable")(w, xs)
-    np.testing.assert_allclose(inside, jax.jit(jax.vmap(step, in_axes=(None, 0)))(w, xs),
+    f = rp.jit(step, policy="nothing_saveable", mode=mode, static_argnames="scale")
+    want = jax.jit(jax.vmap(step, in_axes=(None, 0)))(w, xs)
+    np.testing.assert_allclose(jax.vmap(f, in_axes=(None, 0))(w, xs), want,
                                rtol=1e-6, atol=1e-7)
+    ws = jnp.stack([w, 2 * w, 3 * w])
+    np.testing.assert_allclose(jax.vmap(lambda w, x: f(w, x, scale=2.0))(ws, xs),
+                               jax.vmap(lambda w, x: step(w, x, 2.0))(ws, xs),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        jax.vmap(jax.vmap(f, in_axes=(None, 0)), in_axes=(None, 0))(w, xs[:, None]),
+        want[:, None], rtol=1e-6, atol=1e-7)
+    assert f.builds == 0 and len(f._batched) == 2       # (the plain function never built;
+    # the nested vmap's inner one is the outer's Jitted's own)
+    if mode == "joint":    # differentiated outside the vmap: the vmapped program's gradients
+        loss = lambda f: lambda w: jnp.sum(jax.vmap(f, in_axes=(None, 0))(w, xs) ** 2)
+        np.testing.assert_allclose(jax.grad(loss(f))(w), jax.grad(loss(step))(w),
+                                   rtol=1e-5, atol=1e-7)
+    # under a vmap that batches none of its arguments: the plain function, as without vmap
+    unbatched = lambda w: jax.vmap(lambda x: f(w, xs[0]) + 0 * x.sum())(xs)
+    np.testing.assert_allclose(unbatched(w), jnp.stack([step(w, xs[0])] * 3),
+                               rtol=1e-6, atol=1e-7)
+    assert f.builds == 1
+    if mode == "joint":
+        np.testing.assert_allclose(jax.jit(unbatched)(w), jnp.stack([step(w, xs[0])] * 3),
+                                   rtol=1e-6, atol=1e-7)
+    batched = next(iter(f._batched.values()))
+    assert batched.builds == 1 and batched.lower(w, xs).mode == mode
+    if mode == "joint":
+        np.testing.assert_allclose(jax.jit(jax.vmap(f, in_axes=(None, 0)))(w, xs), want,
+                                   rtol=1e-6, atol=1e-7)
+        assert batched.builds == 1      # (the same program, called inside jax.jit)
+    else:
+        with pytest.raises(rp.RematError, match="in split form .* cannot be called inside"):
+            jax.jit(jax.vmap(f, in_axes=(None, 0)))(w, xs)
+
+
+def test_under_jax_vmap_what_cannot_be_batched_is_a_clear_error():
+    """Under jax.vmap of a derivative of an rp.jit function, the call JAX batches is
+    jax.export's, which it cannot batch; the error says so and what does work. An rp.jit
+    function with in_shardings does not say how to shard the batch axis."""
+    def step(w, x):
+        return jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+    w, xs = jnp.eye(4) * 0.5, jnp.linspace(-1, 1, 24).reshape(3, 2, 4)
+    f = rp.jit(step, policy="nothing_saveable")
+    with pytest.raises(rp.RematError, match="cannot be batched here.*vmap the rp.jit "
+                                            r"function itself.*rp.jit\(jax.vmap\(f"):
+        jax.vmap(jax.grad(lambda w, x: f(w, x)[0]), in_axes=(None, 0))(w, xs)
+    sharded = rp.jit(step, policy="nothing_saveable",
+                     in_shardings=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    with pytest.raises(rp.RematError, match="in_shardings or out_shardings.*batch axis"):
+        jax.vmap(sharded, in_axes=(None, 0))(w, xs)
 
 
 def test_split_form_donates_no_host_residual_to_a_device_gradient():
