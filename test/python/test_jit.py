@@ -17,7 +17,7 @@ import remat_passes as rp
 from remat_passes import jax_compat
 from remat_passes.api import jit as rp_jit
 from remat_passes.core.residuals import activation_bytes
-from remat_testlib import run_process
+from remat_testlib import assert_trees_close, run_process
 from tools.benchmarks import common
 
 D, LAYERS, BATCH = 32, 3, 16
@@ -754,6 +754,32 @@ def test_under_jax_vmap_it_is_rp_jit_of_the_vmapped_function(mode):
     else:
         with pytest.raises(rp.RematError, match="in split form .* cannot be called inside"):
             jax.jit(jax.vmap(f, in_axes=(None, 0)))(w, xs)
+
+
+def test_under_jax_vmap_pytrees_donation_and_other_batch_axes():
+    """An ensemble of dict parameters (a scan and a cond in the step), donated: jax.jit's
+    answer, and the donated (batched) buffers are gone; a batch axis other than the first."""
+    def step(params, x):
+        def loss(p):
+            h, _ = jax.lax.scan(lambda h, w: (rp.checkpoint_name(jnp.tanh(h @ w), "h"), None),
+                                x, p["ws"])
+            h = jax.lax.cond(h.sum() > 0, jnp.sin, jnp.cos, h)
+            return jnp.mean((h @ p["out"]) ** 2)
+        value, grad = jax.value_and_grad(loss)(params)
+        return value, jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grad)
+    rng = np.random.default_rng(0)
+    ens = {"ws": jnp.asarray(rng.normal(size=(4, 3, 8, 8)) * 0.3, jnp.float32),
+           "out": jnp.asarray(rng.normal(size=(4, 8, 2)), jnp.float32)}
+    xs = jnp.asarray(rng.normal(size=(4, 5, 8)), jnp.float32)
+    want = jax.jit(jax.vmap(step))(ens, xs)
+    f = rp.jit(step, policy="save_only_these_names(h)", donate_argnums=0)
+    donated = jax.tree_util.tree_map(jnp.copy, ens)
+    assert_trees_close(jax.vmap(f)(donated, xs), want)
+    assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(donated))
+    one = jax.tree_util.tree_map(lambda p: p[0], ens)
+    g = rp.jit(step, policy="save_only_these_names(h)")
+    assert_trees_close(jax.vmap(g, in_axes=(None, 1))(one, jnp.moveaxis(xs, 0, 1)),
+                       jax.vmap(step, in_axes=(None, 1))(one, jnp.moveaxis(xs, 0, 1)))
 
 
 def test_under_jax_vmap_what_cannot_be_batched_is_a_clear_error():
