@@ -31,8 +31,8 @@ calling an Exported under   `Exported._in_named_shardings`,               run, r
 GSPMD (JAX's own call       `_out_named_shardings` (`_has_named_shardings`
 fails there)                to 0.11.0)
 whether jax.vmap batches    `jax._src.core.trace_ctx.trace`, a            rp.jit
-a call                      `...interpreters.batching.BatchTrace`; a
-                            tracer's `_trace`
+a call, and its axis name   `...interpreters.batching.BatchTrace`; a
+                            tracer's `_trace`; the trace's `axis_data`
 the PRNG implementation of  a key dtype's `_impl`                         rp.jit
 a key type (to wrap a key
 returned by a split half)
@@ -398,6 +398,20 @@ def vmap_batches(leaves) -> bool:
     trace = core.trace_ctx.trace
     return isinstance(trace, batching.BatchTrace) and any(
         getattr(x, "_trace", None) is trace for x in leaves)
+
+
+def vmap_axis() -> dict:
+    """The axis of the jax.vmap that is the innermost transformation here, as `jax.vmap`
+    takes it: {'axis_name': ..., 'spmd_axis_name': ...}, those it was given. (Public JAX
+    does not say: the `BatchTrace`'s `axis_data`.)"""
+    from jax._src import core
+    data = core.trace_ctx.trace.axis_data
+    out = {}
+    if data.name is not core.no_axis_name:
+        out["axis_name"] = data.name
+    if data.spmd_name is not None:
+        out["spmd_axis_name"] = data.spmd_name
+    return out
 
 
 def key_impl(dtype):

@@ -277,7 +277,7 @@ class Jitted:
 
     def _call_batched(self, call, dynamic):
         """Called under jax.vmap: rp.jit of the function vmapped the same way (a Jitted of
-        its own per way, with this one's options), through `jax.custom_batching.custom_vmap`,
+        its own per way, with this one's options; the vmap's axis name too), through `jax.custom_batching.custom_vmap`,
         whose rule gets the arguments with their batch axis first. Its outputs are all
         batched, as jax.vmap's `out_axes=0`."""
         name = getattr(self.fun, "__name__", "the function")
@@ -287,6 +287,7 @@ class Jitted:
                              "put the vmap inside, rp.jit(jax.vmap(f, ...), in_shardings=...)")
         fun = self._bound(call, len(dynamic) - len(call.kw_names))
         arguments.keep_parameter_names(fun, self.fun, call, len(dynamic))
+        axis = jax_compat.vmap_axis()     # (its name, for collectives inside the function)
         batched = jax.custom_batching.custom_vmap(fun)
 
         @batched.def_vmap
@@ -294,11 +295,11 @@ class Jitted:
             del axis_size
             in_axes = tuple(jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched))
             flags, tree = jax.tree_util.tree_flatten(in_batched)
-            key = (call, tree, tuple(flags))
+            key = (call, tree, tuple(flags), tuple(sorted(axis.items(), key=str)))
             inner = self._batched.get(key)
             if inner is None:
                 donated = self._donated_positions(call, len(args) - len(call.kw_names))
-                inner = self._batched[key] = Jitted(jax.vmap(fun, in_axes=in_axes),
+                inner = self._batched[key] = Jitted(jax.vmap(fun, in_axes=in_axes, **axis),
                                                     donate_argnums=donated, **self._options)
             out = inner(*args)
             return out, jax.tree_util.tree_map(lambda _: True, out)

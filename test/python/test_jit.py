@@ -780,6 +780,15 @@ def test_under_jax_vmap_pytrees_donation_and_other_batch_axes():
     g = rp.jit(step, policy="save_only_these_names(h)")
     assert_trees_close(jax.vmap(g, in_axes=(None, 1))(one, jnp.moveaxis(xs, 0, 1)),
                        jax.vmap(step, in_axes=(None, 1))(one, jnp.moveaxis(xs, 0, 1)))
+    # a collective over the vmap's named axis inside the function: gradients averaged
+    # over the batch, as data parallelism does it with jax.lax.pmean
+    def averaged(params, x):
+        value, new = step(params, x)
+        return jax.lax.pmean(value, "batch"), jax.lax.pmean(new, "batch")
+    assert_trees_close(
+        jax.vmap(rp.jit(averaged, policy="nothing_saveable"), in_axes=(None, 0),
+                 axis_name="batch")(one, xs),
+        jax.vmap(averaged, in_axes=(None, 0), axis_name="batch")(one, xs))
 
 
 def test_under_jax_vmap_what_cannot_be_batched_is_a_clear_error():
