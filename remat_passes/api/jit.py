@@ -48,7 +48,10 @@ compute a saved value once instead of again in each backward fusion that reads i
 
 Called inside `jax.jit` (or under another transformation), the joint form's rewritten
 program becomes part of the program being traced (`Exported.call`); the split form runs two
-executables and says so. Under `jax.vmap` (the innermost transformation of the call)
+executables and says so. Inside `jax.shard_map` it refuses (exported alone, the step
+would lose shard_map's axis names and its varying-axes types, and with them JAX's sum of
+a replicated parameter's gradient): `rp.jit(jax.shard_map(step, ...))` is the form, the
+backward inside the shard_map's body (`regions.loop_backward`). Under `jax.vmap` (the innermost transformation of the call)
 it is `rp.jit(jax.vmap(fun, ...))`, built once per way of batching, with the same options,
 in either form (`_call_batched`); a call inside a `jax.jit` that is vmapped in turn cannot be
 batched (`Exported.call` has no batching rule). On several devices (sharded arguments) the
@@ -56,7 +59,8 @@ split form's backward takes the residuals sharded as the forward's executable re
 
 A step that accumulates gradients over microbatches (`jax.grad` inside `lax.scan`) has its
 backward inside the loop body: the policy applies to each iteration (`regions.loop_backward`),
-in joint form only (the split form has no place for a backward inside a loop).
+in joint form only (the split form has no place for a backward inside a loop). So does a
+data-parallel step, `jax.grad` inside `jax.shard_map`: the policy applies inside the body.
 
 `jax_checkpoint="regions"` makes the `jax.checkpoint` calls of the model code checkpoint
 regions the passes apply (a layer JAX would rematerialize at export becomes one `policy`
@@ -234,6 +238,15 @@ class Jitted:
         return call, tree, tuple(arguments.leaf_key(x) for x in leaves)
 
     def __call__(self, *args, **kwargs):
+        manual = jax.sharding.get_abstract_mesh().manual_axes
+        if manual:
+            raise RematError(
+                f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} is called "
+                f"inside jax.shard_map (manual mesh axes {', '.join(map(repr, manual))}): "
+                "exported alone its program would lose shard_map's axis names and types "
+                "(JAX sums the gradient of a parameter that is replicated where the batch is "
+                "sharded; a step exported alone does not), so its gradients would differ; "
+                "put the shard_map inside, rp.jit(jax.shard_map(step, ...))")
         call, dynamic = self._split_args(args, kwargs)
         leaves = jax.tree_util.tree_leaves(dynamic)
         if jax_compat.vmap_batches(leaves):

@@ -53,19 +53,24 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
 
 
 def _own_backward(module, func: str, what: str) -> None:
-    """A sweep plans `func`'s own backward: say so clearly where it runs inside loop bodies
-    (gradient accumulation; `outline-loop-backwards`), which a sweep does not take."""
+    """A sweep plans `func`'s own backward: say so clearly where it runs inside loop or
+    shard_map bodies (gradient accumulation, data parallelism; `outline-loop-backwards`),
+    which a sweep does not take."""
+    from remat_passes.passes.outline_loop_backwards import BRIEF
     from remat_passes.regions import loop_backward
     expect_module(module, what)
     out = module.clone()
     run_pipeline(out.op, [Inline()], pass_state(module, out), verify_each=False)
     with out.op.context:
-        if loop_backward.loop_bodies(graph.find_func(out.op, func)):
+        bodies = loop_backward.loop_bodies(graph.find_func(out.op, func))
+        if bodies:
+            inside = loop_backward.kind(bodies[0])
+            one = {"loop": "the step of one microbatch",
+                   "shard_map": "the step of one device's shard"}[inside]
             raise RematError(
-                f"error: {what}: @{func} runs its backward pass inside a loop body (gradient "
-                f"accumulation); {what} plans a function's own backward (export the step of "
-                "one microbatch for it). rp.remat, rp.jit and auto(budget=...) apply the "
-                "policy to each iteration")
+                f"error: {what}: @{func} runs its backward pass inside {BRIEF[inside]}; "
+                f"{what} plans a function's own backward (export {one} for it). rp.remat, "
+                "rp.jit and auto(budget=...) apply the policy inside the body")
 
 
 def bounds(module, func: str = "main", policy: AutoPolicy | None = None, *,

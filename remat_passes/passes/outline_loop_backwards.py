@@ -1,15 +1,18 @@
 """outline-loop-backwards: a function whose backward runs inside loop bodies (gradient
-accumulation) gets each such body as a function of its own, for the passes after it.
+accumulation) or a shard_map body gets each such body as a function of its own, for the
+passes after it.
 
 A training step that accumulates gradients over microbatches runs `jax.grad` inside a
 `lax.scan` or `fori_loop`: its own top level has no backward pass, each loop iteration
-has one (see `regions/loop_backward.py`, which finds the bodies and moves each into a
-private function `@<func>_loop<k>` called from the body). The pass records the new
-functions in the pipeline state (`PassState.loop_bodies[func]`), and the pipeline runner
-then runs every later pass that names `func` (its `func` option) once on each of them
-instead; the `inline` pass at the end of the `remat` pipeline puts the bodies back. A
-function with a backward of its own is left as it is. The split form has no place for a
-backward inside a loop: with `mode=split` the pass stops with an error.
+has one; a data-parallel step runs `jax.grad` inside `jax.shard_map`, and under Shardy the
+body of its manual computation has one (see `regions/loop_backward.py`, which finds the
+bodies and moves each into a private function `@<func>_loop<k>` or `@<func>_shard_map<k>`
+called from the body). The pass records the new functions in the pipeline state
+(`PassState.loop_bodies[func]`), and the pipeline runner then runs every later pass that
+names `func` (its `func` option) once on each of them instead; the `inline` pass at the
+end of the `remat` pipeline puts the bodies back. A function with a backward of its own
+is left as it is. The split form has no place for a backward inside a body: with
+`mode=split` the pass stops with an error.
 """
 from __future__ import annotations
 
@@ -23,15 +26,27 @@ from remat_passes.passes.remat_partial_eval import parse_mode
 from remat_passes.regions import loop_backward
 
 
+# what holds a backward (`loop_backward.kind`), as the messages say it
+INSIDE = {"loop": "a loop body (gradient accumulation: jax.grad inside lax.scan or "
+                  "fori_loop)",
+          "shard_map": "a shard_map body (data parallelism: jax.grad inside jax.shard_map)"}
+BRIEF = {"loop": "a loop body (gradient accumulation)",
+         "shard_map": "a shard_map body (data parallelism)"}
+WHERE = {"loop": "inside each iteration", "shard_map": "inside the body, on each device"}
+APPLIES = {"loop": "to each iteration's forward and backward",
+           "shard_map": "to the body's forward and backward, on each device's shard"}
+
+
 @dataclasses.dataclass
 class OutlineLoopBackwards(ModulePass):
     name = "outline-loop-backwards"
-    summary = ("Move each loop body that runs its own backward pass (gradient accumulation) "
-               "into a function, for the later passes to run on")
+    summary = ("Move each loop or shard_map body that runs its own backward pass (gradient "
+               "accumulation, data parallelism) into a function, for the later passes to "
+               "run on")
 
-    func: str = option("main", "the function whose loop bodies to outline")
+    func: str = option("main", "the function whose loop and shard_map bodies to outline")
     mode: str = option("joint", "the form remat-partial-eval makes (split: an error where "
-                       "a backward runs inside a loop)", parse_mode)
+                       "a backward runs inside a body)", parse_mode)
 
     def apply(self, module_op, state) -> None:
         with module_op.context:
@@ -40,15 +55,17 @@ class OutlineLoopBackwards(ModulePass):
             if not found:
                 return
             if self.mode == "split":
+                body = found[0]
+                what = loop_backward.kind(body)
                 raise RematError(
-                    f"error: @{self.func} runs its backward pass inside a loop body (gradient "
-                    "accumulation: jax.grad inside lax.scan or fori_loop): it cannot be split "
-                    "into a forward and a backward program; use mode='joint', which "
-                    "rematerializes inside each iteration", f.location)
+                    f"error: @{self.func} runs its backward pass inside {INSIDE[what]}: it "
+                    "cannot be split into a forward and a backward program; use "
+                    f"mode='joint', which rematerializes {WHERE[what]}",
+                    body.owner.location)
             bodies = loop_backward.outline(module_op, f, found)
-        state.loop_bodies[self.func] = [name for name, _ in bodies]
-        for name, location in bodies:
+        state.loop_bodies[self.func] = [name for name, _, _ in bodies]
+        for name, what, location in bodies:
             state.remarks.append(Remark(
-                f"@{self.func} runs its backward pass inside a loop body (gradient "
-                "accumulation): the policy applies to each iteration's forward and backward "
-                f"(the body is @{name} while the passes run)", location))
+                f"@{self.func} runs its backward pass inside {BRIEF[what]}: "
+                f"the policy applies {APPLIES[what]} (the body is @{name} while the passes "
+                "run)", location))

@@ -1,21 +1,25 @@
-"""A backward pass inside a loop body: gradient accumulation, the remat pipeline per body.
+"""A backward pass inside a loop body or a shard_map body: the remat pipeline per body.
 
 A training step that accumulates gradients over microbatches runs `jax.grad` inside a
 `lax.scan` (or `fori_loop`): the function's own top level has no backward pass, each
 iteration of the loop body has one, a forward and its backward. The memory remat saves is
-that of one microbatch's activations, inside the body.
+that of one microbatch's activations, inside the body. A data-parallel step written with
+`jax.shard_map` around `jax.grad` (the gradients averaged with `lax.pmean` in the body) is
+the same under Shardy: the backward runs inside the body of the `sdy.manual_computation`,
+on each device's shard. (Under GSPMD the body is a function that `inline` puts at the top
+level, between the custom calls that enter and leave the manual region: nothing to do.)
 
-`outline(module_op, func_op, bodies)` moves each such loop body into a private function of its own
-(`@<func>_loop<k>`, its arguments the body's block arguments and then the values it reads
-from outside the loop; the constants it reads are copied in), and leaves a `func.call` of
-it in the body. The `outline-loop-backwards` pass does that; the passes after it run on
-each of those functions as on a function with its own backward, and the `inline` pass puts
-the bodies back.
+`outline(module_op, func_op, bodies)` moves each such body into a private function of its
+own (`@<func>_loop<k>` or `@<func>_shard_map<k>`, its arguments the body's block arguments
+and then the values it reads from outside; the constants it reads are copied in), and
+leaves a `func.call` of it in the body. The `outline-loop-backwards` pass does that; the
+passes after it run on each of those functions as on a function with its own backward, and
+the `inline` pass puts the bodies back.
 
 A body counts when one of its own ops has a JAX `transpose(` name-stack frame (what
 remat-partial-eval reads the backward from, see `analysis.function`). The search starts
-at the function's top level and goes into the bodies of loops that have none (a loop
-over epochs around one over microbatches), not into a body it outlines.
+at the function's top level and goes into the bodies that have none (a loop over epochs
+around one over microbatches, a loop inside a shard_map body), not into a body it outlines.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir
 
 WHILE = "stablehlo.while"
+MANUAL = "sdy.manual_computation"     # (a shard_map under Shardy)
 
 
 def _transposed(block) -> bool:
@@ -34,9 +39,15 @@ def has_own_backward(func_op) -> bool:
     return bool(contract.cotangent_args(func_op)) or _transposed(graph.body_block(func_op))
 
 
+def kind(body) -> str:
+    """What holds `body`: "loop" or "shard_map"."""
+    return "shard_map" if body.owner.name == MANUAL else "loop"
+
+
 def loop_bodies(func_op) -> list:
-    """The body blocks of the loops whose own ops run a backward pass (see the module
-    docstring), in program order; none where the function's top level has one."""
+    """The body blocks of the loops and shard_maps whose own ops run a backward pass (see
+    the module docstring), in program order; none where the function's top level has
+    one."""
     if has_own_backward(func_op):
         return []
     found, pending = [], [graph.body_block(func_op)]
@@ -44,9 +55,9 @@ def loop_bodies(func_op) -> list:
         block = pending.pop(0)
         for op in block.operations:
             op = op.operation
-            if op.name != WHILE:
+            if op.name not in (WHILE, MANUAL):
                 continue
-            body = op.regions[1].blocks[0]
+            body = op.regions[1 if op.name == WHILE else 0].blocks[0]
             if _transposed(body):
                 found.append(body)
             else:
@@ -56,18 +67,19 @@ def loop_bodies(func_op) -> list:
 
 def outline(module_op, func_op, bodies: list) -> list[tuple]:
     """Move each of `bodies` (`loop_bodies(func_op)`) into a private function of its own,
-    called from the body (module docstring). Returns (the new function's name, the loop's
-    location) for each."""
+    called from the body (module docstring). Returns (the new function's name, what held
+    the body (`kind`), its location) for each."""
     func = graph.func_name(func_op)
     taken = set(graph.function_names(module_op))
     out = []
     for body in bodies:
+        what = kind(body)
         name = next(n for k in range(len(taken) + 1)
-                    if (n := f"{func}_loop{k}") not in taken)
+                    if (n := f"{func}_{what}{k}") not in taken)
         taken.add(name)
-        location = body.owner.location       # (the while op's)
+        location = body.owner.location       # (the while's, the manual computation's)
         _outline_body(module_op, func_op, body, name)
-        out.append((name, location))
+        out.append((name, what, location))
     return out
 
 
@@ -101,12 +113,16 @@ def _outline_body(module_op, func_op, body, name: str) -> None:
                 "function_type": ir.TypeAttr.get(ir.FunctionType.get(arg_types, result_types))},
             ip=ir.InsertionPoint(module_op.body))
         # (what residual descriptions call them: the function's argument a carry starts
-        # from or a value the body reads is, where it is one)
+        # from, a shard of, or a value the body reads is, where it is one)
         inits = list(body.owner.operands)
-        names = [f"{a} (loop carry {k})" if (a := _argument_name(func_op, inits[k]))
-                 else f"loop carry {k}" for k in range(len(body.arguments))] + [
-            _argument_name(func_op, v) or f"value {k} from outside the loop"
-            for k, v in enumerate(captured)]
+        if kind(body) == "loop":
+            names = [f"{a} (loop carry {k})" if (a := _argument_name(func_op, inits[k]))
+                     else f"loop carry {k}" for k in range(len(body.arguments))]
+        else:
+            names = [f"{a} (its shard)" if (a := _argument_name(func_op, inits[k]))
+                     else f"shard_map argument {k}" for k in range(len(body.arguments))]
+        names += [_argument_name(func_op, v) or f"value {k} from outside the {kind(body)}"
+                  for k, v in enumerate(captured)]
         block = fn.regions[0].blocks.append(
             *arg_types, arg_locs=[ir.Location.name(n) for n in names])
         ip = ir.InsertionPoint(block)
@@ -124,6 +140,6 @@ def _outline_body(module_op, func_op, body, name: str) -> None:
             operands=list(body.arguments) + captured,
             attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
             ip=ir.InsertionPoint(ret))
-        ir.Operation.create("stablehlo.return", operands=list(call.results),
+        ir.Operation.create(ret.name, operands=list(call.results),
                             loc=ret.location, ip=ir.InsertionPoint(ret))
         ret.erase()

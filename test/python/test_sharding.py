@@ -785,3 +785,103 @@ def test_lower_for_sharded_shapes_builds_for_their_devices():
         r = out[mode]
         assert abs(r["loss"] - r["expected"]) < 1e-6 * abs(r["expected"]), r
         assert r["called"] == r["loss"] and r["builds"] == 1, r
+
+
+DATA_PARALLEL_SCRIPT = r'''
+import json, os, sys
+from functools import partial
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_use_shardy_partitioner", sys.argv[1] == "shardy")
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sys.path.insert(0, sys.argv[2])
+import remat_passes as rp
+from remat_testlib import jax_saved_residuals
+try:
+    from jax import shard_map
+except ImportError:                      # jax < 0.11
+    from jax.experimental.shard_map import shard_map
+
+mesh = Mesh(np.array(jax.devices()), ("data",))
+
+def local_loss(params, x):               # one device's shard of the batch
+    W1, W2 = params
+    h = rp.checkpoint_name(jnp.sin(x @ W1), "h")
+    return jnp.mean(jnp.tanh(h @ W2) ** 2)
+
+def local_step(params, x, policy=None):  # the gradients averaged over the devices
+    # (the input's gradient too, as jax.checkpoint's residuals are those of a VJP with
+    # respect to every argument)
+    loss = local_loss if policy is None else jax.checkpoint(local_loss, policy=policy)
+    value, (grads, dx) = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+    return (jax.lax.pmean(value, "data"), jax.lax.pmean(grads, "data"),
+            jax.lax.pmean(jnp.sum(dx * dx), "data"))
+
+def data_parallel(step):
+    return shard_map(step, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P(), P()))
+
+rng = np.random.default_rng(0)
+def put(shape, spec, scale=1.0):
+    return jax.device_put(jnp.asarray(rng.normal(size=shape) * scale, jnp.float32),
+                          NamedSharding(mesh, spec))
+params = (put((8, 16), P(), 0.3), put((16, 8), P(), 0.3))
+x = put((32, 8), P("data"))
+want = jax.tree_util.tree_leaves(jax.jit(data_parallel(local_step))(params, x))
+def error(got):
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(jax.tree_util.tree_leaves(got), want))
+
+POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+            "dots_saveable": jax.checkpoint_policies.dots_saveable,
+            "save_only_these_names(h)": jax.checkpoint_policies.save_only_these_names("h")}
+out = {}
+for pol, jp in POLICIES.items():
+    f = rp.jit(data_parallel(local_step), policy=pol)
+    got = f(params, x)
+    lowered = f.lower(params, x)
+    theirs = jax_saved_residuals(jax.checkpoint(local_loss, policy=jp), params, x[:4])
+    out[pol] = {"err": error(got), "jax_ckpt_err": error(
+                    jax.jit(data_parallel(partial(local_step, policy=jp)))(params, x)),
+                "ours": sorted(r.type for r in lowered.residuals),
+                "jax": sorted(str(a).replace("float32", "f32") for a, _ in theirs),
+                "devices": min(len(a.sharding.device_set) for a in jax.tree_util.tree_leaves(got)),
+                "remarks": lowered.remarks}
+try:
+    rp.jit(data_parallel(local_step), policy="nothing_saveable", mode="split")(params, x)
+except rp.RematError as e:
+    out["split"] = str(e)
+try:                                     # rp.jit inside the shard_map
+    jax.jit(shard_map(lambda p, x: rp.jit(local_step)(p, x), mesh=mesh,
+                      in_specs=(P(), P("data")), out_specs=(P(), P(), P())))(params, x)
+except rp.RematError as e:
+    out["inside"] = str(e)
+print("RESULT " + json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
+def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(partitioner):
+    """A data-parallel step on 8 host devices: `jax.grad` inside `jax.shard_map`, the
+    gradients averaged with `lax.pmean`. rp.jit of it said "no backward pass" (the
+    backward runs inside the manual computation's body, under Shardy); now the body is
+    planned as a function with its own backward (`outline-loop-backwards`): the residuals
+    are what jax.checkpoint of the per-device loss saves, and the results are jax.jit's
+    (JAX sums the replicated parameters' gradients over the devices inside the body).
+    rp.jit called inside the shard_map returned other gradients (half of jax.jit's on two
+    devices: exported alone, the step lost that sum); it now refuses, saying why and what
+    to write instead. The split form has no place for a backward inside the body: a clear
+    error. Under GSPMD the body is inlined at the top level: the same results."""
+    out = run_script(DATA_PARALLEL_SCRIPT, partitioner, HERE)
+    for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
+        r = out[pol]
+        assert r["err"] < 1e-5 and r["jax_ckpt_err"] < 1e-5 and r["devices"] == 8, (pol, r)
+        if partitioner == "shardy":       # (GSPMD: the residuals in global shapes)
+            assert r["ours"] == r["jax"], (pol, r)
+            assert any("inside a shard_map body" in m for m in r["remarks"]), (pol, r)
+    assert out["nothing_saveable"]["ours" if partitioner == "shardy" else "jax"] == \
+        ["f32[16,8]", "f32[4,8]", "f32[8,16]"], out["nothing_saveable"]
+    assert "called inside jax.shard_map" in out["inside"] and \
+        "rp.jit(jax.shard_map(step" in out["inside"], out["inside"]
+    if partitioner == "shardy":
+        assert "inside a shard_map body (data parallelism" in out["split"] and \
+            "mode='joint'" in out["split"], out["split"]
