@@ -51,11 +51,12 @@ program becomes part of the program being traced (`Exported.call`); the split fo
 executables and says so. Inside `jax.shard_map` it refuses (exported alone, the step
 would lose shard_map's axis names and its varying-axes types, and with them JAX's sum of
 a replicated parameter's gradient): `rp.jit(jax.shard_map(step, ...))` is the form, the
-backward inside the shard_map's body (`regions.loop_backward`). Under `jax.vmap` (the innermost transformation of the call)
-it is `rp.jit(jax.vmap(fun, ...))`, built once per way of batching, with the same options,
-in either form (`_call_batched`); a call inside a `jax.jit` that is vmapped in turn cannot be
-batched (`Exported.call` has no batching rule). On several devices (sharded arguments) the
-split form's backward takes the residuals sharded as the forward's executable returns them.
+backward inside the shard_map's body (`regions.loop_backward`). Under `jax.vmap` (the
+innermost transformation of the call) it is `rp.jit(jax.vmap(fun, ...))`, built once per
+way of batching, with the same options, in either form (`_call_batched`); a call inside a
+`jax.jit` that is vmapped in turn cannot be batched (`Exported.call` has no batching rule).
+On several devices (sharded arguments) the split form's backward takes the residuals
+sharded as the forward's executable returns them.
 
 A step that accumulates gradients over microbatches (`jax.grad` inside `lax.scan`) has its
 backward inside the loop body: the policy applies to each iteration (`regions.loop_backward`),
@@ -290,9 +291,9 @@ class Jitted:
 
     def _call_batched(self, call, dynamic):
         """Called under jax.vmap: rp.jit of the function vmapped the same way (a Jitted of
-        its own per way, with this one's options; the vmap's axis name too), through `jax.custom_batching.custom_vmap`,
-        whose rule gets the arguments with their batch axis first. Its outputs are all
-        batched, as jax.vmap's `out_axes=0`."""
+        its own per way, with this one's options; the vmap's axis name too), through
+        `jax.custom_batching.custom_vmap`, whose rule gets the arguments with their batch
+        axis first. Its outputs are all batched, as jax.vmap's `out_axes=0`."""
         name = getattr(self.fun, "__name__", "the function")
         if self.in_shardings is not None or self.out_shardings is not None:
             raise RematError(f"error: rp.jit: {name} has in_shardings or out_shardings, "

@@ -844,7 +844,8 @@ for pol, jp in POLICIES.items():
                     jax.jit(data_parallel(partial(local_step, policy=jp)))(params, x)),
                 "ours": sorted(r.type for r in lowered.residuals),
                 "jax": sorted(str(a).replace("float32", "f32") for a, _ in theirs),
-                "devices": min(len(a.sharding.device_set) for a in jax.tree_util.tree_leaves(got)),
+                "devices": min(len(a.sharding.device_set)
+                               for a in jax.tree_util.tree_leaves(got)),
                 "remarks": lowered.remarks}
 try:
     rp.jit(data_parallel(local_step), policy="nothing_saveable", mode="split")(params, x)
