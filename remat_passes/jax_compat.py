@@ -33,6 +33,8 @@ fails there)                to 0.11.0)
 whether jax.vmap batches    `jax._src.core.trace_ctx.trace`, a            rp.jit
 a call, and its axis name   `...interpreters.batching.BatchTrace`; a
                             tracer's `_trace`; the trace's `axis_data`
+the axes a value varies     an aval's `manual_axis_type.varying`          rp.jit
+over in a shard_map
 the PRNG implementation of  a key dtype's `_impl`                         rp.jit
 a key type (to wrap a key
 returned by a split half)
@@ -412,6 +414,16 @@ def vmap_axis() -> dict:
     if data.spmd_name is not None:
         out["spmd_axis_name"] = data.spmd_name
     return out
+
+
+def varying_axes(x) -> frozenset:
+    """The manual mesh axes (of a shard_map) a value varies over, as JAX types it inside
+    the shard_map: empty for a value replicated over them, or outside one. (An aval's
+    `manual_axis_type.varying` in jax 0.10 to 0.12; `vma` before.)"""
+    import jax
+    aval = jax.typeof(x)
+    kind = getattr(aval, "manual_axis_type", None)
+    return frozenset(kind.varying if kind is not None else getattr(aval, "vma", ()))
 
 
 def key_impl(dtype):

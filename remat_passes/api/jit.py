@@ -48,9 +48,10 @@ compute a saved value once instead of again in each backward fusion that reads i
 
 Called inside `jax.jit` (or under another transformation), the joint form's rewritten
 program becomes part of the program being traced (`Exported.call`); the split form runs two
-executables and says so. Inside `jax.shard_map` it refuses (exported alone, the step
-would lose shard_map's axis names and its varying-axes types, and with them JAX's sum of
-a replicated parameter's gradient): `rp.jit(jax.shard_map(step, ...))` is the form, the
+executables and says so. Inside `jax.shard_map` (or `jax.pmap`) it would be exported alone,
+without shard_map's axis names and varying-axes types: where an argument varies over the
+manual axes (JAX would sum a replicated parameter's gradient over the devices) or it runs a
+collective over them, it refuses; `rp.jit(jax.shard_map(step, ...))` is the form, the
 backward inside the shard_map's body (`regions.loop_backward`). Under `jax.vmap` (the
 innermost transformation of the call) it is `rp.jit(jax.vmap(fun, ...))`, built once per
 way of batching, with the same options, in either form (`_call_batched`); a call inside a
@@ -239,17 +240,9 @@ class Jitted:
         return call, tree, tuple(arguments.leaf_key(x) for x in leaves)
 
     def __call__(self, *args, **kwargs):
-        manual = jax.sharding.get_abstract_mesh().manual_axes
-        if manual:
-            raise RematError(
-                f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} is called "
-                f"inside jax.shard_map (manual mesh axes {', '.join(map(repr, manual))}): "
-                "exported alone its program would lose shard_map's axis names and types "
-                "(JAX sums the gradient of a parameter that is replicated where the batch is "
-                "sharded; a step exported alone does not), so its gradients would differ; "
-                "put the shard_map inside, rp.jit(jax.shard_map(step, ...))")
         call, dynamic = self._split_args(args, kwargs)
         leaves = jax.tree_util.tree_leaves(dynamic)
+        self._check_manual(leaves)
         if jax_compat.vmap_batches(leaves):
             return self._call_batched(call, dynamic)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
@@ -279,6 +272,16 @@ class Jitted:
             if isinstance(x, jax.core.Tracer) else x for x, s in zip(leaves, placed)])
         try:
             return self._lowered(call, specs).traced(*dynamic)
+        except AssertionError:
+            manual = jax.sharding.get_abstract_mesh().manual_axes
+            if not manual:
+                raise
+            raise RematError(    # (JAX's export of a collective over an axis it lacks)
+                f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} cannot be "
+                f"exported alone inside jax.shard_map or jax.pmap (manual mesh axes "
+                f"{', '.join(map(repr, manual))}): a collective over those axes inside it "
+                "(lax.psum, pmean, all_gather) has none to run over once exported; put the "
+                "shard_map inside, rp.jit(jax.shard_map(step, ...))") from None
         except NotImplementedError as e:     # (jax.vmap: no batching rule for an Exported)
             if "call_exported" not in str(e):
                 raise
@@ -288,6 +291,25 @@ class Jitted:
                 "another transformation) batches jax.export's call, which JAX cannot do; "
                 "vmap the rp.jit function itself, or put the vmap inside, "
                 "rp.jit(jax.vmap(f, ...))") from None
+
+    def _check_manual(self, leaves) -> None:
+        """Inside jax.shard_map (or jax.pmap) the function is exported alone, without the
+        shard_map's types (which values vary over its manual axes): where an argument
+        varies, refuse. JAX sums the gradient of an argument replicated where another is
+        sharded over the devices, an exported step does not; and it types the exported
+        call's results as replicated, so a varying result under `out_specs=P()` would pass
+        where JAX refuses it. (jax.pmap types nothing as varying: there it runs.)"""
+        manual = jax.sharding.get_abstract_mesh().manual_axes
+        if not manual or not any(jax_compat.varying_axes(x) for x in leaves):
+            return
+        raise RematError(
+            f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} is called "
+            f"inside jax.shard_map (manual mesh axes {', '.join(map(repr, manual))}) with "
+            "arguments that vary over them: exported alone it would lose shard_map's types "
+            "(JAX sums the gradient of an argument replicated where another is sharded, and "
+            "checks out_specs against what varies; a step exported alone does neither), so "
+            "its gradients could differ; put the shard_map inside, "
+            "rp.jit(jax.shard_map(step, ...))")
 
     def _call_batched(self, call, dynamic):
         """Called under jax.vmap: rp.jit of the function vmapped the same way (a Jitted of

@@ -856,6 +856,17 @@ try:                                     # rp.jit inside the shard_map
                       in_specs=(P(), P("data")), out_specs=(P(), P(), P())))(params, x)
 except rp.RematError as e:
     out["inside"] = str(e)
+# under jax.pmap nothing is typed as varying: a step without collectives runs as before
+def plain_step(params, x):
+    return jax.value_and_grad(local_loss)(params, x)
+xs = np.asarray(x).reshape(8, 4, 8)     # (host arrays: pmap places them itself)
+stacked = jax.tree_util.tree_map(lambda p: np.stack([np.asarray(p)] * 8), params)
+want = jax.tree_util.tree_leaves(jax.pmap(plain_step)(stacked, xs))
+out["pmap_err"] = error(jax.pmap(rp.jit(plain_step, policy="nothing_saveable"))(stacked, xs))
+try:                                     # a collective over pmap's axis inside
+    jax.pmap(rp.jit(local_step), axis_name="data")(stacked, xs)
+except rp.RematError as e:
+    out["pmap_collective"] = str(e)
 print("RESULT " + json.dumps(out))
 '''
 
@@ -870,7 +881,9 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     (JAX sums the replicated parameters' gradients over the devices inside the body).
     rp.jit called inside the shard_map returned other gradients (half of jax.jit's on two
     devices: exported alone, the step lost that sum); it now refuses, saying why and what
-    to write instead. The split form has no place for a backward inside the body: a clear
+    to write instead. Under jax.pmap (nothing typed as varying) a step without collectives
+    still runs, with jax.pmap's results; one with a collective over pmap's axis is a clear
+    error (it was JAX's bare AssertionError from the export). The split form has no place for a backward inside the body: a clear
     error. Under GSPMD the body is inlined at the top level: the same results."""
     out = run_script(DATA_PARALLEL_SCRIPT, partitioner, HERE)
     for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
@@ -883,6 +896,8 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
         ["f32[16,8]", "f32[4,8]", "f32[8,16]"], out["nothing_saveable"]
     assert "called inside jax.shard_map" in out["inside"] and \
         "rp.jit(jax.shard_map(step" in out["inside"], out["inside"]
+    assert out["pmap_err"] < 1e-5, out["pmap_err"]
+    assert "a collective over those axes" in out["pmap_collective"], out["pmap_collective"]
     if partitioner == "shardy":
         assert "inside a shard_map body (data parallelism" in out["split"] and \
             "mode='joint'" in out["split"], out["split"]
