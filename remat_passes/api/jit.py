@@ -46,18 +46,12 @@ exact), and the smaller runs (`.rounded`). On XLA:CPU (jaxlib 0.10) the rounding
 compute a saved value once instead of again in each backward fusion that reads it
 (RecurrentGemma: 530,304 B of temp -> 472,960 B, JAX's 459,136 B) but costs the MLP 786 KB.
 
-Called inside `jax.jit` (or under another transformation), the joint form's rewritten
-program becomes part of the program being traced (`Exported.call`); the split form runs two
-executables and says so. Inside `jax.shard_map` (or `jax.pmap`) it would be exported alone,
-without shard_map's axis names and varying-axes types: where an argument varies over the
-manual axes (JAX would sum a replicated parameter's gradient over the devices) or it runs a
-collective over them, it refuses; `rp.jit(jax.shard_map(step, ...))` is the form, the
-backward inside the shard_map's body (`regions.loop_backward`). Under `jax.vmap` (the
-innermost transformation of the call) it is `rp.jit(jax.vmap(fun, ...))`, built once per
-way of batching, with the same options, in either form (`_call_batched`); a call inside a
-`jax.jit` that is vmapped in turn cannot be batched (`Exported.call` has no batching rule).
-On several devices (sharded arguments) the split form's backward takes the residuals
-sharded as the forward's executable returns them.
+Called under a JAX transformation (`api/traced.py`): inside `jax.jit` the joint form's
+rewritten program becomes part of the program being traced (`Exported.call`), and the split
+form, two executables, says it cannot; under `jax.vmap` it is `rp.jit(jax.vmap(fun, ...))`;
+inside `jax.shard_map` it refuses where an argument varies over the manual axes. On several
+devices (sharded arguments) the split form's backward takes the residuals sharded as the
+forward's executable returns them.
 
 A step that accumulates gradients over microbatches (`jax.grad` inside `lax.scan`) has its
 backward inside the loop body: the policy applies to each iteration (`regions.loop_backward`),
@@ -95,7 +89,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from remat_passes import jax_compat
-from remat_passes.api import arguments, cache
+from remat_passes.api import arguments, cache, traced
 from remat_passes.api.lowered import Lowered, shape_key
 from remat_passes.api.remat import remat_variants
 from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, fences_chains,
@@ -144,7 +138,7 @@ class Jitted:
         if policy is not None:
             as_policy(policy)    # a bad spec is an error here, not at the first call
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
-        # (what a Jitted of the same function under jax.vmap is built with: `_call_batched`)
+        # (what a Jitted of the same function under jax.vmap is built with: `like`)
         self._options = dict(policy=policy, mode=mode, prevent_cse=prevent_cse,
                              tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
                              scan_segments=scan_segments,
@@ -242,11 +236,12 @@ class Jitted:
     def __call__(self, *args, **kwargs):
         call, dynamic = self._split_args(args, kwargs)
         leaves = jax.tree_util.tree_leaves(dynamic)
-        self._check_manual(leaves)
+        traced.check_manual(self, leaves)
         if jax_compat.vmap_batches(leaves):
-            return self._call_batched(call, dynamic)
+            return traced.call_batched(self, call, dynamic)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
-            return self._call_traced(call, dynamic)
+            mode = default_mode() if self.mode == "auto" else self.mode
+            return traced.call_traced(self, call, dynamic, mode)
         for i, x in enumerate(leaves):
             if isinstance(x, jax.ShapeDtypeStruct):
                 raise TypeError(f"rp.jit: argument leaf {i} is a jax.ShapeDtypeStruct, which "
@@ -254,92 +249,9 @@ class Jitted:
                                 "to the call")
         return self._lowered(call, dynamic).run(*dynamic)
 
-    def _call_traced(self, call, dynamic):
-        """Called under a JAX transformation (inside jax.jit): the rewritten program
-        becomes part of the program being traced (`Exported.call`), built for the tracers'
-        shapes and dtypes."""
-        if (default_mode() if self.mode == "auto" else self.mode) == "split":
-            raise RematError(
-                f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} in split "
-                "form runs two executables and cannot be called inside jax.jit or another "
-                "JAX transformation: call it outside, or use mode='joint' (then the "
-                "rewritten program becomes part of the enclosing one)")
-        leaves, tree = jax.tree_util.tree_flatten(dynamic)
-        placed = ([None] * len(leaves) if self.in_shardings is None else
-                  arguments.shardings_of(self.in_shardings, "in_shardings", dynamic))
-        specs = jax.tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(
-            x.shape, x.dtype, weak_type=getattr(x.aval, "weak_type", False), sharding=s)
-            if isinstance(x, jax.core.Tracer) else x for x, s in zip(leaves, placed)])
-        try:
-            return self._lowered(call, specs).traced(*dynamic)
-        except AssertionError:
-            manual = jax.sharding.get_abstract_mesh().manual_axes
-            if not manual:
-                raise
-            raise RematError(    # (JAX's export of a collective over an axis it lacks)
-                f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} cannot be "
-                f"exported alone inside jax.shard_map or jax.pmap (manual mesh axes "
-                f"{', '.join(map(repr, manual))}): a collective over those axes inside it "
-                "(lax.psum, pmean, all_gather) has none to run over once exported; put the "
-                "shard_map inside, rp.jit(jax.shard_map(step, ...))") from None
-        except NotImplementedError as e:     # (jax.vmap: no batching rule for an Exported)
-            if "call_exported" not in str(e):
-                raise
-            raise RematError(
-                f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} cannot be "
-                "batched here: jax.vmap of a function that calls it inside jax.jit (or "
-                "another transformation) batches jax.export's call, which JAX cannot do; "
-                "vmap the rp.jit function itself, or put the vmap inside, "
-                "rp.jit(jax.vmap(f, ...))") from None
-
-    def _check_manual(self, leaves) -> None:
-        """Inside jax.shard_map (or jax.pmap) the function is exported alone, without the
-        shard_map's types (which values vary over its manual axes): where an argument
-        varies, refuse. JAX sums the gradient of an argument replicated where another is
-        sharded over the devices, an exported step does not; and it types the exported
-        call's results as replicated, so a varying result under `out_specs=P()` would pass
-        where JAX refuses it. (jax.pmap types nothing as varying: there it runs.)"""
-        manual = jax.sharding.get_abstract_mesh().manual_axes
-        if not manual or not any(jax_compat.varying_axes(x) for x in leaves):
-            return
-        raise RematError(
-            f"error: rp.jit: {getattr(self.fun, '__name__', 'the function')} is called "
-            f"inside jax.shard_map (manual mesh axes {', '.join(map(repr, manual))}) with "
-            "arguments that vary over them: exported alone it would lose shard_map's types "
-            "(JAX sums the gradient of an argument replicated where another is sharded, and "
-            "checks out_specs against what varies; a step exported alone does neither), so "
-            "its gradients could differ; put the shard_map inside, "
-            "rp.jit(jax.shard_map(step, ...))")
-
-    def _call_batched(self, call, dynamic):
-        """Called under jax.vmap: rp.jit of the function vmapped the same way (a Jitted of
-        its own per way, with this one's options; the vmap's axis name too), through
-        `jax.custom_batching.custom_vmap`, whose rule gets the arguments with their batch
-        axis first. Its outputs are all batched, as jax.vmap's `out_axes=0`."""
-        name = getattr(self.fun, "__name__", "the function")
-        if self.in_shardings is not None or self.out_shardings is not None:
-            raise RematError(f"error: rp.jit: {name} has in_shardings or out_shardings, "
-                             "which do not say how to shard the batch axis of jax.vmap: "
-                             "put the vmap inside, rp.jit(jax.vmap(f, ...), in_shardings=...)")
-        fun = self._bound(call, len(dynamic) - len(call.kw_names))
-        arguments.keep_parameter_names(fun, self.fun, call, len(dynamic))
-        axis = jax_compat.vmap_axis()     # (its name, for collectives inside the function)
-        batched = jax.custom_batching.custom_vmap(fun)
-
-        @batched.def_vmap
-        def rule(axis_size, in_batched, *args):
-            del axis_size
-            in_axes = tuple(jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched))
-            flags, tree = jax.tree_util.tree_flatten(in_batched)
-            key = (call, tree, tuple(flags), tuple(sorted(axis.items(), key=str)))
-            inner = self._batched.get(key)
-            if inner is None:
-                donated = self._donated_positions(call, len(args) - len(call.kw_names))
-                inner = self._batched[key] = Jitted(jax.vmap(fun, in_axes=in_axes, **axis),
-                                                    donate_argnums=donated, **self._options)
-            out = inner(*args)
-            return out, jax.tree_util.tree_map(lambda _: True, out)
-        return batched(*dynamic)
+    def like(self, fun: Callable, donate_argnums: Sequence[int]) -> "Jitted":
+        """An rp.jit of `fun` (the dynamic arguments alone) with this one's options."""
+        return Jitted(fun, donate_argnums=donate_argnums, **self._options)
 
     def lower(self, *args, **kwargs) -> Lowered:
         """What is (or would be) built for `args`: the rewritten Module, its residuals, the

@@ -791,6 +791,21 @@ def test_under_jax_vmap_pytrees_donation_and_other_batch_axes():
         jax.vmap(averaged, in_axes=(None, 0), axis_name="batch")(one, xs))
 
 
+def test_inside_jax_jit_a_closure_over_a_traced_value_is_a_clear_error():
+    """rp.jit of a function that closes over an argument of the jax.jit around the call:
+    jax.export cannot carry the tracer, and its error was "Too many leaves for PyTreeDef".
+    Now it says what is wrong and what to do; passed as an argument, it gives jax.jit's
+    answer."""
+    def step(w, x):
+        return jax.value_and_grad(lambda w: jnp.mean(jnp.sin(x @ w) ** 2))(w)
+    w, x = jnp.eye(4) * 0.5, jnp.ones((3, 4))
+    with pytest.raises(rp.RematError, match="closes over a value traced by an enclosing "
+                                            "transformation.*as an argument"):
+        jax.jit(lambda w, x: rp.jit(lambda x: step(w * 2, x))(x))(w, x)
+    got = jax.jit(lambda w, x: rp.jit(step, policy="nothing_saveable")(w * 2, x))(w, x)
+    assert_trees_close(got, jax.jit(lambda w, x: step(w * 2, x))(w, x))
+
+
 def test_under_jax_vmap_what_cannot_be_batched_is_a_clear_error():
     """Under jax.vmap of a derivative of an rp.jit function, the call JAX batches is
     jax.export's, which it cannot batch; the error says so and what does work. An rp.jit

@@ -1,0 +1,134 @@
+"""`rp.jit` called under a JAX transformation: what it builds there, or why it refuses.
+
+* Inside `jax.jit` (or `lax.scan`, `jax.grad`, ...): the joint form's rewritten program,
+  built for the tracers' shapes and dtypes, becomes part of the program being traced
+  (`Exported.call`, `call_traced`); the split form runs two executables and says it cannot.
+* Under `jax.vmap`, the innermost transformation of the call (`call_batched`): rp.jit of
+  the function vmapped the same way, a Jitted of its own per way of batching with the same
+  options (the vmap's axis name too, for collectives inside), through
+  `jax.custom_batching.custom_vmap`, in either form; its results all batched, as
+  `out_axes=0`. Only there: custom_vmap has no reverse-mode rule, so under `jax.grad` the
+  call keeps `Exported.call`. A call inside a `jax.jit` that is vmapped in turn cannot be
+  batched (`Exported.call` has no batching rule; JAX's error says so).
+* Inside `jax.shard_map` (or `jax.pmap`), the function would be exported alone, without the
+  shard_map's axis names and its types (which values vary over the manual axes): where an
+  argument varies, `check_manual` refuses. JAX sums the gradient of an argument replicated
+  where another is sharded over the devices, an exported step does not (on two devices its
+  gradients were half of jax.jit's); and the exported call's results are typed as
+  replicated, so a varying result under `out_specs=P()` would pass where JAX refuses it.
+  jax.pmap types nothing as varying: a step without collectives runs there, and one with a
+  collective over the axis cannot be exported alone and says so. The form that works is
+  `rp.jit(jax.shard_map(step, ...))`, the backward inside the shard_map's body
+  (`regions.loop_backward`).
+* A function that closes over a value traced by an enclosing transformation (an argument
+  of the `jax.jit` around the call) cannot be exported alone: said so, where jax.export's
+  own error was "Too many leaves for PyTreeDef".
+"""
+from __future__ import annotations
+
+import jax
+
+from remat_passes import jax_compat
+from remat_passes.api import arguments
+from remat_passes.ir.mlir import RematError
+
+
+def _name(jitted) -> str:
+    return getattr(jitted.fun, "__name__", "the function")
+
+
+def check_manual(jitted, leaves) -> None:
+    """Refuse a call inside jax.shard_map on arguments that vary over its manual axes
+    (module docstring)."""
+    manual = jax.sharding.get_abstract_mesh().manual_axes
+    if not manual or not any(jax_compat.varying_axes(x) for x in leaves):
+        return
+    raise RematError(
+        f"error: rp.jit: {_name(jitted)} is called inside jax.shard_map (manual mesh axes "
+        f"{', '.join(map(repr, manual))}) with arguments that vary over them: exported alone "
+        "it would lose shard_map's types (JAX sums the gradient of an argument replicated "
+        "where another is sharded, and checks out_specs against what varies; a step "
+        "exported alone does neither), so its gradients could differ; put the shard_map "
+        "inside, rp.jit(jax.shard_map(step, ...))")
+
+
+def call_traced(jitted, call, dynamic, mode: str):
+    """Called under a JAX transformation (inside jax.jit): the rewritten program becomes
+    part of the program being traced (`Exported.call`), built for the tracers' shapes and
+    dtypes."""
+    if mode == "split":
+        raise RematError(
+            f"error: rp.jit: {_name(jitted)} in split form runs two executables and cannot "
+            "be called inside jax.jit or another JAX transformation: call it outside, or use "
+            "mode='joint' (then the rewritten program becomes part of the enclosing one)")
+    leaves, tree = jax.tree_util.tree_flatten(dynamic)
+    placed = ([None] * len(leaves) if jitted.in_shardings is None else
+              arguments.shardings_of(jitted.in_shardings, "in_shardings", dynamic))
+    specs = jax.tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(
+        x.shape, x.dtype, weak_type=getattr(x.aval, "weak_type", False), sharding=s)
+        if isinstance(x, jax.core.Tracer) else x for x, s in zip(leaves, placed)])
+    try:
+        return jitted._lowered(call, specs).traced(*dynamic)
+    except AssertionError:
+        manual = jax.sharding.get_abstract_mesh().manual_axes
+        if not manual:
+            raise
+        raise RematError(    # (JAX's export of a collective over an axis it lacks)
+            f"error: rp.jit: {_name(jitted)} cannot be exported alone inside jax.shard_map "
+            f"or jax.pmap (manual mesh axes {', '.join(map(repr, manual))}): a collective "
+            "over those axes inside it (lax.psum, pmean, all_gather) has none to run over "
+            "once exported; put the shard_map inside, rp.jit(jax.shard_map(step, ...))") \
+            from None
+    except ValueError:
+        if not _closes_over_tracers(jitted, call, specs):
+            raise
+        raise RematError(
+            f"error: rp.jit: {_name(jitted)} closes over a value traced by an enclosing "
+            "transformation (an argument of the jax.jit around the call, or a value computed "
+            "from one), which jax.export cannot carry into the exported program: pass it to "
+            "the rp.jit function as an argument") from None
+    except NotImplementedError as e:     # (jax.vmap: no batching rule for an Exported)
+        if "call_exported" not in str(e):
+            raise
+        raise RematError(
+            f"error: rp.jit: {_name(jitted)} cannot be batched here: jax.vmap of a function "
+            "that calls it inside jax.jit (or another transformation) batches jax.export's "
+            "call, which JAX cannot do; vmap the rp.jit function itself, or put the vmap "
+            "inside, rp.jit(jax.vmap(f, ...))") from None
+
+
+def _closes_over_tracers(jitted, call, specs) -> bool:
+    """Does the function read a tracer of an enclosing trace (a constant of its jaxpr)?"""
+    fun = jitted._bound(call, len(specs) - len(call.kw_names))
+    try:
+        consts = jax.make_jaxpr(fun)(*specs).consts
+    except Exception:              # (the diagnosis of another failure: leave that one)
+        return False
+    return any(isinstance(c, jax.core.Tracer) for c in consts)
+
+
+def call_batched(jitted, call, dynamic):
+    """Called under jax.vmap (module docstring)."""
+    if jitted.in_shardings is not None or jitted.out_shardings is not None:
+        raise RematError(f"error: rp.jit: {_name(jitted)} has in_shardings or out_shardings, "
+                         "which do not say how to shard the batch axis of jax.vmap: put the "
+                         "vmap inside, rp.jit(jax.vmap(f, ...), in_shardings=...)")
+    fun = jitted._bound(call, len(dynamic) - len(call.kw_names))
+    arguments.keep_parameter_names(fun, jitted.fun, call, len(dynamic))
+    axis = jax_compat.vmap_axis()     # (its name, for collectives inside the function)
+    batched = jax.custom_batching.custom_vmap(fun)
+
+    @batched.def_vmap
+    def rule(axis_size, in_batched, *args):
+        del axis_size
+        in_axes = tuple(jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched))
+        flags, tree = jax.tree_util.tree_flatten(in_batched)
+        key = (call, tree, tuple(flags), tuple(sorted(axis.items(), key=str)))
+        inner = jitted._batched.get(key)
+        if inner is None:
+            donated = jitted._donated_positions(call, len(args) - len(call.kw_names))
+            inner = jitted._batched[key] = jitted.like(
+                jax.vmap(fun, in_axes=in_axes, **axis), donated)
+        out = inner(*args)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+    return batched(*dynamic)
