@@ -395,9 +395,12 @@ def vmap_batches(leaves) -> bool:
     here (what a call made now is traced by), and are some of them batched by it? (Public
     JAX does not say: `jax._src.core.trace_ctx.trace`, a
     `jax._src.interpreters.batching.BatchTrace`, and a tracer's `_trace`.)"""
-    from jax._src import core
-    from jax._src.interpreters import batching
-    trace = core.trace_ctx.trace
+    try:
+        from jax._src import core
+        from jax._src.interpreters import batching
+        trace = core.trace_ctx.trace
+    except (ImportError, AttributeError):   # (a JAX that moved them: no batched call, and
+        return False                        # jax.vmap's call fails as JAX's own does)
     return isinstance(trace, batching.BatchTrace) and any(
         getattr(x, "_trace", None) is trace for x in leaves)
 
