@@ -271,8 +271,7 @@ class Jitted:
     def _build(self, call, dynamic) -> Lowered:
         self.builds += 1
         n_pos = len(dynamic) - len(call.kw_names)
-        dynamic_fun = self._bound(call, n_pos)
-        arguments.keep_parameter_names(dynamic_fun, self.fun, call, len(dynamic))
+        dynamic_fun = self._bound(call, len(dynamic))
         shardings = {k: v for k, v in (("in_shardings", self.in_shardings),
                                        ("out_shardings", self.out_shardings)) if v is not None}
         exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint,
@@ -302,11 +301,13 @@ class Jitted:
                 built.append(lowered)
         return smaller(built)
 
-    def _bound(self, call, n_pos: int) -> Callable:
-        """The function of the dynamic arguments alone (`n_pos` positional ones, then the
-        keyword ones of `call`, by position): the static ones bound as `call` gives them."""
+    def _bound(self, call, n_dynamic: int) -> Callable:
+        """The function of the `n_dynamic` dynamic arguments alone (the positional ones, then
+        the keyword ones of `call`, by position), with the function's parameter names: the
+        static ones bound as `call` gives them."""
         fun = self.fun
         statics, static_kw, kw_names = dict(call.static), dict(call.static_kw), call.kw_names
+        n_pos = n_dynamic - len(kw_names)
 
         def dynamic_fun(*args):       # (named as jax names the arguments of *args)
             it = iter(args[:n_pos])
@@ -315,6 +316,7 @@ class Jitted:
             return fun(*full, **dict(zip(kw_names, args[n_pos:])), **static_kw)
         dynamic_fun.__name__ = getattr(fun, "__name__", "fun")
         dynamic_fun.__qualname__ = getattr(fun, "__qualname__", dynamic_fun.__name__)
+        arguments.keep_parameter_names(dynamic_fun, fun, call, n_dynamic)
         return dynamic_fun
 
     def _variants(self, mode: str) -> tuple:

@@ -56,7 +56,7 @@ def _own_backward(module, func: str, what: str) -> None:
     """A sweep plans `func`'s own backward: say so clearly where it runs inside loop or
     shard_map bodies (gradient accumulation, data parallelism; `outline-loop-backwards`),
     which a sweep does not take."""
-    from remat_passes.passes.outline_loop_backwards import BRIEF
+    from remat_passes.passes.outline_loop_backwards import HOLDERS
     from remat_passes.regions import loop_backward
     expect_module(module, what)
     out = module.clone()
@@ -64,12 +64,11 @@ def _own_backward(module, func: str, what: str) -> None:
     with out.op.context:
         bodies = loop_backward.loop_bodies(graph.find_func(out.op, func))
         if bodies:
-            inside = loop_backward.kind(bodies[0])
-            one = {"loop": "the step of one microbatch",
-                   "shard_map": "the step of one device's shard"}[inside]
+            holder = HOLDERS[loop_backward.kind(bodies[0])]
             raise RematError(
-                f"error: {what}: @{func} runs its backward pass inside {BRIEF[inside]}; "
-                f"{what} plans a function's own backward (export {one} for it). rp.remat, "
+                f"error: {what}: @{func} runs its backward pass inside {holder.brief}; "
+                f"{what} plans a function's own backward (export {holder.one_step} for it). "
+                "rp.remat, "
                 "rp.jit and auto(budget=...) apply the policy inside the body")
 
 

@@ -37,15 +37,21 @@ def _name(jitted) -> str:
     return getattr(jitted.fun, "__name__", "the function")
 
 
+def _manual_axes() -> str:
+    """The manual mesh axes of the shard_map (or pmap) the call is traced in, as an error
+    names them; empty outside one."""
+    return ", ".join(map(repr, jax.sharding.get_abstract_mesh().manual_axes))
+
+
 def check_manual(jitted, leaves) -> None:
     """Refuse a call inside jax.shard_map on arguments that vary over its manual axes
     (module docstring)."""
-    manual = jax.sharding.get_abstract_mesh().manual_axes
+    manual = _manual_axes()
     if not manual or not any(jax_compat.varying_axes(x) for x in leaves):
         return
     raise RematError(
         f"error: rp.jit: {_name(jitted)} is called inside jax.shard_map (manual mesh axes "
-        f"{', '.join(map(repr, manual))}) with arguments that vary over them: exported alone "
+        f"{manual}) with arguments that vary over them: exported alone "
         "it would lose shard_map's types (JAX sums the gradient of an argument replicated "
         "where another is sharded, and checks out_specs against what varies; a step "
         "exported alone does neither), so its gradients could differ; put the shard_map "
@@ -70,12 +76,12 @@ def call_traced(jitted, call, dynamic, mode: str):
     try:
         return jitted._lowered(call, specs).traced(*dynamic)
     except AssertionError:
-        manual = jax.sharding.get_abstract_mesh().manual_axes
+        manual = _manual_axes()
         if not manual:
             raise
         raise RematError(    # (JAX's export of a collective over an axis it lacks)
             f"error: rp.jit: {_name(jitted)} cannot be exported alone inside jax.shard_map "
-            f"or jax.pmap (manual mesh axes {', '.join(map(repr, manual))}): a collective "
+            f"or jax.pmap (manual mesh axes {manual}): a collective "
             "over those axes inside it (lax.psum, pmean, all_gather) has none to run over "
             "once exported; put the shard_map inside, rp.jit(jax.shard_map(step, ...))") \
             from None
@@ -99,7 +105,7 @@ def call_traced(jitted, call, dynamic, mode: str):
 
 def _closes_over_tracers(jitted, call, specs) -> bool:
     """Does the function read a tracer of an enclosing trace (a constant of its jaxpr)?"""
-    fun = jitted._bound(call, len(specs) - len(call.kw_names))
+    fun = jitted._bound(call, len(specs))
     try:
         consts = jax.make_jaxpr(fun)(*specs).consts
     except Exception:              # (the diagnosis of another failure: leave that one)
@@ -113,8 +119,7 @@ def call_batched(jitted, call, dynamic):
         raise RematError(f"error: rp.jit: {_name(jitted)} has in_shardings or out_shardings, "
                          "which do not say how to shard the batch axis of jax.vmap: put the "
                          "vmap inside, rp.jit(jax.vmap(f, ...), in_shardings=...)")
-    fun = jitted._bound(call, len(dynamic) - len(call.kw_names))
-    arguments.keep_parameter_names(fun, jitted.fun, call, len(dynamic))
+    fun = jitted._bound(call, len(dynamic))
     axis = jax_compat.vmap_axis()     # (its name, for collectives inside the function)
     batched = jax.custom_batching.custom_vmap(fun)
 

@@ -17,6 +17,7 @@ is left as it is. The split form has no place for a backward inside a body: with
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from remat_passes.ir import graph
 from remat_passes.ir.mlir import RematError
@@ -26,15 +27,25 @@ from remat_passes.passes.remat_partial_eval import parse_mode
 from remat_passes.regions import loop_backward
 
 
-# what holds a backward (`loop_backward.kind`), as the messages say it
-INSIDE = {"loop": "a loop body (gradient accumulation: jax.grad inside lax.scan or "
-                  "fori_loop)",
-          "shard_map": "a shard_map body (data parallelism: jax.grad inside jax.shard_map)"}
-BRIEF = {"loop": "a loop body (gradient accumulation)",
-         "shard_map": "a shard_map body (data parallelism)"}
-WHERE = {"loop": "inside each iteration", "shard_map": "inside the body, on each device"}
-APPLIES = {"loop": "to each iteration's forward and backward",
-           "shard_map": "to the body's forward and backward, on each device's shard"}
+class Holder(NamedTuple):
+    """What holds a backward (`loop_backward.kind`), as the messages say it."""
+    brief: str       # what it is, in a remark
+    full: str        # the same with the JAX code that makes it, in an error
+    where: str       # where joint form rematerializes
+    applies: str     # what the policy applies to
+    one_step: str    # what to export for a function's own backward
+
+
+HOLDERS = {
+    "loop": Holder("a loop body (gradient accumulation)",
+                   "a loop body (gradient accumulation: jax.grad inside lax.scan or "
+                   "fori_loop)", "inside each iteration",
+                   "to each iteration's forward and backward", "the step of one microbatch"),
+    "shard_map": Holder("a shard_map body (data parallelism)",
+                        "a shard_map body (data parallelism: jax.grad inside jax.shard_map)",
+                        "inside the body, on each device",
+                        "to the body's forward and backward, on each device's shard",
+                        "the step of one device's shard")}
 
 
 @dataclasses.dataclass
@@ -56,16 +67,17 @@ class OutlineLoopBackwards(ModulePass):
                 return
             if self.mode == "split":
                 body = found[0]
-                what = loop_backward.kind(body)
+                holder = HOLDERS[loop_backward.kind(body)]
                 raise RematError(
-                    f"error: @{self.func} runs its backward pass inside {INSIDE[what]}: it "
+                    f"error: @{self.func} runs its backward pass inside {holder.full}: it "
                     "cannot be split into a forward and a backward program; use "
-                    f"mode='joint', which rematerializes {WHERE[what]}",
+                    f"mode='joint', which rematerializes {holder.where}",
                     body.owner.location)
             bodies = loop_backward.outline(module_op, f, found)
         state.loop_bodies[self.func] = [name for name, _, _ in bodies]
         for name, what, location in bodies:
+            holder = HOLDERS[what]
             state.remarks.append(Remark(
-                f"@{self.func} runs its backward pass inside {BRIEF[what]}: "
-                f"the policy applies {APPLIES[what]} (the body is @{name} while the passes "
-                "run)", location))
+                f"@{self.func} runs its backward pass inside {holder.brief}: the policy "
+                f"applies {holder.applies} (the body is @{name} while the passes run)",
+                location))
