@@ -327,6 +327,33 @@ def test_a_narrowing_clone_is_made_where_its_input_is_made(monkeypatch):
         assert early < just_in_time * 0.95, (early, just_in_time)
 
 
+def test_last_read_of_a_clone_source_follows_moved_clones():
+    """make_narrowing_clones_early asks, per clone and input, for the latest serve that
+    reads the input but that clone. Its answer (a lazy max-heap per source, linear in the
+    readers over all questions) must be the scan it replaced, also after clones move to
+    earlier serves."""
+    from array import array
+    from remat_passes.core.plan import _LastRead
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n_clones, n_serves = int(rng.integers(1, 12)), int(rng.integers(1, 12))
+        where = array("q", rng.integers(0, n_serves, n_clones).tolist())
+        readers = {}
+        for src in range(int(rng.integers(1, 5))):
+            rs = [("clone", int(k)) for k in rng.choice(n_clones, int(rng.integers(0, n_clones + 1)),
+                                                         replace=False)]
+            rs += [("serve", int(i)) for i in rng.integers(0, n_serves, int(rng.integers(0, 4)))]
+            readers[src] = rs
+        last = _LastRead(readers, where)
+        for _ in range(30):
+            src, but = int(rng.integers(0, 6)), int(rng.integers(0, n_clones))
+            want = max((where[r] if kind == "clone" else r for kind, r in readers.get(src, ())
+                        if not (kind == "clone" and r == but)), default=-1)
+            assert last.latest(src, but=but) == want
+            k = int(rng.integers(0, n_clones))        # clones only ever move earlier
+            where[k] = int(rng.integers(0, where[k] + 1))
+
+
 # ------------------------------------------------------------- constants --
 def _residual_roots(split_text):
     """For each residual of main_fwd: does it depend on a function argument?"""
