@@ -201,6 +201,47 @@ def test_xla_benchmark_merges_the_monotone_sweeps_measured_elsewhere(tmp_path, m
         bench.run_xla(["--merge-monotone-from", str(path)])
 
 
+def test_xla_benchmark_merges_every_model_of_a_rounds_monotone_and_peak_archives(tmp_path):
+    """device_round.sh's MONOTONE and PEAK runs hand back, per model KEY, a copy of every
+    stored result under `mono_KEY/` (`peak_KEY/`) with KEY's sweep measured again: each
+    part gives its own model's sweep alone, so a later part's stale copy of another model
+    does not undo an earlier part's (2026-11-30: only the last part's model was kept)."""
+    import copy
+    import io
+    import json
+    import tarfile
+    from tools.benchmarks import xla_memory
+
+    def twin(commit):
+        return {"monotone_commit": commit, "points": [
+            {"budget": 0, "activations": 0, "monotone": {"activations": 0, "at": commit}}]}
+    stored = {"meta": {"backend": "gpu"}, "rows": [{"model": "gpt"}, {"model": "gpt-scan"}],
+              "sweeps": [dict(model="gpt", **twin("old")), dict(model="gpt-scan", **twin("old"))],
+              "peak_sweeps": [{"model": "gpt", "commit": "old", "points": []},
+                              {"model": "gpt-scan", "commit": "old", "points": []}]}
+    for run in ("mono", "peak"):
+        archive = tmp_path / f"{run}.tgz"
+        with tarfile.open(archive, "w:gz") as tar:
+            for i, key in enumerate(("gpt", "gpt-scan")):
+                part = copy.deepcopy(stored)
+                part["sweeps"][i].update(twin("new"))
+                part["peak_sweeps"][i]["commit"] = "new"
+                text = json.dumps(part).encode()
+                info = tarfile.TarInfo(f"{run}_{key}/tools/benchmarks/results/xla_gpu.json")
+                info.size = len(text)
+                tar.addfile(info, io.BytesIO(text))
+        parts = xla_memory.read_parts([archive])
+        assert sorted(s["model"] for p in parts for s in p["sweeps"]) == ["gpt", "gpt-scan"]
+        data = stored
+        for part in parts:
+            data = (xla_memory.merge_monotone if run == "mono" else xla_memory.merge_peak)(
+                data, part)
+        if run == "mono":
+            assert [s["monotone_commit"] for s in data["sweeps"]] == ["new", "new"]
+        else:
+            assert [s["commit"] for s in data["peak_sweeps"]] == ["new", "new"]
+
+
 def test_xla_benchmark_checks_and_keeps_the_objective_peak_sweeps():
     """`xla --peak`'s sweeps (peak budget -> XLA's joint and split footprints): a footprint
     above a larger budget's (+2%) or the joint one above its budget (+15%) is a missed

@@ -332,7 +332,11 @@ def results_name(backend: str) -> str:
 
 def read_parts(paths) -> list[dict]:
     """The results in `paths`: JSON files of `xla` runs, or archives (.tgz) holding them (as
-    `device_round.sh --parallel` hands them back), in the order given."""
+    `device_round.sh --parallel` hands them back), in the order given. In an archive, a
+    results file under a folder `RUN_KEY/` (device_round.sh's copy of the tree for model
+    KEY) keeps only KEY's figures: the MONOTONE and PEAK runs add to a copy of every
+    stored result, and the other models' stale copies would undo what an earlier part
+    brought."""
     import json
     import tarfile
     parts = []
@@ -342,7 +346,8 @@ def read_parts(paths) -> list[dict]:
                 with tarfile.open(path) as tar:
                     for member in sorted(tar.getmembers(), key=lambda m: m.name):
                         if member.isfile() and member.name.endswith(".json"):
-                            parts.append(json.load(tar.extractfile(member)))
+                            part = json.load(tar.extractfile(member))
+                            parts.append(_own_model_only(part, member.name.split("/")[0]))
             except tarfile.TarError as e:
                 raise ValueError(f"{path}: {e}") from None
         else:
@@ -352,6 +357,20 @@ def read_parts(paths) -> list[dict]:
         if not isinstance(p, dict) or "rows" not in p or "backend" not in p.get("meta", {}):
             raise ValueError("not the results of `python -m tools.benchmarks xla`")
     return parts
+
+
+def _own_model_only(part, folder: str):
+    """`part` with only the figures of the model whose key ends `folder` (`mono_gpt-scan`:
+    gpt-scan), where one does; else `part` as it is."""
+    if not isinstance(part, dict):
+        return part
+    models = {x.get("model") for key in ("rows", "sweeps", "peak_sweeps")
+              for x in part.get(key, []) if isinstance(x, dict)}
+    own = [m for m in models if m and folder.endswith("_" + m)]
+    if len(own) != 1:
+        return part
+    return dict(part, **{key: [x for x in part[key] if x.get("model") == own[0]]
+                         for key in ("rows", "sweeps", "peak_sweeps") if key in part})
 
 
 def merge(stored: dict | None, new: dict, log=None) -> dict:
