@@ -65,12 +65,13 @@ def fence_residual_producers(a, block, is_shape, note=None) -> int:
     computing it inside each reader is what keeps it from being stored (the GPT under
     everything_saveable). Returns how many barriers it placed."""
     ops = [op.operation for op in block.operations][:-1]        # (not the return)
+    backward = [a.is_backward(op) for op in ops]
     forward, kept = set(), set()
-    for op in ops:
-        if not a.is_backward(op) and not contract.is_recompute_clone(op):
-            forward.update(op.results)
-        elif a.is_backward(op):
+    for op, back in zip(ops, backward):
+        if back:
             kept.update(v for v in graph.read_values(op) if v in forward)
+        elif not contract.is_recompute_clone(op):
+            forward.update(op.results)
     decided: dict = {}
 
     def needs_fence(v) -> bool:
@@ -80,8 +81,8 @@ def fence_residual_producers(a, block, is_shape, note=None) -> int:
                 and _made_from_dropped(v, kept)
         return decided[v]
     fenced: dict = {}
-    for op in ops:
-        if not a.is_backward(op) or contract.is_recompute_clone(op) or contract.is_barrier(op) \
+    for op, back in zip(ops, backward):
+        if not back or contract.is_recompute_clone(op) or contract.is_barrier(op) \
                 or op.name in _STORES_OPERANDS:    # (nothing fused into it to fence off)
             continue
         reads = graph.read_values(op)
