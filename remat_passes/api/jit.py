@@ -40,9 +40,9 @@ decides instead. Neither grouping is smaller everywhere (measured on an H200: Eq
 two is never above it. `jitted.lower(*args).barrier_groups` says which ran, `.footprints` what
 each measured.
 
-Where nothing is recomputed (`everything_saveable`, no policy) the joint form is also built
-with its residuals rounded to their own type as jax.checkpoint rounds them (`round_read_back`:
-exact), and the smaller runs (`.rounded`). On XLA:CPU (jaxlib 0.10) the rounding makes XLA
+Where nothing is recomputed (`everything_saveable`, no policy) the joint form of each grouping
+is also built with its residuals rounded to their own type as jax.checkpoint rounds them
+(`round_read_back`: exact), and the smallest runs (`.rounded`). On XLA:CPU (jaxlib 0.10) the rounding makes XLA
 compute a saved value once instead of again in each backward fusion that reads it
 (RecurrentGemma: 530,304 B of temp -> 472,960 B, JAX's 459,136 B) but costs the MLP 786 KB.
 
@@ -279,7 +279,7 @@ class Jitted:
         mode = default_mode() if self.mode == "auto" else self.mode
         donated = self._donated_positions(call, n_pos)
         variants = self._variants(mode)
-        built, own = [], ties(exported) if any(v.tie for v in variants) else 0
+        built, used, own = [], [], ties(exported) if any(v.tie for v in variants) else 0
         for v, (module, hit) in zip(variants, self._remat(exported, mode,
                                                            dynamic_fun.__name__, variants)):
             if any(module.bytecode() == b.module.bytecode() for b in built):
@@ -289,15 +289,21 @@ class Jitted:
             lowered.from_cache, lowered.barrier_groups = hit, v.groups
             lowered.tied = v.tie and ties(module) > own   # (placed, not only asked)
             built.append(lowered)
-        if mode == "joint" and self.prevent_cse and len(built) == 1 and \
-                not rounds_read_back(mode) and recomputes_nothing(exported, built[0].module):
-            # nothing recomputed: also with the residuals rounded (module docstring)
-            (module, hit), = self._remat(exported, mode, dynamic_fun.__name__,
-                                         variants[:1], round_read_back=True)
-            if module.bytecode() != built[0].module.bytecode():
+            used.append(v)
+        if mode == "joint" and self.prevent_cse and not rounds_read_back(mode) and \
+                recomputes_nothing(exported, built[0].module) and \
+                not all(r.argument for r in built[0].module.residuals or ()):
+            # nothing recomputed: each also with the residuals rounded (module docstring;
+            # per region, a gradient step's barrier over what the backward reads). (Where
+            # every residual is an argument there is nothing to round.)
+            plain = list(built)
+            for (module, hit), b in zip(self._remat(exported, mode, dynamic_fun.__name__,
+                                                    used, round_read_back=True), plain):
+                if any(module.bytecode() == o.module.bytecode() for o in built):
+                    continue
                 lowered = self._build_joint(exported, module, dynamic, donated)
                 lowered.from_cache, lowered.rounded = hit, True
-                lowered.barrier_groups = built[0].barrier_groups
+                lowered.barrier_groups, lowered.tied = b.barrier_groups, b.tied
                 built.append(lowered)
         return smaller(built)
 

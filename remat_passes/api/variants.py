@@ -62,9 +62,9 @@ def recomputes_nothing(exported, module) -> bool:
     barrier of its own: place-optimization-barriers places one for each recomputation, and
     its fences of saved values only beside those.) One recomputing module has no barrier
     either: per use, where the forward keeps no activation, on a jaxlib that keeps barriers
-    through CSE. For it the answer is True, and harmless: the variant rp.jit then asks for,
-    residuals rounded (`round_read_back`), is the same program, since no residual is read
-    back, and is not built."""
+    through CSE. For it the answer is True, and harmless: every residual there is an
+    argument, so rp.jit asks for no variant with the residuals rounded (`round_read_back`):
+    it would be the same program."""
     return str(module).count("stablehlo.optimization_barrier") == \
         str(exported).count("stablehlo.optimization_barrier")
 
