@@ -11,6 +11,13 @@
 #   gpt, mlp-scan, equinox, convnet, mlp, gpt-scan    `xla --models KEY --merge`
 #   dumps     `xla_dump` of the programs whose estimate the page misses most (joint
 #             forms with `--joint`)
+#   barriers  the barriers benchmark from scratch ($OUT/barriers_gpu.json; copy it to
+#             results/ on the host; stops after BARRIERS_LIMIT seconds, default 540, with
+#             the rows it measured and "complete": false)
+#   barriers-chains   the same with fence-chains forced on ($OUT/barriers_gpu_chains_on.json)
+#   (not by default. Run these through this script, or with JAX_PLATFORMS=cuda: `python -m
+#   tools.benchmarks` runs on the CPU unless told otherwise, and 2026-11-30 a bare barriers
+#   run on the device measured XLA:CPU)
 #   (one after another on an H200, 2026-11-27: about 13 minutes in all, GPT alone more than
 #   4.5; with --parallel all of it took 341 s: use that where the lend is 15 minutes)
 # $OUT gets xla_gpu.json (tools/benchmarks/results/, copied after each step; with
@@ -125,6 +132,11 @@ for step in "${steps[@]}"; do
          \( -name "*after_optimizations.txt" -o -name "*buffer-assignment.txt" \
             -o -name "*memory-usage-report.txt" \) -print0 \
          | tar -czf "$OUT/dumps.tgz" --null -T -) ;;
+    barriers|barriers-chains)   # (into $OUT, from scratch: results/'s rows would count as done)
+      [ "$step" = barriers ] && { file="$OUT/barriers_gpu.json"; flags=(); } \
+        || { file="$OUT/barriers_gpu_chains_on.json"; flags=(--fence-chains on); }
+      python3 -m tools.benchmarks barriers --out "$file" "${flags[@]}" \
+        --time-limit "${BARRIERS_LIMIT:-540}" 2>&1 | grep -v "^[IW][0-9]" | tail -n 5 ;;
     mlp|equinox|convnet|gpt|mlp-scan|gpt-scan)
       python3 -m tools.benchmarks xla --models "$step" --merge && save ;;
     none) ;;
