@@ -42,9 +42,10 @@ each measured.
 
 Where nothing is recomputed (`everything_saveable`, no policy) the joint form of each grouping
 is also built with its residuals rounded to their own type as jax.checkpoint rounds them
-(`round_read_back`: exact), and the smallest runs (`.rounded`). On XLA:CPU (jaxlib 0.10) the rounding makes XLA
-compute a saved value once instead of again in each backward fusion that reads it
-(RecurrentGemma: 530,304 B of temp -> 472,960 B, JAX's 459,136 B) but costs the MLP 786 KB.
+(`round_read_back`: exact), and the smallest runs (`.rounded`). On XLA:CPU (jaxlib 0.10) the
+rounding makes XLA compute a saved value once instead of again in each backward fusion that
+reads it (RecurrentGemma: 530,304 B of temp -> 472,960 B, JAX's 459,136 B) but costs the MLP
+786 KB.
 
 Called under a JAX transformation (`api/traced.py`): inside `jax.jit` the joint form's
 rewritten program becomes part of the program being traced (`Exported.call`), and the split
@@ -296,9 +297,8 @@ class Jitted:
             # nothing recomputed: each also with the residuals rounded (module docstring;
             # per region, a gradient step's barrier over what the backward reads). (Where
             # every residual is an argument there is nothing to round.)
-            plain = list(built)
             for (module, hit), b in zip(self._remat(exported, mode, dynamic_fun.__name__,
-                                                    used, round_read_back=True), plain):
+                                                    used, round_read_back=True), list(built)):
                 if any(module.bytecode() == o.module.bytecode() for o in built):
                     continue
                 lowered = self._build_joint(exported, module, dynamic, donated)
