@@ -356,7 +356,12 @@ def per_region(groups: list, position: dict) -> list:
 
 def _inputs_to_hide(group, is_shape, is_argument=None) -> list:
     """What a barrier for `group` would take: its inputs but shape values; none for a
-    shape computation (dimension sizes), where there is nothing to hide.
+    shape computation (dimension sizes) or a group of checkpoint-name markers (an identity
+    on a saved value, "recomputed" where a policy saves the op a name marks but not the
+    name), where there is nothing to hide. (Measured, the conv net's step under
+    save_anything_except_these_names(conv0), per region, XLA:CPU of jaxlib 0.12: with a
+    barrier for its one marker, none over the region, 3,217,100 B; without, 2,373,324 B,
+    jax.checkpoint's.)
 
     With `is_argument` (XLA:CPU, `tie-to-cotangent`; module docstring), of the function's
     arguments only what keeps the clones apart from the forward ops they copy: walking the
@@ -365,7 +370,8 @@ def _inputs_to_hide(group, is_shape, is_argument=None) -> list:
     (`x @ w`, x recomputed) is a clone of its own and reads the arguments beside it as they
     are, so what XLA makes of a weight for it (XLA:CPU's f32 copy of a bf16 weight) is the
     forward's, not a second one."""
-    if all(is_shape(r) for op in group.ops for r in op.results):
+    if all(contract.checkpoint_name(op) is not None or is_shape(r)
+           for op in group.ops for r in op.results):
         return []
     inputs = [v for v in group.inputs() if not is_shape(v)]
     if is_argument is None:
