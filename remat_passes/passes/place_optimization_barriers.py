@@ -356,12 +356,7 @@ def per_region(groups: list, position: dict) -> list:
 
 def _inputs_to_hide(group, is_shape, is_argument=None) -> list:
     """What a barrier for `group` would take: its inputs but shape values; none for a
-    shape computation (dimension sizes) or a group of checkpoint-name markers (an identity
-    on a saved value, "recomputed" where a policy saves the op a name marks but not the
-    name), where there is nothing to hide. (Measured, the conv net's step under
-    save_anything_except_these_names(conv0), per region, XLA:CPU of jaxlib 0.12: with a
-    barrier for its one marker, none over the region, 3,217,100 B; without, 2,373,324 B,
-    jax.checkpoint's.)
+    shape computation (dimension sizes), where there is nothing to hide.
 
     With `is_argument` (XLA:CPU, `tie-to-cotangent`; module docstring), of the function's
     arguments only what keeps the clones apart from the forward ops they copy: walking the
@@ -370,8 +365,7 @@ def _inputs_to_hide(group, is_shape, is_argument=None) -> list:
     (`x @ w`, x recomputed) is a clone of its own and reads the arguments beside it as they
     are, so what XLA makes of a weight for it (XLA:CPU's f32 copy of a bf16 weight) is the
     forward's, not a second one."""
-    if all(contract.checkpoint_name(op) is not None or is_shape(r)
-           for op in group.ops for r in op.results):
+    if all(is_shape(r) for op in group.ops for r in op.results):
         return []
     inputs = [v for v in group.inputs() if not is_shape(v)]
     if is_argument is None:
@@ -388,6 +382,21 @@ def _inputs_to_hide(group, is_shape, is_argument=None) -> list:
                 hidden.add(min(arguments, key=lambda v: graph.type_bytes(v.type)))
         distinct.update(op.results)
     return [v for v in inputs if v in hidden]
+
+
+def _markers_only(group, is_shape) -> bool:
+    """Does `group` recompute nothing but checkpoint-name markers (and shape values)? A
+    marker is an identity on a value the policy saves (it saves the op a name marks, not the
+    name, as `save_anything_except_these_names` does): nothing to keep apart from the
+    forward, so such a group does not keep per-region's barrier over the residuals from
+    being placed. (Measured, the conv net's step under
+    save_anything_except_these_names(conv0), per region, joint, XLA:CPU of jaxlib 0.11.2
+    and 0.12: with the marker's group counted, no barrier over the residuals, 3,217,100 B;
+    without, 2,373,324 B, jax.checkpoint's. Per use the marker keeps its barrier: there it
+    measured smaller, jaxlib 0.10 joint 2,195,776 B of temp against 2,720,064 B without,
+    jaxlib 0.12 split backward 1,409,024 B against 1,671,168 B.)"""
+    return all(contract.checkpoint_name(op) is not None or is_shape(r)
+               for op in group.ops for r in op.results)
 
 
 def place(groups, is_backward, cotangents, note=None, skip=None, is_manual=None,
@@ -628,7 +637,8 @@ class PlaceOptimizationBarriers(ModulePass):
             region = self.groups == "per-region" and self.function_region \
                 and target == name and _manual_test(a) is None \
                 and not any(graph.scope_chain(op) for g in groups for op in g.ops)
-            hiding = [g for g in groups if _inputs_to_hide(g, is_shape)] if region else []
+            hiding = [g for g in groups if not _markers_only(g, is_shape)
+                      and _inputs_to_hide(g, is_shape)] if region else []
             if region and (tie is None or not hiding or any(_tie_source(a.args[i])
                                                             for i in a.cotangent_indices)):
                 placed = place_over_residuals(
