@@ -723,6 +723,8 @@ def test_per_region_barrier_of_a_gradient_step_that_recomputes_nothing_needs_no_
     lowered = fn.lower(W, x)
     assert _barriers(lowered.as_text()) == 1
     [operands] = _barrier_operands(lowered.as_text())
+    assert {"%arg0", "%arg1"} <= {o.strip() for o in operands.split(",")}
+    assert_trees_close(leaves(fn(W, x)), leaves(step(W, x)))
 
 
 def test_a_group_of_name_markers_alone_leaves_per_regions_barrier_in_place():
