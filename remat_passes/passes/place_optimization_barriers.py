@@ -491,7 +491,9 @@ def place_over_residuals(a, block, groups, is_shape, note=None, tie=None,
                 and (v in forward or v in args)]
     values = [v for op in readers for v in from_forward(graph.read_values(op))
               if is_argument is None or not is_argument(v)]
-    hidden = [set(from_forward(_inputs_to_hide(g, is_shape, is_argument))) for g in groups]
+    # (ordered, not sets: the barrier's operands keep one order from run to run)
+    hidden = [dict.fromkeys(from_forward(_inputs_to_hide(g, is_shape, is_argument)))
+              for g in groups]
     values = list(dict.fromkeys(values + [v for h in hidden for v in h]))
     if not values or _already_placed(values):
         return 0

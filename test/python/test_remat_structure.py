@@ -918,3 +918,19 @@ def test_a_forward_that_keeps_no_activation_gets_barriers_only_where_xla_cannot_
     else:
         assert barriers == (2 if jax_compat.xla_cpu_fuses_across_barriers() else 0)
     assert "is_finite" not in text
+
+
+def test_per_region_barrier_is_the_same_from_run_to_run():
+    """The per-region barrier over the residuals lists its operands in one order on every
+    run (they were gathered through sets of values, whose order follows their addresses:
+    two rewrites of one module in one process differed)."""
+    def f(W, x):
+        for _ in range(12):
+            x = jnp.sin(jnp.tanh(x @ W))
+        return jnp.sum(x)
+    W = jnp.linspace(-1.0, 1.0, 16).reshape(4, 4)
+    x = jnp.linspace(-2.0, 2.0, 8).reshape(2, 4)
+    module = rp.export_vjp(f, W, x)
+    texts = {str(rp.remat(module, P.dots_saveable, tie_to_cotangent=True,
+                          barrier_groups="per-region")) for _ in range(4)}
+    assert len(texts) == 1
