@@ -82,8 +82,10 @@ def find_case_pairs(block, is_backward) -> list[CasePair]:
     """Forward cases of `block` whose results the backward reads, with how it reads them.
     `is_backward(op)`: for the top-level ops of the block."""
     ops = [op.operation for op in block.operations]
-    position = {op_id(op): i for i, op in enumerate(ops)}
     cases = [op for op in ops if op.name == CASE]
+    if not cases:
+        return []
+    position = {op_id(op): i for i, op in enumerate(ops)}
     on_index: dict = {}        # index operand -> the backward cases on it, in order
     for op in cases:
         if is_backward(op):
