@@ -99,6 +99,7 @@ def sink(loop) -> int:
 @dataclasses.dataclass
 class SinkLoopConstants(ModulePass):
     name = "sink-loop-constants"
+    preserves_analyses = True     # (it drops those of the functions it changes)
     summary = ("Compute inside each while loop the values it carries unchanged that depend "
                "on constants alone (a broadcast mask), so XLA holds no buffer for them")
 
@@ -113,5 +114,8 @@ class SinkLoopConstants(ModulePass):
                 f = graph.find_func(module_op, name)
                 loops = [op for op in graph.nested_ops(graph.body_block(f))
                          if op.name == WHILE]
+                sunk = 0
                 for loop in loops:      # (outer loops first: their copies feed inner ones)
-                    sink(loop)
+                    sunk += sink(loop)
+                if sunk:
+                    state.drop(name)

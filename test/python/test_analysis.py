@@ -47,13 +47,19 @@ def _assert_same(kept: FunctionAnalysis, fresh: FunctionAnalysis) -> None:
         assert list(kept.users(vid)) == list(fresh.users(vid))
 
 
-def _check(module, policy, mode="joint") -> bool:
-    """Run inline + remat-partial-eval; compare the analyses it kept with fresh ones.
-    Returns whether every function it made got one."""
+# the steps of the remat pipeline between remat-partial-eval and place-optimization-barriers,
+# each of which hands the analyses on (updated, or dropped where it changed what they say)
+_BEFORE_BARRIERS = "insert-reduce-precision,segment-scans,sink-loop-constants"
+
+
+def _check(module, policy, mode="joint", then="") -> bool:
+    """Run inline + remat-partial-eval (and the steps `then`); compare the analyses kept
+    with fresh ones. Returns whether every function it made got one."""
     module = module.clone()
     state = PassState(region_policies=module.region_policies)
     rp.run_pipeline(module.op, rp.parse_pipeline(
-        f"builtin.module(inline,remat-partial-eval{{policy={policy} mode={mode}}})"), state)
+        f"builtin.module(inline,remat-partial-eval{{policy={policy} mode={mode}}}"
+        f"{',' + then if then else ''})"), state)
     names = ["main"] if mode == "joint" else ["main_fwd", "main_bwd"]
     with module.op.context:
         for name in names:
@@ -73,6 +79,68 @@ def _check(module, policy, mode="joint") -> bool:
 def test_kept_analysis_equals_a_fresh_one(family, policy, mode):
     f, args = FAMILIES[family](3)
     assert _check(rp.export_vjp(f, *args), policy, mode)
+
+
+def _scan_with_a_mask():
+    """A scan whose body reads a constant mask: JAX carries it through the loop, and
+    sink-loop-constants computes it inside (it changes the loops)."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(W, x):
+        mask = jnp.tril(jnp.ones((4, 4)))
+
+        def body(h, w):
+            return jnp.sin((h @ w) * mask[:2]), None
+        h, _ = jax.lax.scan(body, x, W)
+        return jnp.sum(h)
+    return f, (jnp.ones((3, 4, 4)) * 0.1, jnp.ones((2, 4)))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES) + ["scan-with-a-mask"])
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_the_passes_after_remat_partial_eval_rewrite_alike_with_its_analysis(
+        family, mode, monkeypatch):
+    """Where sink-loop-constants sinks nothing it hands the analyses on (insert-reduce-
+    precision before it notes the ops it inserts, which the kept analysis then does not
+    list but reads as noted), where it sinks something it drops them: place-optimization-
+    barriers and the passes after it rewrite the same text as from a fresh analysis, the
+    old way (every analysis dropped there)."""
+    from remat_passes.passes import sink_loop_constants
+    f, args = _scan_with_a_mask() if family == "scan-with-a-mask" else FAMILIES[family](3)
+    module = rp.export_vjp(f, *args)
+    options = [dict(), dict(tie_to_cotangent=True, barrier_groups="per-region"),
+               dict(tie_to_cotangent=True, fence_chains=True)]
+    kept = [str(rp.remat(module, p, mode=mode, **o))
+            for p in ("dots_saveable", "nothing_saveable") for o in options]
+    apply = sink_loop_constants.SinkLoopConstants.apply
+
+    def dropping(self, module_op, state):
+        apply(self, module_op, state)
+        state.drop()
+    monkeypatch.setattr(sink_loop_constants.SinkLoopConstants, "apply", dropping)
+    fresh = [str(rp.remat(module, p, mode=mode, **o))
+             for p in ("dots_saveable", "nothing_saveable") for o in options]
+    assert kept == fresh
+
+
+def test_the_remat_pipeline_analyses_a_loop_free_function_once(monkeypatch):
+    """One FunctionAnalysis per rp.remat of a function without loops, joint and split: every
+    pass after remat-partial-eval reads the one it handed on."""
+    from remat_passes.analysis import function
+    built = []
+    init = function.FunctionAnalysis.__init__
+
+    def counting(self, *a, **k):
+        built.append(1)
+        init(self, *a, **k)
+    monkeypatch.setattr(function.FunctionAnalysis, "__init__", counting)
+    f, args = FAMILIES["chain-names"](3)
+    module = rp.export_vjp(f, *args)
+    for mode in ("joint", "split"):
+        built.clear()
+        rp.remat(module, "dots_saveable", mode=mode, tie_to_cotangent=True)
+        assert len(built) == 1, mode
 
 
 def _lit_modules():
