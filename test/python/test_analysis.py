@@ -47,19 +47,13 @@ def _assert_same(kept: FunctionAnalysis, fresh: FunctionAnalysis) -> None:
         assert list(kept.users(vid)) == list(fresh.users(vid))
 
 
-# the steps of the remat pipeline between remat-partial-eval and place-optimization-barriers,
-# each of which hands the analyses on (updated, or dropped where it changed what they say)
-_BEFORE_BARRIERS = "insert-reduce-precision,segment-scans,sink-loop-constants"
-
-
-def _check(module, policy, mode="joint", then="") -> bool:
-    """Run inline + remat-partial-eval (and the steps `then`); compare the analyses kept
-    with fresh ones. Returns whether every function it made got one."""
+def _check(module, policy, mode="joint") -> bool:
+    """Run inline + remat-partial-eval; compare the analyses it kept with fresh ones.
+    Returns whether every function it made got one."""
     module = module.clone()
     state = PassState(region_policies=module.region_policies)
     rp.run_pipeline(module.op, rp.parse_pipeline(
-        f"builtin.module(inline,remat-partial-eval{{policy={policy} mode={mode}}}"
-        f"{',' + then if then else ''})"), state)
+        f"builtin.module(inline,remat-partial-eval{{policy={policy} mode={mode}}})"), state)
     names = ["main"] if mode == "joint" else ["main_fwd", "main_bwd"]
     with module.op.context:
         for name in names:
