@@ -284,7 +284,11 @@ def test_auto_says_when_it_recomputes_a_custom_call_it_cannot_price():
     out = rp.remat(region, P.auto(budget="20%"), mode="split")
     assert not remark(out) and out.plan_reports[0].unpriced == [], out.remarks
     for fun, split in ((_cholesky_loss, at_zero), (saved_in_region, out)):
-        out_ref, ct, grads = reference_vjp(fun, (w, x))
+        out_ref, ct, _ = reference_vjp(fun, (w, x))
+        # (against jax.vjp compiled, as ours is: in f32 the Cholesky's gradient is 2.4e-5
+        # off float64's here, eager and jitted alike but not the same way, 4.6e-5 apart on
+        # an AMD EPYC host, beyond the default tolerance)
+        grads = jax.jit(lambda w, x, ct, fun=fun: jax.vjp(fun, w, x)[1](ct))(w, x, ct)
         got, _ = run_split(split, (w, x), ct, 1)
         assert_trees_close(got, leaves(out_ref) + leaves(grads))
 
