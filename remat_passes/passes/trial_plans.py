@@ -95,8 +95,11 @@ class TrialPlans:
         """auto(objective=peak): plan trial residual budgets on copies of the module and
         measure each plan's joint peak as XLA would allocate it (`estimate_memory`'s "xla"
         model, for the JAX backend in use; with score=xla, XLA's footprint of the program
-        compiled, `state.compiled_memory`); `for_peak` chooses among them."""
+        compiled, `state.compiled_memory`); `for_peak` chooses among them. With the
+        estimate, where the pipeline has a compiler (rp.remat, rp.jit, remat-opt), the
+        choice is checked against XLA's footprint of it compiled (`for_peak`'s `check`)."""
         from remat_passes.cost.memory import estimate_memory
+        from remat_passes.cost.xla_schedule import deletes_barriers
         compiled = policy.score == "xla"
         if compiled:
             self._can_compile(policy, state, state.compiled_memory)
@@ -104,11 +107,13 @@ class TrialPlans:
                                    state.region_policies, self.region_policy)
         memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
                           _is_loop_body(state, self.func), policy)
+        one_grouping = deletes_barriers() and jax_compat.xla_cpu_fuses_across_barriers()
 
-        def trial(candidate):   # the default pipeline, joint form (barriers split fusions)
+        def measured(candidate, compile_it):
+            # the default pipeline, joint form (barriers split fusions): (peak, cost)
             def peak(rest):
                 copy, st = self._trial(candidate, module_op, state, rest)
-                own = state.compiled_memory(copy, self.func)[0] if compiled else \
+                own = state.compiled_memory(copy, self.func)[0] if compile_it else \
                     estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
                         self.func].peak_bytes
                 return own, st.plan_reports[self.func][0].solution.cost
@@ -122,11 +127,53 @@ class TrialPlans:
                 # smaller (api/variants)
                 return min(own, peak(self._rest_of_pipeline(
                     "per-use" if one_grouping else "per-region", one_grouping))[0]), cost
-            return trials.remembered(memo, "compiled peak" if compiled else "peak",
+            return trials.remembered(memo, "compiled peak" if compile_it else "peak",
                                      candidate.budget.resolve(0), made)
-        from remat_passes.cost.xla_schedule import deletes_barriers
-        one_grouping = deletes_barriers() and jax_compat.xla_cpu_fuses_across_barriers()
-        return for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(), trial)
+
+        failed = []
+
+        def check(candidate):
+            try:
+                return measured(candidate, True)[0]
+            except Exception as e:   # (an optional check: the estimate's plan stands)
+                failed.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+                return None
+        checks = not compiled and state.compiled_memory is not None and \
+            policy.offload is None and not _is_loop_body(state, self.func)
+        choice = for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(),
+                          lambda candidate: measured(candidate, compiled),
+                          check if checks else None)
+        self._remark_peak_check(policy, choice, failed, state)
+        return choice.policy
+
+    def _remark_peak_check(self, policy, choice, failed, state) -> None:
+        """The remark where objective=peak's check against XLA changed or could not confirm
+        the estimate's choice."""
+        def plan(candidate):
+            return f"residual budget {candidate.budget.resolve(0)} B"
+        where = f"@{self.func}: {policy.spec}"
+        if failed:
+            state.remarks.append(f"{where}: the plan's joint peak is as estimated, not checked "
+                                 f"against XLA, which could not compile it alone ({failed[0]})")
+        elif choice.replaced is not None:
+            first, estimated, footprint = choice.replaced
+            state.remarks.append(
+                f"{where}: the estimate's plan ({plan(first)}, a joint peak of {estimated} B "
+                f"as estimated) allocates {footprint} B as XLA compiles it, above the budget; "
+                f"planned at {plan(choice.policy)} instead: {choice.compiled} B as XLA "
+                f"compiles it ({choice.estimated} B as estimated; {choice.compiles} plans "
+                "compiled)")
+        elif choice.compiled is not None and choice.estimated > choice.budget:
+            state.remarks.append(
+                f"{where}: no plan's joint peak as estimated fits the budget; planned at "
+                f"{plan(choice.policy)}, which XLA allocates {choice.compiled} B for "
+                f"({choice.estimated} B as estimated; {choice.compiles} plans compiled)")
+        elif choice.lowest is not None:
+            state.remarks.append(
+                f"{where}: its plan ({plan(choice.policy)}) allocates {choice.compiled} B as "
+                f"XLA compiles it, above the budget, and none of the {choice.compiles} plans "
+                f"compiled fits (the lowest: {choice.lowest} B): kept (score=xla weighs "
+                "every trial plan as XLA compiles it)")
 
     def _can_compile(self, policy, state, compiler) -> None:
         """Raise unless `policy` (score=xla) can compile this pass's trial plans."""

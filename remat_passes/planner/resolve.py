@@ -168,9 +168,30 @@ def has_auto(policies) -> bool:
 
 
 REFINE_ROUNDS = 3   # objective=peak: rounds of 7 or 14 more trial budgets while none fits
+CHECK_SLACK = 1.15  # objective=peak checked against XLA: the plans it may compile are those
+                    # estimated within this of the budget (the estimate's error bound)
+CHECK_MAX = 8       # ... at most this many of them
 
 
-def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
+@dataclasses.dataclass
+class PeakChoice:
+    """What `for_peak` decided: `policy`, the residual-budget policy to plan with, its
+    joint peak as estimated and its modelled cost, for the peak budget `budget`. Where the choice was checked against XLA (`check`):
+    `compiled`, XLA's footprint of it; `replaced`, where the estimate's own choice was
+    compiled first and did not fit, its (policy, estimated peak, compiled footprint);
+    `compiles`, the plans compiled; `lowest`, the lowest footprint compiled where none
+    fit (the estimate's choice is kept then)."""
+    policy: AutoPolicy
+    estimated: int
+    cost: float
+    budget: int
+    compiled: int | None = None
+    replaced: tuple | None = None
+    compiles: int = 0
+    lowest: int | None = None
+
+
+def for_peak(policy: AutoPolicy, lo: int, hi: int, trial, check=None) -> PeakChoice:
     """objective=peak: the residual-budget policy whose plan is the cheapest among those
     whose joint form's static peak estimate fits the budget. Tries residual budgets from
     `lo` (the minimum) to `hi` (no remat), 13 of them: the peak is not monotone in the
@@ -182,7 +203,14 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
     fits.
     `trial(candidate)` plans the module for a candidate policy and returns (joint peak
     bytes, modelled recompute cost): the pipeline runner does that on a copy of the
-    module. A percentage is of the no-remat peak."""
+    module. A percentage is of the no-remat peak.
+    `check(candidate)`, where given, is XLA's footprint of the candidate's joint program
+    compiled (None: it cannot be compiled). The estimate does not model how XLA packs its
+    heap (a hole can put a plan over the budget), so the choice is compiled; where it does
+    not fit, the other plans estimated within `CHECK_SLACK` of the budget are, cheapest
+    first (`CHECK_MAX` compiles in all), and the first that fits is taken. Where none
+    fits, the estimate's choice stands; where the estimate fits none, the first that fits
+    as compiled is taken, else it is the error below."""
     trials: dict = {}
 
     def measure(rb):
@@ -212,9 +240,13 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
             left, right = grid[max(center - 1, 0)], grid[min(center + 1, len(grid) - 1)]
             for j in range(1, 8):
                 measure(int(left + (right - left) * j / 8))
-    tried = list(trials.values())
+    tried = sorted(trials.values(), key=lambda t: t[1])   # cheapest first (ties: as made)
     fits = [t for t in tried if t[0] <= budget]
-    if not fits:
+    chosen = PeakChoice(fits[0][2], fits[0][0], fits[0][1], budget) if fits else None
+    if check is not None:
+        checked = _checked_for_peak(budget, tried, fits[0] if fits else None, check)
+        chosen = checked or chosen
+    if chosen is None:
         lowest = min(t[0] for t in tried)
         measured = "XLA's footprint of each compiled" if policy.score == "xla" else \
             "as estimated"
@@ -223,7 +255,30 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial) -> AutoPolicy:
             f"peak of the {len(tried)} plans tried, {lowest} B ({measured}; without remat: "
             f"{measure(hi)[0]} B; the peak is not monotone in the residual bytes, so a plan "
             "between the residual budgets tried may peak lower)")
-    return min(fits, key=lambda t: t[1])[2]
+    return chosen
+
+
+def _checked_for_peak(budget, tried, first, check) -> PeakChoice | None:
+    """`for_peak`'s check against XLA: `first` (the estimate's choice, or None) compiled,
+    then the others of `tried` (cheapest first) estimated within `CHECK_SLACK` of the
+    budget, until one fits; None where `check` cannot compile the plan."""
+    order = ([first] if first else []) + [
+        t for t in tried if t is not first and t[0] <= budget * CHECK_SLACK]
+    compiled = []
+    for peak, cost, candidate in order[:CHECK_MAX]:
+        footprint = check(candidate)
+        if footprint is None:
+            return None
+        compiled.append(footprint)
+        if footprint <= budget:
+            replaced = (first[2], first[0], compiled[0]) \
+                if first and candidate is not first[2] else None
+            return PeakChoice(candidate, peak, cost, budget, footprint, replaced,
+                              len(compiled))
+    if first is None:
+        return None
+    return PeakChoice(first[2], first[0], first[1], budget, compiled[0], None, len(compiled),
+                      min(compiled))
 
 
 MONOTONE_GRID = 12     # monotone: trial residual budgets, the minimum to no remat in 12 steps

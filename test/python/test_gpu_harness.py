@@ -327,6 +327,34 @@ def test_xla_benchmark_checks_the_compiled_twins_of_the_objective_peak_sweeps():
     assert not [t for t, _ in xla_memory.checks(data) if "score=xla" in t]
 
 
+def test_xla_peak_without_compiled_keeps_the_stored_score_xla_points():
+    """`xla --peak` without `--compiled` measures objective=peak's points again and keeps
+    the stored score=xla twins where the budgets came out the same, rendered at the commit
+    they were measured at; where the budgets moved they go."""
+    from tools.benchmarks import xla_memory
+
+    def point(b, joint):
+        return {"budget": b, "activations": 0,
+                "joint": {"temp": joint, "args": 0, "out": 0, "estimate": b},
+                "halves": [{"temp": joint, "args": 0, "out": 0}]}
+    old = {"model": "mlp", "commit": "aaa", "points": [
+        dict(point(100, 90), compiled=point(100, 80)), dict(point(200, 190),
+                                                            compiled=point(200, 150))]}
+    new = {"model": "mlp", "commit": "bbb", "points": [point(100, 95), point(200, 185)]}
+    kept = xla_memory._with_stored_compiled(new, old)
+    assert kept["compiled_commit"] == "aaa"
+    assert [p["compiled"]["joint"]["temp"] for p in kept["points"]] == [80, 150]
+    table = "\n".join(xla_memory._render_peak_sweeps({"peak_sweeps": [kept]}))
+    assert "| mlp (at bbb) | 100 | 100 | 0 | 95 (0.95) | 95 |" in table
+    assert "| mlp (at aaa) | 100 | 0 | 80 (0.80) | 80 |" in table
+    # measured again later: the twins keep their own commit
+    again = xla_memory._with_stored_compiled(
+        {"model": "mlp", "commit": "ccc", "points": [point(100, 95), point(200, 185)]}, kept)
+    assert again["compiled_commit"] == "aaa"
+    moved = {"model": "mlp", "commit": "bbb", "points": [point(100, 95), point(250, 185)]}
+    assert "compiled" not in xla_memory._with_stored_compiled(moved, old)["points"][0]
+
+
 def test_xla_benchmark_merge_keeps_the_monotone_twins_of_a_sweep_measured_the_same():
     """`xla --models K --merge` after `xla --monotone`: the plain run measures no twins; they
     stay where its sweep came out as the stored one, and go (said) where it did not."""

@@ -224,8 +224,10 @@ def measure_peak(data: dict, keys, log=print, compiled: bool = False) -> dict:
     half, the estimate and the activations kept, at this commit. `compiled` (`--compiled`):
     at each budget also `auto(b, objective=peak, score=xla)`, which weighs its trial plans
     by XLA's footprint of each compiled (its point's "compiled": the same figures, or the
-    error where no compiled trial fits)."""
+    error where no compiled trial fits); without it, the stored sweep's are kept where its
+    budgets are the same (with the commit they were measured at, "compiled_commit")."""
     tie = needs_tie()
+    stored = {s["model"]: s for s in data.get("peak_sweeps", [])}
     sweeps = [s for s in data.get("peak_sweeps", []) if s["model"] not in keys]
     for key in keys:
         model = MODELS[key]()
@@ -253,9 +255,25 @@ def measure_peak(data: dict, keys, log=print, compiled: bool = False) -> dict:
             points.append(point(b, "model"))
             if compiled:
                 points[-1]["compiled"] = point(b, "xla")
-        sweeps.append({"model": key, "commit": common.git_commit(), "points": points})
+        sweep = {"model": key, "commit": common.git_commit(), "points": points}
+        if compiled:
+            sweeps.append(sweep)
+        else:
+            sweeps.append(_with_stored_compiled(sweep, stored.get(key)))
         log(f"xla: {key} sweep of {SWEEP_POINTS} peak budgets (objective=peak)")
     return dict(data, peak_sweeps=_in_sweep_order(sweeps, data))
+
+
+def _with_stored_compiled(sweep: dict, old: dict | None) -> dict:
+    """`sweep` with the score=xla points of `old` (the stored sweep of the same model),
+    where both have the same budgets."""
+    if old is None or [p["budget"] for p in old["points"]] != \
+            [p["budget"] for p in sweep["points"]] or \
+            not all("compiled" in p for p in old["points"]):
+        return sweep
+    for p, q in zip(sweep["points"], old["points"]):
+        p["compiled"] = q["compiled"]
+    return dict(sweep, compiled_commit=old.get("compiled_commit", old["commit"]))
 
 
 def _in_sweep_order(peak_sweeps, data) -> list:
@@ -628,7 +646,7 @@ def _render_peak_sweeps(data) -> list[str]:
                   "| model | peak budget | activations | XLA joint footprint | "
                   "XLA split footprint |", "|---|---:|---:|---:|---:|"]
         for s in compiled:
-            first = f" (at {s['commit']})"
+            first = f" (at {s.get('compiled_commit', s['commit'])})"
             for p in s["points"]:
                 parts.append(f"| {s['model']}{first} | {p['budget']:,} | "
                              + _peak_cells(p["compiled"], False))
