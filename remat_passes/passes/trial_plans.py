@@ -138,7 +138,7 @@ class TrialPlans:
             except Exception as e:   # (an optional check: the estimate's plan stands)
                 failed.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
                 return None
-        checks = not compiled and state.compiled_memory is not None and \
+        checks = not compiled and policy.check and state.compiled_memory is not None and \
             policy.offload is None and not _is_loop_body(state, self.func)
         choice = for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(),
                           lambda candidate: measured(candidate, compiled),

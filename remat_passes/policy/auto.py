@@ -71,7 +71,7 @@ def parse_budget(value) -> Budget:
 
 class AutoPolicy(Policy):
     """`auto(budget=..., offload=None, device=None, objective='residuals', solver='auto',
-    score='model', monotone=False)`.
+    score='model', monotone=False, check=True)`.
 
     Not an op-by-op policy: remat-partial-eval replaces it by the solution of the
     planner before it decides anything (`resolve`). `score='xla'`: among the planner's
@@ -83,10 +83,13 @@ class AutoPolicy(Policy):
     plans up to 14 trial budgets): `'larger'` (or True) that larger budget's plan, which
     keeps more than the budget and recomputes no more; `'smaller'` the cheapest plan of a
     smaller budget that peaks no higher, which keeps within the budget and recomputes
-    more (where there is none, the plan for the budget stands)."""
+    more (where there is none, the plan for the budget stands). `check` (objective=peak,
+    score=model): compile the plan the estimate chooses and hold it to the budget as XLA
+    allocates it, where the pipeline has a compiler (`planner.resolve.for_peak`); False:
+    the estimate's plan, nothing compiled."""
 
     def __init__(self, budget, offload=None, device=None, objective="residuals",
-                 solver="auto", score="model", monotone=False):
+                 solver="auto", score="model", monotone=False, check=True):
         self.budget = parse_budget(budget)
         if offload not in (None, "pinned_host", "unpinned_host"):
             raise ValueError(f"offload must be pinned_host or unpinned_host, got {offload!r}")
@@ -107,8 +110,14 @@ class AutoPolicy(Policy):
             raise ValueError(f"monotone={monotone} holds a plan's peak to those of larger "
                              "budgets' plans; objective=peak bounds the peak itself and "
                              "score=xla compares FLOP counts: it takes neither")
+        check = _flag("check", check)
+        if not check and (objective != "peak" or score != "model"):
+            raise ValueError("check=false leaves objective=peak's plan as estimated, not "
+                             "compiled: it goes with objective=peak (and score=model, which "
+                             "is the default; score=xla compiles every plan)")
         self.offload, self.device, self.objective, self.solver = offload, device, objective, solver
         self.score = score
+        self.check = check
         self.monotone = monotone    # '' (off), 'larger' or 'smaller'
         parts = [f"budget={self.budget}"]
         if offload:
@@ -123,6 +132,8 @@ class AutoPolicy(Policy):
             parts.append(f"score={score}")
         if self.monotone:
             parts.append(f"monotone={self.monotone}")
+        if not check:
+            parts.append("check=false")
         super().__init__(self._unresolved, f"auto({', '.join(parts)})")
 
     def _unresolved(self, op):
@@ -147,11 +158,21 @@ def _monotone_rule(value) -> str:
     raise ValueError(f"monotone must be true, false, larger or smaller, got {value!r}")
 
 
+def _flag(name: str, value) -> bool:
+    """A bool from a bool or as a spec writes it (true, false, on, off, 1, 0)."""
+    text = str(value).strip().lower()
+    if text in ("true", "1", "on", "yes"):
+        return True
+    if text in ("false", "0", "off", "no"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 def auto(budget, offload=None, device=None, objective="residuals", solver="auto",
-         score="model", monotone=False):
+         score="model", monotone=False, check=True):
     """The memory-budget planner as a policy: see remat_passes.planner."""
     try:
-        return AutoPolicy(budget, offload, device, objective, solver, score, monotone)
+        return AutoPolicy(budget, offload, device, objective, solver, score, monotone, check)
     except ValueError as e:
         raise RematError(f"error: {e}") from None
 

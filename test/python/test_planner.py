@@ -358,8 +358,16 @@ def test_objective_peak_with_score_xla_bounds_what_xla_allocates():
     policy = P.auto(budget, objective="peak", score="xla")
     assert footprint(policy) <= budget
     # with the estimate (score=model), the plan is checked against XLA as compiled: on
-    # jaxlib 0.12 the estimate's own plan is replaced by one that fits
+    # jaxlib 0.12 the estimate's own plan is replaced by one that fits; check=false (in a
+    # spec too) keeps the estimate's plan, compiling none
     assert footprint(P.auto(budget, objective="peak")) <= budget
+    checked = rp.remat(m, P.auto(budget, objective="peak"))
+    unchecked = rp.remat(m, f"auto({budget}, objective=peak, check=false)")
+    assert unchecked.plan_reports[0].policy.startswith(
+        f"auto(budget={budget}, objective=peak, check=false) (residual budget ")
+    assert not [r for r in unchecked.remarks if "XLA" in r], unchecked.remarks
+    replaced = [r for r in checked.remarks if "as XLA compiles it, above the budget" in r]
+    assert bool(replaced) == (checked.text() != unchecked.text()), checked.remarks
     joint = rp.remat(m, policy)
     assert_trees_close(run_joint(joint, model.args, ct), leaves(out) + leaves(grads))
     assert any("objective=peak, score=xla) (residual budget" in str(r)
@@ -1061,7 +1069,10 @@ def test_score_xla_in_a_loop_counts_trip_counts():
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(score="fast"), "score must be model or xla"),
     (dict(score="xla", offload="pinned_host"), "does not take offload"),
-    (dict(score="xla", monotone=True), "score=xla compares FLOP counts: it takes neither")])
+    (dict(score="xla", monotone=True), "score=xla compares FLOP counts: it takes neither"),
+    (dict(check=False), "check=false .* goes with objective=peak"),
+    (dict(check=False, objective="peak", score="xla"), "score=xla compiles every plan"),
+    (dict(check="maybe", objective="peak"), "check must be true or false")])
 def test_score_bad_options_are_clear_errors(kwargs, needle):
     with pytest.raises(rp.RematError, match=needle):
         P.auto(budget=100, **kwargs)
