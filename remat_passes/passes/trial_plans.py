@@ -155,25 +155,31 @@ class TrialPlans:
         if failed:
             state.remarks.append(f"{where}: the plan's joint peak is as estimated, not checked "
                                  f"against XLA, which could not compile it alone ({failed[0]})")
-        elif choice.replaced is not None:
+            return
+        if choice.compiled is None:
+            return
+        fits = choice.compiled <= choice.budget
+        none_fit = "" if fits else \
+            f", the least of the {choice.compiles} plans compiled, none within the budget"
+        if choice.replaced is not None:
             first, estimated, footprint = choice.replaced
             state.remarks.append(
                 f"{where}: the estimate's plan ({plan(first)}, a joint peak of {estimated} B "
                 f"as estimated) allocates {footprint} B as XLA compiles it, above the budget; "
                 f"planned at {plan(choice.policy)} instead: {choice.compiled} B as XLA "
-                f"compiles it ({choice.estimated} B as estimated; {choice.compiles} plans "
-                "compiled)")
-        elif choice.compiled is not None and choice.estimated > choice.budget:
+                f"compiles it{none_fit} ({choice.estimated} B as estimated; "
+                f"{choice.compiles} plans compiled)")
+        elif not fits:
+            state.remarks.append(
+                f"{where}: its plan ({plan(choice.policy)}) allocates {choice.compiled} B as "
+                f"XLA compiles it, above the budget, and none of the {choice.compiles} plans "
+                "compiled allocates less: kept (score=xla weighs every trial plan as XLA "
+                "compiles it)")
+        elif choice.estimated > choice.budget:
             state.remarks.append(
                 f"{where}: no plan's joint peak as estimated fits the budget; planned at "
                 f"{plan(choice.policy)}, which XLA allocates {choice.compiled} B for "
                 f"({choice.estimated} B as estimated; {choice.compiles} plans compiled)")
-        elif choice.lowest is not None:
-            state.remarks.append(
-                f"{where}: its plan ({plan(choice.policy)}) allocates {choice.compiled} B as "
-                f"XLA compiles it, above the budget, and none of the {choice.compiles} plans "
-                f"compiled fits (the lowest: {choice.lowest} B): kept (score=xla weighs "
-                "every trial plan as XLA compiles it)")
 
     def _can_compile(self, policy, state, compiler) -> None:
         """Raise unless `policy` (score=xla) can compile this pass's trial plans."""

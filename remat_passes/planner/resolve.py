@@ -176,11 +176,11 @@ CHECK_MAX = 8       # ... at most this many of them
 @dataclasses.dataclass
 class PeakChoice:
     """What `for_peak` decided: `policy`, the residual-budget policy to plan with, its
-    joint peak as estimated and its modelled cost, for the peak budget `budget`. Where the choice was checked against XLA (`check`):
-    `compiled`, XLA's footprint of it; `replaced`, where the estimate's own choice was
-    compiled first and did not fit, its (policy, estimated peak, compiled footprint);
-    `compiles`, the plans compiled; `lowest`, the lowest footprint compiled where none
-    fit (the estimate's choice is kept then)."""
+    joint peak as estimated and its modelled cost, for the peak budget `budget`. Where the
+    choice was checked against XLA (`check`): `compiled`, XLA's footprint of it (above the
+    budget where no plan compiled fits it); `replaced`, where the estimate's own choice
+    was compiled first and another taken, its (policy, estimated peak, compiled
+    footprint); `compiles`, the plans compiled."""
     policy: AutoPolicy
     estimated: int
     cost: float
@@ -188,7 +188,6 @@ class PeakChoice:
     compiled: int | None = None
     replaced: tuple | None = None
     compiles: int = 0
-    lowest: int | None = None
 
 
 def for_peak(policy: AutoPolicy, lo: int, hi: int, trial, check=None) -> PeakChoice:
@@ -209,8 +208,9 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial, check=None) -> PeakCho
     heap (a hole can put a plan over the budget), so the choice is compiled; where it does
     not fit, the other plans estimated within `CHECK_SLACK` of the budget are, cheapest
     first (`CHECK_MAX` compiles in all), and the first that fits is taken. Where none
-    fits, the estimate's choice stands; where the estimate fits none, the first that fits
-    as compiled is taken, else it is the error below."""
+    fits, the one XLA allocates least for (the estimate's choice where it is that one);
+    where the estimate fits none, the first that fits as compiled, else it is the error
+    below."""
     trials: dict = {}
 
     def measure(rb):
@@ -261,24 +261,26 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial, check=None) -> PeakCho
 def _checked_for_peak(budget, tried, first, check) -> PeakChoice | None:
     """`for_peak`'s check against XLA: `first` (the estimate's choice, or None) compiled,
     then the others of `tried` (cheapest first) estimated within `CHECK_SLACK` of the
-    budget, until one fits; None where `check` cannot compile the plan."""
+    budget, until one fits; where none does, the least compiled (None where the estimate
+    fit none). None also where `check` cannot compile the plan."""
     order = ([first] if first else []) + [
         t for t in tried if t is not first and t[0] <= budget * CHECK_SLACK]
     compiled = []
-    for peak, cost, candidate in order[:CHECK_MAX]:
-        footprint = check(candidate)
+    for t in order[:CHECK_MAX]:
+        footprint = check(t[2])
         if footprint is None:
             return None
-        compiled.append(footprint)
+        compiled.append((footprint, t))
         if footprint <= budget:
-            replaced = (first[2], first[0], compiled[0]) \
-                if first and candidate is not first[2] else None
-            return PeakChoice(candidate, peak, cost, budget, footprint, replaced,
-                              len(compiled))
-    if first is None:
-        return None
-    return PeakChoice(first[2], first[0], first[1], budget, compiled[0], None, len(compiled),
-                      min(compiled))
+            break
+    else:
+        if first is None:
+            return None
+    footprint, (peak, cost, candidate) = min(compiled, key=lambda c: c[0]) \
+        if compiled[-1][0] > budget else compiled[-1]      # (the first of equals)
+    replaced = (first[2], first[0], compiled[0][0]) \
+        if first and candidate is not first[2] else None
+    return PeakChoice(candidate, peak, cost, budget, footprint, replaced, len(compiled))
 
 
 MONOTONE_GRID = 12     # monotone: trial residual budgets, the minimum to no remat in 12 steps

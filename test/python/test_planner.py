@@ -452,9 +452,9 @@ def test_objective_peak_looks_between_grid_points_where_none_fits():
 def test_objective_peak_checks_its_choice_against_what_xla_allocates():
     """With a compiler at hand, objective=peak compiles the estimate's choice; where XLA
     allocates more than the budget for it, the other plans estimated within 15% of the
-    budget, cheapest first, until one fits (at most 8 compiles); where none fits, the
-    estimate's choice stands, and where the estimate fits none, the first that fits as
-    compiled is taken. Here a plan per residual budget rb = 0, 100, ..., 1200, estimated
+    budget, cheapest first, until one fits (at most 8 compiles); where none fits, the one
+    XLA allocates least for, and where the estimate fits none, the first that fits as
+    compiled. Here a plan per residual budget rb = 0, 100, ..., 1200, estimated
     to peak at 900 + rb / 10 at a cost of 1200 - rb, and XLA's footprint as `xla` says."""
     from remat_passes.planner.resolve import for_peak
 
@@ -473,7 +473,7 @@ def test_objective_peak_checks_its_choice_against_what_xla_allocates():
     # the estimate's choice (rb 500, 950 B) fits as compiled: it stands, one compile
     choice, rb, compiled = run(950, lambda rb: 900)
     assert rb == 500 and compiled == [500] and choice.compiled == 900
-    assert choice.replaced is None and choice.lowest is None
+    assert choice.replaced is None
     # it does not (a hole in XLA's heap): the cheapest other plan that fits as compiled,
     # estimated over the budget (within 15%) or not, is taken
     choice, rb, compiled = run(950, lambda rb: 990 if rb == 500 else 940)
@@ -482,10 +482,14 @@ def test_objective_peak_checks_its_choice_against_what_xla_allocates():
     assert choice.replaced[0].budget.resolve(0) == 500 and choice.replaced[1:] == (950, 990)
     choice, rb, compiled = run(950, lambda rb: 940 if rb == 1000 else 990)
     assert rb == 1000 and compiled == [500, 1200, 1100, 1000]
-    # none of the 8 compiled fits: the estimate's choice stands, the lowest compiled said
+    # none of the 8 compiled fits: the one XLA allocates least for, the estimate's choice
+    # where that is the one
     choice, rb, compiled = run(950, lambda rb: 800 + rb // 2)
     assert rb == 500 and compiled == [500, 1200, 1100, 1000, 900, 800, 700, 600]
-    assert (choice.compiled, choice.lowest) == (1050, 1050)
+    assert choice.compiled == 1050 and choice.replaced is None
+    choice, rb, compiled = run(950, lambda rb: 1000 if rb == 800 else 1100)
+    assert rb == 800 and len(compiled) == 8 and choice.compiled == 1000
+    assert choice.replaced[1:] == (950, 1100)
     # the estimate fits none (its lowest is 900 B): the first that fits as compiled
     choice, rb, compiled = run(890, lambda rb: 880 if rb == 1100 else 900)
     assert rb == 1100 and compiled == [1200, 1100] and choice.replaced is None
