@@ -119,6 +119,20 @@ def test_training_equals_jax_jit(reference, policy, mode):
         assert activation_bytes(lowered.residuals) == 0, lowered.residuals
 
 
+@pytest.mark.slow
+def test_objective_peak_checks_its_plan_inside_rp_jit(reference):
+    """auto(objective=peak) in rp.jit: the trial plans, and the compile of the plan chosen
+    that holds it to the budget as XLA allocates it, run inside rp.jit's build; the step
+    trains as jax.jit's does."""
+    jitted = rp.jit(step, policy="auto(99%, objective=peak)", mode="joint")
+    params, state, _, losses = train(jitted, n=5)
+    np.testing.assert_allclose(losses, reference[3][:5], rtol=2e-5)
+    assert jitted.builds == 1
+    lowered = jitted.lower(params, state, next(batches(1)))
+    assert any("auto(budget=99%, objective=peak) (residual budget" in r
+               for r in lowered.remarks), lowered.remarks
+
+
 def test_split_saves_what_the_policy_saves():
     """The residuals that cross from the forward executable to the backward one are the
     policy's (the names it saves, not the others)."""

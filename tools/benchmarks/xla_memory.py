@@ -624,7 +624,9 @@ def _render_peak_sweeps(data) -> list[str]:
              "budgets from the lowest joint peak estimate of the plans at its 13 trial "
              "residual budgets to no remat's: the joint form's estimate "
              "(`rp.estimate_memory(joint, model='xla')`, what objective=peak keeps within "
-             "the budget), the activations the plan keeps, XLA's footprint of the joint form "
+             "the budget, its plan then checked against XLA's footprint of it compiled: see "
+             "[policies.md](policies.md)), the activations the plan keeps, XLA's footprint "
+             "of the joint form "
              "as rp.jit builds it (and against the budget) and of the split form's larger "
              "half.", "",
              "| model | peak budget | estimate | activations | XLA joint footprint | "
