@@ -346,6 +346,10 @@ def test_xla_peak_without_compiled_keeps_the_stored_score_xla_points():
     assert [p["compiled"]["joint"]["temp"] for p in kept["points"]] == [80, 150]
     table = "\n".join(xla_memory._render_peak_sweeps({"peak_sweeps": [kept]}))
     assert "| mlp (at bbb) | 100 | 100 | 0 | 95 (0.95) | 95 |" in table
+    # a sweep measured with objective=peak's check against XLA is marked
+    checked = "\n".join(xla_memory._render_peak_sweeps(
+        {"peak_sweeps": [dict(kept, checked=True)]}))
+    assert "| mlp (at bbb, §) | 100 | 100 |" in checked
     assert "| mlp (at aaa) | 100 | 0 | 80 (0.80) | 80 |" in table
     # measured again later: the twins keep their own commit
     again = xla_memory._with_stored_compiled(

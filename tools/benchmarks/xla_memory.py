@@ -255,7 +255,8 @@ def measure_peak(data: dict, keys, log=print, compiled: bool = False) -> dict:
             points.append(point(b, "model"))
             if compiled:
                 points[-1]["compiled"] = point(b, "xla")
-        sweep = {"model": key, "commit": common.git_commit(), "points": points}
+        sweep = {"model": key, "commit": common.git_commit(), "points": points,
+                 "checked": True}     # (objective=peak checks its plan against XLA)
         if compiled:
             sweeps.append(sweep)
         else:
@@ -624,7 +625,8 @@ def _render_peak_sweeps(data) -> list[str]:
              "budgets from the lowest joint peak estimate of the plans at its 13 trial "
              "residual budgets to no remat's: the joint form's estimate "
              "(`rp.estimate_memory(joint, model='xla')`, what objective=peak keeps within "
-             "the budget, its plan then checked against XLA's footprint of it compiled: see "
+             "the budget; in the sweeps marked §, measured since 3410fa6, its plan is then "
+             "checked against XLA's footprint of it compiled: see "
              "[policies.md](policies.md)), the activations the plan keeps, XLA's footprint "
              "of the joint form "
              "as rp.jit builds it (and against the budget) and of the split form's larger "
@@ -632,7 +634,7 @@ def _render_peak_sweeps(data) -> list[str]:
              "| model | peak budget | estimate | activations | XLA joint footprint | "
              "XLA split footprint |", "|---|---:|---:|---:|---:|---:|"]
     for s in data["peak_sweeps"]:
-        first = f" (at {s['commit']})"
+        first = f" (at {s['commit']}{', §' if s.get('checked') else ''})"
         for p in s["points"]:
             parts.append(f"| {s['model']}{first} | {p['budget']:,} | " + _peak_cells(p, True))
             first = ""
