@@ -163,14 +163,18 @@ def compiled_cost(module, functions) -> tuple[float, str]:
     """XLA's count (flops + transcendentals of `cost_analysis()`) of `functions` of a
     Module, each compiled for the default backend from its argument types alone (what
     `auto(..., score=xla)` compares), and that backend's name."""
-    total = 0.0
-    for name in functions:
-        analysis = _compiled_alone(module, name, "score=xla").cost_analysis()
-        if isinstance(analysis, (list, tuple)):
-            analysis = analysis[0] if analysis else {}
-        analysis = analysis or {}
-        total += float(analysis.get("flops", 0.0)) + float(analysis.get("transcendentals", 0.0))
-    return total, backend("score=xla")
+    def count():
+        total = 0.0
+        for name in functions:
+            analysis = _compiled_alone(module, name, "score=xla").cost_analysis()
+            if isinstance(analysis, (list, tuple)):
+                analysis = analysis[0] if analysis else {}
+            analysis = analysis or {}
+            total += float(analysis.get("flops", 0.0)) + float(
+                analysis.get("transcendentals", 0.0))
+        return total
+    return _remembered(module, ("cost", tuple(functions)), "score=xla", count), \
+        backend("score=xla")
 
 
 def compiled_memory(module, function: str) -> tuple[int, str]:
@@ -179,11 +183,32 @@ def compiled_memory(module, function: str) -> tuple[int, str]:
     donated arguments) and scratch buffer, from `memory_analysis()` (what
     `auto(..., objective=peak, score=xla)` bounds), and that backend's name."""
     what = "objective=peak with score=xla"
-    size = footprint(_compiled_alone(module, function, what))
+    size = _remembered(module, ("memory", function), what,
+                       lambda: footprint(_compiled_alone(module, function, what)))
     if size is None:
         raise RematError(f"error: {what} weighs each plan by XLA's memory_analysis(), which "
                          f"the {backend(what)} backend does not give: use score=model")
     return size, backend(what)
+
+
+# what compiled_cost and compiled_memory measured, by the program's text: trial plans at
+# different budgets often make the same program, and objective=peak's check compiles the
+# plan its trials made (bounded: the oldest half is dropped when it fills)
+_MEASURED: dict = {}
+_MEASURED_MAX = 512
+
+
+def _remembered(module, what: tuple, option: str, measure):
+    """`measure()`, once per (`what`, module text, backend, XLA_FLAGS); `option` names what
+    compiles, for the error where JAX starts no backend."""
+    text = hashlib.sha256(str(module).encode()).hexdigest()
+    key = (what, text, backend(option), os.environ.get("XLA_FLAGS", ""))
+    if key not in _MEASURED:
+        if len(_MEASURED) >= _MEASURED_MAX:
+            for old in list(_MEASURED)[:_MEASURED_MAX // 2]:
+                del _MEASURED[old]
+        _MEASURED[key] = measure()
+    return _MEASURED[key]
 
 
 def footprint(executable) -> int | None:
