@@ -294,7 +294,7 @@ region_step = st.tuples(st.sampled_from(REGION_OPS), st.integers(0, 63), st.inte
 
 
 @pytest.mark.slow
-@settings(settings.get_profile(PROFILE), max_examples=4 if PROFILE == "remat-ci" else 60)
+@settings(settings.get_profile(PROFILE), max_examples=3 if PROFILE == "remat-ci" else 60)
 @given(program=st.lists(region_step, min_size=2, max_size=7))
 @example(program=REGION_EXAMPLES[0])
 @example(program=REGION_EXAMPLES[1])
@@ -317,6 +317,9 @@ def test_random_programs_with_regions_every_policy(program):
         assert_trees_close(seen[key], expected, what=f"{name} joint {program}")
         split = rp.remat(module, policy, mode="split")
         split.verify()
-        got, residuals = run_split(split, args, ct, n_out)
+        key = str(split)       # (policies that make the same program: compiled once)
+        if key not in seen:
+            seen[key] = run_split(split, args, ct, n_out)
+        got, residuals = seen[key]
         assert_trees_close(got, expected, what=f"{name} split {program}")
         assert len(residuals) == len(split.residuals), name
