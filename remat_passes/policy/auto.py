@@ -145,19 +145,6 @@ class AutoPolicy(Policy):
         return PROFILES[self.device or default_device()]
 
 
-def _monotone_rule(value) -> str:
-    """'' (off), 'larger' or 'smaller', from a bool or as a spec writes it (true, false,
-    on, off, 1, 0, larger, smaller); true is 'larger'."""
-    text = str(value).strip().lower()
-    if text in ("larger", "smaller"):
-        return text
-    if text in ("true", "1", "on", "yes"):
-        return "larger"
-    if text in ("false", "0", "off", "no", "none", ""):
-        return ""
-    raise ValueError(f"monotone must be true, false, larger or smaller, got {value!r}")
-
-
 def _flag(name: str, value) -> bool:
     """A bool from a bool or as a spec writes it (true, false, on, off, 1, 0)."""
     text = str(value).strip().lower()
@@ -166,6 +153,21 @@ def _flag(name: str, value) -> bool:
     if text in ("false", "0", "off", "no"):
         return False
     raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def _monotone_rule(value) -> str:
+    """'' (off), 'larger' or 'smaller', from a bool or as a spec writes it (a flag, `_flag`,
+    or larger, smaller); true is 'larger'."""
+    text = str(value).strip().lower()
+    if text in ("larger", "smaller"):
+        return text
+    if text in ("none", ""):
+        return ""
+    try:
+        return "larger" if _flag("monotone", value) else ""
+    except ValueError:
+        raise ValueError(f"monotone must be true, false, larger or smaller, got {value!r}") \
+            from None
 
 
 def auto(budget, offload=None, device=None, objective="residuals", solver="auto",

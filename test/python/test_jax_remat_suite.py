@@ -647,6 +647,7 @@ def _hell_joint_and_split(m, policy, x, ct):
             (np.asarray(fwd[0]), np.asarray(bwd, np.float32))]
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("policy", ["everything_saveable", "nothing_saveable"])
 def test_excess_precision_hell(policy):
     """As JAX writes it: f inside a checkpoint region (jax.remat there, rp.checkpoint
@@ -663,6 +664,7 @@ def test_excess_precision_hell(policy):
         np.testing.assert_array_equal(g, np.asarray(theirs_g), err_msg=form)
 
 
+@pytest.mark.exact
 def test_excess_precision_module_policy_that_recomputes_nothing_is_no_remat():
     """The other meaning, on purpose: a module-level policy that recomputes nothing
     (everything_saveable) rounds nothing, so the program is the one without remat, bit for

@@ -961,6 +961,7 @@ def test_a_gelu_cotangent_read_by_dots_and_a_reduce_is_computed_once(policy):
 @pytest.mark.parametrize("policy, jax_policy", [
     ("nothing_saveable", jax.checkpoint_policies.nothing_saveable),
     ("save_only_these_names('l2')", jax.checkpoint_policies.save_only_these_names("l2"))])
+@pytest.mark.exact
 def test_a_recomputed_bf16_dot_shares_the_forwards_copy_of_its_weight(policy, jax_policy):
     """XLA:CPU computes a bf16 dot in f32, from an f32 copy of the weight it makes at the
     start of the program. A recomputed dot that read its weight through the barrier (another

@@ -190,6 +190,7 @@ def _split_recompute_bits(model, policy_spec, reduce_precision):
 
 
 # ------------------------------------------------- insert-reduce-precision --
+@pytest.mark.exact
 @pytest.mark.parametrize("form", ["joint", "split"])
 @pytest.mark.parametrize("policy", list(BF16_POLICIES), ids=list(BF16_POLICIES))
 def test_bf16_recomputed_values_equal_forward_values_bit_for_bit(bf16_model, policy, form):
@@ -299,6 +300,7 @@ def test_split_form_rounds_where_a_recomputation_or_a_region_reads(policy, where
     assert_trees_close(got[1:], leaves(jax.grad(f, argnums=(0, 1))(W, x)))
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("policy", ["everything_saveable", "dots_saveable", "nothing_saveable"])
 def test_round_read_back_rounds_what_jax_checkpoint_rounds_in_f32(policy):
     """round_read_back (rp.jit sets it for the split form on a GPU): the f32 residuals the
@@ -339,6 +341,7 @@ def test_round_read_back_leaves_bf16_as_it_is():
     assert "reduce_precision" not in str(rounded) and str(plain) == str(rounded)
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("policy", list(BF16_POLICIES), ids=list(BF16_POLICIES))
 def test_bf16_remat_gradients_equal_no_remat_bit_for_bit(bf16_model, policy):
     """With every residual rounded, the backward reads the same values whether
@@ -384,6 +387,7 @@ def _joint_and_split(module, policy, args):
     return joint, split
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("policy", ["everything_saveable", "auto(budget=100%)"])
 def test_bf16_nothing_recomputed_equals_no_remat_bit_for_bit(policy):
     """A policy (or plan) that recomputes nothing leaves the program as it is without remat:
@@ -402,6 +406,7 @@ def test_bf16_nothing_recomputed_equals_no_remat_bit_for_bit(policy):
             assert np.array_equal(_bits(b), _bits(e)), f"{what} none: leaf {i} differs from JAX"
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("policy", ["dots_saveable", "dots_with_no_batch_dims_saveable"])
 def test_bf16_split_gradients_equal_jax_checkpoint_bit_for_bit(policy):
     """Where something is recomputed, the split form's outputs and gradients equal those of

@@ -1074,7 +1074,7 @@ def test_xla_liveness_reads_the_peak_of_a_dump(tmp_path):
         assert packed is None      # (no live ranges in the dump to replay)
 
 
-def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
+def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path, monkeypatch, capsys):
     """tools.benchmarks.xla_dump: one benchmark program's split halves, compiled with XLA's
     dump on under the names rp.compile gives them (jit_main_fwd, jit_main_bwd), each with
     XLA's footprint, the estimate and XLA's own scratch peak read from the dump, then the same
@@ -1116,12 +1116,14 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path):
         # XLA's heap packed again over its own live ranges: XLA's allocation to the byte
         assert re.search(r"XLA's packing replayed: .*\(XLA's;", block), block
     assert "estimate, live at the peak" in proc.stdout.split("@main:")[1]
+    # (a wrong model or policy, in this process: main() sets XLA_FLAGS, put back after)
+    from tools.benchmarks import xla_dump
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
     for bad, needle in ((["nope", "none"], "unknown model 'nope'"),
                         (["mlp", "nope"], "unknown policy 'nope' for mlp; known: none"),
                         (["mlp", "auto=lots"], "auto=BYTES takes a whole number of bytes")):
-        proc = run_process(run + bad + [str(tmp_path / "x")], env=env, cwd=root,
-                              capture_output=True, text=True)
-        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert xla_dump.main(bad + [str(tmp_path / "x")]) == 2, bad
+        assert needle in capsys.readouterr().err, bad
 
 
 def test_xla_model_counts_split_k_partials_on_a_gpu():

@@ -244,6 +244,7 @@ def _cholesky_loss(w, x):
     return jnp.sum(jnp.sin(jnp.tanh(factor @ a.T)) ** 2)
 
 
+@pytest.mark.exact
 def test_auto_says_when_it_recomputes_a_custom_call_it_cannot_price():
     """A custom call (here LAPACK's Cholesky on CPU) is work the FLOP count cannot see: auto
     takes recomputing it for 0 FLOPs, and says so by its target instead of counting it with

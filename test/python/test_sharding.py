@@ -38,7 +38,7 @@ def run_script(script: str, *argv) -> dict:
 
 SCRIPT = r'''
 import json, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_use_shardy_partitioner", sys.argv[1] == "shardy")
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -151,7 +151,7 @@ def test_sharding_annotations_follow_the_policy(partitioner):
 
 SHARD_MAP_MODELS = r'''
 import json, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 from functools import partial
 import jax, jax.numpy as jnp, numpy as np
 SHARDY = sys.argv[2] == "shardy"
@@ -364,7 +364,7 @@ def test_auto_plans_shard_map_bodies_op_by_op(partitioner):
 
 TRANSFORMER_SCRIPT = r'''
 import json, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 SHARDY = sys.argv[2] == "shardy"
 jax.config.update("jax_use_shardy_partitioner", SHARDY)
@@ -508,7 +508,7 @@ def test_shard_map_with_a_side_effect_inside_is_atomic_with_a_remark():
 
 SEGMENTS_SCRIPT = r'''
 import json, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 from functools import partial
 jax.config.update("jax_use_shardy_partitioner", sys.argv[1] == "shardy")
@@ -628,7 +628,7 @@ def test_scan_segments_on_the_mesh(partitioner):
 
 JIT_SCRIPT = r'''
 import json, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 sys.path.insert(0, sys.argv[1])
@@ -737,7 +737,7 @@ def test_rp_jit_takes_in_and_out_shardings_as_jax_jit_does(partitioner):
 
 SPECS_SCRIPT = r'''
 import json, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 sys.path.insert(0, sys.argv[1])
@@ -790,7 +790,7 @@ def test_lower_for_sharded_shapes_builds_for_their_devices():
 DATA_PARALLEL_SCRIPT = r'''
 import json, os, sys
 from functools import partial
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_use_shardy_partitioner", sys.argv[1] == "shardy")
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P

@@ -96,6 +96,7 @@ def test_a_library_for_a_newer_python_is_skipped_with_a_line(monkeypatch):
     assert data["rows"] == [] and "maxtext-llama2 skipped: maxtext needs Python 99.0" in said[0]
 
 
+@pytest.mark.exact
 @pytest.mark.slow
 def test_the_flax_rows_hold():
     """The zoo's Flax model (linen blocks, plain and under `nn.remat`) measured live, with
