@@ -405,6 +405,22 @@ def vmap_batches(leaves) -> bool:
         getattr(x, "_trace", None) is trace for x in leaves)
 
 
+def autodiff_mode(leaves) -> str | None:
+    """How JAX's autodiff traces these arguments, where it is the innermost transformation
+    of some: "forward" (jax.jvp, jax.jacfwd: `JVPTracer`), "reverse" (jax.grad, jax.vjp,
+    jax.jacrev, jax.linearize: `LinearizeTracer`, jax 0.10 to 0.12), else None. (Public
+    JAX does not say: the tracer types of `jax._src.interpreters.ad`.)"""
+    try:
+        from jax._src.interpreters import ad
+    except ImportError:
+        return None
+    for mode, name in (("forward", "JVPTracer"), ("reverse", "LinearizeTracer")):
+        kind = getattr(ad, name, None)
+        if kind is not None and any(isinstance(x, kind) for x in leaves):
+            return mode
+    return None
+
+
 def vmap_axis() -> dict:
     """The axis of the jax.vmap that is the innermost transformation here, as `jax.vmap`
     takes it: {'axis_name': ..., 'spmd_axis_name': ...}, those it was given. (Public JAX

@@ -20,6 +20,12 @@
   collective over the axis cannot be exported alone and says so. The form that works is
   `rp.jit(jax.shard_map(step, ...))`, the backward inside the shard_map's body
   (`regions.loop_backward`).
+* Differentiated from outside (`jax.grad` of a function that calls it): reverse mode
+  differentiates the rewritten program (`Exported.call` has a VJP); a function with no
+  backward of its own has nothing to rematerialize, and the error says to put the
+  differentiation inside. Forward mode (`jax.jvp`, `jax.jacfwd`, `jax.hessian`) JAX refuses
+  for an exported call (inside jax.jit only when it lowers): refused at the call, in
+  rp.jit's words.
 * A function that closes over a value traced by an enclosing transformation (an argument
   of the `jax.jit` around the call) cannot be exported alone: said so, where jax.export's
   own error was "Too many leaves for PyTreeDef".
@@ -68,6 +74,8 @@ def call_traced(jitted, call, dynamic, mode: str):
             "be called inside jax.jit or another JAX transformation: call it outside, or use "
             "mode='joint' (then the rewritten program becomes part of the enclosing one)")
     leaves, tree = jax.tree_util.tree_flatten(dynamic)
+    if jax_compat.autodiff_mode(leaves) == "forward":
+        raise _forward_mode(jitted)
     placed = ([None] * len(leaves) if jitted.in_shardings is None else
               arguments.shardings_of(jitted.in_shardings, "in_shardings", dynamic))
     specs = jax.tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(
@@ -75,6 +83,20 @@ def call_traced(jitted, call, dynamic, mode: str):
         if isinstance(x, jax.core.Tracer) else x for x, s in zip(leaves, placed)])
     try:
         return jitted._lowered(call, specs).traced(*dynamic)
+    except RematError as e:
+        if "has no backward pass" not in str(e) or jax_compat.autodiff_mode(leaves) is None:
+            raise
+        raise RematError(
+            f"error: rp.jit: {_name(jitted)} is differentiated from outside (jax.grad or "
+            "jax.vjp of a function that calls it) and has no backward pass of its own: "
+            "rp.jit rewrites the backward a function computes itself, so put the "
+            f"differentiation inside, rp.jit(jax.value_and_grad({_name(jitted)})) or the "
+            "whole training step; to rematerialize part of a model, mark that part with "
+            "rp.checkpoint inside the step") from None
+    except TypeError as e:   # (forward mode further out: jax.hessian's jacfwd of a jacrev)
+        if "forward-mode" not in str(e):
+            raise
+        raise _forward_mode(jitted) from None
     except AssertionError:
         manual = _manual_axes()
         if not manual:
@@ -101,6 +123,15 @@ def call_traced(jitted, call, dynamic, mode: str):
             "that calls it inside jax.jit (or another transformation) batches jax.export's "
             "call, which JAX cannot do; vmap the rp.jit function itself, or put the vmap "
             "inside, rp.jit(jax.vmap(f, ...))") from None
+
+
+def _forward_mode(jitted) -> RematError:
+    return RematError(
+        f"error: rp.jit: {_name(jitted)} is differentiated in forward mode (jax.jvp, "
+        "jax.jacfwd or jax.hessian of a function that calls it): its rewritten program is "
+        "called as a jax.export'ed function, which JAX differentiates in reverse mode only "
+        "(jax.grad, jax.vjp, jax.jacrev); use reverse mode, or put the jvp inside the "
+        "rp.jit function")
 
 
 def _closes_over_tracers(jitted, call, specs) -> bool:
