@@ -281,6 +281,29 @@ def test_a_saved_narrow_float_keeps_its_values(dtype, mode):
     assert_trees_close(leaves(got), leaves(jax.jit(step)(x, wq)), what=f"{dtype} {mode}")
 
 
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_a_saved_complex_value_keeps_its_values(mode):
+    """A complex value saved by name (a spectrum, as in an FFT layer) is kept as it is, and
+    the gradient is jax.grad's, whatever else is recomputed around it (nothing is saved
+    under nothing_saveable, the spectrum under the name, everything under `auto(50%)`'s
+    choice). (jax.checkpoint itself cannot save it: on jax 0.10.2 to 0.12 its residual
+    rounding applies reduce_precision to the complex value, which JAX refuses, "does not
+    accept dtype complex64", under jax.grad and in saved_residuals alike.)"""
+    def loss(w, x):
+        s = checkpoint_name(jnp.fft.rfft(jnp.tanh(x @ w), axis=-1) * (1 + 0.5j), "spec")
+        return jnp.sum(jnp.fft.irfft(jnp.sin(s), n=8, axis=-1) ** 2)
+    w, x = rnd(0, (8, 8), 0.3), rnd(1, (2, 8))
+    step = jax.value_and_grad(loss)
+    want = jax.jit(step)(w, x)
+    for policy in ("nothing_saveable", "save_only_these_names(spec)", "auto(50%)"):
+        f = rp.jit(step, policy=policy, mode=mode)
+        assert_trees_close(leaves(f(w, x)), leaves(want), what=f"complex {policy} {mode}")
+    saved = [r for r in rp.jit(step, policy="save_only_these_names(spec)", mode=mode).lower(
+        w, x).residuals if not r.argument]
+    assert [(r.type, r.description.split(" from")[0]) for r in saved] == \
+        [("c64[2,5]", "named 'spec'")]
+
+
 def test_a_tie_leaves_an_e8m0_scale_alone():
     """On XLA:CPU a recomputation waits for the cotangent by data: its smallest computed
     input is multiplied by an exact 1 made in its own type (tie-to-cotangent). The type of
