@@ -1,5 +1,6 @@
 """How `rp.jit` takes a call's arguments apart (static, dynamic, by keyword), what of them
-a compiled program depends on (its signature), and where it puts them (`in_shardings`)."""
+a compiled program depends on (its signature), where it puts them (`in_shardings`), and a
+typed PRNG key as the data a split half takes (`key_data`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,8 @@ import inspect
 
 import jax
 import numpy as np
+
+from remat_passes import jax_compat
 
 
 def leaf_key(x) -> tuple:
@@ -25,6 +28,18 @@ def leaf_key(x) -> tuple:
         return (type(x),)
     a = np.asarray(x)
     return (a.shape, a.dtype, False, None)
+
+
+def key_data(x):
+    """A typed PRNG key array as the data a split half takes (the halves are programs of
+    their own, typed by their MLIR: a key is its `uint32` words there); anything else as
+    it is."""
+    if isinstance(x, jax.Array) and jax_compat.key_impl(x.dtype) is not None:
+        return jax.random.key_data(x)
+    if isinstance(x, jax.ShapeDtypeStruct) and jax_compat.key_impl(x.dtype) is not None:
+        data = jax.eval_shape(jax.random.key_data, x)     # (a spec: its words' shape)
+        return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=x.sharding)
+    return x
 
 
 def hashable(value, position: int | str):

@@ -50,7 +50,9 @@ reads it (RecurrentGemma: 530,304 B of temp -> 472,960 B, JAX's 459,136 B) but c
 Called under a JAX transformation (`api/traced.py`): inside `jax.jit` the joint form's
 rewritten program becomes part of the program being traced (`Exported.call`), and the split
 form, two executables, says it cannot; under `jax.vmap` it is `rp.jit(jax.vmap(fun, ...))`;
-inside `jax.shard_map` it refuses where an argument varies over the manual axes. On several
+inside `jax.shard_map` it refuses where an argument varies over the manual axes;
+differentiated from outside (`jax.grad(rp.jit(loss))`), a function with no backward of its
+own runs its rewritten split halves as a `jax.custom_vjp`'s (`api/differentiated.py`). On several
 devices (sharded arguments) the split form's backward takes the residuals sharded as the
 forward's executable returns them.
 
@@ -201,6 +203,8 @@ class Jitted:
                              "and donated")
         self._cache: dict = {}
         self._batched: dict = {}  # (call, in_axes) -> the Jitted of jax.vmap of the function
+        # signature -> the function differentiated from outside (api/differentiated)
+        self._differentiated: dict = {}
         self.builds = 0          # how many signatures were exported, rewritten, compiled
         functools.update_wrapper(self, fun)
 
@@ -270,7 +274,6 @@ class Jitted:
 
     # ----------------------------------------------------------------- building --
     def _build(self, call, dynamic) -> Lowered:
-        self.builds += 1
         n_pos = len(dynamic) - len(call.kw_names)
         dynamic_fun = self._bound(call, len(dynamic))
         shardings = {k: v for k, v in (("in_shardings", self.in_shardings),
@@ -305,6 +308,7 @@ class Jitted:
                 lowered.from_cache, lowered.rounded = hit, True
                 lowered.barrier_groups, lowered.tied = b.barrier_groups, b.tied
                 built.append(lowered)
+        self.builds += 1
         return smaller(built)
 
     def _bound(self, call, n_dynamic: int) -> Callable:
@@ -329,10 +333,9 @@ class Jitted:
         return barrier_variants(mode, self.tie_to_cotangent, self.barrier_groups,
                                 self.prevent_cse)
 
-    def _remat(self, exported, mode, name, variants, round_read_back=False) -> list:
-        """The rewritten module per barrier variant, from the disk cache when it has it:
-        [(module, was it)]. The ones it lacks are rewritten together (`remat_variants`: the
-        plan is made once)."""
+    def remat_options(self, mode: str, round_read_back: bool = False) -> dict:
+        """rp.remat's options for `mode` as this rp.jit asks for them (the barrier variant
+        aside: `_variants`)."""
         tie = self.tie_to_cotangent
         options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse,
                        tie_to_cotangent=needs_tie() if tie is None else tie,
@@ -346,6 +349,13 @@ class Jitted:
             options["scan_segments"] = self.scan_segments
         if self.scan_segments_offload:
             options["scan_segments_offload"] = self.scan_segments_offload
+        return options
+
+    def _remat(self, exported, mode, name, variants, round_read_back=False) -> list:
+        """The rewritten module per barrier variant, from the disk cache when it has it:
+        [(module, was it)]. The ones it lacks are rewritten together (`remat_variants`: the
+        plan is made once)."""
+        options = self.remat_options(mode, round_read_back)
 
         def key(v):
             if not self.cache_dir:
@@ -367,8 +377,9 @@ class Jitted:
                     raise
                 raise RematError(
                     f"error: rp.jit: {name} has no backward pass (no jax.grad, "
-                    "jax.value_and_grad or jax.vjp inside): there is nothing to "
-                    "rematerialize; use jax.jit") from None
+                    "jax.value_and_grad or jax.vjp inside): called alone there is nothing "
+                    f"to rematerialize; differentiate it from outside, "
+                    f"jax.grad(rp.jit({name})), or use jax.jit") from None
             for v, module in made.items():
                 if keys[v] is not None:
                     cache.store(self.cache_dir, keys[v], module)
@@ -446,7 +457,7 @@ class Jitted:
                 kw, len(e.out_avals), {j: asked[k] for k, (h, j) in enumerate(place) if h == half})
                 for half, kw, e in ((0, fwd_kw, fwd_exp), (1, bwd_kw, bwd_exp)))
         fwd = jax.jit(fwd_exp.call, donate_argnums=fwd_donated, **fwd_kw).lower(
-            *[_key_data(leaves[i]) for i in kept]).compile()
+            *[arguments.key_data(leaves[i]) for i in kept]).compile()
         in_kinds = jax_run.memory_kinds(module, "main_bwd", "arg_attrs")
         in_shardings = jax_run.placed_shardings(in_kinds, device) or [None] * len(in_kinds)
         if device is None:    # on several devices: the residuals as the forward hands them
@@ -485,7 +496,7 @@ class Jitted:
             flat = jax.tree_util.tree_leaves(dyn)
             if len(flat) != n_flat_in:
                 raise TypeError("rp.jit: arguments do not match the signature built for")
-            kept_args = [_key_data(flat[i]) for i in kept]
+            kept_args = [arguments.key_data(flat[i]) for i in kept]
             outs = fwd(*kept_args)
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             residuals = [None] * n_res
@@ -518,18 +529,6 @@ def _with_out_shardings(kw: dict, n: int, asked: dict) -> dict:
     for j, s in asked.items():
         sh[j] = s
     return dict(kw, out_shardings=sh[0] if n == 1 else tuple(sh))
-
-
-def _key_data(x):
-    """A typed PRNG key array as the data a split half takes (the halves are programs of
-    their own, typed by their MLIR: a key is its `uint32` words there); anything else as
-    it is."""
-    if isinstance(x, jax.Array) and jax_compat.key_impl(x.dtype) is not None:
-        return jax.random.key_data(x)
-    if isinstance(x, jax.ShapeDtypeStruct) and jax_compat.key_impl(x.dtype) is not None:
-        data = jax.eval_shape(jax.random.key_data, x)     # (a spec: its words' shape)
-        return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=x.sharding)
-    return x
 
 
 def _one_device(leaves):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import jax
 
 from remat_passes import jax_compat
-from remat_passes.api import arguments
+from remat_passes.api import arguments, differentiated
 from remat_passes.ir.mlir import RematError
 
 
@@ -67,32 +67,30 @@ def check_manual(jitted, leaves) -> None:
 def call_traced(jitted, call, dynamic, mode: str):
     """Called under a JAX transformation (inside jax.jit): the rewritten program becomes
     part of the program being traced (`Exported.call`), built for the tracers' shapes and
-    dtypes."""
-    if mode == "split":
-        raise RematError(
-            f"error: rp.jit: {_name(jitted)} in split form runs two executables and cannot "
-            "be called inside jax.jit or another JAX transformation: call it outside, or use "
-            "mode='joint' (then the rewritten program becomes part of the enclosing one)")
+    dtypes. Differentiated from outside, a function with no backward of its own runs as
+    `api/differentiated` builds it."""
     leaves, tree = jax.tree_util.tree_flatten(dynamic)
-    if jax_compat.autodiff_mode(leaves) == "forward":
+    differentiated_by = jax_compat.autodiff_mode(leaves)
+    if differentiated_by == "forward":
         raise _forward_mode(jitted)
+    if mode == "split" and differentiated_by is None:
+        raise _split_traced(jitted)
     placed = ([None] * len(leaves) if jitted.in_shardings is None else
               arguments.shardings_of(jitted.in_shardings, "in_shardings", dynamic))
     specs = jax.tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(
         x.shape, x.dtype, weak_type=getattr(x.aval, "weak_type", False), sharding=s)
         if isinstance(x, jax.core.Tracer) else x for x, s in zip(leaves, placed)])
+    if jitted._key(call, specs) in jitted._differentiated:
+        return differentiated.call(jitted, call, dynamic, specs)
     try:
-        return jitted._lowered(call, specs).traced(*dynamic)
+        lowered = jitted._lowered(call, specs)
+        if mode == "split":      # (differentiated from outside, with a backward of its own)
+            raise _split_traced(jitted)
+        return lowered.traced(*dynamic)
     except RematError as e:
-        if "has no backward pass" not in str(e) or jax_compat.autodiff_mode(leaves) is None:
+        if "has no backward pass" not in str(e) or differentiated_by is None:
             raise
-        raise RematError(
-            f"error: rp.jit: {_name(jitted)} is differentiated from outside (jax.grad or "
-            "jax.vjp of a function that calls it) and has no backward pass of its own: "
-            "rp.jit rewrites the backward a function computes itself, so put the "
-            f"differentiation inside, rp.jit(jax.value_and_grad({_name(jitted)})) or the "
-            "whole training step; to rematerialize part of a model, mark that part with "
-            "rp.checkpoint inside the step") from None
+        return differentiated.call(jitted, call, dynamic, specs)
     except TypeError as e:   # (forward mode further out: jax.hessian's jacfwd of a jacrev)
         if "forward-mode" not in str(e):
             raise
@@ -123,6 +121,13 @@ def call_traced(jitted, call, dynamic, mode: str):
             "that calls it inside jax.jit (or another transformation) batches jax.export's "
             "call, which JAX cannot do; vmap the rp.jit function itself, or put the vmap "
             "inside, rp.jit(jax.vmap(f, ...))") from None
+
+
+def _split_traced(jitted) -> RematError:
+    return RematError(
+        f"error: rp.jit: {_name(jitted)} in split form runs two executables and cannot "
+        "be called inside jax.jit or another JAX transformation: call it outside, or use "
+        "mode='joint' (then the rewritten program becomes part of the enclosing one)")
 
 
 def _forward_mode(jitted) -> RematError:

@@ -525,8 +525,8 @@ def test_a_function_without_a_backward_pass_is_a_clear_error():
 def test_differentiated_from_outside_reverse_mode_runs_forward_mode_is_a_clear_error():
     """jax.grad of a function calling an rp.jit gradient differentiates the rewritten
     program (a gradient of the gradient, equal to jax.grad's); forward mode, which JAX
-    refuses for an exported program (inside jax.jit only when it lowers), and a loss
-    without its own backward are errors that say what to do."""
+    refuses for an exported program (inside jax.jit only when it lowers), is an error that
+    says what to do."""
     def f(w, x):
         return jnp.sum(jnp.sin(jnp.tanh(x @ w)) ** 2)
     w, x = jnp.arange(16.0).reshape(4, 4) * 0.05, jnp.ones((2, 4))
@@ -541,9 +541,90 @@ def test_differentiated_from_outside_reverse_mode_runs_forward_mode_is_a_clear_e
         jax.jit(lambda a, b: jax.jvp(g, (a, b), (a, b)))(w, x)
     with pytest.raises(rp.RematError, match=forward):
         jax.jacfwd(g)(w, x)
-    with pytest.raises(rp.RematError, match=r"f is differentiated from outside.*"
-                                            r"rp.jit\(jax.value_and_grad\(f\)\)"):
-        jax.grad(rp.jit(f))(w, x)
+
+
+def _dropout_loss(params, x, key, tokens, scale=1.0):
+    """A loss with no backward of its own: a PRNG key and integer tokens among its
+    arguments, a static keyword."""
+    h = rp.checkpoint_name(jnp.tanh(x @ params["w1"]) * scale, "h")
+    h = jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h, 0.0) + tokens[:, None] * 0.01
+    return jnp.mean((jnp.sin(h) @ params["w2"]) ** 2)
+
+
+def test_a_loss_differentiated_from_outside_is_rematerialized():
+    """jax.grad(rp.jit(loss, policy=...)), as jax.grad(jax.checkpoint(loss, policy=...)):
+    the gradients are jax.grad's, eagerly and inside jax.jit (an optax step), built once
+    per signature; the forward the enclosing program runs keeps what the policy saves.
+    A second differentiation, jax.vmap around the differentiation (per-example gradients:
+    rp.jit of the vmapped gradient instead) and shardings are errors that say what to do."""
+    k = jax.random.PRNGKey(0)
+    params = {"w1": jax.random.normal(k, (16, 32)) * 0.3,
+              "w2": jax.random.normal(jax.random.fold_in(k, 1), (32, 4)) * 0.3}
+    x, key, tokens = jax.random.normal(k, (8, 16)), jax.random.key(3), jnp.arange(8)
+    f = rp.jit(_dropout_loss, policy="save_only_these_names(h)", static_argnames="scale")
+    want = jax.grad(_dropout_loss)(params, x, key, tokens, scale=2.0)
+    assert_trees_close(jax.grad(f)(params, x, key, tokens, scale=2.0), want)
+    assert_trees_close(jax.grad(f)(params, x, key, tokens, scale=2.0), want)   # (built)
+    assert f.builds == 1
+    value, grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(params, x, key, tokens)
+    want_value, want_grads = jax.value_and_grad(_dropout_loss, argnums=(0, 1))(
+        params, x, key, tokens)
+    assert_trees_close((value, grads), (want_value, want_grads))
+    opt = optax.adam(1e-2)
+
+    def train(loss_fn, p):
+        def one(carry, _):
+            p, s = carry
+            v, g = jax.value_and_grad(loss_fn)(p, x, key, tokens)
+            u, s = opt.update(g, s, p)
+            return (optax.apply_updates(p, u), s), v
+        return jax.jit(lambda p: jax.lax.scan(one, (p, opt.init(p)), None, length=3))(p)
+    assert_trees_close(train(f, params), train(_dropout_loss, params))
+    # what the enclosing program's forward keeps: the residuals the policy saves
+    jaxpr = jax.make_jaxpr(lambda p: jax.vjp(lambda q: f(q, x, key, tokens), p)[1])(params)
+    kept = [v.aval for v in jaxpr.jaxpr.outvars]
+    assert sorted(str(a) for a in kept if a.shape == (8, 32)) == ["float32[8,32]"]   # h
+    with pytest.raises(rp.RematError, match="differentiated twice from outside.*"
+                                            r"rp.jit\(jax.grad\(_dropout_loss\)\)"):
+        jax.grad(lambda p: jnp.sum(jax.grad(f)(p, x, key, tokens)["w2"]))(params)
+    per_example = (None, 0, None, None)
+    with pytest.raises(rp.RematError, match="under jax.vmap.*put both inside"):
+        jax.vmap(jax.grad(f), in_axes=per_example)(params, jnp.stack([x, x]), key, tokens)
+    inside = rp.jit(jax.vmap(jax.grad(_dropout_loss), in_axes=per_example),
+                    policy="save_only_these_names(h)")
+    assert_trees_close(inside(params, jnp.stack([x, x]), key, tokens),
+                       jax.vmap(jax.grad(_dropout_loss), in_axes=per_example)(
+                           params, jnp.stack([x, x]), key, tokens))
+    sharded = rp.jit(_dropout_loss, in_shardings=jax.sharding.SingleDeviceSharding(
+        jax.devices()[0]))
+    with pytest.raises(rp.RematError, match="in_shardings or out_shardings"):
+        jax.grad(sharded)(params, x, key, tokens)
+
+
+def test_a_loss_differentiated_from_outside_needs_no_more_than_jax_checkpoint():
+    """XLA's temp bytes of jax.jit(jax.grad(rp.jit(loss, policy))) are at most those of
+    jax.grad(jax.checkpoint(loss, policy)) + 2% (the benchmark conv net: jaxlib 0.12,
+    2,129,920 B against 2,719,744 B under both policies; 0.10, 2,793,472 B against
+    2,793,472 B under nothing_saveable, 2,494,464 B against 2,793,472 B under
+    dots_saveable), and the gradients are jax.grad's."""
+    from tools.benchmarks.models import MODELS
+    model = MODELS["convnet"]()
+    fn = model.build(lambda f: f)
+
+    def loss(*args):
+        return jnp.sum(fn(*args) ** 2) * 1e-3
+    argnums = tuple(i for i, a in enumerate(model.args)
+                    if all(jnp.issubdtype(x.dtype, jnp.inexact) for x in jax.tree.leaves(a)))
+
+    def temp(g):
+        return g.lower(*model.args).compile().memory_analysis().temp_size_in_bytes
+    want = jax.jit(jax.grad(loss, argnums=argnums))(*model.args)
+    for policy in ("nothing_saveable", "dots_saveable"):
+        ours = jax.jit(jax.grad(rp.jit(loss, policy=policy), argnums=argnums))
+        theirs = jax.jit(jax.grad(jax.checkpoint(
+            loss, policy=getattr(jax.checkpoint_policies, policy)), argnums=argnums))
+        assert temp(ours) <= 1.02 * temp(theirs), policy
+        assert_trees_close(ours(*model.args), want, what=policy)
 
 
 def test_bad_options_are_clear_errors():

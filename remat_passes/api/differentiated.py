@@ -1,0 +1,164 @@
+"""`rp.jit` of a function with no backward of its own, differentiated from outside:
+`jax.grad(rp.jit(loss, policy=...))`, as `jax.grad(jax.checkpoint(loss, policy=...))`.
+
+The function's joint VJP is exported (`rp.export_vjp`) and rewritten in split form:
+`main_fwd` (the arguments -> the outputs and the residuals the policy keeps) and
+`main_bwd` (the residuals and the outputs' cotangents -> the arguments' cotangents). A
+`jax.custom_vjp` runs the first as its forward and the second as its backward, each a
+jax.export'ed program (`Exported.call`), so the enclosing `jax.grad` (or `jax.vjp`, inside
+`jax.jit` or not) gets the residuals and the recomputation our passes chose, where JAX's own
+differentiation of the function would keep every activation.
+
+The halves run inside the program that differentiates the function: under `jax.jit` one XLA
+program holds both, as the joint form does, but XLA sees the halves' calling convention
+too. So the barrier variants built are those of the split form (on CPU the recomputation
+tied to the cotangent by data and not: on jaxlib 0.10 the benchmark MLP under
+`dots_saveable` needs 557,056 B of temp tied, 524,288 B untied, as jax.checkpoint; both
+groupings where barriers decide), and where nothing is recomputed each also with jax.checkpoint's
+`optimization_barrier` over the residuals and cotangents before the backward (XLA:CPU,
+jaxlib 0.12, the benchmark conv net under `everything_saveable`: 2,195,456 B of temp with
+it, as jax.checkpoint, 2,719,744 B without). The one kept is the smallest XLA footprint of
+the two halves composed into one program (`jax.value_and_grad`'s shape: arguments in,
+outputs and gradients out), as rp.jit keeps the smallest joint program
+(`api/variants.smaller`): a proxy, since the program that runs is the caller's (an optimizer's
+update around it; on the conv net under `dots_saveable`, jaxlib 0.12, the variant the proxy
+ranks first needs 2,129,920 B of temp in `jax.jit(jax.grad(...))`, another 2,064,384 B, and
+jax.checkpoint 2,719,744 B). Arguments that are not floating point (integer tokens, PRNG keys)
+get no cotangent (None: zero).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from remat_passes import jax_compat
+from remat_passes.api import arguments
+from remat_passes.api.remat import remat_variants
+from remat_passes.api.variants import recomputes_nothing
+from remat_passes.ir.mlir import RematError
+from remat_passes.jax import run as jax_run
+from remat_passes.jax.bridge import export_vjp
+
+
+def call(jitted, call_, dynamic, specs):
+    """Run `jitted`'s function on `dynamic` (tracers of jax.grad, jax.vjp) through a
+    custom_vjp of its rewritten split halves, built once per signature (`specs`)."""
+    key = jitted._key(call_, specs)
+    run = jitted._differentiated.get(key)
+    if run is None:
+        run = jitted._differentiated[key] = build(jitted, call_, specs)
+        jitted.builds += 1
+    return run(*dynamic)
+
+
+def build(jitted, call_, specs) -> Callable:
+    """The function of the dynamic arguments that runs the halves (module docstring)."""
+    name = getattr(jitted.fun, "__name__", "the function")
+    if jitted.in_shardings is not None or jitted.out_shardings is not None:
+        raise RematError(f"error: rp.jit: {name} has in_shardings or out_shardings, which "
+                         "differentiated from outside it does not take: put the "
+                         "differentiation inside, rp.jit(jax.value_and_grad(...), "
+                         "in_shardings=...)")
+    fun = jitted._bound(call_, len(specs))
+    in_leaves = jax.tree_util.tree_leaves(specs)
+    out_tree = jax.tree_util.tree_structure(jax.eval_shape(fun, *specs))
+    module = export_vjp(fun, *specs, jax_checkpoint=jitted.jax_checkpoint)
+    options = jitted.remat_options("split")
+    options.pop("round_read_back", None)     # (one program, as the joint form)
+    variants = jitted._variants("split")     # (on CPU tied to the cotangent and not)
+    made = []
+    for m in remat_variants(module, variants, **options):
+        if not any(m.bytecode() == o.bytecode() for o in made):
+            made.append(m)
+    # (where nothing is recomputed, also with jax.checkpoint's barrier over the residuals)
+    candidates = [(*_halves(m, len(in_leaves), out_tree.num_leaves), fence) for m in made
+                  for fence in ((False, True) if recomputes_nothing(module, m) else (False,))]
+    if len(candidates) > 1:
+        sizes = [_footprint(*c, out_tree.num_leaves) for c in candidates]
+        if None not in sizes:
+            candidates = [candidates[sizes.index(min(sizes))]]
+    fwd, bwd, fence = candidates[0]
+    differentiable = [jnp.issubdtype(x.dtype, jnp.inexact) for x in in_leaves]
+    return _custom_vjp(fwd, bwd, fence, out_tree, differentiable, name)
+
+
+def _halves(module, n_in: int, n_out: int) -> tuple:
+    """The split module's halves as JAX functions (`Exported.call`)."""
+    fwd = jax_compat.exported_for_call(module.to_exported("main_fwd"))[0]
+    bwd = jax_compat.exported_for_call(module.to_exported("main_bwd"))[0]
+    n_res = len(fwd.out_avals) - n_out
+    if len(fwd.in_avals) != n_in or len(bwd.in_avals) != n_res + n_out or \
+            len(bwd.out_avals) != n_in:
+        raise RematError("error: rp.jit: the rewritten halves do not keep the calling "
+                         "convention of the function's VJP (report this as a bug)")
+    return fwd, bwd
+
+
+def _backward(bwd, fence: bool, residuals, cotangents):
+    if fence:     # (as jax.checkpoint: the backward waits for them all)
+        residuals, cotangents = jax.lax.optimization_barrier((tuple(residuals),
+                                                              tuple(cotangents)))
+    return bwd.call(*residuals, *cotangents)
+
+
+def _footprint(fwd, bwd, fence: bool, n_out: int) -> int | None:
+    """XLA's footprint of the halves composed into one program as `jax.value_and_grad`
+    composes them: the arguments in, the outputs and the gradients out, each output's
+    cotangent ones (a loss's is 1)."""
+    ct_avals = bwd.in_avals[len(bwd.in_avals) - n_out:]
+
+    def composed(*args):
+        outs = fwd.call(*args)
+        ones = [jnp.ones(a.shape, a.dtype) for a in ct_avals]
+        return outs[:n_out], _backward(bwd, fence, outs[n_out:], ones)
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in fwd.in_avals]
+    return jax_run.footprint(jax.jit(composed).lower(*specs).compile())
+
+
+def _custom_vjp(fwd, bwd, fence: bool, out_tree, differentiable: list, name: str) -> Callable:
+    n_out = out_tree.num_leaves
+
+    def once(values) -> None:
+        """Refuse a second differentiation (the values traced by an outer one): the halves
+        are jax.export'ed programs with no derivative of their own (JAX's error came late,
+        in the outer backward pass: "No VJP is available")."""
+        if jax_compat.autodiff_mode(jax.tree_util.tree_leaves(values)) is not None:
+            raise RematError(
+                f"error: rp.jit: {name} is differentiated twice from outside (the gradient "
+                "of its gradient): its rewritten halves are jax.export'ed programs, which "
+                "have no derivative of their own; put the inner differentiation inside, "
+                f"rp.jit(jax.grad({name})), whose gradient JAX takes")
+
+    @jax.custom_vjp
+    def flat(*xs):
+        return tuple(fwd.call(*map(arguments.key_data, xs)))[:n_out]
+
+    def unbatched(values) -> None:
+        """Refuse jax.vmap around the differentiation (JAX's error: "Batching rule for
+        'call_exported' not implemented")."""
+        if jax_compat.vmap_batches(jax.tree_util.tree_leaves(values)):
+            raise RematError(
+                f"error: rp.jit: {name} is differentiated from outside under jax.vmap "
+                "(per-example gradients, jax.jacrev): its rewritten halves are "
+                "jax.export'ed programs, which JAX cannot batch; put both inside, "
+                f"rp.jit(jax.vmap(jax.grad({name}), ...))")
+
+    def flat_fwd(*xs):
+        once(xs)
+        unbatched(xs)
+        outs = tuple(fwd.call(*map(arguments.key_data, xs)))
+        return outs[:n_out], outs[n_out:]
+
+    def flat_bwd(residuals, cotangents):
+        once((residuals, cotangents))
+        unbatched((residuals, cotangents))
+        grads = _backward(bwd, fence, residuals, cotangents)
+        return tuple(g if d else None for g, d in zip(grads, differentiable))
+    flat.defvjp(flat_fwd, flat_bwd)
+
+    def run(*dynamic):
+        outs = flat(*jax.tree_util.tree_leaves(dynamic))
+        return jax.tree_util.tree_unflatten(out_tree, list(outs))
+    return run
