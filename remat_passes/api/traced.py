@@ -20,12 +20,12 @@
   collective over the axis cannot be exported alone and says so. The form that works is
   `rp.jit(jax.shard_map(step, ...))`, the backward inside the shard_map's body
   (`regions.loop_backward`).
-* Differentiated from outside (`jax.grad` of a function that calls it): reverse mode
-  differentiates the rewritten program (`Exported.call` has a VJP); a function with no
-  backward of its own has nothing to rematerialize, and the error says to put the
-  differentiation inside. Forward mode (`jax.jvp`, `jax.jacfwd`, `jax.hessian`) JAX refuses
-  for an exported call (inside jax.jit only when it lowers): refused at the call, in
-  rp.jit's words.
+* Differentiated from outside (`jax.grad` of a function that calls it): a function with a
+  backward of its own (a gradient step) is differentiated through the rewritten program
+  (`Exported.call` has a VJP: a gradient of the gradient); one without is rewritten as
+  `api/differentiated` builds it (`jax.grad(rp.jit(loss))`, in any form). Forward mode
+  (`jax.jvp`, `jax.jacfwd`, `jax.hessian`) JAX refuses for an exported call (inside
+  jax.jit only when it lowers): refused at the call, in rp.jit's words.
 * A function that closes over a value traced by an enclosing transformation (an argument
   of the `jax.jit` around the call) cannot be exported alone: said so, where jax.export's
   own error was "Too many leaves for PyTreeDef".
