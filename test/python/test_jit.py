@@ -601,6 +601,27 @@ def test_a_loss_differentiated_from_outside_is_rematerialized():
         jax.grad(sharded)(params, x, key, tokens)
 
 
+def test_a_flax_nnx_loss_differentiated_by_nnx_grad():
+    """Flax NNX differentiates a loss of a Module with `nnx.grad` (its own split of the
+    Module into state, then jax.grad): an rp.jit loss goes through it, and the gradients
+    are nnx.grad's of the plain loss."""
+    from flax import nnx
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.l1, self.l2 = nnx.Linear(8, 32, rngs=rngs), nnx.Linear(32, 4, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(rp.checkpoint_name(jax.nn.gelu(self.l1(x)), "act"))
+
+    def loss(model, x, y):
+        return jnp.mean((model(x) - y) ** 2)
+    model, x, y = Model(nnx.Rngs(0)), jnp.ones((16, 8)), jnp.zeros((16, 4))
+    got = nnx.state(nnx.grad(rp.jit(loss, policy="nothing_saveable"))(model, x, y))
+    assert_trees_close(jax.tree.leaves(got), jax.tree.leaves(nnx.state(nnx.grad(loss)(
+        model, x, y))))
+
+
 def test_a_loss_differentiated_from_outside_needs_no_more_than_jax_checkpoint():
     """XLA's temp bytes of jax.jit(jax.grad(rp.jit(loss, policy))) are at most those of
     jax.grad(jax.checkpoint(loss, policy)) + 2% (the benchmark conv net: jaxlib 0.12,
