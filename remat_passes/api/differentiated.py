@@ -24,7 +24,8 @@ outputs and gradients out), as rp.jit keeps the smallest joint program
 update around it; on the conv net under `dots_saveable`, jaxlib 0.12, the variant the proxy
 ranks first needs 2,129,920 B of temp in `jax.jit(jax.grad(...))`, another 2,064,384 B, and
 jax.checkpoint 2,719,744 B). Arguments that are not floating point (integer tokens, PRNG keys)
-get no cotangent (None: zero).
+get no cotangent (None: zero). With `cache_dir` the rewritten modules are kept on disk, as
+rp.jit keeps those of a step.
 """
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ import jax.numpy as jnp
 
 from remat_passes import jax_compat
 from remat_passes.api import arguments
-from remat_passes.api.remat import remat_variants
 from remat_passes.api.variants import recomputes_nothing
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax import run as jax_run
@@ -69,7 +69,7 @@ def build(jitted, call_, specs) -> Callable:
     options.pop("round_read_back", None)     # (one program, as the joint form)
     variants = jitted._variants("split")     # (on CPU tied to the cotangent and not)
     made = []
-    for m in remat_variants(module, variants, **options):
+    for m, _ in jitted._remat(module, "split", name, variants, options=options):
         if not any(m.bytecode() == o.bytecode() for o in made):
             made.append(m)
     # (where nothing is recomputed, also with jax.checkpoint's barrier over the residuals)

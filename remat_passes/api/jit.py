@@ -351,11 +351,13 @@ class Jitted:
             options["scan_segments_offload"] = self.scan_segments_offload
         return options
 
-    def _remat(self, exported, mode, name, variants, round_read_back=False) -> list:
+    def _remat(self, exported, mode, name, variants, round_read_back=False,
+               options: dict | None = None) -> list:
         """The rewritten module per barrier variant, from the disk cache when it has it:
         [(module, was it)]. The ones it lacks are rewritten together (`remat_variants`: the
-        plan is made once)."""
-        options = self.remat_options(mode, round_read_back)
+        plan is made once). `options`: rp.remat's, where not `remat_options(mode)`."""
+        if options is None:
+            options = self.remat_options(mode, round_read_back)
 
         def key(v):
             if not self.cache_dir:

@@ -601,6 +601,28 @@ def test_a_loss_differentiated_from_outside_is_rematerialized():
         jax.grad(sharded)(params, x, key, tokens)
 
 
+def test_a_loss_differentiated_from_outside_reads_the_disk_cache(tmp_path, monkeypatch):
+    """With cache_dir, the rewritten halves of a loss differentiated from outside are kept
+    on disk: a fresh rp.jit (another process's) rewrites none of them again (it only
+    exports the loss and finds that it has no backward of its own)."""
+    def loss(w, x):
+        return jnp.sum(jnp.sin(jnp.tanh(x @ w) @ w) ** 2)
+    w, x = jnp.arange(16.0).reshape(4, 4) * 0.05, jnp.ones((2, 4))
+    first = jax.grad(rp.jit(loss, policy="nothing_saveable", cache_dir=str(tmp_path)))(w, x)
+    assert list(tmp_path.glob("*.mlirbc"))
+    made = []
+    real = rp_jit.remat_variants
+
+    def counting(*args, **kwargs):
+        out = real(*args, **kwargs)      # (the export without a backward raises here)
+        made.append(len(out))
+        return out
+    monkeypatch.setattr(rp_jit, "remat_variants", counting)
+    again = jax.grad(rp.jit(loss, policy="nothing_saveable", cache_dir=str(tmp_path)))(w, x)
+    assert made == []
+    np.testing.assert_array_equal(again, first)
+
+
 def test_a_flax_nnx_loss_differentiated_by_nnx_grad():
     """Flax NNX differentiates a loss of a Module with `nnx.grad` (its own split of the
     Module into state, then jax.grad): an rp.jit loss goes through it, and the gradients
