@@ -42,6 +42,12 @@ from remat_passes.jax import run as jax_run
 from remat_passes.jax.bridge import export_vjp
 
 
+class NoBackward(RematError):
+    """rp.jit's function has no backward pass of its own (`Jitted._remat` says so): called
+    alone there is nothing to rematerialize; differentiated from outside, this module
+    builds it."""
+
+
 def call(jitted, call_, dynamic, specs):
     """Run `jitted`'s function on `dynamic` (tracers of jax.grad, jax.vjp) through a
     custom_vjp of its rewritten split halves, built once per signature (`specs`)."""
@@ -117,43 +123,40 @@ def _footprint(fwd, bwd, fence: bool, n_out: int) -> int | None:
     return jax_run.footprint(jax.jit(composed).lower(*specs).compile())
 
 
+def _alone(values, name: str) -> None:
+    """Refuse what the halves cannot take from outside, traced by another differentiation
+    (the gradient of the gradient; JAX's error came late, in the outer backward pass: "No
+    VJP is available") or by jax.vmap ("Batching rule for 'call_exported' not
+    implemented"): they are jax.export'ed programs, with neither rule of their own."""
+    leaves = jax.tree_util.tree_leaves(values)
+    if jax_compat.autodiff_mode(leaves) is not None:
+        raise RematError(
+            f"error: rp.jit: {name} is differentiated twice from outside (the gradient of "
+            "its gradient): its rewritten halves are jax.export'ed programs, which have no "
+            "derivative of their own; put the inner differentiation inside, "
+            f"rp.jit(jax.grad({name})), whose gradient JAX takes")
+    if jax_compat.vmap_batches(leaves):
+        raise RematError(
+            f"error: rp.jit: {name} is differentiated from outside under jax.vmap "
+            "(per-example gradients, jax.jacrev): its rewritten halves are jax.export'ed "
+            "programs, which JAX cannot batch; put both inside, "
+            f"rp.jit(jax.vmap(jax.grad({name}), ...))")
+
+
 def _custom_vjp(fwd, bwd, fence: bool, out_tree, differentiable: list, name: str) -> Callable:
     n_out = out_tree.num_leaves
-
-    def once(values) -> None:
-        """Refuse a second differentiation (the values traced by an outer one): the halves
-        are jax.export'ed programs with no derivative of their own (JAX's error came late,
-        in the outer backward pass: "No VJP is available")."""
-        if jax_compat.autodiff_mode(jax.tree_util.tree_leaves(values)) is not None:
-            raise RematError(
-                f"error: rp.jit: {name} is differentiated twice from outside (the gradient "
-                "of its gradient): its rewritten halves are jax.export'ed programs, which "
-                "have no derivative of their own; put the inner differentiation inside, "
-                f"rp.jit(jax.grad({name})), whose gradient JAX takes")
 
     @jax.custom_vjp
     def flat(*xs):
         return tuple(fwd.call(*map(arguments.key_data, xs)))[:n_out]
 
-    def unbatched(values) -> None:
-        """Refuse jax.vmap around the differentiation (JAX's error: "Batching rule for
-        'call_exported' not implemented")."""
-        if jax_compat.vmap_batches(jax.tree_util.tree_leaves(values)):
-            raise RematError(
-                f"error: rp.jit: {name} is differentiated from outside under jax.vmap "
-                "(per-example gradients, jax.jacrev): its rewritten halves are "
-                "jax.export'ed programs, which JAX cannot batch; put both inside, "
-                f"rp.jit(jax.vmap(jax.grad({name}), ...))")
-
     def flat_fwd(*xs):
-        once(xs)
-        unbatched(xs)
+        _alone(xs, name)
         outs = tuple(fwd.call(*map(arguments.key_data, xs)))
         return outs[:n_out], outs[n_out:]
 
     def flat_bwd(residuals, cotangents):
-        once((residuals, cotangents))
-        unbatched((residuals, cotangents))
+        _alone((residuals, cotangents), name)
         grads = _backward(bwd, fence, residuals, cotangents)
         return tuple(g if d else None for g, d in zip(grads, differentiable))
     flat.defvjp(flat_fwd, flat_bwd)

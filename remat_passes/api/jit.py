@@ -93,6 +93,7 @@ import jax
 
 from remat_passes import jax_compat
 from remat_passes.api import arguments, cache, traced
+from remat_passes.api.differentiated import NoBackward
 from remat_passes.api.lowered import Lowered, shape_key
 from remat_passes.api.remat import remat_variants
 from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, fences_chains,
@@ -377,7 +378,7 @@ class Jitted:
             except RematError as e:
                 if "cannot tell forward from backward" not in str(e):
                     raise
-                raise RematError(
+                raise NoBackward(
                     f"error: rp.jit: {name} has no backward pass (no jax.grad, "
                     "jax.value_and_grad or jax.vjp inside): called alone there is nothing "
                     f"to rematerialize; differentiate it from outside, "

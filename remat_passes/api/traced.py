@@ -87,8 +87,8 @@ def call_traced(jitted, call, dynamic, mode: str):
         if mode == "split":      # (differentiated from outside, with a backward of its own)
             raise _split_traced(jitted)
         return lowered.traced(*dynamic)
-    except RematError as e:
-        if "has no backward pass" not in str(e) or differentiated_by is None:
+    except differentiated.NoBackward:
+        if differentiated_by is None:
             raise
         return differentiated.call(jitted, call, dynamic, specs)
     except TypeError as e:   # (forward mode further out: jax.hessian's jacfwd of a jacrev)
