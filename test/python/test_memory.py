@@ -1126,6 +1126,26 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path, monkeyp
         assert needle in capsys.readouterr().err, bad
 
 
+def test_xla_dump_dumps_a_program_jax_has_cached(tmp_path):
+    """JAX's persistent compilation cache leaves --xla_dump_to out of its key: with a cache
+    that holds the programs (the second run into the same cache directory), XLA would compile,
+    and dump, none of them. xla_dump turns the cache off, so it dumps them every time."""
+    import sys
+    cache = tmp_path / "cache"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for run in ("first", "second"):
+        proc = run_process([sys.executable, "-m", "tools.benchmarks.xla_dump", "mlp", "none",
+                            str(tmp_path / run)], env=env, cwd=root, capture_output=True,
+                           text=True)
+        assert proc.returncode == 0, proc.stderr
+        for half in ("main_fwd", "main_bwd", "fwd", "bwd"):
+            assert list((tmp_path / run).rglob(f"module_*.jit_{half}.*buffer-assignment.txt")), \
+                (run, half)
+
+
 def test_xla_model_counts_split_k_partials_on_a_gpu():
     """XLA:GPU computes a product with a small output and a long contraction as partial
     products over slices of the contraction (split-K), summed afterwards: the partials are

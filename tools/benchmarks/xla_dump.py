@@ -38,6 +38,11 @@ def main(argv=None) -> int:
     if ynn_probe.supported():
         flags.append(ynn_probe.YNN_OFF)
     os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f)
+    # JAX's persistent compilation cache leaves --xla_dump_to out of its key: a program
+    # found there (JAX_COMPILATION_CACHE_DIR set, or a cache from an earlier run) is not
+    # compiled, so XLA would dump nothing of it
+    import jax
+    jax.config.update("jax_enable_compilation_cache", False)
 
     import remat_passes as rp
     from remat_passes.cost.memory import estimate_memory

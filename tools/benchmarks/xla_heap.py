@@ -1,8 +1,11 @@
 """XLA's packing of its heap, replayed over a dump's own live ranges: why its temp allocation
 can be larger than the most bytes its values hold at once (`xla_liveness`'s hole).
 
-    XLA_FLAGS=--xla_dump_to=/tmp/dump python my_program.py
+    XLA_FLAGS=--xla_dump_to=/tmp/dump JAX_ENABLE_COMPILATION_CACHE=false python my_program.py
     python -m tools.benchmarks.xla_heap /tmp/dump [NAME]
+
+(The cache off: JAX's persistent compilation cache leaves the dump flag out of its key,
+so a program it finds there is not compiled, and XLA dumps nothing of it.)
 
 As read in XLA's heap simulator (heap_simulator.cc: `HeapSimulator::RunComputation`,
 `GlobalDecreasingSizeBestFitHeap`, `ChooseBestHeapAlgorithm` over its spatial and temporal

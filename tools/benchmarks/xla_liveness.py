@@ -2,8 +2,11 @@
 fullest, and which values fill it. The counterpart of `estimate_memory`'s "live at the
 peak" line, for finding what the estimate misses.
 
-    XLA_FLAGS=--xla_dump_to=/tmp/dump python my_program.py
+    XLA_FLAGS=--xla_dump_to=/tmp/dump JAX_ENABLE_COMPILATION_CACHE=false python my_program.py
     python -m tools.benchmarks.xla_liveness /tmp/dump [NAME]
+
+(The cache off: JAX's persistent compilation cache leaves the dump flag out of its key,
+so a program it finds there is not compiled, and XLA dumps nothing of it.)
 
 NAME picks the module whose dump file names contain it (e.g. `jit_main_bwd`; by default the
 last module dumped). From `*after_optimizations.txt` (the scheduled HLO: the ENTRY's
