@@ -64,9 +64,10 @@ def build(jitted, call_, specs) -> Callable:
     name = getattr(jitted.fun, "__name__", "the function")
     if jitted.in_shardings is not None or jitted.out_shardings is not None:
         raise RematError(f"error: rp.jit: {name} has in_shardings or out_shardings, which "
-                         "differentiated from outside it does not take: put the "
-                         "differentiation inside, rp.jit(jax.value_and_grad(...), "
-                         "in_shardings=...)")
+                         "differentiated from outside it does not take: put them on the "
+                         "jax.jit around it (the halves are partitioned with the program "
+                         "that calls them), or the differentiation inside, "
+                         "rp.jit(jax.value_and_grad(...), in_shardings=...)")
     fun = jitted._bound(call_, len(specs))
     in_leaves = jax.tree_util.tree_leaves(specs)
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fun, *specs))
