@@ -47,7 +47,9 @@ def _one(directory: Path, name: str | None, suffix: str) -> Path:
         files = [f for f in files if name in f.name]
     if not files:
         raise SystemExit(f"error: no '*{suffix}' file{f' with {name!r}' if name else ''} "
-                         f"in {directory}")
+                         f"in {directory} (XLA dumps a program only when it compiles it: "
+                         "one that JAX's persistent compilation cache already holds is "
+                         "not; dump with JAX_ENABLE_COMPILATION_CACHE=false)")
     # the newest written (the module numbers are ids, not an order; as text they sort
     # module_264071 before module_84100)
     return max(files, key=lambda f: (f.stat().st_mtime_ns, f.name))
