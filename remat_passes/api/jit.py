@@ -24,8 +24,12 @@ Arguments and results are the function's own pytrees in both forms:
   On XLA:CPU of jaxlib >= 0.11 a cheap backward chain that a dot stores and other readers
   would compute again also gets a barrier of its own, so XLA computes it once
   (`fence_chains`, place-optimization-barriers' fence-chains; the Equinox benchmark model
-  under `nothing_saveable`: 4.76 MB -> 4.23 MB, joint). `fence_chains=True` (or False)
-  turns it on (off) on any backend; by default (None) it is on only where it was measured.
+  under `nothing_saveable`: 4.76 MB -> 4.23 MB, joint). In split form it does not lower
+  every program (RecurrentGemma under `nothing_saveable`: 6% more backward temp), so there
+  by default the smallest variant is also built without it where it placed a fence, and
+  the smaller runs (`.unfenced` says whether that one did). `fence_chains=True` (or False)
+  turns it on (off) on any backend, one way only; by default (None) it is on only where it
+  was measured.
 
 `barrier_groups` chooses where the optimization barriers go (place-optimization-barriers):
 "per-use" (one per recomputation, at its consumer), "per-region" (one per checkpoint region,
@@ -104,6 +108,7 @@ from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
 from remat_passes.jax import run as jax_run
 from remat_passes.jax.module import Module
+from remat_passes.passes.fences import CHAINS_FENCED
 from remat_passes.passes.remat_partial_eval import LEVELS
 from remat_passes.policy.policies import as_policy
 
@@ -285,6 +290,7 @@ class Jitted:
         donated = self._donated_positions(call, n_pos)
         variants = self._variants(mode)
         built, used, own = [], [], ties(exported) if any(v.tie for v in variants) else 0
+        asked = {}       # id(lowered): the variant it was built with
         for v, (module, hit) in zip(variants, self._remat(exported, mode,
                                                            dynamic_fun.__name__, variants)):
             if any(module.bytecode() == b.module.bytecode() for b in built):
@@ -295,6 +301,7 @@ class Jitted:
             lowered.tied = v.tie and ties(module) > own   # (placed, not only asked)
             built.append(lowered)
             used.append(v)
+            asked[id(lowered)] = v
         if mode == "joint" and self.prevent_cse and not rounds_read_back(mode) and \
                 recomputes_nothing(exported, built[0].module) and \
                 not all(r.argument for r in built[0].module.residuals or ()):
@@ -309,8 +316,39 @@ class Jitted:
                 lowered.from_cache, lowered.rounded = hit, True
                 lowered.barrier_groups, lowered.tied = b.barrier_groups, b.tied
                 built.append(lowered)
+                asked[id(lowered)] = asked[id(b)]
+        if mode == "split" and self.prevent_cse and self.fence_chains is None and \
+                fences_chains():
+            unfenced = self._unfenced(exported, mode, dynamic_fun.__name__, built, asked,
+                                      dynamic, donated)
+            if unfenced is not None:
+                built.append(unfenced)
         self.builds += 1
         return smaller(built)
+
+    def _unfenced(self, exported, mode, name, built, asked, dynamic, donated):
+        """fence-chains, on by default where it was measured (module docstring), makes XLA
+        compute a cheap backward chain once, which mostly lowers the footprint but not
+        always in split form: RecurrentGemma under nothing_saveable, XLA:CPU of jaxlib
+        0.12, 563,072 B of backward temp with its one fence, 530,304 B without (JAX's
+        530,432 B), XLA scheduling the separate backward otherwise around it. So in split
+        form the smallest variant is built again without it, where it placed a fence: the
+        Lowered of that (`unfenced`), or None. (Not in joint form, where no program measured
+        was larger with the fence, and one more compile would add half again to a build:
+        docs/passes.md.)"""
+        sizes = [b.footprint() for b in built]
+        best = built[0] if None in sizes else built[sizes.index(min(sizes))]
+        if not any(CHAINS_FENCED in r for r in best.module.remarks):
+            return None          # (no fence placed)
+        options = self.remat_options(mode, best.rounded)
+        del options["fence_chains"]
+        (module, hit), = self._remat(exported, mode, name, [asked[id(best)]], options=options)
+        build = self._build_joint if mode == "joint" else self._build_split
+        lowered = build(exported, module, dynamic, donated)
+        lowered.from_cache, lowered.unfenced = hit, True
+        lowered.barrier_groups, lowered.tied = best.barrier_groups, best.tied
+        lowered.rounded = best.rounded
+        return lowered
 
     def _bound(self, call, n_dynamic: int) -> Callable:
         """The function of the `n_dynamic` dynamic arguments alone (the positional ones, then

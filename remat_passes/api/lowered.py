@@ -26,6 +26,7 @@ class Lowered:
     barrier_groups: str = "per-use"  # where the optimization barriers went (module docstring)
     tied: bool = False           # the recomputation also waits for the cotangent by data
     rounded: bool = False        # residuals rounded to their own type (`round_read_back`)
+    unfenced: bool = False       # built without the fences of fence-chains, which were on
     footprints: dict = dataclasses.field(default_factory=dict)  # per variant built, bytes
     # the program as a JAX function, for a call under a JAX transformation (jax.jit of a
     # function that calls the rp.jit one): joint form only
@@ -37,9 +38,10 @@ class Lowered:
     @property
     def barriers(self) -> str:
         """The variant that runs, as `footprints` names it ("per-use", "per-use, tied",
-        "per-use, rounded")."""
-        return str(Barriers(self.barrier_groups, self.tied)) + (", rounded" if self.rounded
-                                                                else "")
+        "per-use, rounded", "per-region, tied, chains not fenced")."""
+        return (str(Barriers(self.barrier_groups, self.tied))
+                + (", rounded" if self.rounded else "")
+                + (", chains not fenced" if self.unfenced else ""))
 
     @property
     def residuals(self) -> list:

@@ -156,6 +156,11 @@ def duplicated_chain(v, is_shape) -> bool:
         sum(graph.type_bytes(u.type) for u in chain_inputs(v)) >= CHAIN_INPUTS_RATIO * size
 
 
+# the remark place-optimization-barriers makes where fence-chains placed a fence (rp.jit
+# then builds the program without them too, and runs the smaller)
+CHAINS_FENCED = "fence-chains gave"
+
+
 def fence_duplicated_chains(a, block, is_shape, note=None) -> int:
     """A backward value made by a cheap chain that XLA would compute once for a reader that
     stores it and again inside each of its other readers (`duplicated_chain`) gets one

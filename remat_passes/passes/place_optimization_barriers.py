@@ -118,8 +118,9 @@ from remat_passes.analysis.function import RecomputeGroup, recompute_groups
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id, stablehlo
 from remat_passes.passes.base import ModulePass, option, parse_bool
-from remat_passes.passes.fences import (fence_duplicated_chains, fence_early_clones,
-                                         fence_residual_producers)
+from remat_passes.passes.diagnostics import Remark
+from remat_passes.passes.fences import (CHAINS_FENCED, fence_duplicated_chains,
+                                         fence_early_clones, fence_residual_producers)
 
 
 def _incoming(group: RecomputeGroup, is_backward, cotangents) -> ir.Value | None:
@@ -658,6 +659,11 @@ class PlaceOptimizationBarriers(ModulePass):
             if self.fence_producers and placed and target == name and _manual_test(a) is None:
                 fence_residual_producers(a, graph.body_block(f), is_shape, note)
             if self.fence_chains and placed and _manual_test(a) is None:
-                fence_duplicated_chains(a, graph.body_block(f), is_shape, note)
+                fenced = fence_duplicated_chains(a, graph.body_block(f), is_shape, note)
+                if fenced:      # (rp.jit reads it: where none is, it builds no twin)
+                    state.remarks.append(Remark(
+                        f"@{target}: {CHAINS_FENCED} {fenced} backward value(s) a barrier "
+                        "of their own, so XLA computes each once for all its readers",
+                        f.location))
             if self.in_loops:
                 place_in_loops(f, tie=tie)

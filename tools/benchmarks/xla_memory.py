@@ -35,6 +35,7 @@ from remat_passes.api.variants import (barrier_variants, fences_chains, needs_ti
                                        recomputes_nothing, rounds_read_back)
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.memory import estimate_memory
+from remat_passes.passes.fences import CHAINS_FENCED
 from tools.benchmarks import common, ynn_probe
 from tools.benchmarks.cases import cases_for, jax_function
 from tools.benchmarks.models import MODELS, _identity
@@ -126,8 +127,9 @@ def our_halves(split, args) -> list[dict]:
 
 def our_split(module, policy, args, each=None, levels="auto") -> tuple:
     """Our split form as rp.jit builds it on this backend (`barrier_variants`: on CPU tied
-    to the cotangent and not; where XLA keeps barriers, per use and per region): the one
-    with the smaller footprint of its larger half (the first of equals). Returns (split
+    to the cotangent and not; where XLA keeps barriers, per use and per region; where
+    fence-chains is on by default and placed a fence, the smallest again without it): the
+    one with the smaller footprint of its larger half (the first of equals). Returns (split
     module, its halves, tied); each half says its grouping (`barriers`). `each(split)` is
     called after each variant is compiled (xla_dump: which dump files it wrote). `levels`:
     remat-partial-eval's (the sweep sets a two-level plan beside its one-level one)."""
@@ -147,8 +149,25 @@ def our_split(module, policy, args, each=None, levels="auto") -> tuple:
             half["loop_constants_inside"] = True      # (sink-loop-constants, 58d8aa4 on)
             half["fence_chains"] = fences_chains()
         if best is None or common.xla_peak(halves) < common.xla_peak(best[1]):
-            best = (split, halves, v.tie)
-    return best
+            best = (split, halves, v)
+    if fences_chains() and any(CHAINS_FENCED in r for r in best[0].remarks):
+        # (rp.jit's `_unfenced`: the smallest again without fence-chains, where it fenced)
+        split, halves, v = best
+        unfenced = rp.remat(module, policy, mode="split", tie_to_cotangent=v.tie,
+                            levels=levels, barrier_groups=v.groups,
+                            round_read_back=rounds_read_back("split"))
+        again = our_halves(unfenced, args)
+        if each is not None:
+            each(unfenced)
+        if common.xla_peak(again) < common.xla_peak(halves):
+            measured = set(again[0])      # (the rest says how it was built)
+            for half, old in zip(again, halves):
+                half.update({k: old[k] for k in old if k not in measured},
+                            fence_chains=False)
+            best = (unfenced, again, v)
+    for half in best[1]:
+        half["unfenced_considered"] = True
+    return best[0], best[1], best[2].tie
 
 
 def measure(keys=tuple(MODELS), log=print) -> dict:
