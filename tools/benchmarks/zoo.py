@@ -387,15 +387,16 @@ def _joint_footprints(exported, loss, policy, args) -> tuple[int, int]:
     return ours, common.xla_footprint(common.xla_memory(theirs))
 
 
-def _split_temps(module, checkpointed, policy, args) -> list:
-    """XLA's temp bytes of each split half, [[ours, JAX's] forward, [ours, JAX's] backward]:
-    ours as rp.jit builds the split form on this backend (the xla benchmark's
-    `our_split`), JAX's the forward and backward of `jax.vjp` of the checkpointed loss,
-    jitted apart (`jax_halves`)."""
+def _split_halves(module, checkpointed, policy, args) -> tuple[list, list]:
+    """XLA's temp bytes and footprints (temp + arguments + outputs) of each split half,
+    [[ours, JAX's] forward, [ours, JAX's] backward] each: ours as rp.jit builds the split
+    form on this backend (the xla benchmark's `our_split`), JAX's the forward and backward
+    of `jax.vjp` of the checkpointed loss, jitted apart (`jax_halves`)."""
     from tools.benchmarks import xla_memory
     _, ours, _ = xla_memory.our_split(module, policy, args)
     theirs = xla_memory.jax_halves(checkpointed, args)
-    return [[a["temp"], b["temp"]] for a, b in zip(ours, theirs)]
+    return ([[a["temp"], b["temp"]] for a, b in zip(ours, theirs)],
+            [[common.xla_footprint(a), common.xla_footprint(b)] for a, b in zip(ours, theirs)])
 
 
 def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
@@ -448,7 +449,8 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
                     row["footprint"] = list(_joint_footprints(module, loss, policy,
                                                               (params,)))
                 elif compiled:
-                    row["temp"] = _split_temps(module, checkpointed, policy, (params,))
+                    row["temp"], row["split_footprint"] = _split_halves(
+                        module, checkpointed, policy, (params,))
                 rows.append(row)
                 if policy == "dots_saveable" and form == "joint":
                     budget = row["activations"]
@@ -522,11 +524,15 @@ def checks(data) -> list[tuple[str, bool]]:
             a, b = r["footprint"]
             out.append((f"{name}: joint footprint {a:,} B vs JAX's {b:,} B", a <= b * 1.02))
         fewer = r["jax"][1] - r["ours"][1] if "jax" in r else 0
-        for half, (a, b) in zip(("forward", "backward"), r.get("temp", ())):
-            # (a value JAX keeps can be scratch in ours: say so beside the temp figure)
-            out.append((f"{name}: {half} temp {a:,} B vs JAX's {b:,} B" + (
-                f" (ours keeps {fewer:,} B fewer residuals)" if fewer > 0 and a > b else ""),
-                a <= b * 1.02))
+        footprints = r.get("split_footprint", [None, None])
+        for half, (a, b), fp in zip(("forward", "backward"), r.get("temp", ()), footprints):
+            # (a value JAX keeps can be scratch in ours: say so beside the temp figure, with
+            # the half's footprint, where the residual is an argument of JAX's backward)
+            why = f"ours keeps {fewer:,} B fewer residuals" if fewer > 0 and a > b else ""
+            if why and fp:
+                why += f"; the half's footprint {fp[0]:,} B vs JAX's {fp[1]:,} B"
+            out.append((f"{name}: {half} temp {a:,} B vs JAX's {b:,} B"
+                        + (f" ({why})" if why else ""), a <= b * 1.02))
         if "budget" in r:
             out.append((f"{name}: activations {r['activations']:,} B within the budget",
                         r["activations"] <= r["budget"]))
