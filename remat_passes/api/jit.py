@@ -316,17 +316,16 @@ class Jitted:
                 lowered.from_cache, lowered.rounded = hit, True
                 lowered.barrier_groups, lowered.tied = b.barrier_groups, b.tied
                 built.append(lowered)
-                asked[id(lowered)] = asked[id(b)]
         if mode == "split" and self.prevent_cse and self.fence_chains is None and \
                 fences_chains():
-            unfenced = self._unfenced(exported, mode, dynamic_fun.__name__, built, asked,
-                                      dynamic, donated)
+            unfenced = self._unfenced(exported, dynamic_fun.__name__, built, asked, dynamic,
+                                      donated)
             if unfenced is not None:
                 built.append(unfenced)
         self.builds += 1
         return smaller(built)
 
-    def _unfenced(self, exported, mode, name, built, asked, dynamic, donated):
+    def _unfenced(self, exported, name, built, asked, dynamic, donated):
         """fence-chains, on by default where it was measured (module docstring), makes XLA
         compute a cheap backward chain once, which mostly lowers the footprint but not
         always in split form: RecurrentGemma under nothing_saveable, XLA:CPU of jaxlib
@@ -334,20 +333,19 @@ class Jitted:
         530,432 B), XLA scheduling the separate backward otherwise around it. So in split
         form the smallest variant is built again without it, where it placed a fence: the
         Lowered of that (`unfenced`), or None. (Not in joint form, where no program measured
-        was larger with the fence, and one more compile would add half again to a build:
+        was larger with the fence, and one more compile would add two thirds to a build:
         docs/passes.md.)"""
         sizes = [b.footprint() for b in built]
         best = built[0] if None in sizes else built[sizes.index(min(sizes))]
         if not any(CHAINS_FENCED in r for r in best.module.remarks):
             return None          # (no fence placed)
-        options = self.remat_options(mode, best.rounded)
+        options = self.remat_options("split")
         del options["fence_chains"]
-        (module, hit), = self._remat(exported, mode, name, [asked[id(best)]], options=options)
-        build = self._build_joint if mode == "joint" else self._build_split
-        lowered = build(exported, module, dynamic, donated)
+        (module, hit), = self._remat(exported, "split", name, [asked[id(best)]],
+                                     options=options)
+        lowered = self._build_split(exported, module, dynamic, donated)
         lowered.from_cache, lowered.unfenced = hit, True
         lowered.barrier_groups, lowered.tied = best.barrier_groups, best.tied
-        lowered.rounded = best.rounded
         return lowered
 
     def _bound(self, call, n_dynamic: int) -> Callable:
