@@ -290,7 +290,6 @@ class Jitted:
         donated = self._donated_positions(call, n_pos)
         variants = self._variants(mode)
         built, used, own = [], [], ties(exported) if any(v.tie for v in variants) else 0
-        asked = {}       # id(lowered): the variant it was built with
         for v, (module, hit) in zip(variants, self._remat(exported, mode,
                                                            dynamic_fun.__name__, variants)):
             if any(module.bytecode() == b.module.bytecode() for b in built):
@@ -301,7 +300,6 @@ class Jitted:
             lowered.tied = v.tie and ties(module) > own   # (placed, not only asked)
             built.append(lowered)
             used.append(v)
-            asked[id(lowered)] = v
         if mode == "joint" and self.prevent_cse and not rounds_read_back(mode) and \
                 recomputes_nothing(exported, built[0].module) and \
                 not all(r.argument for r in built[0].module.residuals or ()):
@@ -318,31 +316,32 @@ class Jitted:
                 built.append(lowered)
         if mode == "split" and self.prevent_cse and self.fence_chains is None and \
                 fences_chains():
-            unfenced = self._unfenced(exported, dynamic_fun.__name__, built, asked, dynamic,
+            unfenced = self._unfenced(exported, dynamic_fun.__name__, built, used, dynamic,
                                       donated)
             if unfenced is not None:
                 built.append(unfenced)
         self.builds += 1
         return smaller(built)
 
-    def _unfenced(self, exported, name, built, asked, dynamic, donated):
+    def _unfenced(self, exported, name, built, used, dynamic, donated):
         """fence-chains, on by default where it was measured (module docstring), makes XLA
         compute a cheap backward chain once, which mostly lowers the footprint but not
         always in split form: RecurrentGemma under nothing_saveable, XLA:CPU of jaxlib
         0.12, 563,072 B of backward temp with its one fence, 530,304 B without (JAX's
         530,432 B), XLA scheduling the separate backward otherwise around it. So in split
         form the smallest variant is built again without it, where it placed a fence: the
-        Lowered of that (`unfenced`), or None. (Not in joint form, where no program measured
+        Lowered of that (`unfenced`), or None; `used[i]` is the variant `built[i]` was built
+        with. (Not in joint form, where no program measured
         was larger with the fence, and one more compile would add two thirds to a build:
         docs/passes.md.)"""
         sizes = [b.footprint() for b in built]
-        best = built[0] if None in sizes else built[sizes.index(min(sizes))]
+        i = 0 if None in sizes else sizes.index(min(sizes))
+        best = built[i]
         if not any(CHAINS_FENCED in r for r in best.module.remarks):
             return None          # (no fence placed)
         options = self.remat_options("split")
         del options["fence_chains"]
-        (module, hit), = self._remat(exported, "split", name, [asked[id(best)]],
-                                     options=options)
+        (module, hit), = self._remat(exported, "split", name, [used[i]], options=options)
         lowered = self._build_split(exported, module, dynamic, donated)
         lowered.from_cache, lowered.unfenced = hit, True
         lowered.barrier_groups, lowered.tied = best.barrier_groups, best.tied

@@ -165,8 +165,6 @@ def our_split(module, policy, args, each=None, levels="auto") -> tuple:
                 half.update({k: old[k] for k in old if k not in measured},
                             fence_chains=False)
             best = (unfenced, again, v)
-    for half in best[1]:
-        half["unfenced_considered"] = True
     return best[0], best[1], best[2].tie
 
 
