@@ -22,6 +22,10 @@
 # after the other, test_planner.py and test_property.py: 199 s -> 176 s (jax 0.12), 207 s
 # -> 191 s (jax 0.10.2). The key has XLA_FLAGS in it: the two parts share none.
 # REMAT_TEST_COMPILE_CACHE=0 compiles every time.
+#
+# REMAT_TEST_SLOW=0 leaves out the tests marked `slow` (a quarter of the suite's time in
+# about 25 tests): CI's middle leg (jax 0.11) runs so, the legs at both ends of the JAX
+# range run everything.
 set -u
 cd "$(dirname "$0")/.."
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
@@ -36,10 +40,14 @@ fast_flags="${XLA_FLAGS:-}"
 if [ "${REMAT_TEST_XLA_OPT:-0}" != "1" ]; then
   fast_flags="$fast_flags --xla_backend_optimization_level=0"
 fi
-XLA_FLAGS="$fast_flags" python -m pytest test/python -n "$workers" -m "not exact" "$@"
+marks=""
+if [ "${REMAT_TEST_SLOW:-1}" = "0" ]; then
+  marks=" and not slow"
+fi
+XLA_FLAGS="$fast_flags" python -m pytest test/python -n "$workers" -m "not exact$marks" "$@"
 rest_rc=$?
 # (only the files that hold such tests: collecting the others again takes half a minute)
-python -m pytest $(grep -l "pytest.mark.exact" test/python/test_*.py) -n "$workers" -m exact "$@"
+python -m pytest $(grep -l "pytest.mark.exact" test/python/test_*.py) -n "$workers" -m "exact$marks" "$@"
 exact_rc=$?
 # (a -k that selects tests of one part only leaves the other with none: exit 5)
 if [ "$rest_rc" -eq 5 ] && [ "$exact_rc" -eq 0 ]; then rest_rc=0; fi

@@ -1074,6 +1074,7 @@ def test_xla_liveness_reads_the_peak_of_a_dump(tmp_path):
         assert packed is None      # (no live ranges in the dump to replay)
 
 
+@pytest.mark.slow
 def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path, monkeypatch, capsys):
     """tools.benchmarks.xla_dump: one benchmark program's split halves, compiled with XLA's
     dump on under the names rp.compile gives them (jit_main_fwd, jit_main_bwd), each with
@@ -1126,6 +1127,7 @@ def test_xla_dump_sets_the_estimate_beside_xla_for_one_program(tmp_path, monkeyp
         assert needle in capsys.readouterr().err, bad
 
 
+@pytest.mark.slow
 def test_xla_dump_dumps_a_program_jax_has_cached(tmp_path):
     """JAX's persistent compilation cache leaves --xla_dump_to out of its key: with a cache
     that holds the programs (the second run into the same cache directory), XLA would compile,

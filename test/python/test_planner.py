@@ -340,6 +340,7 @@ def test_objective_peak_bounds_the_joint_peak():
     assert rp.estimate_memory(out, model="xla")["main"].peak_bytes <= budget
 
 
+@pytest.mark.slow
 def test_objective_peak_with_score_xla_bounds_what_xla_allocates():
     """auto(objective=peak, score=xla) weighs each trial plan by XLA's footprint of its joint
     program compiled (the forms the estimate weighs), not by the estimate: the program as
@@ -518,6 +519,7 @@ def test_objective_peak_looks_beyond_the_lowest_trials_lower_neighbour():
     assert abs(chosen.budget.resolve(0) - 340) <= 15 and len(set(tried)) <= 27
 
 
+@pytest.mark.slow
 def test_auto_stops_on_work_done_not_on_a_clock(monkeypatch):
     """auto's searches stop after a number of branch-and-bound nodes, so a loaded machine
     plans what an idle one does: every integer program it solves has a node limit, and
@@ -1033,6 +1035,7 @@ def compiled_flops(out, args, func="main") -> float:
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["block"])
 def test_score_xla_is_never_above_the_fixed_policies_in_xla_count(name):
     """auto(score=xla) at each fixed policy's bytes: within the budget, exact gradients,
@@ -1103,6 +1106,7 @@ def test_score_xla_from_the_command_line(tmp_path):
     assert f". Kept {kept}" in buf.getvalue() and f"{len(api.residuals)} value" in buf.getvalue()
 
 
+@pytest.mark.slow
 def test_monotone_from_the_command_line_and_in_the_sweep(tmp_path):
     """remat-opt reads monotone=true|larger|smaller in the spec (and rejects a bad value by
     name); --pareto-monotone sweeps with it (the rule larger unless named)."""
