@@ -331,9 +331,8 @@ class Jitted:
         530,432 B), XLA scheduling the separate backward otherwise around it. So in split
         form the smallest variant is built again without it, where it placed a fence: the
         Lowered of that (`unfenced`), or None; `used[i]` is the variant `built[i]` was built
-        with. (Not in joint form, where no program measured
-        was larger with the fence, and one more compile would add two thirds to a build:
-        docs/passes.md.)"""
+        with. (Not in joint form, where no program measured was larger with the fence, and
+        one more compile would add two thirds to a build: docs/passes.md.)"""
         sizes = [b.footprint() for b in built]
         i = 0 if None in sizes else sizes.index(min(sizes))
         best = built[i]
