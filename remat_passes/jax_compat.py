@@ -38,6 +38,8 @@ over in a shard_map
 the PRNG implementation of  a key dtype's `_impl`                         rp.jit
 a key type (to wrap a key
 returned by a split half)
+the settings a thread has   `jax._src.config.config_states`, a state's   rp.jit
+changed for itself          `value` and `get_global()`
 ==========================  ===========================================  =========
 
 What differs by version (the single list; tests ask the installed JAX for its
@@ -158,6 +160,27 @@ def aot_takes_sub_byte_results() -> bool:
     that disagree with the layouts of arguments"); 0.11.2 and 0.12 take it. (An array the
     user made passes on 0.10 too; so does any array through a plain `jax.jit` call.)"""
     return not _jaxlib_below((0, 11))
+
+
+def settings_of_this_thread() -> list[str] | None:
+    """The JAX settings this thread has changed for itself (`with jax.numpy_rank_promotion(
+    "raise"):` and the other configuration context managers are per thread), by name; None
+    where this JAX does not let us tell (its private `config_states`, the same from 0.10.2
+    to 0.12). Work handed to another thread runs with the global settings only."""
+    try:
+        from jax._src import config
+        states = list(config.config_states.items())
+    except (ImportError, AttributeError):
+        return None
+    changed = []
+    for name, state in states:
+        try:
+            local, shared = state.value, state.get_global()
+            if local is not shared and local != shared:
+                changed.append(name)
+        except Exception:     # (a value without a usable ==: count it as changed)
+            changed.append(name)
+    return changed
 
 
 def _jaxlib_below(version: tuple[int, ...]) -> bool:

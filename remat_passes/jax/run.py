@@ -6,6 +6,8 @@ come here).
 """
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -165,8 +167,10 @@ def compiled_cost(module, functions) -> tuple[float, str]:
     `auto(..., score=xla)` compares), and that backend's name."""
     def count():
         total = 0.0
-        for name in functions:
-            analysis = _compiled_alone(module, name, "score=xla").cost_analysis()
+        with compiling() as start:       # (the halves side by side)
+            waiting = [start(_lowered_alone(module, name, "score=xla")) for name in functions]
+            analyses = [wait().cost_analysis() for wait in waiting]
+        for analysis in analyses:
             if isinstance(analysis, (list, tuple)):
                 analysis = analysis[0] if analysis else {}
             analysis = analysis or {}
@@ -184,7 +188,7 @@ def compiled_memory(module, function: str) -> tuple[int, str]:
     `auto(..., objective=peak, score=xla)` bounds), and that backend's name."""
     what = "objective=peak with score=xla"
     size = _remembered(module, ("memory", function), what,
-                       lambda: footprint(_compiled_alone(module, function, what)))
+                       lambda: footprint(_lowered_alone(module, function, what).compile()))
     if size is None:
         raise RematError(f"error: {what} weighs each plan by XLA's memory_analysis(), which "
                          f"the {backend(what)} backend does not give: use score=model")
@@ -224,9 +228,47 @@ def footprint(executable) -> int | None:
                - m.alias_size_in_bytes)
 
 
-def _compiled_alone(module, name: str, what: str):
-    """`name` of a Module compiled for the default backend from its argument types alone,
-    for `what` (an option that compiles plans: one device, static shapes)."""
+COMPILE_THREADS_ENV = "REMAT_PASSES_COMPILE_THREADS"
+
+
+def compile_threads() -> int:
+    """How many XLA compiles may run side by side: $REMAT_PASSES_COMPILE_THREADS, else the
+    CPUs this process may use. A RematError for a value that is not a whole number >= 1."""
+    text = os.environ.get(COMPILE_THREADS_ENV, "").strip()
+    if text:
+        if text.isdigit() and int(text) >= 1:
+            return int(text)
+        raise RematError(f"error: {COMPILE_THREADS_ENV}={text!r}: give a whole number of "
+                         "threads, 1 or more (1 compiles one program after another)")
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # (not on Linux)
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def compiling():
+    """A function `start(lowering)` that starts XLA's compilation of a `jax.jit(...).lower(
+    ...)` and gives back a function that waits for its executable. Several started compile
+    side by side in threads (up to `compile_threads()` of them): XLA compiles without
+    holding Python's lock, and the lowering before, MLIR work under that lock, stays in the
+    calling thread. One after another where one thread is asked for, and where this thread
+    has changed a JAX setting for itself (a configuration context manager: another thread
+    would compile with the global value)."""
+    threads = compile_threads()
+    if threads == 1 or jax_compat.settings_of_this_thread() != []:
+        def start_now(lowering):
+            executable = lowering.compile()
+            return lambda: executable
+        yield start_now
+        return
+    with concurrent.futures.ThreadPoolExecutor(threads, "remat-passes-compile") as pool:
+        yield lambda lowering: pool.submit(lowering.compile).result
+
+
+def _lowered_alone(module, name: str, what: str):
+    """`name` of a Module lowered for the default backend from its argument types alone, to
+    compile, for `what` (an option that compiles plans: one device, static shapes)."""
     backend(what)
     try:
         exported = to_exported(module, name)
@@ -239,7 +281,7 @@ def _compiled_alone(module, name: str, what: str):
         raise RematError(f"error: {what} compiles each plan for one device; @{name} "
                          f"runs on {exported.nr_devices}")
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
-    return jax.jit(_named(exported.call, name)).lower(*avals).compile()
+    return jax.jit(_named(exported.call, name)).lower(*avals)
 
 
 def memory_kinds(module, function: str, which: str) -> list:

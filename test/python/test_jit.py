@@ -6,6 +6,7 @@ signature, donation as in jax.jit."""
 from __future__ import annotations
 
 import re
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,8 @@ import remat_passes as rp
 from remat_passes import jax_compat
 from remat_passes.api import jit as rp_jit
 from remat_passes.core.residuals import activation_bytes
+from remat_passes.ir.mlir import RematError
+from remat_passes.jax import run as jax_run
 from remat_testlib import assert_trees_close, run_process
 from tools.benchmarks import common
 
@@ -444,6 +447,63 @@ def test_by_default_the_smallest_is_also_built_without_fences_and_the_smaller_ru
                          cache_dir=False).lower(*sample)
         assert not one_way.unfenced and not any(k.endswith("not fenced")
                                                 for k in one_way.footprints)
+
+
+def test_the_programs_of_a_build_compile_side_by_side_as_one_thread_builds_them(monkeypatch):
+    """rp.jit compiles the programs of a build side by side (`jax_run.compiling`: XLA
+    compiles without Python's lock; a split build of four variants is eight compiles).
+    Live: the compiles run in the worker threads, and the build is the one
+    REMAT_PASSES_COMPILE_THREADS=1 makes, one compile after another in the calling thread:
+    the same variants with the same XLA footprints, the same one running, the same step
+    results bit for bit."""
+    params = init(jax.random.key(0))
+    sample = (params, OPT.init(params), next(batches(1)))
+    threads = []
+    compile_lowered = jax.stages.Lowered.compile
+
+    def recorded(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return compile_lowered(self, *args, **kwargs)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
+    built = {}
+    for n in ("2", "1"):
+        monkeypatch.setenv(jax_run.COMPILE_THREADS_ENV, n)
+        threads.clear()
+        built[n] = rp.jit(step, policy="dots_saveable", mode="split",
+                          cache_dir=False).lower(*sample)
+        assert len(threads) >= 2 * len(built[n].footprints) >= 4, (threads, built[n].footprints)
+        assert all(t.startswith("remat-passes-compile") if n == "2"
+                   else t == threading.current_thread().name for t in threads), threads
+    side, serial = built["2"], built["1"]
+    assert side.footprints == serial.footprints and side.barriers == serial.barriers
+    assert side.module.text() == serial.module.text()
+    for a, b in zip(jax.tree.leaves(side(*sample)), jax.tree.leaves(serial(*sample))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_compiles_stay_in_the_calling_thread_where_it_changed_a_jax_setting(monkeypatch):
+    """JAX's configuration context managers are per thread; a compile in another thread
+    would not see what this one set (`jax.log_compiles(True)` here). Such a build
+    compiles in the calling thread. A thread count that is not one is a clear error."""
+    params = init(jax.random.key(0))
+    sample = (params, OPT.init(params), next(batches(1)))
+    threads = []
+    compile_lowered = jax.stages.Lowered.compile
+
+    def recorded(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return compile_lowered(self, *args, **kwargs)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
+    monkeypatch.setenv(jax_run.COMPILE_THREADS_ENV, "2")
+    with jax.log_compiles(True):
+        assert jax_compat.settings_of_this_thread() == ["jax_log_compiles"]
+        rp.jit(step, policy="dots_saveable", mode="joint", cache_dir=False).lower(*sample)
+    assert threads and set(threads) == {threading.current_thread().name}
+    for bad in ("0", "many", "-2"):
+        monkeypatch.setenv(jax_run.COMPILE_THREADS_ENV, bad)
+        with pytest.raises(RematError, match=f"REMAT_PASSES_COMPILE_THREADS='{bad}': give a "
+                           "whole number of threads, 1 or more"):
+            rp.jit(step, policy="dots_saveable", cache_dir=False).lower(*sample)
 
 
 def test_tied_says_whether_a_tie_was_placed():
