@@ -90,9 +90,10 @@ on disk, so that another process with the same program skips the pipeline (see
 The programs of one build (each variant above; two per variant in split form) are lowered
 one after another and compiled side by side, up to one XLA compile per CPU
 (`$REMAT_PASSES_COMPILE_THREADS`, 1: one after another; `jax_run.compiling`). Measured on
-2 CPUs, jax 0.12, test_jit's training step, best of 3: split `dots_saveable` (ten
-compiles) 7.47 s -> 5.93 s, joint 3.01 s -> 1.96 s (`jax.jit`: 1.1 s); XLA:CPU's own
-compile already keeps about 1.5 CPUs busy.
+2 CPUs, test_jit's training step, medians of 5 interleaved: split `dots_saveable` (ten
+compiles on jax 0.12) 7.28 s -> 6.74 s on jax 0.12, 3.55 s -> 3.12 s on 0.10.2; joint
+2.90 s -> 2.65 s on 0.12 (`jax.jit`: 1.1 s). Two CPUs leave little room: XLA:CPU's own
+compile already keeps about 1.5 of them busy. More CPUs were not measured.
 """
 from __future__ import annotations
 
