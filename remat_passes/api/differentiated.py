@@ -83,7 +83,9 @@ def build(jitted, call_, specs) -> Callable:
     candidates = [(*_halves(m, len(in_leaves), out_tree.num_leaves), fence) for m in made
                   for fence in ((False, True) if recomputes_nothing(module, m) else (False,))]
     if len(candidates) > 1:
-        sizes = [_footprint(*c, out_tree.num_leaves) for c in candidates]
+        with jax_run.compiling() as start:      # (side by side)
+            waiting = [start(_composed(*c, out_tree.num_leaves)) for c in candidates]
+            sizes = [jax_run.footprint(wait()) for wait in waiting]
         if None not in sizes:
             candidates = [candidates[sizes.index(min(sizes))]]
     fwd, bwd, fence = candidates[0]
@@ -110,10 +112,10 @@ def _backward(bwd, fence: bool, residuals, cotangents):
     return bwd.call(*residuals, *cotangents)
 
 
-def _footprint(fwd, bwd, fence: bool, n_out: int) -> int | None:
-    """XLA's footprint of the halves composed into one program as `jax.value_and_grad`
-    composes them: the arguments in, the outputs and the gradients out, each output's
-    cotangent ones (a loss's is 1)."""
+def _composed(fwd, bwd, fence: bool, n_out: int):
+    """The halves composed into one program as `jax.value_and_grad` composes them, lowered
+    to compile for XLA's footprint: the arguments in, the outputs and the gradients out,
+    each output's cotangent ones (a loss's is 1)."""
     ct_avals = bwd.in_avals[len(bwd.in_avals) - n_out:]
 
     def composed(*args):
@@ -121,7 +123,7 @@ def _footprint(fwd, bwd, fence: bool, n_out: int) -> int | None:
         ones = [jnp.ones(a.shape, a.dtype) for a in ct_avals]
         return outs[:n_out], _backward(bwd, fence, outs[n_out:], ones)
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in fwd.in_avals]
-    return jax_run.footprint(jax.jit(composed).lower(*specs).compile())
+    return jax.jit(composed).lower(*specs)
 
 
 def _alone(values, name: str) -> None:
