@@ -449,6 +449,19 @@ def test_by_default_the_smallest_is_also_built_without_fences_and_the_smaller_ru
                                                 for k in one_way.footprints)
 
 
+def compiling_threads(monkeypatch) -> list:
+    """The names of the threads that compile each `jax.jit(...).lower(...)` from now on,
+    in the order the compiles start (a list that fills)."""
+    threads = []
+    compile_lowered = jax.stages.Lowered.compile
+
+    def recorded(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return compile_lowered(self, *args, **kwargs)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
+    return threads
+
+
 def test_the_programs_of_a_build_compile_side_by_side_as_one_thread_builds_them(monkeypatch):
     """rp.jit compiles the programs of a build side by side (`jax_run.compiling`: XLA
     compiles without Python's lock; a split build of four variants is eight compiles).
@@ -458,13 +471,7 @@ def test_the_programs_of_a_build_compile_side_by_side_as_one_thread_builds_them(
     results bit for bit."""
     params = init(jax.random.key(0))
     sample = (params, OPT.init(params), next(batches(1)))
-    threads = []
-    compile_lowered = jax.stages.Lowered.compile
-
-    def recorded(self, *args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return compile_lowered(self, *args, **kwargs)
-    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
+    threads = compiling_threads(monkeypatch)
     built = {}
     for n in ("2", "1"):
         monkeypatch.setenv(jax_run.COMPILE_THREADS_ENV, n)
@@ -487,13 +494,7 @@ def test_compiles_stay_in_the_calling_thread_where_it_changed_a_jax_setting(monk
     compiles in the calling thread. A thread count that is not one is a clear error."""
     params = init(jax.random.key(0))
     sample = (params, OPT.init(params), next(batches(1)))
-    threads = []
-    compile_lowered = jax.stages.Lowered.compile
-
-    def recorded(self, *args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return compile_lowered(self, *args, **kwargs)
-    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
+    threads = compiling_threads(monkeypatch)
     monkeypatch.setenv(jax_run.COMPILE_THREADS_ENV, "2")
     with jax.log_compiles(True):
         assert jax_compat.settings_of_this_thread() == ["jax_log_compiles"]
