@@ -232,14 +232,18 @@ COMPILE_THREADS_ENV = "REMAT_PASSES_COMPILE_THREADS"
 
 
 def compile_threads() -> int:
-    """How many XLA compiles may run side by side: $REMAT_PASSES_COMPILE_THREADS, else the
-    CPUs this process may use. A RematError for a value that is not a whole number >= 1."""
+    """How many XLA compiles may run side by side: $REMAT_PASSES_COMPILE_THREADS, else on
+    the CPU backend the CPUs this process may use, and 1 on the others: XLA:GPU measures
+    kernels on the device as it compiles (autotuning), and compiles side by side there are
+    not measured yet. A RematError for a value that is not a whole number >= 1."""
     text = os.environ.get(COMPILE_THREADS_ENV, "").strip()
     if text:
         if text.isdigit() and int(text) >= 1:
             return int(text)
         raise RematError(f"error: {COMPILE_THREADS_ENV}={text!r}: give a whole number of "
                          "threads, 1 or more (1 compiles one program after another)")
+    if jax.default_backend() != "cpu":
+        return 1
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:          # (not on Linux)

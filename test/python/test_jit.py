@@ -5,6 +5,7 @@ A small decoder-like model trained with optax AdamW: the same losses and paramet
 signature, donation as in jax.jit."""
 from __future__ import annotations
 
+import os
 import re
 import threading
 
@@ -491,7 +492,10 @@ def test_the_programs_of_a_build_compile_side_by_side_as_one_thread_builds_them(
 def test_compiles_stay_in_the_calling_thread_where_it_changed_a_jax_setting(monkeypatch):
     """JAX's configuration context managers are per thread; a compile in another thread
     would not see what this one set (`jax.log_compiles(True)` here). Such a build
-    compiles in the calling thread. A thread count that is not one is a clear error."""
+    compiles in the calling thread. By default one compile per CPU on the CPU backend, one
+    at a time on the others (XLA:GPU autotunes on the device as it compiles);
+    REMAT_PASSES_COMPILE_THREADS sets it anywhere, and a value that is not a thread count
+    is a clear error."""
     params = init(jax.random.key(0))
     sample = (params, OPT.init(params), next(batches(1)))
     threads = compiling_threads(monkeypatch)
@@ -500,6 +504,14 @@ def test_compiles_stay_in_the_calling_thread_where_it_changed_a_jax_setting(monk
         assert jax_compat.settings_of_this_thread() == ["jax_log_compiles"]
         rp.jit(step, policy="dots_saveable", mode="joint", cache_dir=False).lower(*sample)
     assert threads and set(threads) == {threading.current_thread().name}
+    monkeypatch.delenv(jax_run.COMPILE_THREADS_ENV)
+    if jax.default_backend() == "cpu":        # by default: one per CPU there, 1 elsewhere
+        assert jax_run.compile_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert jax_run.compile_threads() == 1
+    monkeypatch.setenv(jax_run.COMPILE_THREADS_ENV, "3")
+    assert jax_run.compile_threads() == 3
+    monkeypatch.undo()
     for bad in ("0", "many", "-2"):
         monkeypatch.setenv(jax_run.COMPILE_THREADS_ENV, bad)
         with pytest.raises(RematError, match=f"REMAT_PASSES_COMPILE_THREADS='{bad}': give a "
