@@ -38,8 +38,9 @@ over in a shard_map
 the PRNG implementation of  a key dtype's `_impl`                         rp.jit
 a key type (to wrap a key
 returned by a split half)
-the settings a thread has   `jax._src.config.config_states`, a state's   rp.jit
-changed for itself          `value` and `get_global()`
+the settings a thread has   `jax._src.config.config_states`, a state's   run
+changed for itself (to      `value` and `get_global()`                    (compiling)
+compile in another or not)
 ==========================  ===========================================  =========
 
 What differs by version (the single list; tests ask the installed JAX for its

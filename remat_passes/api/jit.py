@@ -543,7 +543,7 @@ class Jitted:
         bwd_compiling = start(bwd_jit.lower(*res_avals))
         # (jaxlib 0.10 refuses a 4-bit residual the forward returns in a call of the
         # compiled backward: there the backward runs through jax.jit, which takes it)
-        bwd_compiled = jax_compat.aot_takes_sub_byte_results() or all(
+        calls_compiled_bwd = jax_compat.aot_takes_sub_byte_results() or all(
             jax.dtypes.itemsize_bits(res_avals[r].dtype) >= 8 for r in made)
         n_fwd_out, out_tree = len(fwd_out), ex.out_tree
         # the halves take and give a typed PRNG key as its data: wrap the keys returned
@@ -554,7 +554,7 @@ class Jitted:
 
         def finish():
             fwd, bwd = fwd_compiling(), bwd_compiling()
-            call_bwd = bwd if bwd_compiled else bwd_jit
+            call_bwd = bwd if calls_compiled_bwd else bwd_jit
 
             def run(*dyn):
                 flat = jax.tree_util.tree_leaves(dyn)
