@@ -53,7 +53,8 @@ reads it (RecurrentGemma: 530,304 B of temp -> 472,960 B, JAX's 459,136 B) but c
 
 Called under a JAX transformation (`api/traced.py`): inside `jax.jit` the joint form's
 rewritten program becomes part of the program being traced (`Exported.call`), and the split
-form, two executables, says it cannot; under `jax.vmap` it is `rp.jit(jax.vmap(fun, ...))`;
+form, two executables, says it cannot; under `jax.vmap` it is `rp.jit(jax.vmap(fun, ...))`
+(also where the vmap is around a jax.jit that calls it);
 inside `jax.shard_map` it refuses where an argument varies over the manual axes;
 differentiated from outside (`jax.grad(rp.jit(loss))`), a function with no backward of its
 own runs its rewritten split halves as a `jax.custom_vjp`'s (`api/differentiated.py`). On several

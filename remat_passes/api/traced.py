@@ -8,8 +8,10 @@
   options (the vmap's axis name too, for collectives inside), through
   `jax.custom_batching.custom_vmap`, in either form; its results all batched, as
   `out_axes=0`. Only there: custom_vmap has no reverse-mode rule, so under `jax.grad` the
-  call keeps `Exported.call`. A call inside a `jax.jit` that is vmapped in turn cannot be
-  batched (`Exported.call` has no batching rule; JAX's error says so).
+  call keeps `Exported.call`. A call inside a `jax.jit` that is vmapped later
+  (`jax.vmap(jax.jit(g))`, g calling the rp.jit function) is batched by the same rule
+  (`batchable`); a derivative of that vmap refuses, in rp.jit's words (the derivative is
+  jax.export's, which JAX cannot batch).
 * Inside `jax.shard_map` (or `jax.pmap`), the function would be exported alone, without the
   shard_map's axis names and its types (which values vary over the manual axes): where an
   argument varies, `check_manual` refuses. JAX sums the gradient of an argument replicated
@@ -86,6 +88,8 @@ def call_traced(jitted, call, dynamic, mode: str):
         lowered = jitted._lowered(call, specs)
         if mode == "split":      # (differentiated from outside, with a backward of its own)
             raise _split_traced(jitted)
+        if differentiated_by is None:     # (inside jax.jit: batchable should it be vmapped)
+            return batchable(jitted, call, dynamic, lowered.traced)
         return lowered.traced(*dynamic)
     except differentiated.NoBackward:
         if differentiated_by is None:
@@ -123,6 +127,18 @@ def call_traced(jitted, call, dynamic, mode: str):
             "inside, rp.jit(jax.vmap(f, ...))") from None
 
 
+def _not_batched(jitted, values) -> None:
+    """Refuse to differentiate the call where JAX batches the derivative (a gradient of a
+    jax.vmap of the jax.jit around it): the derivative is jax.export's call's VJP, which JAX
+    cannot batch."""
+    if jax_compat.vmap_batches(jax.tree_util.tree_leaves(values)):
+        raise RematError(
+            f"error: rp.jit: {_name(jitted)} is differentiated from outside a jax.vmap of "
+            "the jax.jit that calls it: the derivative of its rewritten program is "
+            "jax.export's, which JAX cannot batch; vmap the rp.jit function itself (jax.jit "
+            "inside the vmap), or put the vmap inside, rp.jit(jax.vmap(f, ...))")
+
+
 def _split_traced(jitted) -> RematError:
     return RematError(
         f"error: rp.jit: {_name(jitted)} in split form runs two executables and cannot "
@@ -149,27 +165,83 @@ def _closes_over_tracers(jitted, call, specs) -> bool:
     return any(isinstance(c, jax.core.Tracer) for c in consts)
 
 
-def call_batched(jitted, call, dynamic):
-    """Called under jax.vmap (module docstring)."""
+def _check_batchable(jitted) -> None:
     if jitted.in_shardings is not None or jitted.out_shardings is not None:
         raise RematError(f"error: rp.jit: {_name(jitted)} has in_shardings or out_shardings, "
                          "which do not say how to shard the batch axis of jax.vmap: put the "
                          "vmap inside, rp.jit(jax.vmap(f, ...), in_shardings=...)")
-    fun = jitted._bound(call, len(dynamic))
+
+
+def _run_batched(jitted, call, in_batched, args, axis: dict):
+    """A custom_vmap rule's answer: rp.jit of the function vmapped as `in_batched` says (a
+    pytree of bools like `args`), a Jitted of its own per way of batching with `jitted`'s
+    options, run on `args`; its results all batched."""
+    fun = jitted._bound(call, len(args))
+    in_axes = tuple(jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched))
+    flags, tree = jax.tree_util.tree_flatten(in_batched)
+    key = (call, tree, tuple(flags), tuple(sorted(axis.items(), key=str)))
+    inner = jitted._batched.get(key)
+    if inner is None:
+        donated = jitted._donated_positions(call, len(args) - len(call.kw_names))
+        inner = jitted._batched[key] = jitted.like(
+            jax.vmap(fun, in_axes=in_axes, **axis), donated)
+    out = inner(*args)
+    return out, jax.tree_util.tree_map(lambda _: True, out)
+
+
+def call_batched(jitted, call, dynamic):
+    """Called under jax.vmap (module docstring)."""
+    _check_batchable(jitted)
     axis = jax_compat.vmap_axis()     # (its name, for collectives inside the function)
-    batched = jax.custom_batching.custom_vmap(fun)
+    batched = jax.custom_batching.custom_vmap(jitted._bound(call, len(dynamic)))
 
     @batched.def_vmap
     def rule(axis_size, in_batched, *args):
         del axis_size
-        in_axes = tuple(jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched))
-        flags, tree = jax.tree_util.tree_flatten(in_batched)
-        key = (call, tree, tuple(flags), tuple(sorted(axis.items(), key=str)))
-        inner = jitted._batched.get(key)
-        if inner is None:
-            donated = jitted._donated_positions(call, len(args) - len(call.kw_names))
-            inner = jitted._batched[key] = jitted.like(
-                jax.vmap(fun, in_axes=in_axes, **axis), donated)
-        out = inner(*args)
-        return out, jax.tree_util.tree_map(lambda _: True, out)
+        return _run_batched(jitted, call, in_batched, args, axis)
     return batched(*dynamic)
+
+
+def batchable(jitted, call, dynamic, run):
+    """`run(*dynamic)` (the rewritten program's `Exported.call`, traced inside jax.jit with
+    nothing differentiating it yet), in a form JAX can batch should it vmap that jax.jit
+    later (`jax.vmap(jax.jit(g))`, where g calls the rp.jit function): jax.export's call
+    has no batching rule, so a `custom_vmap` runs `_run_batched` there, as `call_batched`
+    does (without the vmap's axis name, which the rule is not told: a collective over it
+    inside the function cannot be exported alone in any case). custom_vmap has no
+    reverse-mode rule, so a `custom_vjp` around it differentiates `run` as JAX would
+    (`Exported.call`'s own VJP: the gradient of the gradient). The program is the same:
+    both inline at lowering."""
+    leaves, tree = jax.tree_util.tree_flatten(dynamic)
+    out_tree = []
+
+    def flat_run(*xs):
+        out = run(*jax.tree_util.tree_unflatten(tree, xs))
+        flat, out_tree[:] = jax.tree_util.tree_flatten(out), []
+        out_tree.append(flat[1])
+        return flat[0]
+
+    batched = jax.custom_batching.custom_vmap(flat_run)
+
+    @batched.def_vmap
+    def rule(axis_size, in_batched, *xs):
+        del axis_size
+        _check_batchable(jitted)
+        out, _ = _run_batched(jitted, call, jax.tree_util.tree_unflatten(tree, in_batched),
+                              jax.tree_util.tree_unflatten(tree, xs), {})
+        flat = jax.tree_util.tree_leaves(out)
+        return flat, [True] * len(flat)
+
+    @jax.custom_vjp
+    def differentiable(*xs):
+        return batched(*xs)
+
+    def fwd(*xs):     # (as Exported.call's own VJP: the arguments are the residuals)
+        return batched(*xs), xs
+
+    def bwd(xs, cotangents):
+        _not_batched(jitted, (xs, cotangents))
+        return jax.vjp(flat_run, *xs)[1](cotangents)
+    differentiable.defvjp(fwd, bwd)
+    outs = differentiable(*leaves)
+    return jax.tree_util.tree_unflatten(out_tree[0], outs)

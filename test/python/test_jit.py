@@ -1097,6 +1097,46 @@ def test_inside_jax_jit_a_closure_over_a_traced_value_is_a_clear_error():
     assert_trees_close(got, jax.jit(lambda w, x: step(w * 2, x))(w, x))
 
 
+def test_under_a_vmapped_jax_jit_it_is_rp_jit_of_the_vmapped_function():
+    """An rp.jit function called inside a jax.jit that is vmapped in turn
+    (`jax.vmap(jax.jit(g))`): JAX batched the exported program's call and failed with
+    "Batching rule for 'call_exported' not implemented". Now it is batched as under jax.vmap
+    directly: jax.jit's answer, nested vmaps and a PRNG key too. The program compiled for
+    jax.jit(g) is that of the exported call alone; a gradient through that jax.jit (of the
+    gradient) is still jax.grad's; a derivative of the vmapped jax.jit is a clear error."""
+    def step(w, x, key):
+        def loss(w):
+            h = jnp.tanh(x @ w)
+            return jnp.mean(jnp.where(jax.random.bernoulli(key, 0.8, h.shape), h, 0.0) ** 2)
+        return jax.value_and_grad(loss)(w)
+    w, xs = jnp.eye(4) * 0.5, jnp.linspace(-1, 1, 24).reshape(3, 2, 4)
+    keys = jax.random.split(jax.random.key(0), 3)
+    f = rp.jit(step, policy="nothing_saveable")
+    g = jax.jit(lambda w, x, key: f(w, x, key))
+    assert_trees_close(jax.vmap(g, in_axes=(None, 0, 0))(w, xs, keys),
+                       jax.vmap(step, in_axes=(None, 0, 0))(w, xs, keys))
+    assert_trees_close(
+        jax.vmap(jax.vmap(g, in_axes=(None, 0, None)), in_axes=(None, 0, None))(
+            w, xs[:, None], keys[0]),
+        jax.vmap(jax.vmap(step, in_axes=(None, 0, None)), in_axes=(None, 0, None))(
+            w, xs[:, None], keys[0]))
+    assert f.builds == 1 and len(f._batched) == 2
+    exported = f.lower(w, xs[0], keys[0]).traced
+
+    def instructions(jitted):    # (the HLO without its name, source locations, stack frames)
+        text = jitted.lower(w, xs[0], keys[0]).compile().as_text()
+        return [re.sub(r", metadata=\{[^}]*\}", "", line) for line in text.splitlines()[1:]
+                if not re.match(r"(\d+ |FileNames|FunctionNames|FileLocations|StackFrames)",
+                                line)]
+    assert instructions(g) == instructions(jax.jit(lambda w, x, key: exported(w, x, key)))
+    second = lambda f: lambda a: jnp.sum(jax.jit(f)(a, xs[0], keys[0])[1] ** 2)
+    np.testing.assert_allclose(jax.grad(second(f))(w), jax.grad(second(step))(w),
+                               rtol=1e-5, atol=1e-7)
+    with pytest.raises(rp.RematError, match="differentiated from outside a jax.vmap of the "
+                                            "jax.jit.*vmap the rp.jit function itself"):
+        jax.grad(lambda a: jnp.sum(jax.vmap(g, in_axes=(None, 0, 0))(a, xs, keys)[0]))(w)
+
+
 def test_under_jax_vmap_what_cannot_be_batched_is_a_clear_error():
     """Under jax.vmap of a derivative of an rp.jit function, the call JAX batches is
     jax.export's, which it cannot batch; the error says so and what does work. An rp.jit
