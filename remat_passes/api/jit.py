@@ -92,7 +92,8 @@ The programs of one build (each variant above; two per variant in split form) ar
 one after another and, on the CPU backend, compiled side by side, up to one XLA compile per
 CPU (`$REMAT_PASSES_COMPILE_THREADS` sets the number on any backend, 1: one after another;
 `jax_run.compiling`; on a GPU, where XLA autotunes on the device as it compiles, one after
-another unless asked, until it is measured there). Measured on
+another unless asked, until it is measured there: `python -m tools.benchmarks.compile_threads`,
+device_round.sh's compile-threads step). Measured on
 2 CPUs, test_jit's training step, medians of 5 interleaved: split `dots_saveable` (ten
 compiles on jax 0.12) 7.28 s -> 6.74 s on jax 0.12, 3.55 s -> 3.12 s on 0.10.2; joint
 2.90 s -> 2.65 s on 0.12 (`jax.jit`: 1.1 s). Two CPUs leave little room: XLA:CPU's own

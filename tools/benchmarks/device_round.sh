@@ -15,6 +15,9 @@
 #             results/ on the host; stops after BARRIERS_LIMIT seconds, default 540, with
 #             the rows it measured and "complete": false)
 #   barriers-chains   the same with fence-chains forced on ($OUT/barriers_gpu_chains_on.json)
+#   compile-threads   rp.jit's build with its compiles side by side (16 threads) against one
+#             at a time, and whether it chose the same ($OUT/compile_threads.json; about
+#             24 builds of the training benchmark's step; the GPU default waits on it)
 #   (not by default. Run these through this script, or with JAX_PLATFORMS=cuda: `python -m
 #   tools.benchmarks` runs on the CPU unless told otherwise, and 2026-11-30 a bare barriers
 #   run on the device measured XLA:CPU)
@@ -137,6 +140,9 @@ for step in "${steps[@]}"; do
         || { file="$OUT/barriers_gpu_chains_on.json"; flags=(--fence-chains on); }
       python3 -m tools.benchmarks barriers --out "$file" "${flags[@]}" \
         --time-limit "${BARRIERS_LIMIT:-540}" 2>&1 | grep -v "^[IW][0-9]" | tail -n 5 ;;
+    compile-threads)
+      python3 -m tools.benchmarks.compile_threads --threads "${COMPILE_THREADS:-16}" \
+        --rounds 3 --out "$OUT/compile_threads.json" 2>&1 | grep "^compile_threads" ;;
     mlp|equinox|convnet|gpt|mlp-scan|gpt-scan)
       python3 -m tools.benchmarks xla --models "$step" --merge && save ;;
     none) ;;
