@@ -18,6 +18,9 @@
 #   compile-threads   rp.jit's build with its compiles side by side (16 threads) against one
 #             at a time, and whether it chose the same ($OUT/compile_threads.json; about
 #             24 builds of the training benchmark's step; the GPU default waits on it)
+#   train     the training benchmark (rp.jit, jax.grad(rp.jit(loss)) and jax.checkpoint
+#             beside jax.jit: step time and XLA's memory) on the GPU ($OUT/train_gpu.json;
+#             the page's train.json is the CPU's: keep it apart on the host)
 #   (not by default. Run these through this script, or with JAX_PLATFORMS=cuda: `python -m
 #   tools.benchmarks` runs on the CPU unless told otherwise, and 2026-11-30 a bare barriers
 #   run on the device measured XLA:CPU)
@@ -143,6 +146,9 @@ for step in "${steps[@]}"; do
     compile-threads)
       python3 -m tools.benchmarks.compile_threads --threads "${COMPILE_THREADS:-16}" \
         --rounds 3 --out "$OUT/compile_threads.json" 2>&1 | grep "^compile_threads" ;;
+    train)
+      python3 -m tools.benchmarks train 2>&1 | grep "^\[\|train" | tail -n 40
+      cp tools/benchmarks/results/train.json "$OUT/train_gpu.json" ;;
     mlp|equinox|convnet|gpt|mlp-scan|gpt-scan)
       python3 -m tools.benchmarks xla --models "$step" --merge && save ;;
     none) ;;
