@@ -24,7 +24,7 @@
 # REMAT_TEST_COMPILE_CACHE=0 compiles every time.
 #
 # REMAT_TEST_SLOW=0 leaves out the tests marked `slow` (two fifths of the suite's time in
-# 32 tests): CI's legs on the oldest JAX and on 0.11 run so, the one on the newest runs
+# 33 tests): CI's legs on the oldest JAX and on 0.11 run so, the one on the newest runs
 # everything.
 set -u
 cd "$(dirname "$0")/.."

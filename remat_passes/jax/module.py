@@ -193,9 +193,9 @@ def compiled_cost(module_op, functions) -> tuple[float, str]:
     return run.compiled_cost(Module(module_op), functions)
 
 
-def compiled_memory(module_op, function) -> tuple[int, str]:
-    """XLA's footprint of `function` of an ir.Module and the backend's name
-    (`run.compiled_memory`): `PassState.compiled_memory`, for
-    `auto(objective=peak, score=xla)`."""
+def compiled_memory(programs) -> tuple[list, str]:
+    """XLA's footprint of each (ir.Module, function name) of `programs` (an iterable, taken
+    as the compiles go) and the backend's name (`run.compiled_memory`: side by side):
+    `PassState.compiled_memory`, for `auto(objective=peak, score=xla)`."""
     from remat_passes.jax import run
-    return run.compiled_memory(Module(module_op), function)
+    return run.compiled_memory((Module(op), function) for op, function in programs)

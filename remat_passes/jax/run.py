@@ -6,6 +6,7 @@ come here).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -177,22 +178,45 @@ def compiled_cost(module, functions) -> tuple[float, str]:
             total += float(analysis.get("flops", 0.0)) + float(
                 analysis.get("transcendentals", 0.0))
         return total
-    return _remembered(module, ("cost", tuple(functions)), "score=xla", count), \
+    key = _key(module, ("cost", tuple(functions)), "score=xla")
+    return (_MEASURED[key] if key in _MEASURED else _store(key, count())), \
         backend("score=xla")
 
 
-def compiled_memory(module, function: str) -> tuple[int, str]:
-    """What `function` of a Module holds on the device as XLA compiles it for the default
-    backend from its argument types alone: its arguments, outputs (less those aliased to
-    donated arguments) and scratch buffer, from `memory_analysis()` (what
-    `auto(..., objective=peak, score=xla)` bounds), and that backend's name."""
+def compiled_memory(programs) -> tuple[list, str]:
+    """What each (Module, function name) of `programs` holds on the device as XLA compiles
+    it for the default backend from its argument types alone: its arguments, outputs (less
+    those aliased to donated arguments) and scratch buffer, from `memory_analysis()` (what
+    `auto(..., objective=peak, score=xla)` bounds), and that backend's name. The compiles
+    run side by side (`compiling`): `programs`, an iterable, is taken as they go, with at
+    most `compile_threads()` compiles under way, so that the caller makes each program (a
+    trial plan) while those before it compile, and no more of them are held at once."""
     what = "objective=peak with score=xla"
-    size = _remembered(module, ("memory", function), what,
-                       lambda: footprint(_lowered_alone(module, function, what).compile()))
-    if size is None:
+    threads = compile_threads()
+    keys: list = []
+    found: dict = {}                                    # key -> footprint, this call's
+    pending: collections.deque = collections.deque()    # (key, wait): compiling
+    with compiling() as start:
+        def finish_oldest():
+            key, wait = pending.popleft()
+            found[key] = _store(key, footprint(wait()))
+        for module, function in programs:
+            key = _key(module, ("memory", function), what)
+            keys.append(key)
+            if key in found or any(k == key for k, _ in pending):
+                continue        # (two trial plans that made the same program)
+            if key in _MEASURED:
+                found[key] = _MEASURED[key]
+                continue
+            pending.append((key, start(_lowered_alone(module, function, what))))
+            if len(pending) >= threads:
+                finish_oldest()
+        while pending:
+            finish_oldest()
+    if any(found[key] is None for key in keys):
         raise RematError(f"error: {what} weighs each plan by XLA's memory_analysis(), which "
                          f"the {backend(what)} backend does not give: use score=model")
-    return size, backend(what)
+    return [found[key] for key in keys], backend(what)
 
 
 # what compiled_cost and compiled_memory measured, by the program's text: trial plans at
@@ -202,17 +226,21 @@ _MEASURED: dict = {}
 _MEASURED_MAX = 512
 
 
-def _remembered(module, what: tuple, option: str, measure):
-    """`measure()`, once per (`what`, module text, backend, XLA_FLAGS); `option` names what
-    compiles, for the error where JAX starts no backend."""
+def _key(module, what: tuple, option: str) -> tuple:
+    """The key of the measurement `what` of `module` in `_MEASURED`: the module's text, the
+    backend and XLA_FLAGS; `option` names what compiles, for the error where JAX starts no
+    backend."""
     text = hashlib.sha256(str(module).encode()).hexdigest()
-    key = (what, text, backend(option), os.environ.get("XLA_FLAGS", ""))
-    if key not in _MEASURED:
-        if len(_MEASURED) >= _MEASURED_MAX:
-            for old in list(_MEASURED)[:_MEASURED_MAX // 2]:
-                del _MEASURED[old]
-        _MEASURED[key] = measure()
-    return _MEASURED[key]
+    return (what, text, backend(option), os.environ.get("XLA_FLAGS", ""))
+
+
+def _store(key, value):
+    """`value`, kept in `_MEASURED` under `key`."""
+    if len(_MEASURED) >= _MEASURED_MAX:
+        for old in list(_MEASURED)[:_MEASURED_MAX // 2]:
+            del _MEASURED[old]
+    _MEASURED[key] = value
+    return value
 
 
 def footprint(executable) -> int | None:

@@ -121,7 +121,9 @@ class PassState:
       `(module_op, functions) -> (XLA's FLOP count, backend name)` (rp.remat and remat-opt
       give `remat_passes.jax.run.compiled_cost`; a bare pipeline has none);
     * `compiled_memory`: what `auto(objective=peak, score=xla)` compiles its trial plans
-      with, `(module_op, function) -> (XLA's footprint in bytes, backend name)` (likewise);
+      with, `programs -> ([XLA's footprint in bytes of each], backend name)`, `programs`
+      an iterable of (module_op, function) that it takes as its compiles go, side by side
+      (likewise);
     * `progress`: while `auto` plans trial budgets (objective=peak, score=xla, monotone),
       the `Progress` each trial plan advances.
     """

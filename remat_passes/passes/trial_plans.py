@@ -95,9 +95,10 @@ class TrialPlans:
         """auto(objective=peak): plan trial residual budgets on copies of the module and
         measure each plan's joint peak as XLA would allocate it (`estimate_memory`'s "xla"
         model, for the JAX backend in use; with score=xla, XLA's footprint of the program
-        compiled, `state.compiled_memory`); `for_peak` chooses among them. With the
-        estimate, where the pipeline has a compiler (rp.remat, rp.jit, remat-opt), the
-        choice is checked against XLA's footprint of it compiled (`for_peak`'s `check`)."""
+        compiled, `state.compiled_memory`, side by side); `for_peak` chooses among them.
+        With the estimate, where the pipeline has a compiler (rp.remat, rp.jit,
+        remat-opt), the choice is checked against XLA's footprint of it compiled
+        (`for_peak`'s `check`)."""
         from remat_passes.cost.memory import estimate_memory
         from remat_passes.cost.xla_schedule import deletes_barriers
         compiled = policy.score == "xla"
@@ -109,39 +110,53 @@ class TrialPlans:
                           _is_loop_body(state, self.func), policy)
         one_grouping = deletes_barriers() and jax_compat.xla_cpu_fuses_across_barriers()
 
-        def measured(candidate, compile_it):
-            # the default pipeline, joint form (barriers split fusions): (peak, cost)
-            def peak(rest):
-                copy, st = self._trial(candidate, module_op, state, rest)
-                own = state.compiled_memory(copy, self.func)[0] if compile_it else \
-                    estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
-                        self.func].peak_bytes
-                return own, st.plan_reports[self.func][0].solution.cost
+        def measured(candidates, compile_it):
+            # each plan's (peak, cost) in the default pipeline, joint form (barriers split
+            # fusions); recomputing nothing, rp.jit also builds the plan with JAX's one
+            # barrier where barriers decide, else with its residuals rounded, and runs the
+            # smaller (api/variants). Compiled, each plan is made while those before it
+            # compile (side by side: state.compiled_memory)
+            by_budget = {c.budget.resolve(0): c for c in candidates}
 
-            def made():
-                own, cost = peak(self._rest_of_pipeline())
-                if cost:
-                    return own, cost
-                # recomputing nothing, rp.jit also builds the plan with JAX's one barrier
-                # where barriers decide, else with its residuals rounded, and runs the
-                # smaller (api/variants)
-                return min(own, peak(self._rest_of_pipeline(
-                    "per-use" if one_grouping else "per-region", one_grouping))[0]), cost
-            return trials.remembered(memo, "compiled peak" if compile_it else "peak",
-                                     candidate.budget.resolve(0), made)
+            def made_all(rbs):
+                costs, owners = {}, []
+
+                def plans():
+                    for rb in rbs:
+                        for nothing_recomputed in (False, True):
+                            if nothing_recomputed and costs[rb]:
+                                break
+                            rest = self._rest_of_pipeline(
+                                "per-use" if one_grouping else "per-region", one_grouping) \
+                                if nothing_recomputed else self._rest_of_pipeline()
+                            copy, st = self._trial(by_budget[rb], module_op, state, rest)
+                            costs.setdefault(rb, st.plan_reports[self.func][0].solution.cost)
+                            owners.append(rb)
+                            yield copy, st
+                if compile_it:
+                    peaks = state.compiled_memory((copy, self.func) for copy, _ in plans())[0]
+                else:
+                    peaks = [estimate_memory(copy, dim_symbols=st.dim_symbols, model="xla")[
+                        self.func].peak_bytes for copy, st in plans()]
+                lowest: dict = {}
+                for rb, peak in zip(owners, peaks):
+                    lowest[rb] = min(lowest.get(rb, peak), peak)
+                return [(lowest[rb], costs[rb]) for rb in rbs]
+            return trials.remembered_all(memo, "compiled peak" if compile_it else "peak",
+                                         [c.budget.resolve(0) for c in candidates], made_all)
 
         failed = []
 
         def check(candidate):
             try:
-                return measured(candidate, True)[0]
+                return measured([candidate], True)[0][0]
             except Exception as e:   # (an optional check: the estimate's plan stands)
                 failed.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
                 return None
         checks = not compiled and policy.check and state.compiled_memory is not None and \
             policy.offload is None and not _is_loop_body(state, self.func)
         choice = for_peak(policy, minimum_bytes(problem), problem.no_remat_bytes(),
-                          lambda candidate: measured(candidate, compiled),
+                          lambda candidates: measured(candidates, compiled),
                           check if checks else None)
         self._remark_peak_check(policy, choice, failed, state)
         return choice.policy

@@ -200,9 +200,10 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial, check=None) -> PeakCho
     neighbours (measured: Equinox's valley at residual budget 281,815 B, which the trials
     at 223,104 and 334,656 B straddle), again (`REFINE_ROUNDS` times at most) while none
     fits.
-    `trial(candidate)` plans the module for a candidate policy and returns (joint peak
-    bytes, modelled recompute cost): the pipeline runner does that on a copy of the
-    module. A percentage is of the no-remat peak.
+    `trial(candidates)` plans the module for each candidate policy and returns (joint peak
+    bytes, modelled recompute cost) of each: the pipeline runner does that on copies of the
+    module (with score=xla compiling them side by side: the grid's 12 trials are asked for
+    at once, and each round of 7). A percentage is of the no-remat peak.
     `check(candidate)`, where given, is XLA's footprint of the candidate's joint program
     compiled (None: it cannot be compiled). The estimate does not model how XLA packs its
     heap (a hole can put a plan over the budget), so the choice is compiled; where it does
@@ -213,16 +214,17 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial, check=None) -> PeakCho
     below."""
     trials: dict = {}
 
-    def measure(rb):
-        if rb not in trials:
-            candidate = auto(rb, offload=policy.offload, device=policy.device,
-                             solver=policy.solver, monotone=False)
+    def measure(rbs):
+        new = [rb for rb in dict.fromkeys(rbs) if rb not in trials]
+        candidates = [auto(rb, offload=policy.offload, device=policy.device,
+                           solver=policy.solver, monotone=False) for rb in new]
+        for rb, candidate in zip(new, candidates):
             candidate.spec = f"{policy.spec} (residual budget {rb} B)"
-            trials[rb] = (*trial(candidate), candidate)
-        return trials[rb]
-    budget = policy.budget.resolve(measure(hi)[0])   # a percentage: of the no-remat peak
-    for rb in (int(lo + (hi - lo) * k / 12) for k in range(13)):
-        measure(rb)
+        for rb, candidate, result in zip(new, candidates, trial(candidates) if new else ()):
+            trials[rb] = (*result, candidate)
+    measure([hi])
+    budget = policy.budget.resolve(trials[hi][0])   # a percentage: of the no-remat peak
+    measure([int(lo + (hi - lo) * k / 12) for k in range(13)])
     def fits_yet():
         return any(t[0] <= budget for t in trials.values())
     for _ in range(REFINE_ROUNDS):   # the valley of the peak can fall between two points:
@@ -238,8 +240,7 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial, check=None) -> PeakCho
             if fits_yet():           # just beyond it (a valley narrower than the grid)
                 break
             left, right = grid[max(center - 1, 0)], grid[min(center + 1, len(grid) - 1)]
-            for j in range(1, 8):
-                measure(int(left + (right - left) * j / 8))
+            measure([int(left + (right - left) * j / 8) for j in range(1, 8)])
     tried = sorted(trials.values(), key=lambda t: t[1])   # cheapest first (ties: as made)
     fits = [t for t in tried if t[0] <= budget]
     chosen = PeakChoice(fits[0][2], fits[0][0], fits[0][1], budget) if fits else None
@@ -253,7 +254,7 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial, check=None) -> PeakCho
         raise RematError(
             f"error: {policy.spec}: the peak budget, {budget} B, is below the lowest joint "
             f"peak of the {len(tried)} plans tried, {lowest} B ({measured}; without remat: "
-            f"{measure(hi)[0]} B; the peak is not monotone in the residual bytes, so a plan "
+            f"{trials[hi][0]} B; the peak is not monotone in the residual bytes, so a plan "
             "between the residual budgets tried may peak lower)")
     return chosen
 

@@ -22,6 +22,21 @@ def remembered(memo, kind: str, rb: int, make):
     return kept(TRIALS, TRIALS_MEMO, (memo, kind, rb), make)
 
 
+def remembered_all(memo, kind: str, rbs: list, make_all) -> list:
+    """`remembered` of each residual budget of `rbs`, those not made yet made together:
+    `make_all(those budgets)` gives one trial per budget (trial plans compiled side by
+    side)."""
+    found, missing = {}, []
+    for rb in dict.fromkeys(rbs):
+        if memo is not None and (memo, kind, rb) in TRIALS:
+            found[rb] = TRIALS[(memo, kind, rb)]
+        else:
+            missing.append(rb)
+    for rb, trial in zip(missing, make_all(missing) if missing else ()):
+        found[rb] = remembered(memo, kind, rb, lambda trial=trial: trial)
+    return [found[rb] for rb in rbs]
+
+
 def kept(store: collections.OrderedDict, size: int, k, make):
     """`store[k]`, made by `make()` the first time; `store` keeps its `size` newest."""
     if k not in store:

@@ -411,6 +411,37 @@ def test_trial_plans_advance_a_progress_bar(monkeypatch):
     assert len(made) == 1
 
 
+@pytest.mark.slow
+def test_objective_peak_compiles_its_trial_plans_side_by_side(monkeypatch):
+    """objective=peak with score=xla compiles its trial plans side by side, as rp.jit
+    compiles a build (`jax_run.compiled_memory`, `compiling`), each plan made while those
+    before it compile. Live, with two compile threads: the compiles run in the worker
+    threads, each distinct program once (trial budgets that make the same program share
+    its compile), and the plan is the one compiling one at a time makes."""
+    import threading
+    from remat_passes.jax import run as jax_run
+    m = rp.export_vjp(mlp, *mlp_args())
+    compiled = []
+    compile_lowered = jax.stages.Lowered.compile
+
+    def recorded(self, *args, **kwargs):
+        compiled.append(threading.current_thread().name)
+        return compile_lowered(self, *args, **kwargs)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
+    made = {}
+    for n in ("2", "1"):
+        monkeypatch.setenv(jax_run.COMPILE_THREADS_ENV, n)
+        monkeypatch.setattr(jax_run, "_MEASURED", {})        # (nothing measured yet)
+        monkeypatch.setattr(trials, "TRIALS", collections.OrderedDict())
+        compiled.clear()
+        made[n] = rp.remat(m, P.auto("100%", objective="peak", score="xla"))
+        programs = [k for k in jax_run._MEASURED if k[0][0] == "memory"]
+        assert len(compiled) == len(programs) >= 2, (compiled, len(programs))
+        assert all(t.startswith("remat-passes-compile") == (n == "2") for t in compiled)
+    assert made["2"].text() == made["1"].text()
+    assert made["2"].plan_reports[0].policy == made["1"].plan_reports[0].policy
+
+
 def test_what_score_xla_cannot_compile_is_a_clear_error():
     """score=xla compiles each plan from its argument types alone: a module exported with a
     symbolic dimension is an error that says so, for the FLOP count and for the peak."""
@@ -436,10 +467,10 @@ def test_objective_peak_looks_between_grid_points_where_none_fits():
     from remat_passes.planner.resolve import for_peak
     tried = []
 
-    def trial(candidate):          # (peak, cost) per residual budget
-        rb = candidate.budget.resolve(0)
-        tried.append(rb)
-        return 1000 - max(0, 60 - abs(rb - 540)), 1200 - rb
+    def trial(candidates):          # (peak, cost) per residual budget
+        rbs = [candidate.budget.resolve(0) for candidate in candidates]
+        tried.extend(rbs)
+        return [(1000 - max(0, 60 - abs(rb - 540)), 1200 - rb) for rb in rbs]
     chosen = for_peak(P.auto(budget=960, objective="peak"), 0, 1200, trial).policy
     assert abs(chosen.budget.resolve(0) - 540) < 20 and 13 < len(set(tried)) <= 20
     # a narrower fit: 7 around the lower of its neighbours too (none fits there), then a
@@ -460,9 +491,9 @@ def test_objective_peak_checks_its_choice_against_what_xla_allocates():
     to peak at 900 + rb / 10 at a cost of 1200 - rb, and XLA's footprint as `xla` says."""
     from remat_passes.planner.resolve import for_peak
 
-    def trial(candidate):
-        rb = candidate.budget.resolve(0)
-        return 900 + rb // 10, 1200 - rb
+    def trial(candidates):
+        return [(900 + rb // 10, 1200 - rb)
+                for rb in (candidate.budget.resolve(0) for candidate in candidates)]
 
     def run(budget, xla):
         compiled = []
@@ -510,11 +541,13 @@ def test_objective_peak_looks_beyond_the_lowest_trials_lower_neighbour():
     from remat_passes.planner.resolve import for_peak
     tried = []
 
-    def trial(candidate):          # a broad low at 500, a narrow deep one at 340
-        rb = candidate.budget.resolve(0)
+    def one(rb):                   # a broad low at 500, a narrow deep one at 340
         tried.append(rb)
         peak = 900 if abs(rb - 340) <= 15 else 1000 - max(0, 100 - abs(rb - 500)) / 5
         return peak + rb / 1000, 1200 - rb
+
+    def trial(candidates):
+        return [one(candidate.budget.resolve(0)) for candidate in candidates]
     chosen = for_peak(P.auto(budget=950, objective="peak"), 0, 1200, trial).policy
     assert abs(chosen.budget.resolve(0) - 340) <= 15 and len(set(tried)) <= 27
 
