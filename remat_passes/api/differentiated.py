@@ -105,11 +105,11 @@ def _halves(module, n_in: int, n_out: int) -> tuple:
     return fwd, bwd
 
 
-def _backward(bwd, fence: bool, residuals, cotangents):
+def _backward(call_bwd, fence: bool, residuals, cotangents):
     if fence:     # (as jax.checkpoint: the backward waits for them all)
         residuals, cotangents = jax.lax.optimization_barrier((tuple(residuals),
                                                               tuple(cotangents)))
-    return bwd.call(*residuals, *cotangents)
+    return call_bwd(*residuals, *cotangents)
 
 
 def _composed(fwd, bwd, fence: bool, n_out: int):
@@ -121,7 +121,7 @@ def _composed(fwd, bwd, fence: bool, n_out: int):
     def composed(*args):
         outs = fwd.call(*args)
         ones = [jnp.ones(a.shape, a.dtype) for a in ct_avals]
-        return outs[:n_out], _backward(bwd, fence, outs[n_out:], ones)
+        return outs[:n_out], _backward(bwd.call, fence, outs[n_out:], ones)
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in fwd.in_avals]
     return jax.jit(composed).lower(*specs)
 
@@ -146,21 +146,40 @@ def _alone(values, name: str) -> None:
             f"rp.jit(jax.vmap(jax.grad({name}), ...))")
 
 
+def _unbatchable(call, name: str) -> Callable:
+    """`call` (of a half, an `Exported.call`) with a batching rule that refuses in rp.jit's
+    words, where JAX would fail with "Batching rule for 'call_exported' not implemented":
+    a jax.vmap around a jax.jit that differentiates the function inside (the halves are in
+    its program by then; `_alone` sees a vmap inside the jax.jit). The program is the same
+    (custom_vmap inlines at lowering)."""
+    refusing = jax.custom_batching.custom_vmap(call)
+
+    @refusing.def_vmap
+    def rule(axis_size, in_batched, *args):
+        raise RematError(
+            f"error: rp.jit: {name} runs its rewritten halves (differentiated from outside) "
+            "inside a jax.jit that is vmapped in turn: they are jax.export'ed programs, "
+            "which JAX cannot batch; for per-example gradients put both inside, "
+            f"rp.jit(jax.vmap(jax.grad({name}), ...))")
+    return refusing
+
+
 def _custom_vjp(fwd, bwd, fence: bool, out_tree, differentiable: list, name: str) -> Callable:
     n_out = out_tree.num_leaves
+    call_fwd, call_bwd = _unbatchable(fwd.call, name), _unbatchable(bwd.call, name)
 
     @jax.custom_vjp
     def flat(*xs):
-        return tuple(fwd.call(*map(arguments.key_data, xs)))[:n_out]
+        return tuple(call_fwd(*map(arguments.key_data, xs)))[:n_out]
 
     def flat_fwd(*xs):
         _alone(xs, name)
-        outs = tuple(fwd.call(*map(arguments.key_data, xs)))
+        outs = tuple(call_fwd(*map(arguments.key_data, xs)))
         return outs[:n_out], outs[n_out:]
 
     def flat_bwd(residuals, cotangents):
         _alone((residuals, cotangents), name)
-        grads = _backward(bwd, fence, residuals, cotangents)
+        grads = _backward(call_bwd, fence, residuals, cotangents)
         return tuple(g if d else None for g, d in zip(grads, differentiable))
     flat.defvjp(flat_fwd, flat_bwd)
 

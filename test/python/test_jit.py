@@ -676,7 +676,8 @@ def test_a_loss_differentiated_from_outside_is_rematerialized():
     the gradients are jax.grad's, eagerly and inside jax.jit (an optax step), built once
     per signature; the forward the enclosing program runs keeps what the policy saves.
     A second differentiation, jax.vmap around the differentiation (per-example gradients:
-    rp.jit of the vmapped gradient instead) and shardings are errors that say what to do."""
+    rp.jit of the vmapped gradient instead; also around a jax.jit of it) and shardings are
+    errors that say what to do."""
     k = jax.random.PRNGKey(0)
     params = {"w1": jax.random.normal(k, (16, 32)) * 0.3,
               "w2": jax.random.normal(jax.random.fold_in(k, 1), (32, 4)) * 0.3}
@@ -710,6 +711,12 @@ def test_a_loss_differentiated_from_outside_is_rematerialized():
     per_example = (None, 0, None, None)
     with pytest.raises(rp.RematError, match="under jax.vmap.*put both inside"):
         jax.vmap(jax.grad(f), in_axes=per_example)(params, jnp.stack([x, x]), key, tokens)
+    # (a vmap around a jax.jit that differentiates it: JAX batched the halves' calls,
+    # "Batching rule for 'call_exported' not implemented")
+    with pytest.raises(rp.RematError, match="inside a jax.jit that is vmapped in turn.*"
+                                            "put both inside"):
+        jax.vmap(jax.jit(jax.grad(f)), in_axes=per_example)(params, jnp.stack([x, x]), key,
+                                                            tokens)
     inside = rp.jit(jax.vmap(jax.grad(_dropout_loss), in_axes=per_example),
                     policy="save_only_these_names(h)")
     assert_trees_close(inside(params, jnp.stack([x, x]), key, tokens),
