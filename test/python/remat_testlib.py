@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections import Counter
 
 import jax
@@ -45,6 +46,19 @@ def run_process(cmd, **kwargs) -> subprocess.CompletedProcess:
                          f"{-proc.returncode}; running it once more\n")
         proc = subprocess.run(cmd, **kwargs)
     return proc
+
+
+def compiling_threads(monkeypatch) -> list:
+    """The names of the threads that compile each `jax.jit(...).lower(...)` from now on,
+    in the order the compiles start (a list that fills)."""
+    threads = []
+    compile_lowered = jax.stages.Lowered.compile
+
+    def recorded(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return compile_lowered(self, *args, **kwargs)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
+    return threads
 
 
 def jax_saved_residuals(fun, *args):

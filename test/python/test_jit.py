@@ -21,7 +21,7 @@ from remat_passes.api import jit as rp_jit
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax import run as jax_run
-from remat_testlib import assert_trees_close, run_process
+from remat_testlib import assert_trees_close, compiling_threads, run_process
 from tools.benchmarks import common
 
 D, LAYERS, BATCH = 32, 3, 16
@@ -448,19 +448,6 @@ def test_by_default_the_smallest_is_also_built_without_fences_and_the_smaller_ru
                          cache_dir=False).lower(*sample)
         assert not one_way.unfenced and not any(k.endswith("not fenced")
                                                 for k in one_way.footprints)
-
-
-def compiling_threads(monkeypatch) -> list:
-    """The names of the threads that compile each `jax.jit(...).lower(...)` from now on,
-    in the order the compiles start (a list that fills)."""
-    threads = []
-    compile_lowered = jax.stages.Lowered.compile
-
-    def recorded(self, *args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return compile_lowered(self, *args, **kwargs)
-    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
-    return threads
 
 
 def test_the_programs_of_a_build_compile_side_by_side_as_one_thread_builds_them(monkeypatch):

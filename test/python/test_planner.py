@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from remat_testlib import assert_trees_close, leaves, reference_vjp, run_joint, run_split
+from remat_testlib import (assert_trees_close, compiling_threads, leaves, reference_vjp,
+                            run_joint, run_split)
 
 import remat_passes as rp
 from remat_passes.api import sweeps as rp_sweeps
@@ -418,16 +419,9 @@ def test_objective_peak_compiles_its_trial_plans_side_by_side(monkeypatch):
     before it compile. Live, with two compile threads: the compiles run in the worker
     threads, each distinct program once (trial budgets that make the same program share
     its compile), and the plan is the one compiling one at a time makes."""
-    import threading
     from remat_passes.jax import run as jax_run
     m = rp.export_vjp(mlp, *mlp_args())
-    compiled = []
-    compile_lowered = jax.stages.Lowered.compile
-
-    def recorded(self, *args, **kwargs):
-        compiled.append(threading.current_thread().name)
-        return compile_lowered(self, *args, **kwargs)
-    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
+    compiled = compiling_threads(monkeypatch)
     made = {}
     for n in ("2", "1"):
         monkeypatch.setenv(jax_run.COMPILE_THREADS_ENV, n)
