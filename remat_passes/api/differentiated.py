@@ -7,7 +7,10 @@ The function's joint VJP is exported (`rp.export_vjp`) and rewritten in split fo
 `jax.custom_vjp` runs the first as its forward and the second as its backward, each a
 jax.export'ed program (`Exported.call`), so the enclosing `jax.grad` (or `jax.vjp`, inside
 `jax.jit` or not) gets the residuals and the recomputation our passes chose, where JAX's own
-differentiation of the function would keep every activation.
+differentiation of the function would keep every activation. Called inside a `jax.jit` (or
+`jax.checkpoint`) that is differentiated only later (`jax.grad(jax.jit(g))`, g calling it),
+the call cannot tell: it runs the function as it is (`deferred`, what jax.jit would run),
+and its derivative, where JAX takes one, is the halves'.
 
 The halves run inside the program that differentiates the function: under `jax.jit` one XLA
 program holds both, as the joint form does, but XLA sees the halves' calling convention
@@ -57,6 +60,35 @@ def call(jitted, call_, dynamic, specs):
         run = jitted._differentiated[key] = build(jitted, call_, specs)
         jitted.builds += 1
     return run(*dynamic)
+
+
+def deferred(jitted, call_, dynamic, specs):
+    """`jitted`'s function, with no backward of its own, called inside jax.jit (or
+    jax.checkpoint) with nothing differentiating it yet: the function as it is (what
+    jax.jit would run: called alone there is nothing to rematerialize), as a
+    `jax.custom_vjp` whose derivative, where JAX takes one later (`jax.grad(jax.jit(g))`,
+    g calling it), is that of the rewritten halves (`call`)."""
+    fun = jitted._bound(call_, len(dynamic))
+    leaves, tree = jax.tree_util.tree_flatten(dynamic)
+    out_tree = []       # (the results' pytree, once traced)
+
+    def flat(run, xs):
+        out, results = jax.tree_util.tree_flatten(run(*jax.tree_util.tree_unflatten(tree, xs)))
+        out_tree[:] = [results]
+        return out
+
+    @jax.custom_vjp
+    def plain(*xs):
+        return flat(fun, xs)
+
+    def fwd(*xs):
+        return jax.vjp(lambda *a: flat(lambda *d: call(jitted, call_, d, specs), a), *xs)
+
+    def bwd(vjp, cotangents):
+        return vjp(cotangents)
+    plain.defvjp(fwd, bwd)
+    outs = plain(*leaves)
+    return jax.tree_util.tree_unflatten(out_tree[0], outs)
 
 
 def build(jitted, call_, specs) -> Callable:
@@ -159,8 +191,9 @@ def _unbatchable(call, name: str) -> Callable:
         raise RematError(
             f"error: rp.jit: {name} runs its rewritten halves (differentiated from outside) "
             "inside a jax.jit that is vmapped in turn: they are jax.export'ed programs, "
-            "which JAX cannot batch; for per-example gradients put both inside, "
-            f"rp.jit(jax.vmap(jax.grad({name}), ...))")
+            "which JAX cannot batch; put the vmap inside the rp.jit function: "
+            f"rp.jit(jax.vmap(jax.grad({name}), ...)) for per-example gradients, "
+            f"jax.grad(rp.jit(jax.vmap({name}, ...))) for the gradient of a batched loss")
     return refusing
 
 

@@ -25,7 +25,9 @@
 * Differentiated from outside (`jax.grad` of a function that calls it): a function with a
   backward of its own (a gradient step) is differentiated through the rewritten program
   (`Exported.call` has a VJP: a gradient of the gradient); one without is rewritten as
-  `api/differentiated` builds it (`jax.grad(rp.jit(loss))`, in any form). Forward mode
+  `api/differentiated` builds it (`jax.grad(rp.jit(loss))`, in any form), also where a
+  jax.jit or jax.checkpoint between them traces the call first (`differentiated.deferred`:
+  inside jax.jit, one without a backward that nothing differentiates runs as it is). Forward mode
   (`jax.jvp`, `jax.jacfwd`, `jax.hessian`) JAX refuses for an exported call (inside
   jax.jit only when it lowers): refused at the call, in rp.jit's words.
 * A function that closes over a value traced by an enclosing transformation (an argument
@@ -83,7 +85,8 @@ def call_traced(jitted, call, dynamic, mode: str):
         x.shape, x.dtype, weak_type=getattr(x.aval, "weak_type", False), sharding=s)
         if isinstance(x, jax.core.Tracer) else x for x, s in zip(leaves, placed)])
     if jitted._key(call, specs) in jitted._differentiated:
-        return differentiated.call(jitted, call, dynamic, specs)
+        run = differentiated.call if differentiated_by else differentiated.deferred
+        return run(jitted, call, dynamic, specs)
     try:
         lowered = jitted._lowered(call, specs)
         if mode == "split":      # (differentiated from outside, with a backward of its own)
@@ -92,8 +95,8 @@ def call_traced(jitted, call, dynamic, mode: str):
             return batchable(jitted, call, dynamic, lowered.traced)
         return lowered.traced(*dynamic)
     except differentiated.NoBackward:
-        if differentiated_by is None:
-            raise
+        if differentiated_by is None:     # (inside jax.jit: maybe differentiated later)
+            return differentiated.deferred(jitted, call, dynamic, specs)
         return differentiated.call(jitted, call, dynamic, specs)
     except TypeError as e:   # (forward mode further out: jax.hessian's jacfwd of a jacrev)
         if "forward-mode" not in str(e):
@@ -213,13 +216,12 @@ def batchable(jitted, call, dynamic, run):
     (`Exported.call`'s own VJP: the gradient of the gradient). The program is the same:
     both inline at lowering."""
     leaves, tree = jax.tree_util.tree_flatten(dynamic)
-    out_tree = []
+    out_tree = []       # (the results' pytree, once traced)
 
     def flat_run(*xs):
-        out = run(*jax.tree_util.tree_unflatten(tree, xs))
-        flat, out_tree[:] = jax.tree_util.tree_flatten(out), []
-        out_tree.append(flat[1])
-        return flat[0]
+        flat, results = jax.tree_util.tree_flatten(run(*jax.tree_util.tree_unflatten(tree, xs)))
+        out_tree[:] = [results]
+        return flat
 
     batched = jax.custom_batching.custom_vmap(flat_run)
 

@@ -698,10 +698,19 @@ def test_a_loss_differentiated_from_outside_is_rematerialized():
     per_example = (None, 0, None, None)
     with pytest.raises(rp.RematError, match="under jax.vmap.*put both inside"):
         jax.vmap(jax.grad(f), in_axes=per_example)(params, jnp.stack([x, x]), key, tokens)
+    # differentiated through a jax.jit that traced the call first (jax.grad(jax.jit(g))):
+    # inside it the loss runs as it is, its derivative is the halves' (the enclosing
+    # backward reads the arguments and h alone); before, "has no backward pass"
+    g = jax.jit(lambda p, x: f(p, x, key, tokens))
+    assert_trees_close(g(params, x), _dropout_loss(params, x, key, tokens))
+    assert_trees_close(jax.grad(g)(params, x), jax.grad(_dropout_loss)(params, x, key, tokens))
+    jaxpr = jax.make_jaxpr(lambda p: jax.vjp(lambda q: g(q, x), p)[1])(params)
+    assert sorted(str(v.aval) for v in jaxpr.jaxpr.outvars if v.aval.shape == (8, 32)) == \
+        ["float32[8,32]"]
     # (a vmap around a jax.jit that differentiates it: JAX batched the halves' calls,
     # "Batching rule for 'call_exported' not implemented")
     with pytest.raises(rp.RematError, match="inside a jax.jit that is vmapped in turn.*"
-                                            "put both inside"):
+                                            r"rp.jit\(jax.vmap\(jax.grad\(_dropout_loss"):
         jax.vmap(jax.jit(jax.grad(f)), in_axes=per_example)(params, jnp.stack([x, x]), key,
                                                             tokens)
     inside = rp.jit(jax.vmap(jax.grad(_dropout_loss), in_axes=per_example),
