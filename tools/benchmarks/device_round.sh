@@ -145,9 +145,9 @@ for step in "${steps[@]}"; do
         --time-limit "${BARRIERS_LIMIT:-540}" 2>&1 | grep -v "^[IW][0-9]" | tail -n 5 ;;
     compile-threads)
       python3 -m tools.benchmarks.compile_threads --threads "${COMPILE_THREADS:-16}" \
-        --rounds 3 --out "$OUT/compile_threads.json" 2>&1 | grep "^compile_threads" ;;
+        --rounds 3 --out "$OUT/compile_threads.json" 2>&1 | grep -v "^[IW][0-9]" | tail -n 12 ;;
     train)
-      python3 -m tools.benchmarks train 2>&1 | grep "^\[\|train" | tail -n 40
+      python3 -m tools.benchmarks train 2>&1 | grep -v "^[IW][0-9]" | tail -n 40
       cp tools/benchmarks/results/train.json "$OUT/train_gpu.json" ;;
     mlp|equinox|convnet|gpt|mlp-scan|gpt-scan)
       python3 -m tools.benchmarks xla --models "$step" --merge && save ;;
