@@ -1,6 +1,7 @@
 """How `rp.jit` takes a call's arguments apart (static, dynamic, by keyword), what of them
 a compiled program depends on (its signature), where it puts them (`in_shardings`), and a
-typed PRNG key as the data a split half takes (`key_data`)."""
+typed PRNG key as the data a split half takes (`key_data`), and calls on the arguments'
+leaves for JAX's custom rules (`LeafCalls`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,6 +29,24 @@ def leaf_key(x) -> tuple:
         return (type(x),)
     a = np.asarray(x)
     return (a.shape, a.dtype, False, None)
+
+
+class LeafCalls:
+    """Functions of the dynamic arguments' pytrees (structure `tree`) called on their leaves
+    and giving their results' leaves, as JAX's custom rules (custom_vjp, custom_vmap) take
+    and give arrays: `calls(run, leaves)`; `unflatten(outs)` puts results back in the
+    pytree of the last run."""
+
+    def __init__(self, tree):
+        self.tree, self.results = tree, None
+
+    def __call__(self, run, leaves) -> list:
+        out, self.results = jax.tree_util.tree_flatten(
+            run(*jax.tree_util.tree_unflatten(self.tree, leaves)))
+        return out
+
+    def unflatten(self, outs):
+        return jax.tree_util.tree_unflatten(self.results, outs)
 
 
 def key_data(x):

@@ -70,12 +70,7 @@ def deferred(jitted, call_, dynamic, specs):
     g calling it), is that of the rewritten halves (`call`)."""
     fun = jitted._bound(call_, len(dynamic))
     leaves, tree = jax.tree_util.tree_flatten(dynamic)
-    out_tree = []       # (the results' pytree, once traced)
-
-    def flat(run, xs):
-        out, results = jax.tree_util.tree_flatten(run(*jax.tree_util.tree_unflatten(tree, xs)))
-        out_tree[:] = [results]
-        return out
+    flat = arguments.LeafCalls(tree)
 
     @jax.custom_vjp
     def plain(*xs):
@@ -87,8 +82,7 @@ def deferred(jitted, call_, dynamic, specs):
     def bwd(vjp, cotangents):
         return vjp(cotangents)
     plain.defvjp(fwd, bwd)
-    outs = plain(*leaves)
-    return jax.tree_util.tree_unflatten(out_tree[0], outs)
+    return flat.unflatten(plain(*leaves))
 
 
 def build(jitted, call_, specs) -> Callable:

@@ -216,12 +216,10 @@ def batchable(jitted, call, dynamic, run):
     (`Exported.call`'s own VJP: the gradient of the gradient). The program is the same:
     both inline at lowering."""
     leaves, tree = jax.tree_util.tree_flatten(dynamic)
-    out_tree = []       # (the results' pytree, once traced)
+    flat = arguments.LeafCalls(tree)
 
     def flat_run(*xs):
-        flat, results = jax.tree_util.tree_flatten(run(*jax.tree_util.tree_unflatten(tree, xs)))
-        out_tree[:] = [results]
-        return flat
+        return flat(run, xs)
 
     batched = jax.custom_batching.custom_vmap(flat_run)
 
@@ -231,8 +229,8 @@ def batchable(jitted, call, dynamic, run):
         _check_batchable(jitted)
         out, _ = _run_batched(jitted, call, jax.tree_util.tree_unflatten(tree, in_batched),
                               jax.tree_util.tree_unflatten(tree, xs), {})
-        flat = jax.tree_util.tree_leaves(out)
-        return flat, [True] * len(flat)
+        out = jax.tree_util.tree_leaves(out)
+        return out, [True] * len(out)
 
     @jax.custom_vjp
     def differentiable(*xs):
@@ -245,5 +243,4 @@ def batchable(jitted, call, dynamic, run):
         _not_batched(jitted, (xs, cotangents))
         return jax.vjp(flat_run, *xs)[1](cotangents)
     differentiable.defvjp(fwd, bwd)
-    outs = differentiable(*leaves)
-    return jax.tree_util.tree_unflatten(out_tree[0], outs)
+    return flat.unflatten(differentiable(*leaves))

@@ -46,7 +46,7 @@ def _build(mode: str, policy: str, threads: int, args) -> dict:
     lowered = jitted.lower(*args)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "chose": lowered.barriers,
-            "footprints": {k: v for k, v in sorted(lowered.footprints.items())},
+            "footprints": dict(sorted(lowered.footprints.items())),
             "footprint": lowered.footprint(),
             "module": hashlib.sha256(lowered.module.bytecode()).hexdigest()[:16]}
 
