@@ -66,6 +66,9 @@ backward inside the loop body: the policy applies to each iteration (`regions.lo
 in joint form only (the split form has no place for a backward inside a loop). So does a
 data-parallel step, `jax.grad` inside `jax.shard_map`: the policy applies inside the body.
 
+Flax NNX objects among the arguments (Module, Optimizer, Rngs) are taken as `nnx.jit` takes
+them: what the step changes in them reaches the caller's objects (`api/graph_nodes.py`).
+
 `jax_checkpoint="regions"` makes the `jax.checkpoint` calls of the model code checkpoint
 regions the passes apply (a layer JAX would rematerialize at export becomes one `policy`
 or a budget can reach into; see `rp.export`).
@@ -108,7 +111,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from remat_passes import jax_compat
-from remat_passes.api import arguments, cache, traced
+from remat_passes.api import arguments, cache, graph_nodes, traced
 from remat_passes.api.differentiated import NoBackward
 from remat_passes.api.lowered import Lowered, shape_key
 from remat_passes.api.remat import remat_variants
@@ -257,6 +260,12 @@ class Jitted:
         return call, tree, tuple(arguments.leaf_key(x) for x in leaves)
 
     def __call__(self, *args, **kwargs):
+        nodes = graph_nodes.split(self, args, kwargs)
+        if nodes is not None:     # (Flax NNX objects, updated in place after the call)
+            return nodes.update(self._call(*nodes.args, **nodes.kwargs))
+        return self._call(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):      # (`fun`'s arguments, NNX objects split)
         call, dynamic = self._split_args(args, kwargs)
         leaves = jax.tree_util.tree_leaves(dynamic)
         traced.check_manual(self, leaves)
@@ -279,6 +288,8 @@ class Jitted:
     def lower(self, *args, **kwargs) -> Lowered:
         """What is (or would be) built for `args`: the rewritten Module, its residuals, the
         executables. Builds it if this signature has not been called yet."""
+        nodes = graph_nodes.split(self, args, kwargs)    # (NNX objects: as a call takes them)
+        args, kwargs = (args, kwargs) if nodes is None else (nodes.args, nodes.kwargs)
         return self._lowered(*self._split_args(args, kwargs))
 
     def _lowered(self, call, dynamic) -> Lowered:
@@ -294,8 +305,9 @@ class Jitted:
     def _build(self, call, dynamic) -> Lowered:
         n_pos = len(dynamic) - len(call.kw_names)
         dynamic_fun = self._bound(call, len(dynamic))
+        out_shardings = graph_nodes.out_shardings(self.out_shardings, dynamic)
         shardings = {k: v for k, v in (("in_shardings", self.in_shardings),
-                                       ("out_shardings", self.out_shardings)) if v is not None}
+                                       ("out_shardings", out_shardings)) if v is not None}
         exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint,
                           shardings=shardings)
         mode = default_mode() if self.mode == "auto" else self.mode
@@ -368,7 +380,7 @@ class Jitted:
         """The function of the `n_dynamic` dynamic arguments alone (the positional ones, then
         the keyword ones of `call`, by position), with the function's parameter names: the
         static ones bound as `call` gives them."""
-        fun = self.fun
+        fun = graph_nodes.functional(self.fun)
         statics, static_kw, kw_names = dict(call.static), dict(call.static_kw), call.kw_names
         n_pos = n_dynamic - len(kw_names)
 
@@ -432,8 +444,10 @@ class Jitted:
                     raise
                 raise NoBackward(
                     f"error: rp.jit: {name} has no backward pass (no jax.grad, "
-                    "jax.value_and_grad or jax.vjp inside): called alone there is nothing "
-                    f"to rematerialize; differentiate it from outside, "
+                    "jax.value_and_grad or jax.vjp inside, or none whose result reaches "
+                    "what it returns: a gradient written into an argument in place is "
+                    "lost, as under jax.jit, except in Flax NNX objects): called alone "
+                    "there is nothing to rematerialize; differentiate it from outside, "
                     f"jax.grad(rp.jit({name})), or use jax.jit") from None
             for v, module in made.items():
                 if keys[v] is not None:

@@ -1,0 +1,205 @@
+"""Flax NNX objects among `rp.jit`'s arguments, updated in place as `nnx.jit` updates them.
+
+An NNX training step takes the model and the optimizer as objects and changes them in place
+(`optimizer.update(model, grads)`, BatchNorm's running statistics, an `nnx.Rngs`' counts).
+`jax.jit` takes a Module as a pytree of arrays: what the step writes into it stays inside
+the trace, and the gradients, which reach no output, are removed with it (rp.jit would then
+find no backward pass). So rp.jit takes an argument that holds NNX graph nodes as `nnx.jit`
+does:
+
+* `split`: the argument becomes a `NodeArgument`, its graph definition (`nnx.split`; part of
+  the signature, as a pytree's structure is) and its state (its arrays, the dynamic part);
+* `functional`: the traced function merges it back (`nnx.merge`), calls the user's function,
+  and returns, beside the results, the state leaves the call changed (`Changed`). Every leaf
+  of a donated argument is returned, as its buffers are gone after the call;
+* `Nodes.update`: after the call, `nnx.update` writes them into the caller's objects.
+
+Two arguments that share a Variable are refused, as `nnx.jit` refuses them when it checks
+aliasing: each argument is split on its own, so the two copies would be updated apart.
+
+Flax is not a dependency: where `flax.nnx` was never imported no argument can be a graph
+node, and nothing here runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+
+import jax
+
+from remat_passes.ir.mlir import RematError
+
+
+def _nnx():
+    """The `flax.nnx` module where it was imported (then NNX objects can exist), else None."""
+    return sys.modules.get("flax.nnx")
+
+
+class _Unnamed:
+    """The key of a `NodeArgument`'s state in its pytree: nothing, so that a leaf is named
+    as in the state itself (\"from the argument model['l1']['kernel'].value\")."""
+
+    def __str__(self):
+        return ""
+
+    def __eq__(self, other):
+        return isinstance(other, _Unnamed)
+
+    def __hash__(self):
+        return 0
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class NodeArgument:
+    """An argument holding NNX graph nodes, as the traced function takes it: its state (the
+    pytree's children) and, static, its graph definition and whether it is donated."""
+
+    def __init__(self, graphdef, state, donated: bool):
+        self.graphdef, self.state, self.donated = graphdef, state, donated
+
+    def tree_flatten(self):
+        return (self.state,), (self.graphdef, self.donated)
+
+    def tree_flatten_with_keys(self):
+        return ((_Unnamed(), self.state),), (self.graphdef, self.donated)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(aux[0], children[0], aux[1])
+
+
+@jax.tree_util.register_pytree_node_class
+class Changed:
+    """What the call changed in one `NodeArgument`: the new values of its state's leaves at
+    `indices` (static), or, where the call changed the state's structure (`indices` None),
+    the whole new state."""
+
+    def __init__(self, indices: tuple | None, values):
+        self.indices, self.values = indices, values
+
+    def tree_flatten(self):
+        return (self.values,), self.indices
+
+    @classmethod
+    def tree_unflatten(cls, indices, children):
+        return cls(indices, children[0])
+
+
+def _holds_nodes(nnx, value) -> bool:
+    return any(nnx.graph.is_graph_node(leaf)
+               for leaf in jax.tree_util.tree_leaves(value, is_leaf=nnx.graph.is_graph_node))
+
+
+def _variables(nnx, value) -> dict:
+    """id -> path of each Variable the argument holds."""
+    return {id(node): path for path, node in nnx.iter_graph(value)
+            if isinstance(node, nnx.Variable)}
+
+
+@dataclasses.dataclass
+class Nodes:
+    """A call's arguments with those holding NNX graph nodes made `NodeArgument`s, and the
+    caller's objects, to update after the call."""
+    args: tuple
+    kwargs: dict
+    originals: list        # (the caller's argument, its state), as the call returns them
+
+    def update(self, result):
+        """The function's results, after writing what the call changed into the caller's
+        objects."""
+        out, changes = result
+        nnx = _nnx()
+        for (original, state), changed in zip(self.originals, changes):
+            if changed.indices is None:
+                nnx.update(original, changed.values)
+            elif changed.indices:
+                leaves, tree = jax.tree_util.tree_flatten(state)
+                for i, value in zip(changed.indices, changed.values):
+                    leaves[i] = value
+                nnx.update(original, jax.tree_util.tree_unflatten(tree, leaves))
+        return out
+
+
+def split(jitted, args: tuple, kwargs: dict) -> Nodes | None:
+    """The call's arguments with each dynamic one (not static to the rp.jit `jitted`) that
+    holds NNX graph nodes split into a `NodeArgument`; None where none does (or Flax NNX was
+    never imported)."""
+    nnx = _nnx()
+    if nnx is None:
+        return None
+    name = getattr(jitted.fun, "__name__", "the function")
+    where = [(i, a) for i, a in enumerate(args) if i not in jitted.static_argnums] + \
+            [(k, v) for k, v in kwargs.items() if k not in jitted.static_argnames]
+    held = [(at, value) for at, value in where if _holds_nodes(nnx, value)]
+    if not held:
+        return None
+    seen: dict = {}
+    for at, value in held:
+        for var, path in _variables(nnx, value).items():
+            if var in seen and seen[var][0] != at:
+                first, first_path = seen[var]
+                raise RematError(
+                    f"error: rp.jit: {name}'s arguments {_where(first)} and {_where(at)} "
+                    f"share a Variable ({_path(first_path)} and {_path(path)}); each "
+                    "argument is split on its own and would be updated apart: pass it once")
+            seen.setdefault(var, (at, path))
+    args, kwargs, originals = list(args), dict(kwargs), []
+    for at, value in held:
+        graphdef, state = nnx.split(value)
+        donated = at in (jitted.donate_argnums if isinstance(at, int)
+                         else jitted.donate_argnames)
+        node = NodeArgument(graphdef, state, donated)
+        if isinstance(at, int):
+            args[at] = node
+        else:
+            kwargs[at] = node
+        originals.append((value, state))
+    return Nodes(tuple(args), kwargs, originals)
+
+
+def out_shardings(shardings, dynamic: tuple):
+    """rp.jit's `out_shardings` (a prefix of the function's results) for the traced
+    function of `dynamic` arguments: with `NodeArgument`s among them, the prefix of its
+    results and, unspecified, what it changed in them."""
+    if shardings is not None and any(isinstance(a, NodeArgument) for a in dynamic):
+        return shardings, None
+    return shardings
+
+
+def _where(at) -> str:
+    return str(at) if isinstance(at, int) else repr(at)
+
+
+def _path(path) -> str:
+    return ".".join(str(p) for p in path) or "the argument itself"
+
+
+def functional(fun):
+    """`fun` taking `NodeArgument`s where `split` made them: it merges them back, calls
+    `fun`, and returns (its results, a `Changed` per `NodeArgument`, in argument order,
+    positional then keyword). With no `NodeArgument` it is `fun`'s call."""
+
+    @functools.wraps(fun)
+    def call(*args, **kwargs):
+        nodes = [a for a in (*args, *kwargs.values()) if isinstance(a, NodeArgument)]
+        if not nodes:
+            return fun(*args, **kwargs)
+        nnx = _nnx()
+        # (the leaves before the call: the merged objects share the state's Variables)
+        before = {id(a): jax.tree_util.tree_flatten(a.state) for a in nodes}
+        merged = {id(a): nnx.merge(a.graphdef, a.state) for a in nodes}
+        out = fun(*(merged.get(id(a), a) for a in args),
+                  **{k: merged.get(id(v), v) for k, v in kwargs.items()})
+        return out, tuple(_changed(nnx, a, *before[id(a)], merged[id(a)]) for a in nodes)
+    return call
+
+
+def _changed(nnx, argument: NodeArgument, before: list, tree, node) -> Changed:
+    state = nnx.state(node)
+    after, tree_after = jax.tree_util.tree_flatten(state)
+    if tree_after != tree:
+        return Changed(None, state)
+    indices = tuple(i for i, (a, b) in enumerate(zip(before, after))
+                    if argument.donated or a is not b)
+    return Changed(indices, [after[i] for i in indices])

@@ -1,0 +1,146 @@
+"""rp.jit of a Flax NNX training step that updates its Module and Optimizer in place, as
+`nnx.jit` runs it (api/graph_nodes.py): the same losses, parameters, BatchNorm statistics,
+Rngs counts and optimizer state as nnx.jit's, the policy's residuals as jax.checkpoint's."""
+from __future__ import annotations
+
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import remat_passes as rp
+from remat_testlib import assert_trees_close, jax_saved_residuals, jax_type, our_type
+
+nnx = pytest.importorskip("flax.nnx")
+STEPS = 3
+
+
+class Net(nnx.Module):
+    """Linear (no bias: one before BatchNorm gets a zero gradient, and AdamW turns its
+    rounding noise into steps of the learning rate), BatchNorm, GELU, Dropout, Linear."""
+
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(16, 64, use_bias=False, rngs=rngs)
+        self.bn = nnx.BatchNorm(64, rngs=rngs)
+        self.drop = nnx.Dropout(0.25, rngs=rngs)
+        self.l2 = nnx.Linear(64, 4, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(self.drop(jax.nn.gelu(self.bn(self.l1(x)))))
+
+
+def make():
+    model = Net(nnx.Rngs(0, dropout=1))
+    return model, nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)
+
+
+X = jax.random.normal(jax.random.key(0), (32, 16))
+Y = jnp.arange(32) % 4
+
+
+def loss_fn(model, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+
+def step(model, optimizer, x, y):
+    loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+    optimizer.update(model, grads)
+    return loss
+
+
+def state_leaves(*objects) -> list:
+    """Every leaf of the objects' state as NumPy (a PRNG key as its data)."""
+    return [np.asarray(jax.random.key_data(v) if jnp.issubdtype(v.dtype, jax.dtypes.prng_key)
+                       else v) for v in jax.tree.leaves(nnx.state(objects))]
+
+
+def train(jitted, by_keyword=False) -> tuple:
+    model, optimizer = make()
+    losses = [float(jitted(model=model, optimizer=optimizer, x=X, y=Y) if by_keyword
+                    else jitted(model, optimizer, X, Y)) for _ in range(STEPS)]
+    return losses, state_leaves(model, optimizer)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return train(nnx.jit(step))
+
+
+@pytest.mark.parametrize("mode,policy", [("joint", "nothing_saveable"),
+                                         ("joint", "dots_saveable"),
+                                         ("split", "dots_saveable")])
+def test_an_nnx_step_updates_its_objects_as_nnx_jit(reference, mode, policy):
+    """The step changes the Module's parameters, its BatchNorm statistics and its Dropout's
+    Rngs count, and the Optimizer's state, in place: after each call the caller's objects
+    hold what nnx.jit's hold (before, rp.jit said the step had no backward pass: the
+    gradients reached no output)."""
+    losses, leaves = train(rp.jit(step, mode=mode, policy=policy))
+    np.testing.assert_allclose(losses, reference[0], rtol=1e-5)
+    assert len(set(losses)) == STEPS          # (each step saw the one before's updates)
+    assert_trees_close(leaves, reference[1], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["dots_saveable", "nothing_saveable"])
+def test_an_nnx_step_saves_what_jax_checkpoint_saves(policy):
+    """The activations the rewritten step keeps are those jax.checkpoint keeps for the same
+    policy around the loss of the Module's parameters (the arguments aside: the step's
+    include the optimizer's); the arguments are named by their place in the Module."""
+    model, optimizer = make()
+    ours = rp.jit(step, policy=policy).lower(model, optimizer, X, Y).residuals
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def pure(params, rest, x, y):
+        return loss_fn(nnx.merge(graphdef, params, rest), x, y)
+    theirs = jax_saved_residuals(
+        jax.checkpoint(pure, policy=getattr(jax.checkpoint_policies, policy)), params, rest,
+        X, Y)
+    assert Counter(our_type(r) for r in ours if not r.argument) == Counter(
+        jax_type(a) for a, d in theirs if not d.startswith("from the argument"))
+    assert any(r.argument and "model['l1']['kernel']" in r.description for r in ours), \
+        [str(r) for r in ours]
+
+
+def test_an_nnx_step_donates_and_takes_keywords(reference):
+    """Donated objects (`donate_argnums`, `donate_argnames` by keyword) get every array
+    back, the old ones deleted, as nnx.jit's donation does: the next call runs on them."""
+    model, optimizer = make()
+    kernel = model.l1.kernel.get_value()
+    jitted = rp.jit(step, donate_argnums=(0, 1), policy="dots_saveable")
+    losses = [float(jitted(model, optimizer, X, Y)) for _ in range(STEPS)]
+    assert kernel.is_deleted()
+    np.testing.assert_allclose(losses, reference[0], rtol=1e-5)
+    assert_trees_close(state_leaves(model, optimizer), reference[1], rtol=1e-4, atol=1e-6)
+    losses, leaves = train(rp.jit(step, donate_argnames=("model", "optimizer"),
+                                  policy="nothing_saveable"), by_keyword=True)
+    np.testing.assert_allclose(losses, reference[0], rtol=1e-5)
+    assert_trees_close(leaves, reference[1], rtol=1e-4, atol=1e-6)
+
+
+def test_an_nnx_step_inside_nnx_jit_updates_its_objects(reference):
+    """Called inside nnx.jit, the step's updates reach nnx.jit's objects, and so the
+    caller's."""
+    inner = rp.jit(step, policy="nothing_saveable")
+    losses, leaves = train(nnx.jit(lambda m, o, x, y: inner(m, o, x, y)))
+    np.testing.assert_allclose(losses, reference[0], rtol=1e-5)
+    assert_trees_close(leaves, reference[1], rtol=1e-4, atol=1e-6)
+
+
+def test_arguments_that_share_a_variable_are_a_clear_error():
+    model, _ = make()
+    with pytest.raises(rp.RematError, match=r"arguments 0 and 1 share a Variable "
+                                            r"\(l1\.kernel and kernel\).*pass it once"):
+        rp.jit(lambda m, layer, x, y: loss_fn(m, x, y))(model, model.l1, X, Y)
+
+
+def test_a_gradient_that_reaches_no_result_is_named_in_the_error():
+    """A step that writes its update into a plain argument (a dict) loses it, as jax.jit
+    does: the error says so, and names Flax NNX objects as the ones kept."""
+    def step_in_place(params, x):
+        params["w"] = params["w"] - jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(params["w"])
+        return jnp.sum(x)
+    with pytest.raises(rp.RematError, match="none whose result reaches what it returns.*"
+                                            "Flax NNX"):
+        rp.jit(step_in_place)({"w": jnp.ones((4, 4))}, jnp.ones((2, 4)))
