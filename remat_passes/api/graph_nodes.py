@@ -10,9 +10,11 @@ does:
 * `split`: the argument becomes a `NodeArgument`, its graph definition (`nnx.split`; part of
   the signature, as a pytree's structure is) and its state (its arrays, the dynamic part);
 * `functional`: the traced function merges it back (`nnx.merge`), calls the user's function,
-  and returns, beside the results, the state leaves the call changed (`Changed`). Every leaf
-  of a donated argument is returned, as its buffers are gone after the call;
-* `Nodes.update`: after the call, `nnx.update` writes them into the caller's objects.
+  and returns, beside the results, the values of the Variables the call set (`Changed`):
+  every Variable's of a donated argument, as its buffers are gone after the call;
+* `Nodes.update`: after the call, they are set in the caller's Variables (the state
+  `nnx.split` gives holds the object's own Variables; `nnx.update` where the call changed
+  the state's structure).
 
 Two arguments that share a Variable are refused, as `nnx.jit` refuses them when it checks
 aliasing: each argument is split on its own, so the two copies would be updated apart.
@@ -71,7 +73,7 @@ class NodeArgument:
 
 @jax.tree_util.register_pytree_node_class
 class Changed:
-    """What the call changed in one `NodeArgument`: the new values of its state's leaves at
+    """What the call changed in one `NodeArgument`: the new values of its state's Variables at
     `indices` (static), or, where the call changed the state's structure (`indices` None),
     the whole new state."""
 
@@ -91,33 +93,29 @@ def _holds_nodes(nnx, value) -> bool:
                for leaf in jax.tree_util.tree_leaves(value, is_leaf=nnx.graph.is_graph_node))
 
 
-def _variables(nnx, value) -> dict:
-    """id -> path of each Variable the argument holds."""
-    return {id(node): path for path, node in nnx.iter_graph(value)
-            if isinstance(node, nnx.Variable)}
+def _variables(nnx, state) -> list:
+    """The Variables of a state (`nnx.split`'s: the object's own Variables), in order."""
+    return jax.tree_util.tree_leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 @dataclasses.dataclass
 class Nodes:
     """A call's arguments with those holding NNX graph nodes made `NodeArgument`s, and the
-    caller's objects, to update after the call."""
+    caller's objects with their Variables, to update after the call."""
     args: tuple
     kwargs: dict
-    originals: list        # (the caller's argument, its state), as the call returns them
+    originals: list        # (the caller's argument, its Variables), as the call returns them
 
     def update(self, result):
         """The function's results, after writing what the call changed into the caller's
         objects."""
         out, changes = result
-        nnx = _nnx()
-        for (original, state), changed in zip(self.originals, changes):
+        for (original, variables), changed in zip(self.originals, changes):
             if changed.indices is None:
-                nnx.update(original, changed.values)
-            elif changed.indices:
-                leaves, tree = jax.tree_util.tree_flatten(state)
+                _nnx().update(original, changed.values)
+            else:
                 for i, value in zip(changed.indices, changed.values):
-                    leaves[i] = value
-                nnx.update(original, jax.tree_util.tree_unflatten(tree, leaves))
+                    variables[i].set_value(value)
         return out
 
 
@@ -128,25 +126,18 @@ def split(jitted, args: tuple, kwargs: dict) -> Nodes | None:
     nnx = _nnx()
     if nnx is None:
         return None
-    name = getattr(jitted.fun, "__name__", "the function")
     where = [(i, a) for i, a in enumerate(args) if i not in jitted.static_argnums] + \
             [(k, v) for k, v in kwargs.items() if k not in jitted.static_argnames]
     held = [(at, value) for at, value in where if _holds_nodes(nnx, value)]
     if not held:
         return None
-    seen: dict = {}
-    for at, value in held:
-        for var, path in _variables(nnx, value).items():
-            if var in seen and seen[var][0] != at:
-                first, first_path = seen[var]
-                raise RematError(
-                    f"error: rp.jit: {name}'s arguments {_where(first)} and {_where(at)} "
-                    f"share a Variable ({_path(first_path)} and {_path(path)}); each "
-                    "argument is split on its own and would be updated apart: pass it once")
-            seen.setdefault(var, (at, path))
-    args, kwargs, originals = list(args), dict(kwargs), []
+    args, kwargs, originals, seen = list(args), dict(kwargs), [], {}
     for at, value in held:
         graphdef, state = nnx.split(value)
+        variables = _variables(nnx, state)
+        for v in variables:
+            if seen.setdefault(id(v), at) != at:
+                _shared(nnx, jitted, seen[id(v)], at, v, dict(where))
         donated = at in (jitted.donate_argnums if isinstance(at, int)
                          else jitted.donate_argnames)
         node = NodeArgument(graphdef, state, donated)
@@ -154,8 +145,21 @@ def split(jitted, args: tuple, kwargs: dict) -> Nodes | None:
             args[at] = node
         else:
             kwargs[at] = node
-        originals.append((value, state))
+        originals.append((value, variables))
     return Nodes(tuple(args), kwargs, originals)
+
+
+def _shared(nnx, jitted, first, second, variable, values: dict):
+    """Raise the error for arguments `first` and `second` sharing `variable`."""
+    def path(at):
+        return next((".".join(map(str, p)) or "the argument itself"
+                     for p, node in nnx.iter_graph(values[at]) if node is variable), "?")
+    where = {at: str(at) if isinstance(at, int) else repr(at) for at in (first, second)}
+    raise RematError(
+        f"error: rp.jit: {getattr(jitted.fun, '__name__', 'the function')}'s arguments "
+        f"{where[first]} and {where[second]} share a Variable ({path(first)} and "
+        f"{path(second)}); each argument is split on its own and would be updated apart: "
+        "pass it once")
 
 
 def out_shardings(shardings, dynamic: tuple):
@@ -165,14 +169,6 @@ def out_shardings(shardings, dynamic: tuple):
     if shardings is not None and any(isinstance(a, NodeArgument) for a in dynamic):
         return shardings, None
     return shardings
-
-
-def _where(at) -> str:
-    return str(at) if isinstance(at, int) else repr(at)
-
-
-def _path(path) -> str:
-    return ".".join(str(p) for p in path) or "the argument itself"
 
 
 def functional(fun):
@@ -186,20 +182,23 @@ def functional(fun):
         if not nodes:
             return fun(*args, **kwargs)
         nnx = _nnx()
-        # (the leaves before the call: the merged objects share the state's Variables)
-        before = {id(a): jax.tree_util.tree_flatten(a.state) for a in nodes}
+        # (the values before the call: the merged objects share the state's Variables)
+        before = {id(a): [v.get_value() for v in _variables(nnx, a.state)] for a in nodes}
         merged = {id(a): nnx.merge(a.graphdef, a.state) for a in nodes}
         out = fun(*(merged.get(id(a), a) for a in args),
                   **{k: merged.get(id(v), v) for k, v in kwargs.items()})
-        return out, tuple(_changed(nnx, a, *before[id(a)], merged[id(a)]) for a in nodes)
+        return out, tuple(_changed(nnx, a, before[id(a)], merged[id(a)]) for a in nodes)
     return call
 
 
-def _changed(nnx, argument: NodeArgument, before: list, tree, node) -> Changed:
+def _changed(nnx, argument: NodeArgument, before: list, node) -> Changed:
+    """The values of `node`'s Variables that the call set (all of them where `argument` is
+    donated), by their place among the state's Variables; the whole state where the call
+    changed its structure."""
     state = nnx.state(node)
-    after, tree_after = jax.tree_util.tree_flatten(state)
-    if tree_after != tree:
+    if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(argument.state):
         return Changed(None, state)
+    after = [v.get_value() for v in _variables(nnx, state)]
     indices = tuple(i for i, (a, b) in enumerate(zip(before, after))
                     if argument.donated or a is not b)
     return Changed(indices, [after[i] for i in indices])
