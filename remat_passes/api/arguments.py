@@ -95,6 +95,30 @@ class Call:
     kw_names: tuple = ()         # the dynamic keyword arguments' names, sorted
 
 
+def split(jitted, args: tuple, kwargs: dict) -> tuple:
+    """A call of the rp.jit `jitted` taken apart: (a `Call`, the dynamic arguments: the
+    positional ones that are not static, then the dynamic keyword arguments by name)."""
+    n = len(args)
+    for i in jitted.static_argnums + jitted.donate_argnums:
+        p = jitted._params[i] if i < len(jitted._params) else None
+        if i >= n and (p is None or (p.name not in kwargs
+                                     and p.default is inspect.Parameter.empty)):
+            raise TypeError(f"rp.jit: argument {i} is static or donated, but "
+                            f"{getattr(jitted.fun, '__name__', 'the function')} was "
+                            f"called with {n} arguments")
+    static = tuple((i, hashable(args[i], i)) for i in jitted.static_argnums if i < n)
+    static_kw = tuple(sorted((k, hashable(v, k)) for k, v in kwargs.items()
+                             if k in jitted.static_argnames))
+    kw_names = tuple(sorted(k for k in kwargs if k not in jitted.static_argnames))
+    dynamic = tuple(a for i, a in enumerate(args) if i not in jitted.static_argnums)
+    if jitted.in_shardings is not None:
+        if kw_names:
+            raise ValueError(f"rp.jit: with in_shardings, pass the dynamic arguments by "
+                             f"position (as jax.jit): got {', '.join(kw_names)} by keyword")
+        dynamic = place(dynamic, jitted.in_shardings)
+    return Call(static, static_kw, kw_names), dynamic + tuple(kwargs[k] for k in kw_names)
+
+
 def keep_parameter_names(wrapper, fun, call: Call, n_dynamic: int) -> None:
     """Give `wrapper` (which takes the dynamic arguments, positional ones first, then the
     keyword ones) `fun`'s parameter names, so that residuals are described by them ("from

@@ -88,6 +88,12 @@ class Changed:
         return cls(indices, children[0])
 
 
+def holds_nodes(value) -> bool:
+    """Does the pytree `value` hold NNX graph nodes?"""
+    nnx = _nnx()
+    return nnx is not None and _holds_nodes(nnx, value)
+
+
 def _holds_nodes(nnx, value) -> bool:
     return any(nnx.graph.is_graph_node(leaf)
                for leaf in jax.tree_util.tree_leaves(value, is_leaf=nnx.graph.is_graph_node))

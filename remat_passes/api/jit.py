@@ -68,6 +68,8 @@ data-parallel step, `jax.grad` inside `jax.shard_map`: the policy applies inside
 
 Flax NNX objects among the arguments (Module, Optimizer, Rngs) are taken as `nnx.jit` takes
 them: what the step changes in them reaches the caller's objects (`api/graph_nodes.py`).
+Leaves that are not arrays (an Equinox Module's activation function) are static, as
+`eqx.filter_jit` takes them, in the arguments and the results (`api/static_leaves.py`).
 
 `jax_checkpoint="regions"` makes the `jax.checkpoint` calls of the model code checkpoint
 regions the passes apply (a layer JAX would rematerialize at export becomes one `policy`
@@ -111,7 +113,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from remat_passes import jax_compat
-from remat_passes.api import arguments, cache, graph_nodes, traced
+from remat_passes.api import arguments, cache, graph_nodes, static_leaves, traced
 from remat_passes.api.differentiated import NoBackward
 from remat_passes.api.lowered import Lowered, shape_key
 from remat_passes.api.remat import remat_variants
@@ -230,43 +232,26 @@ class Jitted:
         functools.update_wrapper(self, fun)
 
     # ------------------------------------------------------------------ calling --
-    def _split_args(self, args, kwargs) -> tuple:
-        """(an `arguments.Call`, the dynamic arguments: the positional ones that are not
-        static, then the dynamic keyword arguments by name)."""
-        n = len(args)
-        for i in self.static_argnums + self.donate_argnums:
-            p = self._params[i] if i < len(self._params) else None
-            if i >= n and (p is None or (p.name not in kwargs
-                                         and p.default is inspect.Parameter.empty)):
-                raise TypeError(f"rp.jit: argument {i} is static or donated, but "
-                                f"{getattr(self.fun, '__name__', 'the function')} was "
-                                f"called with {n} arguments")
-        static = tuple((i, arguments.hashable(args[i], i))
-                       for i in self.static_argnums if i < n)
-        static_kw = tuple(sorted((k, arguments.hashable(v, k)) for k, v in kwargs.items()
-                                 if k in self.static_argnames))
-        kw_names = tuple(sorted(k for k in kwargs if k not in self.static_argnames))
-        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
-        if self.in_shardings is not None:
-            if kw_names:
-                raise ValueError(f"rp.jit: with in_shardings, pass the dynamic arguments by "
-                                 f"position (as jax.jit): got {', '.join(kw_names)} by keyword")
-            dynamic = arguments.place(dynamic, self.in_shardings)
-        return (arguments.Call(static, static_kw, kw_names),
-                dynamic + tuple(kwargs[k] for k in kw_names))
-
     def _key(self, call, dynamic) -> tuple:
         leaves, tree = jax.tree_util.tree_flatten(dynamic)
         return call, tree, tuple(arguments.leaf_key(x) for x in leaves)
 
+    # (False for `like`'s: its function is another's, which takes NNX objects and non-array
+    # leaves as this one gives them)
+    takes_objects = True
+
     def __call__(self, *args, **kwargs):
+        if not self.takes_objects:
+            return self._call(*args, **kwargs)
         nodes = graph_nodes.split(self, args, kwargs)
         if nodes is not None:     # (Flax NNX objects, updated in place after the call)
-            return nodes.update(self._call(*nodes.args, **nodes.kwargs))
-        return self._call(*args, **kwargs)
+            args, kwargs = nodes.args, nodes.kwargs
+        args, kwargs = static_leaves.wrap(self, args, kwargs)   # (leaves not arrays)
+        out = static_leaves.unwrap(self._call(*args, **kwargs))
+        return out if nodes is None else nodes.update(out)
 
-    def _call(self, *args, **kwargs):      # (`fun`'s arguments, NNX objects split)
-        call, dynamic = self._split_args(args, kwargs)
+    def _call(self, *args, **kwargs):    # (NNX objects split, non-array leaves static)
+        call, dynamic = arguments.split(self, args, kwargs)
         leaves = jax.tree_util.tree_leaves(dynamic)
         traced.check_manual(self, leaves)
         if jax_compat.vmap_batches(leaves):
@@ -283,14 +268,18 @@ class Jitted:
 
     def like(self, fun: Callable, donate_argnums: Sequence[int]) -> "Jitted":
         """An rp.jit of `fun` (the dynamic arguments alone) with this one's options."""
-        return Jitted(fun, donate_argnums=donate_argnums, **self._options)
+        jitted = Jitted(fun, donate_argnums=donate_argnums, **self._options)
+        jitted.takes_objects = False
+        return jitted
 
     def lower(self, *args, **kwargs) -> Lowered:
         """What is (or would be) built for `args`: the rewritten Module, its residuals, the
         executables. Builds it if this signature has not been called yet."""
-        nodes = graph_nodes.split(self, args, kwargs)    # (NNX objects: as a call takes them)
-        args, kwargs = (args, kwargs) if nodes is None else (nodes.args, nodes.kwargs)
-        return self._lowered(*self._split_args(args, kwargs))
+        if self.takes_objects:      # (NNX objects and non-array leaves: as a call takes them)
+            nodes = graph_nodes.split(self, args, kwargs)
+            args, kwargs = (args, kwargs) if nodes is None else (nodes.args, nodes.kwargs)
+            args, kwargs = static_leaves.wrap(self, args, kwargs)
+        return self._lowered(*arguments.split(self, args, kwargs))
 
     def _lowered(self, call, dynamic) -> Lowered:
         key = self._key(call, dynamic)
@@ -380,7 +369,8 @@ class Jitted:
         """The function of the `n_dynamic` dynamic arguments alone (the positional ones, then
         the keyword ones of `call`, by position), with the function's parameter names: the
         static ones bound as `call` gives them."""
-        fun = graph_nodes.functional(self.fun)
+        fun = static_leaves.functional(graph_nodes.functional(self.fun)) \
+            if self.takes_objects else self.fun
         statics, static_kw, kw_names = dict(call.static), dict(call.static_kw), call.kw_names
         n_pos = n_dynamic - len(kw_names)
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 import jax
 
-from remat_passes.api import arguments
+from remat_passes.api import arguments, graph_nodes, static_leaves
 from remat_passes.api.remat import Barriers
 from remat_passes.jax import run as jax_run
 from remat_passes.jax.module import Module
@@ -84,6 +84,11 @@ class Lowered:
                             "arguments are part of what was built: leave them out)")
         dynamic = args + tuple(kwargs[k] for k in kw_names)
         leaves, got_tree = jax.tree_util.tree_flatten(dynamic)
+        if graph_nodes.holds_nodes(dynamic) or not all(map(static_leaves.is_data, leaves)):
+            raise TypeError("rp.jit: a lowered step takes arrays; these arguments hold Flax "
+                            "NNX objects or leaves that are not arrays, which the rp.jit "
+                            "function takes (splitting the objects, the other leaves "
+                            "static): call it instead (it builds once per signature)")
         got = tuple(shape_key(x) for x in leaves)
         if got_tree != tree or got != shapes:
             wrong = next((i for i, (a, b) in enumerate(zip(got, shapes)) if a != b), None)

@@ -144,3 +144,24 @@ def test_a_gradient_that_reaches_no_result_is_named_in_the_error():
     with pytest.raises(rp.RematError, match="none whose result reaches what it returns.*"
                                             "Flax NNX"):
         rp.jit(step_in_place)({"w": jnp.ones((4, 4))}, jnp.ones((2, 4)))
+
+
+def test_an_nnx_loss_per_example_under_vmap():
+    """jax.vmap of rp.jit of a gradient function of a Module (unbatched) is rp.jit of the
+    vmapped function, which takes the Module as the call split it: JAX's gradients."""
+    model, _ = make()
+    model.eval()           # (no Dropout, BatchNorm's running statistics: per example)
+
+    def grads(model, x, y):
+        return nnx.state(nnx.grad(loss_fn)(model, x[None], y[None]))
+    expected = jax.vmap(grads, in_axes=(None, 0, 0))(model, X, Y)
+    got = jax.vmap(rp.jit(grads, policy="nothing_saveable"), in_axes=(None, 0, 0))(
+        model, X, Y)
+    assert_trees_close(jax.tree.leaves(got), jax.tree.leaves(expected))
+
+
+def test_a_lowered_nnx_step_says_to_call_the_rp_jit_function():
+    model, optimizer = make()
+    lowered = rp.jit(step, policy="nothing_saveable").lower(model, optimizer, X, Y)
+    with pytest.raises(TypeError, match="a lowered step takes arrays.*call it instead"):
+        lowered.compile()(model, optimizer, X, Y)

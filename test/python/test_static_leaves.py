@@ -1,0 +1,129 @@
+"""rp.jit of a step whose arguments and results have leaves that are not arrays (an Equinox
+Module's activation function), taken as static as `eqx.filter_jit` takes them
+(api/static_leaves.py): the same losses and parameters as eqx.filter_jit's, the policy's
+residuals as jax.checkpoint's, the function back in the returned Module."""
+from __future__ import annotations
+
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import remat_passes as rp
+from remat_testlib import assert_trees_close, jax_saved_residuals, jax_type, our_type
+
+eqx = pytest.importorskip("equinox")
+OPT = optax.adam(1e-2)
+STEPS = 3
+X = jax.random.normal(jax.random.key(1), (16, 8))
+Y = jnp.zeros((16, 4))
+
+
+def make():
+    model = eqx.nn.MLP(8, 4, 32, depth=2, activation=jax.nn.gelu, key=jax.random.key(0))
+    return model, OPT.init(eqx.filter(model, eqx.is_array))
+
+
+def loss_fn(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+def step(model, opt_state, x, y):
+    loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+    updates, opt_state = OPT.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+    return eqx.apply_updates(model, updates), opt_state, loss
+
+
+def train(jitted) -> tuple:
+    model, opt_state = make()
+    losses = []
+    for _ in range(STEPS):
+        model, opt_state, loss = jitted(model, opt_state, X, Y)
+        losses.append(float(loss))
+    return losses, model
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return train(eqx.filter_jit(step))
+
+
+@pytest.mark.parametrize("mode,policy", [("joint", "nothing_saveable"),
+                                         ("split", "dots_saveable")])
+def test_an_equinox_step_runs_as_under_filter_jit(reference, mode, policy):
+    """Before, jax.jit's error: the MLP's activation function is not a valid JAX type."""
+    jitted = rp.jit(step, mode=mode, policy=policy)
+    losses, model = train(jitted)
+    np.testing.assert_allclose(losses, reference[0], rtol=1e-5)
+    assert len(set(losses)) == STEPS
+    assert_trees_close(jax.tree.leaves(eqx.filter(model, eqx.is_array)),
+                       jax.tree.leaves(eqx.filter(reference[1], eqx.is_array)),
+                       rtol=1e-4, atol=1e-6)
+    assert model.activation is jax.nn.gelu and model.final_activation is \
+        reference[1].final_activation
+    assert jitted.builds == 1
+
+
+def test_an_equinox_step_saves_what_jax_checkpoint_saves():
+    model, opt_state = make()
+    ours = rp.jit(step, policy="dots_saveable").lower(model, opt_state, X, Y).residuals
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    theirs = jax_saved_residuals(jax.checkpoint(
+        lambda p, x, y: loss_fn(eqx.combine(p, static), x, y),
+        policy=jax.checkpoint_policies.dots_saveable), params, X, Y)
+    assert Counter(our_type(r) for r in ours if not r.argument) == Counter(
+        jax_type(a) for a, d in theirs if not d.startswith("from the argument"))
+    assert any(r.argument and "model.layers[0].weight" in r.description for r in ours), \
+        [str(r) for r in ours]
+
+
+def test_an_equinox_loss_under_filter_grad_filter_jit_and_vmap():
+    """Differentiated from outside (eqx.filter_grad), called inside eqx.filter_jit, and
+    per example under jax.vmap (rp.jit of the vmapped function, whose arguments keep their
+    static leaves): the gradients are JAX's."""
+    model, _ = make()
+    expected = eqx.filter_grad(loss_fn)(model, X, Y)
+    loss = rp.jit(loss_fn, policy="nothing_saveable")
+    for got in (eqx.filter_grad(loss)(model, X, Y),
+                eqx.filter_jit(eqx.filter_grad(loss))(model, X, Y)):
+        assert_trees_close(jax.tree.leaves(got), jax.tree.leaves(expected))
+    per_example = jax.vmap(eqx.filter_grad(loss_fn), in_axes=(None, 0, 0))(
+        model, X[:, None], Y[:, None])
+    got = jax.vmap(rp.jit(eqx.filter_grad(loss_fn), policy="nothing_saveable"),
+                   in_axes=(None, 0, 0))(model, X[:, None], Y[:, None])
+    assert_trees_close(jax.tree.leaves(got), jax.tree.leaves(per_example))
+
+
+def test_a_non_array_leaf_is_part_of_the_signature():
+    """A function among the leaves is static: another one builds again, the same one
+    does not; results as jax.jit's with the function closed over."""
+    def grad_step(params, x):
+        g = jax.grad(lambda w: jnp.sum(params["act"](x @ w)))(params["w"])
+        return {"w": params["w"] - 0.1 * g, "act": params["act"]}
+    jitted = rp.jit(grad_step, policy="nothing_saveable")
+    w, x = jnp.ones((4, 3)) * 0.1, jnp.linspace(0, 1, 8).reshape(2, 4)
+    for act in (jnp.tanh, jnp.sin, jnp.tanh):
+        got = jitted({"w": w, "act": act}, x)
+        assert got["act"] is act
+        np.testing.assert_allclose(got["w"], jax.jit(lambda w, x: grad_step(
+            {"w": w, "act": act}, x)["w"])(w, x), rtol=1e-6)
+    assert jitted.builds == 2
+
+
+def test_an_unhashable_non_array_leaf_is_a_clear_error():
+    class Config:
+        __hash__ = None
+    with pytest.raises(rp.RematError, match=r"argument leaf settings\['cfg'\] is a Config, "
+                                            r"not an array.*must be hashable"):
+        rp.jit(lambda w, settings: jax.grad(lambda w: jnp.sum(w ** 2))(w))(
+            jnp.ones(3), {"cfg": Config()})
+
+
+def test_a_lowered_equinox_step_says_to_call_the_rp_jit_function():
+    model, opt_state = make()
+    lowered = rp.jit(step, policy="nothing_saveable").lower(model, opt_state, X, Y)
+    with pytest.raises(TypeError, match="a lowered step takes arrays.*call it instead"):
+        lowered.compile()(model, opt_state, X, Y)
