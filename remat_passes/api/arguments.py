@@ -1,7 +1,8 @@
-"""How `rp.jit` takes a call's arguments apart (static, dynamic, by keyword), what of them
-a compiled program depends on (its signature), where it puts them (`in_shardings`), and a
-typed PRNG key as the data a split half takes (`key_data`), and calls on the arguments'
-leaves for JAX's custom rules (`LeafCalls`)."""
+"""How `rp.jit` takes a call's arguments apart (static, dynamic, by keyword: `split`;
+donated: `donated_positions`; the instance of a method: `Method`), what of them a compiled
+program depends on (its signature), where it puts them (`in_shardings`), and a typed PRNG
+key as the data a split half takes (`key_data`), and calls on the arguments' leaves for
+JAX's custom rules (`LeafCalls`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -117,6 +118,39 @@ def split(jitted, args: tuple, kwargs: dict) -> tuple:
                              f"position (as jax.jit): got {', '.join(kw_names)} by keyword")
         dynamic = place(dynamic, jitted.in_shardings)
     return Call(static, static_kw, kw_names), dynamic + tuple(kwargs[k] for k in kw_names)
+
+
+def donated_positions(jitted, call: Call, n_pos: int) -> tuple:
+    """The rp.jit `jitted`'s donated arguments as positions among a call's dynamic ones
+    (`n_pos` positional ones, then the keyword ones)."""
+    statics = {i for i, _ in call.static}
+    out, k = [], 0
+    for i in range(n_pos + len(statics)):
+        if i in statics:
+            continue
+        if i in jitted.donate_argnums:
+            out.append(k)
+        k += 1
+    out += [n_pos + j for j, name in enumerate(call.kw_names) if name in jitted.donate_argnames]
+    return tuple(out)
+
+
+class Method:
+    """An rp.jit function read as an attribute of an instance: calls (and `lower`) take the
+    instance as the first argument; anything else is the rp.jit function's."""
+
+    def __init__(self, jitted, instance):
+        self._jitted, self._instance = jitted, instance
+
+    def __call__(self, *args, **kwargs):
+        return self._jitted(self._instance, *args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        lowered = self._jitted.lower(self._instance, *args, **kwargs)
+        return dataclasses.replace(lowered, bound=(self._instance,))
+
+    def __getattr__(self, name):
+        return getattr(self._jitted, name)
 
 
 def keep_parameter_names(wrapper, fun, call: Call, n_dynamic: int) -> None:

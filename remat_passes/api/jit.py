@@ -266,6 +266,11 @@ class Jitted:
                                 "to the call")
         return self._lowered(call, dynamic).run(*dynamic)
 
+    def __get__(self, obj, objtype=None):
+        """As a method: the instance is the first argument (its leaves static unless arrays;
+        an NNX Module split), as `eqx.filter_jit` and `nnx.jit` take it."""
+        return self if obj is None else arguments.Method(self, obj)
+
     def like(self, fun: Callable, donate_argnums: Sequence[int]) -> "Jitted":
         """An rp.jit of `fun` (the dynamic arguments alone) with this one's options."""
         jitted = Jitted(fun, donate_argnums=donate_argnums, **self._options)
@@ -300,7 +305,7 @@ class Jitted:
         exported = export(dynamic_fun, *dynamic, jax_checkpoint=self.jax_checkpoint,
                           shardings=shardings)
         mode = default_mode() if self.mode == "auto" else self.mode
-        donated = self._donated_positions(call, n_pos)
+        donated = arguments.donated_positions(self, call, n_pos)
         variants = self._variants(mode)
         name = dynamic_fun.__name__
         own = ties(exported) if any(v.tie for v in variants) else 0
@@ -444,20 +449,6 @@ class Jitted:
                     cache.store(self.cache_dir, keys[v], module)
         return [(found[v], True) if found[v] is not None else (made[v], False)
                 for v in variants]
-
-    def _donated_positions(self, call, n_pos: int) -> tuple:
-        """Donated arguments as positions among the dynamic ones (`n_pos` positional ones,
-        then the keyword ones)."""
-        statics = {i for i, _ in call.static}
-        out, k = [], 0
-        for i in range(n_pos + len(statics)):
-            if i in statics:
-                continue
-            if i in self.donate_argnums:
-                out.append(k)
-            k += 1
-        out += [n_pos + j for j, name in enumerate(call.kw_names) if name in self.donate_argnames]
-        return tuple(out)
 
     # A build lowers its program(s), starts XLA's compilation of each (`start`, from
     # jax_run.compiling) and gives back a function that waits for them and makes the Lowered.

@@ -34,6 +34,9 @@ class Lowered:
     # what it was built for: (dynamic keyword names, pytree of the dynamic arguments, each
     # leaf's shape and dtype), for a call of the Lowered itself
     signature: tuple | None = dataclasses.field(default=None, repr=False)
+    # put before the arguments of a call of the Lowered itself: the instance where it was
+    # lowered as a method (`arguments.Method`)
+    bound: tuple = dataclasses.field(default=(), repr=False)
 
     @property
     def barriers(self) -> str:
@@ -82,13 +85,14 @@ class Lowered:
             raise TypeError(f"rp.jit: this step was lowered with dynamic keyword arguments "
                             f"{sorted(kw_names)}, called with {sorted(kwargs)} (static "
                             "arguments are part of what was built: leave them out)")
-        dynamic = args + tuple(kwargs[k] for k in kw_names)
-        leaves, got_tree = jax.tree_util.tree_flatten(dynamic)
-        if graph_nodes.holds_nodes(dynamic) or not all(map(static_leaves.is_data, leaves)):
+        dynamic = self.bound + args + tuple(kwargs[k] for k in kw_names)
+        if graph_nodes.holds_nodes(dynamic):
             raise TypeError("rp.jit: a lowered step takes arrays; these arguments hold Flax "
-                            "NNX objects or leaves that are not arrays, which the rp.jit "
-                            "function takes (splitting the objects, the other leaves "
-                            "static): call it instead (it builds once per signature)")
+                            "NNX objects, which the rp.jit function takes (splitting them "
+                            "and updating them after the call): call it instead (it builds "
+                            "once per signature)")
+        dynamic = static_leaves.wrap_all(dynamic)      # (leaves not arrays: as built)
+        leaves, got_tree = jax.tree_util.tree_flatten(dynamic)
         got = tuple(shape_key(x) for x in leaves)
         if got_tree != tree or got != shapes:
             wrong = next((i for i, (a, b) in enumerate(zip(got, shapes)) if a != b), None)
@@ -99,7 +103,7 @@ class Lowered:
                    f"{_shape_text(got[wrong])}")
                 + "; lower it again for these (or call the rp.jit function, which builds "
                 "once per signature)")
-        return self.run(*dynamic)
+        return static_leaves.unwrap(self.run(*dynamic))
 
     def footprint(self) -> int | None:
         """What XLA says the program holds while it runs: temp + arguments + outputs -

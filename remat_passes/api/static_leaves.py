@@ -67,6 +67,11 @@ def wrap(jitted, args: tuple, kwargs: dict) -> tuple:
     return args, kwargs
 
 
+def wrap_all(arguments: tuple) -> tuple:
+    """`wrap` of arguments that are all dynamic (a lowered step's)."""
+    return tuple(_wrapped(a, f"args[{i}]") for i, a in enumerate(arguments))
+
+
 def _wrapped(argument, name: str):
     paths, tree = jax.tree_util.tree_flatten_with_path(argument)
     leaves = []

@@ -185,7 +185,7 @@ def _run_batched(jitted, call, in_batched, args, axis: dict):
     key = (call, tree, tuple(flags), tuple(sorted(axis.items(), key=str)))
     inner = jitted._batched.get(key)
     if inner is None:
-        donated = jitted._donated_positions(call, len(args) - len(call.kw_names))
+        donated = arguments.donated_positions(jitted, call, len(args) - len(call.kw_names))
         inner = jitted._batched[key] = jitted.like(
             jax.vmap(fun, in_axes=in_axes, **axis), donated)
     out = inner(*args)

@@ -165,3 +165,19 @@ def test_a_lowered_nnx_step_says_to_call_the_rp_jit_function():
     lowered = rp.jit(step, policy="nothing_saveable").lower(model, optimizer, X, Y)
     with pytest.raises(TypeError, match="a lowered step takes arrays.*call it instead"):
         lowered.compile()(model, optimizer, X, Y)
+
+
+def test_an_rp_jit_method_of_an_nnx_module_updates_the_module(reference):
+    """`@rp.jit` on a Module's method (as `@nnx.jit` is written): the instance is the first
+    argument, split as the others, and updated in place."""
+    class Trained(Net):
+        @rp.jit(policy="dots_saveable")
+        def train_step(self, optimizer, x, y):
+            return step(self, optimizer, x, y)
+    model = Trained(nnx.Rngs(0, dropout=1))
+    optimizer = nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)
+    losses = [float(model.train_step(optimizer, X, Y)) for _ in range(STEPS)]
+    np.testing.assert_allclose(losses, reference[0], rtol=1e-5)
+    assert_trees_close(state_leaves(model, optimizer), reference[1], rtol=1e-4, atol=1e-6)
+    assert model.train_step.builds == 1
+    assert model.train_step.lower(optimizer, X, Y).mode == "joint"

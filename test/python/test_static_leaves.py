@@ -122,8 +122,32 @@ def test_an_unhashable_non_array_leaf_is_a_clear_error():
             jnp.ones(3), {"cfg": Config()})
 
 
-def test_a_lowered_equinox_step_says_to_call_the_rp_jit_function():
+def test_a_lowered_equinox_step_runs_as_the_rp_jit_function():
+    """As after jax.jit's lower(...).compile(): called with the arguments, whose leaves that
+    are not arrays it takes as the rp.jit function does."""
     model, opt_state = make()
-    lowered = rp.jit(step, policy="nothing_saveable").lower(model, opt_state, X, Y)
-    with pytest.raises(TypeError, match="a lowered step takes arrays.*call it instead"):
-        lowered.compile()(model, opt_state, X, Y)
+    jitted = rp.jit(step, policy="nothing_saveable")
+    got = jitted.lower(model, opt_state, X, Y).compile()(model, opt_state, X, Y)
+    assert got[0].activation is jax.nn.gelu
+    assert_trees_close(jax.tree.leaves(eqx.filter(got, eqx.is_array)), jax.tree.leaves(
+        eqx.filter(jitted(model, opt_state, X, Y), eqx.is_array)), rtol=0, atol=0)
+
+
+def test_an_rp_jit_method_takes_its_instance_as_a_static_argument():
+    """`@rp.jit` on a method of a plain class: the instance (not an array) is static, read
+    when the step is built, one build per instance."""
+    class Trainer:
+        def __init__(self, lr):
+            self.lr = lr
+
+        @rp.jit(policy="nothing_saveable")
+        def sgd(self, w, x):
+            return w - self.lr * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+    w, x = jnp.ones((3, 2)) * 0.1, jnp.linspace(0, 1, 12).reshape(4, 3)
+    for lr in (0.1, 0.5):
+        trainer = Trainer(lr)
+        expected = w - lr * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+        np.testing.assert_allclose(trainer.sgd(w, x), expected, rtol=1e-6)
+        np.testing.assert_allclose(trainer.sgd.lower(w, x).compile()(w, x), expected,
+                                   rtol=1e-6)
+    assert Trainer.sgd.builds == 2
