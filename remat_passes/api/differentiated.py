@@ -27,7 +27,8 @@ outputs and gradients out), as rp.jit keeps the smallest joint program
 update around it; on the conv net under `dots_saveable`, jaxlib 0.12, the variant the proxy
 ranks first needs 2,129,920 B of temp in `jax.jit(jax.grad(...))`, another 2,064,384 B, and
 jax.checkpoint 2,719,744 B). Arguments that are not floating point (integer tokens, PRNG keys)
-get no cotangent (None: zero). With `cache_dir` the rewritten modules are kept on disk, as
+get no cotangent (None: zero), and outputs that are not (a count in `has_aux`'s aux, an NNX
+Rngs count the loss advances) take none (export_vjp's). With `cache_dir` the rewritten modules are kept on disk, as
 rp.jit keeps those of a step.
 """
 from __future__ import annotations
@@ -96,7 +97,9 @@ def build(jitted, call_, specs) -> Callable:
                          "rp.jit(jax.value_and_grad(...), in_shardings=...)")
     fun = jitted._bound(call_, len(specs))
     in_leaves = jax.tree_util.tree_leaves(specs)
-    out_tree = jax.tree_util.tree_structure(jax.eval_shape(fun, *specs))
+    out_leaves, out_tree = jax.tree_util.tree_flatten(jax.eval_shape(fun, *specs))
+    # (the outputs that take a cotangent: export_vjp's, the floating-point ones)
+    inexact = [jnp.issubdtype(x.dtype, jnp.inexact) for x in out_leaves]
     module = export_vjp(fun, *specs, jax_checkpoint=jitted.jax_checkpoint)
     options = jitted.remat_options("split")
     options.pop("round_read_back", None)     # (one program, as the joint form)
@@ -106,25 +109,27 @@ def build(jitted, call_, specs) -> Callable:
         if not any(m.bytecode() == o.bytecode() for o in made):
             made.append(m)
     # (where nothing is recomputed, also with jax.checkpoint's barrier over the residuals)
-    candidates = [(*_halves(m, len(in_leaves), out_tree.num_leaves), fence) for m in made
+    candidates = [(*_halves(m, len(in_leaves), len(inexact), sum(inexact)), fence)
+                  for m in made
                   for fence in ((False, True) if recomputes_nothing(module, m) else (False,))]
     if len(candidates) > 1:
         with jax_run.compiling() as start:      # (side by side)
-            waiting = [start(_composed(*c, out_tree.num_leaves)) for c in candidates]
+            waiting = [start(_composed(*c, len(inexact), sum(inexact))) for c in candidates]
             sizes = [jax_run.footprint(wait()) for wait in waiting]
         if None not in sizes:
             candidates = [candidates[sizes.index(min(sizes))]]
     fwd, bwd, fence = candidates[0]
     differentiable = [jnp.issubdtype(x.dtype, jnp.inexact) for x in in_leaves]
-    return _custom_vjp(fwd, bwd, fence, out_tree, differentiable, name)
+    return _custom_vjp(fwd, bwd, fence, out_tree, inexact, differentiable, name)
 
 
-def _halves(module, n_in: int, n_out: int) -> tuple:
-    """The split module's halves as JAX functions (`Exported.call`)."""
+def _halves(module, n_in: int, n_out: int, n_ct: int) -> tuple:
+    """The split module's halves as JAX functions (`Exported.call`); `n_ct` of the `n_out`
+    outputs take a cotangent."""
     fwd = jax_compat.exported_for_call(module.to_exported("main_fwd"))[0]
     bwd = jax_compat.exported_for_call(module.to_exported("main_bwd"))[0]
     n_res = len(fwd.out_avals) - n_out
-    if len(fwd.in_avals) != n_in or len(bwd.in_avals) != n_res + n_out or \
+    if len(fwd.in_avals) != n_in or len(bwd.in_avals) != n_res + n_ct or \
             len(bwd.out_avals) != n_in:
         raise RematError("error: rp.jit: the rewritten halves do not keep the calling "
                          "convention of the function's VJP (report this as a bug)")
@@ -138,11 +143,11 @@ def _backward(call_bwd, fence: bool, residuals, cotangents):
     return call_bwd(*residuals, *cotangents)
 
 
-def _composed(fwd, bwd, fence: bool, n_out: int):
+def _composed(fwd, bwd, fence: bool, n_out: int, n_ct: int):
     """The halves composed into one program as `jax.value_and_grad` composes them, lowered
     to compile for XLA's footprint: the arguments in, the outputs and the gradients out,
-    each output's cotangent ones (a loss's is 1)."""
-    ct_avals = bwd.in_avals[len(bwd.in_avals) - n_out:]
+    each cotangent ones (a loss's is 1)."""
+    ct_avals = bwd.in_avals[len(bwd.in_avals) - n_ct:]
 
     def composed(*args):
         outs = fwd.call(*args)
@@ -191,7 +196,8 @@ def _unbatchable(call, name: str) -> Callable:
     return refusing
 
 
-def _custom_vjp(fwd, bwd, fence: bool, out_tree, differentiable: list, name: str) -> Callable:
+def _custom_vjp(fwd, bwd, fence: bool, out_tree, inexact: list, differentiable: list,
+                name: str) -> Callable:
     n_out = out_tree.num_leaves
     call_fwd, call_bwd = _unbatchable(fwd.call, name), _unbatchable(bwd.call, name)
 
@@ -206,6 +212,7 @@ def _custom_vjp(fwd, bwd, fence: bool, out_tree, differentiable: list, name: str
 
     def flat_bwd(residuals, cotangents):
         _alone((residuals, cotangents), name)
+        cotangents = [ct for ct, d in zip(cotangents, inexact) if d]   # (float0 the others)
         grads = _backward(call_bwd, fence, residuals, cotangents)
         return tuple(g if d else None for g, d in zip(grads, differentiable))
     flat.defvjp(flat_fwd, flat_bwd)

@@ -21,6 +21,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import export as jax_export
 
 from remat_passes import jax_compat
@@ -212,20 +213,29 @@ def export_vjp(fun, *primals, platforms=None, jax_checkpoint: str = "jax") -> Mo
 
     `@main(primals..., cotangents...) -> (outputs..., primal cotangents...)`,
     pytrees flattened as `jax.vjp` does; calling it equals `jax.vjp(fun,
-    *primals)` followed by the VJP function on the same cotangents.
+    *primals)` followed by the VJP function on the same cotangents. An output that is not
+    floating point (a count, a step number) has no cotangent argument (JAX's is a zero of
+    `float0`): the cotangents are those of the floating-point outputs, in order.
     `jax_checkpoint="regions"` turns the `jax.checkpoint` calls of the model code into
     checkpoint regions the passes apply (default "jax": JAX applies them at export).
     """
     out_shape = jax.eval_shape(fun, *primals)
-    for leaf in jax.tree_util.tree_leaves(out_shape):
-        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
-            raise RematError(f"error: export_vjp needs floating-point outputs, got {leaf.dtype}")
-    cotangent = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), out_shape)
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
+    inexact = [jnp.issubdtype(leaf.dtype, jnp.inexact) for leaf in out_leaves]
+    if not any(inexact):
+        raise RematError("error: export_vjp needs a floating-point output, got "
+                         f"{', '.join(sorted({str(leaf.dtype) for leaf in out_leaves}))}")
+    # (the outputs' pytree, None where no cotangent is taken: the arguments keep their names)
+    cotangent = jax.tree_util.tree_unflatten(out_tree, [
+        jax.ShapeDtypeStruct(s.shape, s.dtype) if d else None
+        for s, d in zip(out_leaves, inexact)])
     n = len(primals)
 
     def joint(*args):
         out, vjp_fn = jax.vjp(fun, *args[:n])
-        return out, vjp_fn(args[n])
+        cts = [np.zeros(s.shape, jax.dtypes.float0) if ct is None else ct
+               for s, ct in zip(out_leaves, out_tree.flatten_up_to(args[n]))]
+        return out, vjp_fn(jax.tree_util.tree_unflatten(out_tree, cts))
     names = _param_names(fun, n) + ["cotangent"]
     joint.__signature__ = inspect.Signature(
         [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])

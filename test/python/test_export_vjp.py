@@ -15,11 +15,12 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
 
 import remat_passes as rp
+from remat_passes.ir import graph
 from remat_passes.ir.mlir import ir
 from remat_passes.jax import bridge as jax_bridge
 from remat_passes.jax_compat import current_lowering, name_primitive
 from remat_testlib import (LAYERED_ARGS, assert_same_residual_types, assert_trees_close,
-                           checkpointed_layer, layered_loss, run_joint)
+                           checkpointed_layer, layered_loss, leaves, run_joint)
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -242,9 +243,32 @@ def test_cotangent_attribute_single_output(exported_cases):
     assert [i for i, a in enumerate(args) if "remat.cotangent" in a] == [n_primal]
 
 
-def test_export_vjp_rejects_integer_outputs():
-    with pytest.raises(rp.RematError, match="floating-point outputs.*int32"):
+def test_export_vjp_rejects_a_function_without_a_floating_point_output():
+    with pytest.raises(rp.RematError, match="needs a floating-point output, got int32"):
         rp.export_vjp(lambda x: (x * 2).astype(jnp.int32), jnp.ones(3))
+
+
+def test_an_integer_output_takes_no_cotangent():
+    """A loss with an integer output beside (a count, as `has_aux` returns): cotangent
+    arguments for the floating-point outputs alone, named as in the outputs' pytree; after
+    remat-partial-eval the module's outputs and gradients are jax.vjp's (the count's
+    cotangent a float0 zero)."""
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(h ** 2), {"count": jnp.sum(h > 0), "mean": jnp.mean(h)}
+    w, x = jnp.linspace(-1, 1, 6).reshape(3, 2), jnp.ones((4, 3))
+    m = rp.export_vjp(loss, w, x)
+    args = attr_names(m, "arg_attrs")
+    assert [i for i, a in enumerate(args) if "remat.cotangent" in a] == [2, 3]
+    main = graph.find_func(m.op, "main")
+    assert [graph.arg_name(main, i) for i in (2, 3)] == ["cotangent[0]", "cotangent[1]['mean']"]
+    out, vjp_fn = jax.vjp(loss, w, x)
+    ct = (jnp.float32(1.0), {"count": np.zeros((), jax.dtypes.float0),
+                             "mean": jnp.float32(0.5)})
+    rewritten = rp.remat(m, policy="nothing_saveable")
+    assert_trees_close(leaves(rewritten.call(w, x, (ct[0], {"count": None,
+                                                         "mean": ct[1]["mean"]}))),
+                       leaves((out, vjp_fn(ct))))
 
 
 # ---------------------------------------------------------- checkpoint names --

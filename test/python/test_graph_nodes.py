@@ -181,3 +181,17 @@ def test_an_rp_jit_method_of_an_nnx_module_updates_the_module(reference):
     assert_trees_close(state_leaves(model, optimizer), reference[1], rtol=1e-4, atol=1e-6)
     assert model.train_step.builds == 1
     assert model.train_step.lower(optimizer, X, Y).mode == "joint"
+
+
+def test_nnx_grad_of_an_rp_jit_loss_updates_batch_statistics_and_rngs():
+    """nnx.grad(rp.jit(loss)) in training mode: the loss writes BatchNorm's statistics and
+    the Dropout's Rngs count (an integer output, which takes no cotangent); the gradients and
+    the Module's state after it are nnx.grad's of the plain loss."""
+    results = []
+    for loss in (loss_fn, rp.jit(loss_fn, policy="nothing_saveable")):
+        model, _ = make()
+        grads = nnx.grad(loss)(model, X, Y)
+        results.append((state_leaves(grads), state_leaves(model)))
+    assert_trees_close(results[1][0], results[0][0], rtol=1e-4, atol=1e-6)
+    assert_trees_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
+    assert not all(np.array_equal(a, b) for a, b in zip(results[0][1], state_leaves(make()[0])))

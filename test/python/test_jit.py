@@ -746,6 +746,22 @@ def test_a_loss_differentiated_from_outside_reads_the_disk_cache(tmp_path, monke
     np.testing.assert_array_equal(again, first)
 
 
+def test_a_loss_with_an_integer_aux_output_differentiated_from_outside():
+    """`jax.value_and_grad(rp.jit(loss), has_aux=True)` where the aux holds a count (no
+    cotangent: export_vjp takes none for it), eagerly and through a jax.jit around the call:
+    JAX's values, gradients and aux. Before: "export_vjp needs floating-point outputs"."""
+    def loss_aux(w, x):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(h ** 2), {"positive": jnp.sum(h > 0), "mean": jnp.mean(h)}
+    w, x = jnp.linspace(-1, 1, 12).reshape(4, 3), jnp.linspace(0, 1, 8).reshape(2, 4)
+    expected = jax.value_and_grad(loss_aux, has_aux=True)(w, x)
+    jitted = rp.jit(loss_aux, policy="nothing_saveable")
+    for got in (jax.value_and_grad(jitted, has_aux=True)(w, x),
+                jax.value_and_grad(jax.jit(lambda w, x: jitted(w, x)), has_aux=True)(w, x)):
+        assert_trees_close(jax.tree.leaves(got), jax.tree.leaves(expected))
+        assert got[0][1]["positive"].dtype == jnp.int32
+
+
 def test_a_flax_nnx_loss_differentiated_by_nnx_grad():
     """Flax NNX differentiates a loss of a Module with `nnx.grad` (its own split of the
     Module into state, then jax.grad): an rp.jit loss goes through it, and the gradients
