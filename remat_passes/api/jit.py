@@ -68,8 +68,8 @@ data-parallel step, `jax.grad` inside `jax.shard_map`: the policy applies inside
 
 Flax NNX objects among the arguments (Module, Optimizer, Rngs) are taken as `nnx.jit` takes
 them: what the step changes in them reaches the caller's objects (`api/graph_nodes.py`).
-Leaves that are not arrays (an Equinox Module's activation function) are static, as
-`eqx.filter_jit` takes them, in the arguments and the results (`api/static_leaves.py`).
+An Equinox Module's leaves that are not arrays are static, as `eqx.filter_jit` takes them,
+and so is any leaf jax.jit cannot take, in the arguments and results (`api/static_leaves.py`).
 
 `jax_checkpoint="regions"` makes the `jax.checkpoint` calls of the model code checkpoint
 regions the passes apply (a layer JAX would rematerialize at export becomes one `policy`

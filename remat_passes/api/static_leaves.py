@@ -1,29 +1,39 @@
 """Leaves of `rp.jit`'s arguments and results that are not arrays, taken as static.
 
 An Equinox Module is a pytree whose leaves are its arrays and also what is not data: the
-activation function of an `eqx.nn.MLP`, a flag, a name. `jax.jit` refuses such a leaf ("not
-a valid JAX type"); Equinox's own `eqx.filter_jit` makes it static, and so does rp.jit:
+activation function of an `eqx.nn.MLP`, a Dropout's rate and `inference` flag. `jax.jit`
+refuses a function leaf ("not a valid JAX type") and makes a Python number an array, which
+Equinox code then treats as a parameter (`eqx.filter(model, eqx.is_array)` takes it, an
+optimizer state made outside does not have it; `if inference:` fails on a traced bool).
+Equinox's own `eqx.filter_jit` makes every leaf that is not an array static, and so does
+rp.jit, where jax.jit's own rule does not serve:
 
-* `wrap`: each leaf of a dynamic argument that is not an array (nor a Python or NumPy
-  scalar, which `jax.jit` takes as an array) becomes a `Static`, a pytree node with no
-  children whose auxiliary data is the value: part of the signature (compared with `==`,
-  so it must be hashable), not an argument of the compiled program;
-* `functional`: the traced function gets the values back, and wraps the same kind of
-  leaves of its results, which come back from the results' pytree structure (`unwrap`):
-  an updated Module is returned with its activation function.
+* `wrap`: each leaf of a dynamic argument that `jax.jit` cannot take (not an array, a
+  NumPy or a Python number), and inside an Equinox Module each leaf that is not an array
+  (`eqx.is_array`'s rule: its Python numbers and bools too), becomes a `Static`, a pytree
+  node with no children whose auxiliary data is the value: part of the signature (compared
+  with `==`, so it must be hashable), not an argument of the compiled program. A Python
+  number elsewhere (a learning rate) stays an array, as under `jax.jit`: a new value does
+  not build again;
+* `functional`: the traced function gets the values back, and wraps the same leaves of its
+  results, which come back from the results' pytree structure (`unwrap`): an updated Module
+  is returned with its activation function and its Dropout's rate.
+
+Equinox is not a dependency: where `equinox` was never imported no argument is a Module.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+import sys
 
 import jax
 import numpy as np
 
 from remat_passes.ir.mlir import RematError
 
-_DATA = (jax.Array, jax.core.Tracer, np.ndarray, np.generic, bool, int, float, complex,
-         jax.ShapeDtypeStruct)
+_ARRAYS = (jax.Array, jax.core.Tracer, np.ndarray, np.generic, jax.ShapeDtypeStruct)
+_DATA = _ARRAYS + (bool, int, float, complex)
 
 
 def is_data(x) -> bool:
@@ -51,11 +61,42 @@ def _is_static(x) -> bool:
     return isinstance(x, Static)
 
 
+def _module_type():
+    """`equinox.Module` where Equinox was imported, else None."""
+    eqx = sys.modules.get("equinox")
+    return getattr(eqx, "Module", None)
+
+
+def _marked(tree):
+    """`tree` with the leaves the module docstring makes static as `Static`s."""
+    module = _module_type()
+
+    def leaf(x):
+        return x if is_data(x) else Static(x)
+
+    def in_module(x):
+        return x if isinstance(x, _ARRAYS) else Static(x)
+
+    if module is None:
+        return jax.tree_util.tree_map(leaf, tree)
+    return jax.tree_util.tree_map(
+        lambda x: jax.tree_util.tree_map(in_module, x) if isinstance(x, module) else leaf(x),
+        tree, is_leaf=lambda x: isinstance(x, module))
+
+
+def _needs_marks(tree) -> bool:
+    module = _module_type()
+    is_leaf = None if module is None else (lambda x: isinstance(x, module))
+    return not all(is_data(x) and not isinstance(x, Static) and (
+        module is None or not isinstance(x, module))
+        for x in jax.tree_util.tree_leaves(tree, is_leaf=is_leaf))
+
+
 def wrap(jitted, args: tuple, kwargs: dict) -> tuple:
-    """(args, kwargs) with every leaf of a dynamic argument (not static to the rp.jit
-    `jitted`) that is not an array made a `Static`; the same objects where there is none."""
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    if all(is_data(x) for x in leaves):
+    """(args, kwargs) with the leaves of the dynamic arguments (not static to the rp.jit
+    `jitted`) that the module docstring makes static made `Static`s; the same objects where
+    there is none."""
+    if not _needs_marks((args, kwargs)):
         return args, kwargs
     params = [p.name for p in jitted._params if p.kind in (
         inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
@@ -69,26 +110,24 @@ def wrap(jitted, args: tuple, kwargs: dict) -> tuple:
 
 def wrap_all(arguments: tuple) -> tuple:
     """`wrap` of arguments that are all dynamic (a lowered step's)."""
+    if not _needs_marks(arguments):
+        return arguments
     return tuple(_wrapped(a, f"args[{i}]") for i, a in enumerate(arguments))
 
 
 def _wrapped(argument, name: str):
-    paths, tree = jax.tree_util.tree_flatten_with_path(argument)
-    leaves = []
-    for path, x in paths:
-        if not is_data(x):
+    marked = _marked(argument)
+    for path, x in jax.tree_util.tree_flatten_with_path(marked, is_leaf=_is_static)[0]:
+        if isinstance(x, Static):
             try:
-                hash(x)
+                hash(x.value)
             except TypeError:
                 raise RematError(
                     f"error: rp.jit: the argument leaf {name}{jax.tree_util.keystr(path)} "
-                    f"is a {type(x).__name__}, not an array, "
-                    "so it is static (as eqx.filter_jit takes it), and a static value must "
-                    "be hashable: make it an array, hashable, or a static argument "
-                    "(static_argnums)") from None
-            x = Static(x)
-        leaves.append(x)
-    return jax.tree_util.tree_unflatten(tree, leaves)
+                    f"is a {type(x.value).__name__}, not an array, so it is static (as "
+                    "eqx.filter_jit takes it), and a static value must be hashable: make "
+                    "it an array, hashable, or a static argument (static_argnums)") from None
+    return marked
 
 
 def unwrap(tree):
@@ -100,11 +139,10 @@ def unwrap(tree):
 
 
 def functional(fun):
-    """`fun` taking `Static`s where `wrap` made them and wrapping its results' leaves that
-    are not arrays (under a trace: the tracers are its arrays) the same way."""
+    """`fun` taking `Static`s where `wrap` made them and wrapping the same leaves of its
+    results (under a trace: the tracers are its arrays)."""
 
     @functools.wraps(fun)
     def call(*args, **kwargs):
-        out = fun(*unwrap(args), **unwrap(kwargs))
-        return jax.tree_util.tree_map(lambda x: x if is_data(x) else Static(x), out)
+        return _marked(fun(*unwrap(args), **unwrap(kwargs)))
     return call

@@ -22,13 +22,29 @@ X = jax.random.normal(jax.random.key(1), (16, 8))
 Y = jnp.zeros((16, 4))
 
 
+class Net(eqx.Module):
+    """An MLP (its activation function a leaf) and a Dropout (its rate and `inference`
+    flag Python leaves: arrays under jax.jit, the rate then a parameter to
+    eqx.filter(model, eqx.is_array) and the flag a traced bool)."""
+    mlp: eqx.nn.MLP
+    drop: eqx.nn.Dropout
+
+    def __init__(self, key):
+        self.mlp = eqx.nn.MLP(8, 4, 32, depth=2, activation=jax.nn.gelu, key=key)
+        self.drop = eqx.nn.Dropout(0.25)
+
+    def __call__(self, x, key):
+        return self.drop(self.mlp(x), key=key)
+
+
 def make():
-    model = eqx.nn.MLP(8, 4, 32, depth=2, activation=jax.nn.gelu, key=jax.random.key(0))
+    model = Net(jax.random.key(0))
     return model, OPT.init(eqx.filter(model, eqx.is_array))
 
 
-def loss_fn(model, x, y):
-    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+def loss_fn(model, x, y, key=jax.random.key(2)):
+    keys = jax.random.split(key, x.shape[0])
+    return jnp.mean((jax.vmap(model)(x, keys) - y) ** 2)
 
 
 def step(model, opt_state, x, y):
@@ -54,7 +70,8 @@ def reference():
 @pytest.mark.parametrize("mode,policy", [("joint", "nothing_saveable"),
                                          ("split", "dots_saveable")])
 def test_an_equinox_step_runs_as_under_filter_jit(reference, mode, policy):
-    """Before, jax.jit's error: the MLP's activation function is not a valid JAX type."""
+    """Before, jax.jit's error: the MLP's activation function is not a valid JAX type.
+    The function, the Dropout's rate and flag come back as they went in."""
     jitted = rp.jit(step, mode=mode, policy=policy)
     losses, model = train(jitted)
     np.testing.assert_allclose(losses, reference[0], rtol=1e-5)
@@ -62,8 +79,8 @@ def test_an_equinox_step_runs_as_under_filter_jit(reference, mode, policy):
     assert_trees_close(jax.tree.leaves(eqx.filter(model, eqx.is_array)),
                        jax.tree.leaves(eqx.filter(reference[1], eqx.is_array)),
                        rtol=1e-4, atol=1e-6)
-    assert model.activation is jax.nn.gelu and model.final_activation is \
-        reference[1].final_activation
+    assert model.mlp.activation is jax.nn.gelu and model.drop.p == 0.25 and \
+        model.drop.inference is False
     assert jitted.builds == 1
 
 
@@ -76,7 +93,7 @@ def test_an_equinox_step_saves_what_jax_checkpoint_saves():
         policy=jax.checkpoint_policies.dots_saveable), params, X, Y)
     assert Counter(our_type(r) for r in ours if not r.argument) == Counter(
         jax_type(a) for a, d in theirs if not d.startswith("from the argument"))
-    assert any(r.argument and "model.layers[0].weight" in r.description for r in ours), \
+    assert any(r.argument and "model.mlp.layers[0].weight" in r.description for r in ours), \
         [str(r) for r in ours]
 
 
@@ -99,17 +116,18 @@ def test_an_equinox_loss_under_filter_grad_filter_jit_and_vmap():
 
 def test_a_non_array_leaf_is_part_of_the_signature():
     """A function among the leaves is static: another one builds again, the same one
-    does not; results as jax.jit's with the function closed over."""
-    def grad_step(params, x):
+    does not; results as jax.jit's with the function closed over. A Python number outside
+    an Equinox Module (a learning rate) is an array, as under jax.jit: no build per value."""
+    def grad_step(params, x, lr):
         g = jax.grad(lambda w: jnp.sum(params["act"](x @ w)))(params["w"])
-        return {"w": params["w"] - 0.1 * g, "act": params["act"]}
+        return {"w": params["w"] - lr * g, "act": params["act"]}
     jitted = rp.jit(grad_step, policy="nothing_saveable")
     w, x = jnp.ones((4, 3)) * 0.1, jnp.linspace(0, 1, 8).reshape(2, 4)
-    for act in (jnp.tanh, jnp.sin, jnp.tanh):
-        got = jitted({"w": w, "act": act}, x)
+    for act, lr in ((jnp.tanh, 0.1), (jnp.sin, 0.1), (jnp.tanh, 0.5)):
+        got = jitted({"w": w, "act": act}, x, lr)
         assert got["act"] is act
         np.testing.assert_allclose(got["w"], jax.jit(lambda w, x: grad_step(
-            {"w": w, "act": act}, x)["w"])(w, x), rtol=1e-6)
+            {"w": w, "act": act}, x, lr)["w"])(w, x), rtol=1e-6)
     assert jitted.builds == 2
 
 
@@ -128,7 +146,7 @@ def test_a_lowered_equinox_step_runs_as_the_rp_jit_function():
     model, opt_state = make()
     jitted = rp.jit(step, policy="nothing_saveable")
     got = jitted.lower(model, opt_state, X, Y).compile()(model, opt_state, X, Y)
-    assert got[0].activation is jax.nn.gelu
+    assert got[0].mlp.activation is jax.nn.gelu
     assert_trees_close(jax.tree.leaves(eqx.filter(got, eqx.is_array)), jax.tree.leaves(
         eqx.filter(jitted(model, opt_state, X, Y), eqx.is_array)), rtol=0, atol=0)
 
