@@ -1,4 +1,4 @@
-"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,gpu,barriers,zoo,scans,render,all} [options]
+"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,libraries,gpu,barriers,zoo,scans,render,all} [options]
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
@@ -8,12 +8,14 @@
            xla_cpu_jax0_12.json on CPU with jax 0.12: see xla_memory.results_name)
   startup  remat-opt start-up time against `import jax`      -> results/startup.json
   train    a training step through rp.jit beside jax.jit     -> results/train.json
+  libraries Flax NNX and Equinox steps beside nnx.jit, eqx.filter_jit -> results/libraries.json
   gpu      XLA memory and step time of every plan (on a GPU)  -> results/gpu.json
   barriers per-use against per-region barriers (on a GPU) -> results/barriers_<backend>.json
   zoo      models from other libraries (installs them, pinned) -> results/zoo.json
   scans    long scans in segments beside the hand-written scheme -> results/scans.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
-  all      the seven measurements, then render (about 1.5 hours on 2 cores)
+  all      the nine measurements on CPU (models to train, libraries, scans), then render
+           (about 1.5 hours on 2 cores)
 
 Run from the repository root after `pip install -e ".[bench]"`.
 """
@@ -229,6 +231,19 @@ def run_train(argv) -> None:
     _log(f"wrote {common.write_json('train', train.measure(args.steps, _log))}")
 
 
+def run_libraries(argv) -> None:
+    from tools.benchmarks import common, libraries
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks libraries",
+                                 description=libraries.__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    args = ap.parse_args(argv)
+    data = libraries.measure(args.steps, _log)
+    _log(f"wrote {common.write_json('libraries', data)}")
+    for text, ok in libraries.checks(data):
+        if not ok:
+            _log(f"check failed: {text}")
+
+
 def run_gpu(argv) -> None:
     from tools.benchmarks import gpu
     from tools.benchmarks.models import MODELS
@@ -309,8 +324,8 @@ def run_scans(argv) -> None:
 
 
 def main(argv: list[str]) -> int:
-    commands = ("models", "budgets", "scaling", "memory", "xla", "startup", "train", "gpu",
-                "barriers", "zoo", "scans", "render", "all")
+    commands = ("models", "budgets", "scaling", "memory", "xla", "startup", "train",
+                "libraries", "gpu", "barriers", "zoo", "scans", "render", "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -330,6 +345,8 @@ def main(argv: list[str]) -> int:
         run_startup(rest if command == "startup" else [])
     if command in ("train", "all"):
         run_train(rest if command == "train" else [])
+    if command in ("libraries", "all"):
+        run_libraries(rest if command == "libraries" else [])
     if command in ("scans", "all"):
         run_scans(rest if command == "scans" else [])
     if command == "gpu":          # (not part of `all`: it is for the device machine)

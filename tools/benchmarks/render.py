@@ -425,6 +425,10 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     if trained is not None:
         from tools.benchmarks import train
         parts.append(train.render(trained))
+    libraries_steps = common.read_json("libraries")   # (optional: ... libraries)
+    if libraries_steps is not None:
+        from tools.benchmarks import libraries
+        parts.append(libraries.render(libraries_steps))
     long_scans = common.read_json("scans")   # (optional: python -m tools.benchmarks scans)
     if long_scans is not None:
         from tools.benchmarks import scans
