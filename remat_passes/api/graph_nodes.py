@@ -16,8 +16,8 @@ does:
   `nnx.split` gives holds the object's own Variables; `nnx.update` where the call changed
   the state's structure).
 
-Two arguments that share a Variable are refused, as `nnx.jit` refuses them when it checks
-aliasing: each argument is split on its own, so the two copies would be updated apart.
+Two arguments that share a Variable are refused: each argument is split on its own, so the
+two copies would be updated apart.
 
 Flax is not a dependency: where `flax.nnx` was never imported no argument can be a graph
 node, and nothing here runs.
@@ -55,37 +55,38 @@ class _Unnamed:
 @jax.tree_util.register_pytree_with_keys_class
 class NodeArgument:
     """An argument holding NNX graph nodes, as the traced function takes it: its state (the
-    pytree's children) and, static, its graph definition and whether it is donated."""
+    pytree's children) and, static, its graph definition, whether it is donated and where
+    it is among the call's arguments (a position or a keyword)."""
 
-    def __init__(self, graphdef, state, donated: bool):
-        self.graphdef, self.state, self.donated = graphdef, state, donated
+    def __init__(self, graphdef, state, donated: bool, at: int | str):
+        self.graphdef, self.state, self.donated, self.at = graphdef, state, donated, at
 
     def tree_flatten(self):
-        return (self.state,), (self.graphdef, self.donated)
+        return (self.state,), (self.graphdef, self.donated, self.at)
 
     def tree_flatten_with_keys(self):
-        return ((_Unnamed(), self.state),), (self.graphdef, self.donated)
+        return ((_Unnamed(), self.state),), (self.graphdef, self.donated, self.at)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(aux[0], children[0], aux[1])
+        return cls(aux[0], children[0], aux[1], aux[2])
 
 
 @jax.tree_util.register_pytree_node_class
 class Changed:
-    """What the call changed in one `NodeArgument`: the new values of its state's Variables at
-    `indices` (static), or, where the call changed the state's structure (`indices` None),
-    the whole new state."""
+    """What the call changed in the `NodeArgument` at `at`: the new values of its state's
+    Variables at `indices` (static), or, where the call changed the state's structure
+    (`indices` None), the whole new state."""
 
-    def __init__(self, indices: tuple | None, values):
-        self.indices, self.values = indices, values
+    def __init__(self, at: int | str, indices: tuple | None, values):
+        self.at, self.indices, self.values = at, indices, values
 
     def tree_flatten(self):
-        return (self.values,), self.indices
+        return (self.values,), (self.at, self.indices)
 
     @classmethod
-    def tree_unflatten(cls, indices, children):
-        return cls(indices, children[0])
+    def tree_unflatten(cls, aux, children):
+        return cls(aux[0], aux[1], children[0])
 
 
 def holds_nodes(value) -> bool:
@@ -110,13 +111,14 @@ class Nodes:
     caller's objects with their Variables, to update after the call."""
     args: tuple
     kwargs: dict
-    originals: list        # (the caller's argument, its Variables), as the call returns them
+    originals: dict        # where -> (the caller's argument, its Variables)
 
     def update(self, result):
         """The function's results, after writing what the call changed into the caller's
         objects."""
         out, changes = result
-        for (original, variables), changed in zip(self.originals, changes):
+        for changed in changes:
+            original, variables = self.originals[changed.at]
             if changed.indices is None:
                 _nnx().update(original, changed.values)
             else:
@@ -137,7 +139,7 @@ def split(jitted, args: tuple, kwargs: dict) -> Nodes | None:
     held = [(at, value) for at, value in where if _holds_nodes(nnx, value)]
     if not held:
         return None
-    args, kwargs, originals, seen = list(args), dict(kwargs), [], {}
+    args, kwargs, originals, seen = list(args), dict(kwargs), {}, {}
     for at, value in held:
         graphdef, state = nnx.split(value)
         variables = _variables(nnx, state)
@@ -146,12 +148,12 @@ def split(jitted, args: tuple, kwargs: dict) -> Nodes | None:
                 _shared(nnx, jitted, seen[id(v)], at, v, dict(where))
         donated = at in (jitted.donate_argnums if isinstance(at, int)
                          else jitted.donate_argnames)
-        node = NodeArgument(graphdef, state, donated)
+        node = NodeArgument(graphdef, state, donated, at)
         if isinstance(at, int):
             args[at] = node
         else:
             kwargs[at] = node
-        originals.append((value, variables))
+        originals[at] = (value, variables)
     return Nodes(tuple(args), kwargs, originals)
 
 
@@ -179,8 +181,8 @@ def out_shardings(shardings, dynamic: tuple):
 
 def functional(fun):
     """`fun` taking `NodeArgument`s where `split` made them: it merges them back, calls
-    `fun`, and returns (its results, a `Changed` per `NodeArgument`, in argument order,
-    positional then keyword). With no `NodeArgument` it is `fun`'s call."""
+    `fun`, and returns (its results, a `Changed` per `NodeArgument`). With no
+    `NodeArgument` it is `fun`'s call."""
 
     @functools.wraps(fun)
     def call(*args, **kwargs):
@@ -203,8 +205,8 @@ def _changed(nnx, argument: NodeArgument, before: list, node) -> Changed:
     changed its structure."""
     state = nnx.state(node)
     if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(argument.state):
-        return Changed(None, state)
+        return Changed(argument.at, None, state)
     after = [v.get_value() for v in _variables(nnx, state)]
     indices = tuple(i for i, (a, b) in enumerate(zip(before, after))
                     if argument.donated or a is not b)
-    return Changed(indices, [after[i] for i in indices])
+    return Changed(argument.at, indices, [after[i] for i in indices])

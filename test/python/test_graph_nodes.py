@@ -58,8 +58,8 @@ def state_leaves(*objects) -> list:
 
 
 def train(jitted, by_keyword=False) -> tuple:
-    model, optimizer = make()
-    losses = [float(jitted(model=model, optimizer=optimizer, x=X, y=Y) if by_keyword
+    model, optimizer = make()     # (by keyword: in another order than the parameters')
+    losses = [float(jitted(y=Y, optimizer=optimizer, x=X, model=model) if by_keyword
                     else jitted(model, optimizer, X, Y)) for _ in range(STEPS)]
     return losses, state_leaves(model, optimizer)
 
