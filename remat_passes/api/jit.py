@@ -240,15 +240,22 @@ class Jitted:
     # leaves as this one gives them)
     takes_objects = True
 
-    def __call__(self, *args, **kwargs):
+    def _taken(self, args, kwargs) -> tuple:
+        """(Flax NNX objects split, or None; args; kwargs with those split and the leaves
+        that are not arrays static), as `_call` and `_bound`'s function take them."""
         if not self.takes_objects:
-            return self._call(*args, **kwargs)
+            return None, args, kwargs
         nodes = graph_nodes.split(self, args, kwargs)
-        if nodes is not None:     # (Flax NNX objects, updated in place after the call)
+        if nodes is not None:
             args, kwargs = nodes.args, nodes.kwargs
-        args, kwargs = static_leaves.wrap(self, args, kwargs)   # (leaves not arrays)
+        return (nodes, *static_leaves.wrap(self, args, kwargs))
+
+    def __call__(self, *args, **kwargs):
+        if not self.takes_objects:      # (its results go back to the other one as they are)
+            return self._call(*args, **kwargs)
+        nodes, args, kwargs = self._taken(args, kwargs)
         out = static_leaves.unwrap(self._call(*args, **kwargs))
-        return out if nodes is None else nodes.update(out)
+        return out if nodes is None else nodes.update(out)   # (NNX objects, in place)
 
     def _call(self, *args, **kwargs):    # (NNX objects split, non-array leaves static)
         call, dynamic = arguments.split(self, args, kwargs)
@@ -280,10 +287,7 @@ class Jitted:
     def lower(self, *args, **kwargs) -> Lowered:
         """What is (or would be) built for `args`: the rewritten Module, its residuals, the
         executables. Builds it if this signature has not been called yet."""
-        if self.takes_objects:      # (NNX objects and non-array leaves: as a call takes them)
-            nodes = graph_nodes.split(self, args, kwargs)
-            args, kwargs = (args, kwargs) if nodes is None else (nodes.args, nodes.kwargs)
-            args, kwargs = static_leaves.wrap(self, args, kwargs)
+        _, args, kwargs = self._taken(args, kwargs)
         return self._lowered(*arguments.split(self, args, kwargs))
 
     def _lowered(self, call, dynamic) -> Lowered:

@@ -61,35 +61,28 @@ def _is_static(x) -> bool:
     return isinstance(x, Static)
 
 
-def _module_type():
-    """`equinox.Module` where Equinox was imported, else None."""
-    eqx = sys.modules.get("equinox")
-    return getattr(eqx, "Module", None)
+def _is_module(x) -> bool:
+    """Is `x` an Equinox Module? (False where Equinox was never imported.)"""
+    module = getattr(sys.modules.get("equinox"), "Module", None)
+    return module is not None and isinstance(x, module)
 
 
 def _marked(tree):
     """`tree` with the leaves the module docstring makes static as `Static`s."""
-    module = _module_type()
-
     def leaf(x):
         return x if is_data(x) else Static(x)
 
     def in_module(x):
         return x if isinstance(x, _ARRAYS) else Static(x)
-
-    if module is None:
-        return jax.tree_util.tree_map(leaf, tree)
     return jax.tree_util.tree_map(
-        lambda x: jax.tree_util.tree_map(in_module, x) if isinstance(x, module) else leaf(x),
-        tree, is_leaf=lambda x: isinstance(x, module))
+        lambda x: jax.tree_util.tree_map(in_module, x) if _is_module(x) else leaf(x),
+        tree, is_leaf=_is_module)
 
 
 def _needs_marks(tree) -> bool:
-    module = _module_type()
-    is_leaf = None if module is None else (lambda x: isinstance(x, module))
-    return not all(is_data(x) and not isinstance(x, Static) and (
-        module is None or not isinstance(x, module))
-        for x in jax.tree_util.tree_leaves(tree, is_leaf=is_leaf))
+    """Does `tree` hold a leaf `_marked` makes static (or an Equinox Module, not data
+    either)?"""
+    return not all(map(is_data, jax.tree_util.tree_leaves(tree, is_leaf=_is_module)))
 
 
 def wrap(jitted, args: tuple, kwargs: dict) -> tuple:
