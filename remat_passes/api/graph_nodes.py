@@ -7,17 +7,19 @@ the trace, and the gradients, which reach no output, are removed with it (rp.jit
 find no backward pass). So rp.jit takes an argument that holds NNX graph nodes as `nnx.jit`
 does:
 
-* `split`: the argument becomes a `NodeArgument`, its graph definition (`nnx.split`; part of
-  the signature, as a pytree's structure is) and its state (its arrays, the dynamic part);
-* `functional`: the traced function merges it back (`nnx.merge`), calls the user's function,
-  and returns, beside the results, the values of the Variables the call set (`Changed`):
-  every Variable's of a donated argument, as its buffers are gone after the call;
+* `split`: the arguments that hold graph nodes are split together (`nnx.split` of them
+  all, as nnx.jit splits its arguments), so that objects and Variables two of them share
+  (an `nnx.ModelAndOptimizer` passed beside its model) are one in the traced function.
+  Each becomes a `NodeArgument`: its part of the state (the arrays of the Variables first
+  reached through it, the dynamic part) and, static, the graph definition of them all
+  (part of the signature, as a pytree's structure is);
+* `functional`: the traced function merges them back (`nnx.merge`), calls the user's
+  function, and returns, beside the results, the values of the Variables the call set
+  (`Changed`): every Variable's of a donated argument, as its buffers are gone after the
+  call;
 * `Nodes.update`: after the call, they are set in the caller's Variables (the state
   `nnx.split` gives holds the object's own Variables; `nnx.update` where the call changed
   the state's structure).
-
-Two arguments that share a Variable are refused: each argument is split on its own, so the
-two copies would be updated apart.
 
 Flax is not a dependency: where `flax.nnx` was never imported no argument can be a graph
 node, and nothing here runs.
@@ -54,22 +56,29 @@ class _Unnamed:
 
 @jax.tree_util.register_pytree_with_keys_class
 class NodeArgument:
-    """An argument holding NNX graph nodes, as the traced function takes it: its state (the
-    pytree's children) and, static, its graph definition, whether it is donated and where
-    it is among the call's arguments (a position or a keyword)."""
+    """An argument holding NNX graph nodes, as the traced function takes it: its part of the
+    state of the call's graph nodes (the pytree's children) and, static, the graph
+    definition of them all, where each argument that holds them is among the call's
+    arguments (`group`: a position or a keyword each, in the order they were split), where
+    this one is (`at`) and whether it is donated."""
 
-    def __init__(self, graphdef, state, donated: bool, at: int | str):
-        self.graphdef, self.state, self.donated, self.at = graphdef, state, donated, at
+    def __init__(self, graphdef, state, donated: bool, at: int | str, group: tuple):
+        self.graphdef, self.state, self.donated, self.at, self.group = \
+            graphdef, state, donated, at, group
+
+    def _static(self):
+        return self.graphdef, self.donated, self.at, self.group
 
     def tree_flatten(self):
-        return (self.state,), (self.graphdef, self.donated, self.at)
+        return (self.state,), self._static()
 
     def tree_flatten_with_keys(self):
-        return ((_Unnamed(), self.state),), (self.graphdef, self.donated, self.at)
+        return ((_Unnamed(), self.state),), self._static()
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(aux[0], children[0], aux[1], aux[2])
+        graphdef, donated, at, group = aux
+        return cls(graphdef, children[0], donated, at, group)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -129,8 +138,8 @@ class Nodes:
 
 def split(jitted, args: tuple, kwargs: dict) -> Nodes | None:
     """The call's arguments with each dynamic one (not static to the rp.jit `jitted`) that
-    holds NNX graph nodes split into a `NodeArgument`; None where none does (or Flax NNX was
-    never imported)."""
+    holds NNX graph nodes made a `NodeArgument`, all of them split together; None where none
+    does (or Flax NNX was never imported)."""
     nnx = _nnx()
     if nnx is None:
         return None
@@ -139,35 +148,21 @@ def split(jitted, args: tuple, kwargs: dict) -> Nodes | None:
     held = [(at, value) for at, value in where if _holds_nodes(nnx, value)]
     if not held:
         return None
-    args, kwargs, originals, seen = list(args), dict(kwargs), {}, {}
-    for at, value in held:
-        graphdef, state = nnx.split(value)
-        variables = _variables(nnx, state)
-        for v in variables:
-            if seen.setdefault(id(v), at) != at:
-                _shared(nnx, jitted, seen[id(v)], at, v, dict(where))
+    group = tuple(at for at, _ in held)
+    graphdef, state = nnx.split(tuple(value for _, value in held))
+    args, kwargs, originals = list(args), dict(kwargs), {}
+    for i, (at, value) in enumerate(held):
+        # (an argument all of whose Variables an earlier one holds has no part of the state)
+        part = state[i] if i in state else nnx.State({})
         donated = at in (jitted.donate_argnums if isinstance(at, int)
                          else jitted.donate_argnames)
-        node = NodeArgument(graphdef, state, donated, at)
+        node = NodeArgument(graphdef, part, donated, at, group)
         if isinstance(at, int):
             args[at] = node
         else:
             kwargs[at] = node
-        originals[at] = (value, variables)
+        originals[at] = (value, _variables(nnx, part))
     return Nodes(tuple(args), kwargs, originals)
-
-
-def _shared(nnx, jitted, first, second, variable, values: dict):
-    """Raise the error for arguments `first` and `second` sharing `variable`."""
-    def path(at):
-        return next((".".join(map(str, p)) or "the argument itself"
-                     for p, node in nnx.iter_graph(values[at]) if node is variable), "?")
-    where = {at: str(at) if isinstance(at, int) else repr(at) for at in (first, second)}
-    raise RematError(
-        f"error: rp.jit: {getattr(jitted.fun, '__name__', 'the function')}'s arguments "
-        f"{where[first]} and {where[second]} share a Variable ({path(first)} and "
-        f"{path(second)}); each argument is split on its own and would be updated apart: "
-        "pass it once")
 
 
 def out_shardings(shardings, dynamic: tuple):
@@ -186,24 +181,30 @@ def functional(fun):
 
     @functools.wraps(fun)
     def call(*args, **kwargs):
-        nodes = [a for a in (*args, *kwargs.values()) if isinstance(a, NodeArgument)]
+        nodes = {a.at: a for a in (*args, *kwargs.values()) if isinstance(a, NodeArgument)}
         if not nodes:
             return fun(*args, **kwargs)
         nnx = _nnx()
+        first = next(iter(nodes.values()))
         # (the values before the call: the merged objects share the state's Variables)
-        before = {id(a): [v.get_value() for v in _variables(nnx, a.state)] for a in nodes}
-        merged = {id(a): nnx.merge(a.graphdef, a.state) for a in nodes}
-        out = fun(*(merged.get(id(a), a) for a in args),
-                  **{k: merged.get(id(v), v) for k, v in kwargs.items()})
-        return out, tuple(_changed(nnx, a, before[id(a)], merged[id(a)]) for a in nodes)
+        before = {at: [v.get_value() for v in _variables(nnx, a.state)]
+                  for at, a in nodes.items()}
+        objects = dict(zip(first.group, nnx.merge(first.graphdef, nnx.State(
+            {i: nodes[at].state for i, at in enumerate(first.group) if nodes[at].state}))))
+        out = fun(*(objects[a.at] if isinstance(a, NodeArgument) else a for a in args),
+                  **{k: objects[v.at] if isinstance(v, NodeArgument) else v
+                     for k, v in kwargs.items()})
+        after = nnx.state(tuple(objects[at] for at in first.group))
+        return out, tuple(_changed(nnx, a, before[at], after[i] if i in after
+                                   else nnx.State({}))
+                          for i, (at, a) in enumerate((at, nodes[at]) for at in first.group))
     return call
 
 
-def _changed(nnx, argument: NodeArgument, before: list, node) -> Changed:
-    """The values of `node`'s Variables that the call set (all of them where `argument` is
-    donated), by their place among the state's Variables; the whole state where the call
-    changed its structure."""
-    state = nnx.state(node)
+def _changed(nnx, argument: NodeArgument, before: list, state) -> Changed:
+    """The values of the Variables in `argument`'s part of the state after the call
+    (`state`) that the call set (all of them where `argument` is donated), by their place
+    among that part's Variables; that whole part where the call changed its structure."""
     if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(argument.state):
         return Changed(argument.at, None, state)
     after = [v.get_value() for v in _variables(nnx, state)]

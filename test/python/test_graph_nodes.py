@@ -128,11 +128,49 @@ def test_an_nnx_step_inside_nnx_jit_updates_its_objects(reference):
     assert_trees_close(leaves, reference[1], rtol=1e-4, atol=1e-6)
 
 
-def test_arguments_that_share_a_variable_are_a_clear_error():
-    model, _ = make()
-    with pytest.raises(rp.RematError, match=r"arguments 0 and 1 share a Variable "
-                                            r"\(l1\.kernel and kernel\).*pass it once"):
-        rp.jit(lambda m, layer, x, y: loss_fn(m, x, y))(model, model.l1, X, Y)
+def old_style_step(model, optimizer, x, y):
+    """The step of Flax's tutorials before 0.11: the optimizer holds the model
+    (`nnx.ModelAndOptimizer`), and both are passed."""
+    loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+    optimizer.update(grads)
+    return loss
+
+
+def train_old_style(jitted) -> tuple:
+    model = Net(nnx.Rngs(0, dropout=1))
+    optimizer = nnx.ModelAndOptimizer(model, optax.adamw(1e-2))
+    losses = [float(jitted(model, optimizer, X, Y)) for _ in range(STEPS)]
+    assert optimizer.model is model
+    return losses, state_leaves(model, optimizer)
+
+
+@pytest.mark.skipif(not hasattr(nnx, "ModelAndOptimizer"), reason="flax < 0.11")
+@pytest.mark.parametrize("mode,donate", [("joint", ()), ("split", (0, 1))])
+def test_arguments_that_share_variables_are_one_object_as_under_nnx_jit(mode, donate):
+    """An optimizer that holds its model, passed beside it: the two arguments share the
+    model's Variables, which the traced function sees once (the arguments are split
+    together), and the caller's objects end as nnx.jit's (before, rp.jit refused them)."""
+    reference = train_old_style(nnx.jit(old_style_step, donate_argnums=donate))
+    losses, leaves = train_old_style(rp.jit(old_style_step, mode=mode, donate_argnums=donate,
+                                            policy="dots_saveable"))
+    np.testing.assert_allclose(losses, reference[0], rtol=1e-5)
+    assert len(set(losses)) == STEPS
+    assert_trees_close(leaves, reference[1], rtol=1e-4, atol=1e-6)
+
+
+def test_an_argument_inside_another_is_the_same_object_in_the_call(reference):
+    """A layer passed beside the model that holds it is that layer inside the call too (it
+    has no Variables of its own in the state), and the step's updates reach the caller's
+    objects as nnx.jit's."""
+    def step_and_layer(model, layer, optimizer, x, y):
+        assert layer is model.l1
+        return step(model, optimizer, x, y)
+
+    model, optimizer = make()
+    jitted = rp.jit(step_and_layer, policy="dots_saveable")
+    losses = [float(jitted(model, model.l1, optimizer, X, Y)) for _ in range(STEPS)]
+    np.testing.assert_allclose(losses, reference[0], rtol=1e-5)
+    assert_trees_close(state_leaves(model, optimizer), reference[1], rtol=1e-4, atol=1e-6)
 
 
 def test_a_gradient_that_reaches_no_result_is_named_in_the_error():
