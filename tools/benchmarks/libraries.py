@@ -6,7 +6,9 @@ vectors of `D`. Each step is written as the library writes it: Flax NNX's update
 and the Optimizer in place (`optimizer.update(model, grads)`), Equinox's returns the model
 and the optimizer state (`eqx.filter_value_and_grad`, `eqx.apply_updates`), its Module
 holding the activation function (a leaf that is not an array). Per library: its own jit
-(`nnx.jit`, `eqx.filter_jit`) and `rp.jit(step, policy=P)`, with nothing donated and with
+(`nnx.jit`, `eqx.filter_jit`), that jit with the loss in the library's checkpoint
+(`nnx.remat`, `eqx.filter_checkpoint`) under `CHECKPOINTED` policies, and
+`rp.jit(step, policy=P)`, with nothing donated and with
 the model and optimizer donated. Measured: the losses of `STEPS` steps from the same initial
 state, XLA's `memory_analysis()` of the program that ran (temp bytes; footprint: temp +
 arguments + outputs - aliased), and the median step time over `--steps` steps after 3
@@ -24,6 +26,9 @@ from tools.benchmarks import common
 
 D, BLOCKS, BATCH, CLASSES = 256, 6, 512, 10
 POLICIES = ("dots_saveable", "nothing_saveable")
+# the policies also run through the library's own checkpoint (nnx.remat,
+# eqx.filter_checkpoint: jax.checkpoint) around the loss, under its jit
+CHECKPOINTED = ("dots_saveable",)
 STEPS = 3       # (the losses compared)
 
 
@@ -75,14 +80,23 @@ def nnx_runners(donate: bool) -> dict:
                 x = block(x)
             return self.head(x)
 
-    def step(model, optimizer, x, y):
-        loss, grads = nnx.value_and_grad(lambda m: _xent(m(x), y))(model)
-        optimizer.update(model, grads)
-        return loss
+    def make_step(checkpoint=None):
+        def step(model, optimizer, x, y):
+            def loss(m):
+                return _xent(m(x), y)
+            if checkpoint is not None:
+                loss = nnx.remat(loss, policy=getattr(jax.checkpoint_policies, checkpoint))
+            value, grads = nnx.value_and_grad(loss)(model)
+            optimizer.update(model, grads)
+            return value
+        return step
 
+    step = make_step()
     x, y = _data()
     donated = dict(donate_argnums=(0, 1)) if donate else {}
     jits = {"nnx.jit": nnx.jit(step, **donated)}
+    jits.update({f"nnx.jit, nnx.remat {p}": nnx.jit(make_step(p), **donated)
+                 for p in CHECKPOINTED})
     jits.update({name: rp.jit(step, policy=p, **donated, **options)
                  for name, p, options in _rp_jits()})
     out = {}
@@ -135,15 +149,26 @@ def equinox_runners(donate: bool) -> dict:
 
     opt = optax.adamw(1e-3)
 
-    def step(model, opt_state, x, y):
-        loss, grads = eqx.filter_value_and_grad(lambda m: _xent(jax.vmap(m)(x), y))(model)
-        updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_array))
-        return eqx.apply_updates(model, updates), opt_state, loss
+    def make_step(checkpoint=None):
+        def step(model, opt_state, x, y):
+            def loss(m):
+                return _xent(jax.vmap(m)(x), y)
+            if checkpoint is not None:
+                loss = eqx.filter_checkpoint(
+                    loss, policy=getattr(jax.checkpoint_policies, checkpoint))
+            value, grads = eqx.filter_value_and_grad(loss)(model)
+            updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+            return eqx.apply_updates(model, updates), opt_state, value
+        return step
 
+    step = make_step()
     x, y = _data()
     # (eqx.filter_jit donates all of the arguments or none: donated, both runners donate the
     # batch too, and each call gets a copy of it)
-    jits = {"eqx.filter_jit": eqx.filter_jit(step, donate="all" if donate else "none")}
+    donation = "all" if donate else "none"
+    jits = {"eqx.filter_jit": eqx.filter_jit(step, donate=donation)}
+    jits.update({f"eqx.filter_jit, eqx.filter_checkpoint {p}":
+                 eqx.filter_jit(make_step(p), donate=donation) for p in CHECKPOINTED})
     jits.update({name: rp.jit(step, policy=p, **options, **(
         dict(donate_argnums=(0, 1, 2, 3)) if donate else {}))
         for name, p, options in _rp_jits()})
@@ -201,25 +226,32 @@ def _groups(data) -> dict:
 
 
 def checks(data) -> list[tuple[str, bool]]:
-    """Each rp.jit step's losses are the library jit's (relative 2e-5); its XLA footprint is
+    """Each step's losses are the library jit's (relative 2e-5); rp.jit's XLA footprint is
     below the library jit's under `dots_saveable`, within it + 2% under `nothing_saveable`
     (over the whole step that recomputes the whole forward at the start of the backward);
-    untied, none."""
+    untied, none; and within the library's own checkpoint's of the same policy + 2%."""
     out = []
     for (library, donated), rows in _groups(data).items():
         ref = rows[0]
         where = f"{library}{', donated' if donated else ''}"
         base = common.xla_peak(ref["memory"])
+        checkpointed = {r["name"].rsplit(" ", 1)[1]: r for r in rows[1:]
+                        if not r["name"].startswith("rp.jit")}
         for r in rows[1:]:
             same = all(abs(a - b) <= 2e-5 * abs(b) for a, b in zip(r["losses"], ref["losses"]))
             out.append((f"{where}, {r['name']}: losses {r['losses']} = {ref['name']}'s", same))
-            if r["name"].endswith(", untied"):
-                continue       # (XLA:CPU undoes the recomputation: no saving to check)
+            if r["name"].endswith(", untied") or not r["name"].startswith("rp.jit"):
+                continue       # (untied, XLA:CPU undoes the recomputation: no saving to check)
             peak = common.xla_peak(r["memory"])
             limit = base if "dots" in r["name"] else 1.02 * base
             out.append((f"{where}, {r['name']}: XLA footprint {peak / base:.2f}x "
                         f"{ref['name']}'s (target {'< 1' if 'dots' in r['name'] else '<= 1.02'})",
                         peak < limit if "dots" in r["name"] else peak <= limit))
+            theirs = checkpointed.get(r["name"].split()[1])
+            if theirs is not None:
+                other = common.xla_peak(theirs["memory"])
+                out.append((f"{where}, {r['name']}: XLA footprint {peak / other:.2f}x "
+                            f"{theirs['name']}'s (target <= 1.02)", peak <= 1.02 * other))
     return out
 
 
@@ -231,8 +263,11 @@ def render(data) -> str:
              f"cross-entropy, AdamW, batch {m['batch']}. Each step is written as its library "
              "writes it (NNX: `optimizer.update(model, grads)` in place; Equinox: "
              "`eqx.filter_value_and_grad`, the model returned, its activation function a "
-             "leaf) and run through the library's jit and through `rp.jit(step, "
-             "policy=P)`, with nothing donated and with the model and optimizer donated. "
+             "leaf) and run through the library's jit, through it with the loss in the "
+             "library's checkpoint (`nnx.remat`, `eqx.filter_checkpoint`: jax.checkpoint) "
+             f"under {', '.join(f'`{p}`' for p in CHECKPOINTED)}, and through "
+             "`rp.jit(step, policy=P)`, with nothing donated and with the model and "
+             "optimizer donated. "
              f"Median of {data['steps']} steps after 3 warm-up steps, interleaved "
              f"({meta['cpus']} CPUs, jax {meta['jax']}, commit {meta['commit']}); memory is "
              "XLA's `memory_analysis()` of what ran (footprint: temp + arguments + outputs, "
