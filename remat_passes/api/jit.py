@@ -64,7 +64,8 @@ forward's executable returns them.
 A step that accumulates gradients over microbatches (`jax.grad` inside `lax.scan`) has its
 backward inside the loop body: the policy applies to each iteration (`regions.loop_backward`),
 in joint form only (the split form has no place for a backward inside a loop). So does a
-data-parallel step, `jax.grad` inside `jax.shard_map`: the policy applies inside the body.
+step that runs `jax.grad` inside a branch of `lax.cond`, and a data-parallel step,
+`jax.grad` inside `jax.shard_map`: the policy applies inside the branch, the body.
 
 Flax NNX objects among the arguments (Module, Optimizer, Rngs) are taken as `nnx.jit` takes
 them: what the step changes in them reaches the caller's objects (`api/graph_nodes.py`).

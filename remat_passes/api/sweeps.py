@@ -53,9 +53,9 @@ def recompute_seconds(module, policy, func: str = "main", device: str | None = N
 
 
 def _own_backward(module, func: str, what: str) -> None:
-    """A sweep plans `func`'s own backward: say so clearly where it runs inside loop or
-    shard_map bodies (gradient accumulation, data parallelism; `outline-loop-backwards`),
-    which a sweep does not take."""
+    """A sweep plans `func`'s own backward: say so clearly where it runs inside loop
+    bodies, cond branches or shard_map bodies (gradient accumulation, a conditional step,
+    data parallelism; `outline-loop-backwards`), which a sweep does not take."""
     from remat_passes.passes.outline_loop_backwards import HOLDERS
     from remat_passes.regions import loop_backward
     expect_module(module, what)

@@ -1,13 +1,14 @@
 """outline-loop-backwards: a function whose backward runs inside loop bodies (gradient
-accumulation) or a shard_map body gets each such body as a function of its own, for the
-passes after it.
+accumulation), cond branches or a shard_map body gets each such body as a function of its
+own, for the passes after it.
 
 A training step that accumulates gradients over microbatches runs `jax.grad` inside a
 `lax.scan` or `fori_loop`: its own top level has no backward pass, each loop iteration
-has one; a data-parallel step runs `jax.grad` inside `jax.shard_map`, and under Shardy the
-body of its manual computation has one (see `regions/loop_backward.py`, which finds the
-bodies and moves each into a private function `@<func>_loop<k>` or `@<func>_shard_map<k>`
-called from the body). The pass records the new functions in the pipeline state
+has one; a step can run `jax.grad` inside a branch of `lax.cond`; a data-parallel step runs
+`jax.grad` inside `jax.shard_map`, and under Shardy the body of its manual computation has
+one (see `regions/loop_backward.py`, which finds the bodies and moves each into a private
+function `@<func>_loop<k>`, `@<func>_cond<k>` or `@<func>_shard_map<k>` called from the
+body). The pass records the new functions in the pipeline state
 (`PassState.loop_bodies[func]`), and the pipeline runner then runs every later pass that
 names `func` (its `func` option) once on each of them instead; the `inline` pass at the
 end of the `remat` pipeline puts the bodies back. A function with a backward of its own
@@ -41,6 +42,9 @@ HOLDERS = {
                    "a loop body (gradient accumulation: jax.grad inside lax.scan or "
                    "fori_loop)", "inside each iteration",
                    "to each iteration's forward and backward", "the step of one microbatch"),
+    "cond": Holder("a cond branch", "a cond branch (jax.grad inside lax.cond or lax.switch)",
+                   "inside the branch", "to the branch's forward and backward",
+                   "the branch's step"),
     "shard_map": Holder("a shard_map body (data parallelism)",
                         "a shard_map body (data parallelism: jax.grad inside jax.shard_map)",
                         "inside the body, on each device",
@@ -51,9 +55,9 @@ HOLDERS = {
 @dataclasses.dataclass
 class OutlineLoopBackwards(ModulePass):
     name = "outline-loop-backwards"
-    summary = ("Move each loop or shard_map body that runs its own backward pass (gradient "
-               "accumulation, data parallelism) into a function, for the later passes to "
-               "run on")
+    summary = ("Move each loop body, cond branch or shard_map body that runs its own "
+               "backward pass (gradient accumulation, a conditional step, data parallelism) "
+               "into a function, for the later passes to run on")
 
     func: str = option("main", "the function whose loop and shard_map bodies to outline")
     mode: str = option("joint", "the form remat-partial-eval makes (split: an error where "

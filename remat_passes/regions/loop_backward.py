@@ -1,4 +1,5 @@
-"""A backward pass inside a loop body or a shard_map body: the remat pipeline per body.
+"""A backward pass inside a loop body, a cond branch or a shard_map body: the remat pipeline
+per body.
 
 A training step that accumulates gradients over microbatches runs `jax.grad` inside a
 `lax.scan` (or `fori_loop`): the function's own top level has no backward pass, each
@@ -7,11 +8,15 @@ that of one microbatch's activations, inside the body. A data-parallel step writ
 `jax.shard_map` around `jax.grad` (the gradients averaged with `lax.pmean` in the body) is
 the same under Shardy: the backward runs inside the body of the `sdy.manual_computation`,
 on each device's shard. (Under GSPMD the body is a function that `inline` puts at the top
-level, between the custom calls that enter and leave the manual region: nothing to do.)
+level, between the custom calls that enter and leave the manual region: nothing to do.) A
+step that runs `jax.grad` inside a branch of `lax.cond` or `lax.switch` (a model of two
+updated in turn, a step skipped on a condition) has its backward in that branch of the
+`stablehlo.case`.
 
 `outline(module_op, func_op, bodies)` moves each such body into a private function of its
-own (`@<func>_loop<k>` or `@<func>_shard_map<k>`, its arguments the body's block arguments
-and then the values it reads from outside; the constants it reads are copied in), and
+own (`@<func>_loop<k>`, `@<func>_cond<k>` or `@<func>_shard_map<k>`, its arguments the
+body's block arguments (a branch has none) and then the values it reads from outside; the
+constants it reads are copied in), and
 leaves a `func.call` of it in the body. The `outline-loop-backwards` pass does that; the
 passes after it run on each of those functions as on a function with its own backward, and
 the `inline` pass puts the bodies back.
@@ -27,7 +32,9 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir
 
 WHILE = "stablehlo.while"
+CASE = "stablehlo.case"               # (lax.cond, lax.switch)
 MANUAL = "sdy.manual_computation"     # (a shard_map under Shardy)
+KINDS = {WHILE: "loop", CASE: "cond", MANUAL: "shard_map"}
 
 
 def _transposed(block) -> bool:
@@ -40,28 +47,32 @@ def has_own_backward(func_op) -> bool:
 
 
 def kind(body) -> str:
-    """What holds `body`: "loop" or "shard_map"."""
-    return "shard_map" if body.owner.name == MANUAL else "loop"
+    """What holds `body`: "loop", "cond" or "shard_map"."""
+    return KINDS[body.owner.name]
+
+
+def _bodies(op) -> list:
+    """The blocks of `op` a backward pass can run in: a loop's body (not its condition), a
+    shard_map's body, each branch of a case."""
+    if op.name == WHILE:
+        return [op.regions[1].blocks[0]]
+    if op.name in KINDS:
+        return [region.blocks[0] for region in op.regions]
+    return []
 
 
 def loop_bodies(func_op) -> list:
-    """The body blocks of the loops and shard_maps whose own ops run a backward pass (see
-    the module docstring), in program order; none where the function's top level has
-    one."""
+    """The body blocks of the loops, cond branches and shard_maps whose own ops run a
+    backward pass (see the module docstring), in program order; none where the function's
+    top level has one."""
     if has_own_backward(func_op):
         return []
     found, pending = [], [graph.body_block(func_op)]
     while pending:
         block = pending.pop(0)
         for op in block.operations:
-            op = op.operation
-            if op.name not in (WHILE, MANUAL):
-                continue
-            body = op.regions[1 if op.name == WHILE else 0].blocks[0]
-            if _transposed(body):
-                found.append(body)
-            else:
-                pending.append(body)
+            for body in _bodies(op.operation):
+                (found if _transposed(body) else pending).append(body)
     return found
 
 
@@ -77,7 +88,7 @@ def outline(module_op, func_op, bodies: list) -> list[tuple]:
         name = next(n for k in range(len(taken) + 1)
                     if (n := f"{func}_{what}{k}") not in taken)
         taken.add(name)
-        location = body.owner.location       # (the while's, the manual computation's)
+        location = body.owner.location       # (the while's, the case's, the manual one's)
         _outline_body(module_op, func_op, body, name)
         out.append((name, what, location))
     return out
@@ -118,6 +129,8 @@ def _outline_body(module_op, func_op, body, name: str) -> None:
         if kind(body) == "loop":
             names = [f"{a} (loop carry {k})" if (a := _argument_name(func_op, inits[k]))
                      else f"loop carry {k}" for k in range(len(body.arguments))]
+        elif kind(body) == "cond":
+            names = []                          # (a branch takes no block arguments)
         else:
             names = [f"{a} (its shard)" if (a := _argument_name(func_op, inits[k]))
                      else f"shard_map argument {k}" for k in range(len(body.arguments))]

@@ -1,10 +1,13 @@
-"""A backward pass inside a loop body (gradient accumulation; regions/loop_backward.py).
+"""A backward pass inside a loop body (gradient accumulation) or a cond branch
+(regions/loop_backward.py).
 
 `jax.grad` inside `lax.scan` over microbatches: the function's own top level has no
 backward, each iteration has one. rp.remat and rp.jit apply the policy to each iteration:
 the gradients are jax.jit's bit for bit, and XLA allocates less than for the program
 without remat (and than for `jax.checkpoint` in the body, which XLA:CPU undoes)."""
 from __future__ import annotations
+
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +16,7 @@ import pytest
 
 import remat_passes as rp
 from remat_passes import cli
+from remat_testlib import jax_saved_residuals, jax_type, our_type
 
 # (the gradients are compared with jax.jit's bit for bit: tools/test.sh runs these with
 # XLA's default code generation)
@@ -113,6 +117,70 @@ def test_nested_loops_and_split_form():
         np.testing.assert_array_equal(a, b)
     with pytest.raises(rp.RematError, match="inside a loop body.*use mode='joint'"):
         rp.remat(module, "dots_saveable", mode="split")
+
+
+def alternate(loss_fn):
+    """A step that updates one half of the layers or the other as a flag says (lax.switch:
+    two models trained in turn): each branch runs its own forward and backward."""
+    def step(ws, x, which):
+        def update(lo, hi):
+            def branch():
+                def part_loss(part):
+                    return loss_fn(ws[:lo] + part + ws[hi:], x)
+                g = jax.grad(part_loss)(ws[lo:hi])
+                return ws[:lo] + [w - 0.1 * d for w, d in zip(ws[lo:hi], g)] + ws[hi:]
+            return branch
+        return jax.lax.switch(which, [update(0, LAYERS // 2), update(LAYERS // 2, LAYERS)])
+    return step
+
+
+JAX_POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+                "save_only_these_names('layer_in')":
+                    jax.checkpoint_policies.save_only_these_names("layer_in")}
+
+
+@pytest.mark.parametrize("policy", list(JAX_POLICIES))
+def test_a_backward_in_each_cond_branch(policy):
+    """jax.grad inside each branch of a lax.switch: each branch is rewritten on its own
+    (@main_cond0, @main_cond1), the gradients are jax.jit's bit for bit whichever branch
+    runs, and the policy holds inside each (under save_only_these_names, the named inputs
+    of the layers whose backward each branch runs); what each keeps is what jax.checkpoint
+    keeps around the branch's loss. The split form has no place for it. (Before, rp.jit
+    said the step had no backward pass.)"""
+    step = alternate(loss)
+    ws, xs = args()
+    module = rp.export(step, ws, xs[0], 0)
+    out = rp.remat(module, policy)
+    for which in (0, 1):
+        for a, b in zip(out.call(ws, xs[0], which), jax.jit(step)(ws, xs[0], which)):
+            np.testing.assert_array_equal(a, b)
+    assert [r for r in out.remarks if "inside a cond branch" in r and "@main_cond" in r]
+    assert any("@main_cond1 while the passes run" in r for r in out.remarks), out.remarks
+    assert "func.call" not in out.text() and "main_cond0" not in out.text()
+    # what jax.checkpoint saves around each branch's loss, of the values the forward makes
+    def branch_loss(lo, hi):
+        return jax.checkpoint(lambda part: loss(ws[:lo] + list(part) + ws[hi:], xs[0]),
+                              policy=JAX_POLICIES[policy])
+    theirs = Counter(jax_type(a) for lo, hi in ((0, LAYERS // 2), (LAYERS // 2, LAYERS))
+                     for a, d in jax_saved_residuals(branch_loss(lo, hi), ws[lo:hi])
+                     if not d.startswith("from the argument"))
+    assert Counter(our_type(r) for r in out.residuals if not r.argument) == theirs
+    with pytest.raises(rp.RematError, match="inside a cond branch.*use mode='joint'"):
+        rp.remat(module, policy, mode="split")
+
+
+def test_rp_jit_of_a_conditional_step_allocates_less_than_without_remat():
+    """Through rp.jit (before: "has no backward pass"), the branch's activations are what
+    remat saves, as in the loop above."""
+    step = alternate(loss)
+    ws, xs = args()
+    jitted = rp.jit(step, policy="dots_saveable")
+    for which in (0, 1):
+        for a, b in zip(jitted(ws, xs[0], which), jax.jit(step)(ws, xs[0], which)):
+            np.testing.assert_array_equal(a, b)
+    ours = jitted.lower(ws, xs[0], 0).executables[0].memory_analysis().temp_size_in_bytes
+    plain = jax.jit(step).lower(ws, xs[0], 0).compile().memory_analysis().temp_size_in_bytes
+    assert ours < 0.8 * plain, (ours, plain)
 
 
 def test_remat_opt(tmp_path, capsys):
