@@ -1,6 +1,7 @@
 """How `rp.jit` takes a call's arguments apart (static, dynamic, by keyword: `split`;
 donated: `donated_positions`; the instance of a method: `Method`), what of them a compiled
-program depends on (its signature), where it puts them (`in_shardings`), and a typed PRNG
+program depends on (its signature), where it puts them (`in_shardings`; on the devices of a
+function that runs on several where they come on none: `for_devices`), and a typed PRNG
 key as the data a split half takes (`key_data`), and calls on the arguments' leaves for
 JAX's custom rules (`LeafCalls`)."""
 from __future__ import annotations
@@ -230,3 +231,39 @@ def place(args: tuple, in_shardings) -> tuple:
                              "does not move a committed array)")
         placed.append(jax.device_put(x, s))
     return jax.tree_util.tree_unflatten(tree, placed)
+
+
+def for_devices(dynamic: tuple, n: int) -> tuple:
+    """The dynamic arguments as the program of a function that runs on `n` devices (a
+    shard_map or a sharding inside it) is built for, where they come on none of them: each
+    leaf that is not on a device of its own choosing (a NumPy array, a Python scalar, a
+    jax.Array made without a device) a `jax.ShapeDtypeStruct` replicated over the mesh in
+    force (`jax.set_mesh`) where it has `n` devices, else over the first `n` devices.
+    jax.jit puts such arguments on the devices of the function's mesh; an exported program
+    takes the devices of its arguments, so without this a program for several devices
+    would be built for one. The executable then takes such arrays as jax.jit takes them
+    (it moves them). Arguments already on several devices, or committed to one (jax.jit
+    refuses those, and so does the call), are left as they are."""
+    leaves, tree = jax.tree_util.tree_flatten(dynamic)
+    if n <= 1 or any(_committed(x) for x in leaves):
+        return dynamic
+    mesh = jax.sharding.get_mesh()
+    if getattr(mesh, "size", 0) != n or not hasattr(mesh, "devices"):
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("devices",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    specs = []
+    for x in leaves:
+        if isinstance(x, jax.core.Tracer):
+            return dynamic
+        if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+            x = jax.numpy.asarray(x)
+        specs.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated,
+                                          weak_type=getattr(x, "weak_type", False)))
+    return jax.tree_util.tree_unflatten(tree, specs)
+
+
+def _committed(x) -> bool:
+    """Is `x` on devices of its own choosing: committed, or a spec with a sharding?"""
+    if isinstance(x, jax.Array):
+        return x.committed
+    return isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None

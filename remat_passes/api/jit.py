@@ -331,10 +331,12 @@ class Jitted:
                     self._remat(exported, mode, name, used, round_read_back=True), list(jobs)):
                 if not any(module.bytecode() == m.bytecode() for m, _ in jobs):
                     jobs.append((module, dict(fields, from_cache=hit, rounded=True)))
-        built = self._compile_all(mode, exported, jobs, dynamic, donated)
+        # (a function on several devices, arguments on none: as jax.jit places them)
+        placed = arguments.for_devices(dynamic, exported.exported.nr_devices)
+        built = self._compile_all(mode, exported, jobs, placed, donated)
         if mode == "split" and self.prevent_cse and self.fence_chains is None and \
                 fences_chains():
-            unfenced = self._unfenced(exported, name, built, used, dynamic, donated)
+            unfenced = self._unfenced(exported, name, built, used, placed, donated)
             if unfenced is not None:
                 built.append(unfenced)
         self.builds += 1

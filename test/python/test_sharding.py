@@ -893,6 +893,24 @@ try:                                     # rp.jit inside the shard_map
                       in_specs=(P(), P("data")), out_specs=(P(), P(), P())))(params, x)
 except rp.RematError as e:
     out["inside"] = str(e)
+# host arrays (on no device): the program runs on the mesh's 8 devices as jax.jit's does
+# (it was JAX's "exported for 8 devices and is called in a context with 1 devices")
+host = (tuple(np.asarray(p) for p in params), np.asarray(x))
+def sm_loss(params, x):                  # the shard_map in the loss, the backward outside
+    return shard_map(lambda p, x: jax.lax.pmean(local_loss(p, x), "data"), mesh=mesh,
+                     in_specs=(P(), P("data")), out_specs=P())(params, x)
+def outer_step(params, x):
+    return jax.value_and_grad(sm_loss)(params, x)
+for name, fun, mode in (("inside", data_parallel(local_step), "joint"),
+                        ("outside", outer_step, "joint"), ("outside", outer_step, "split")):
+    f = rp.jit(fun, policy="dots_saveable", mode=mode)
+    got, ref = f(*host), jax.jit(fun)(*host)
+    out[f"host {name} {mode}"] = {
+        "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref))),
+        "devices": min(len(a.sharding.device_set) for a in jax.tree_util.tree_leaves(got)),
+        "again": float(np.max(np.abs(np.asarray(f(*host)[0]) - np.asarray(ref[0])))),
+        "builds": f.builds}
 # under jax.pmap nothing is typed as varying: a step without collectives runs as before
 def plain_step(params, x):
     return jax.value_and_grad(local_loss)(params, x)
@@ -920,8 +938,12 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     devices: exported alone, the step lost that sum); it now refuses, saying why and what
     to write instead. Under jax.pmap (nothing typed as varying) a step without collectives
     still runs, with jax.pmap's results; one with a collective over pmap's axis is a clear
-    error (it was JAX's bare AssertionError from the export). The split form has no place for a backward inside the body: a clear
-    error. Under GSPMD the body is inlined at the top level: the same results."""
+    error (it was JAX's bare AssertionError from the export). The split form has no place
+    for a backward inside the body: a clear error. Under GSPMD the body is inlined at the
+    top level: the same results. Called with host arrays, the step (and one with the
+    shard_map in its loss, joint and split) runs on the mesh's 8 devices, as under
+    jax.jit, built once (it was JAX's "exported for 8 devices and is called in a context
+    with 1 devices")."""
     out = run_script(DATA_PARALLEL_SCRIPT, partitioner, HERE)
     for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
         r = out[pol]
@@ -934,6 +956,10 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     assert "called inside jax.shard_map" in out["inside"] and \
         "rp.jit(jax.shard_map(step" in out["inside"], out["inside"]
     assert out["pmap_err"] < 1e-5, out["pmap_err"]
+    for key in ("host inside joint", "host outside joint", "host outside split"):
+        r = out[key]
+        assert r["err"] < 1e-5 and r["again"] < 1e-5 and r["devices"] == 8 and \
+            r["builds"] == 1, (key, r)
     assert "a collective over those axes" in out["pmap_collective"], out["pmap_collective"]
     if partitioner == "shardy":
         assert "inside a shard_map body (data parallelism" in out["split"] and \
