@@ -98,11 +98,21 @@ class ScanPairRule:
                     if analysis.ops[pos].name == WHILE and not analysis.backward[pos]
                     and pos not in analysis.scan_loop_positions
                     and op_id(analysis.ops[pos]) not in self._scoped)
-        if not loops:
-            return []
-        return [f"@{analysis.name}: {loops} forward stablehlo.while loop(s) are not scan "
-                "loops with a matching backward loop; each is treated as one atomic op: "
-                "saved or recomputed whole"]
+        out = []
+        if loops:
+            out.append(f"@{analysis.name}: {loops} forward stablehlo.while loop(s) are not "
+                       "scan loops with a matching backward loop; each is treated as one "
+                       "atomic op: saved or recomputed whole")
+        # (the shard_map rule decides the manual computations at a function's top level)
+        manual = sum(1 for pos in analysis.scan_loop_positions if pos in surviving
+                     for op in graph.nested_ops(analysis.ops[pos].regions[1].blocks[0])
+                     if op.name == graph.MANUAL_COMPUTATION)
+        if manual:
+            out.append(f"@{analysis.name}: {manual} sdy.manual_computation op(s) (shard_map) "
+                       "in scan loop bodies are atomic there (the policy does not see "
+                       "inside them, nor the checkpoint names in them): recomputed whole "
+                       "with the iteration, or their results kept")
+        return out
 
 
 class CasePairRule:

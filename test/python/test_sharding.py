@@ -911,6 +911,17 @@ for name, fun, mode in (("inside", data_parallel(local_step), "joint"),
         "devices": min(len(a.sharding.device_set) for a in jax.tree_util.tree_leaves(got)),
         "again": float(np.max(np.abs(np.asarray(f(*host)[0]) - np.asarray(ref[0])))),
         "builds": f.builds}
+# a shard_map inside a scan body: atomic there (a remark says so), JAX's gradients
+def scan_step(ws, x):
+    def layer(h, w):
+        return shard_map(lambda h, w: rp.checkpoint_name(jnp.tanh(h @ w), "h"), mesh=mesh,
+                         in_specs=(P("data"), P()), out_specs=P("data"))(h, w), None
+    return jax.value_and_grad(lambda ws: jnp.mean(jax.lax.scan(layer, x, ws)[0] ** 2))(ws)
+ws = put((3, 8, 8), P(), 0.3)
+f = rp.jit(scan_step, policy="save_only_these_names(h)")
+out["scan"] = {"err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                          for a, b in zip(f(ws, x), jax.jit(scan_step)(ws, x))),
+               "remarks": f.lower(ws, x).remarks}
 # under jax.pmap nothing is typed as varying: a step without collectives runs as before
 def plain_step(params, x):
     return jax.value_and_grad(local_loss)(params, x)
@@ -940,7 +951,8 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     still runs, with jax.pmap's results; one with a collective over pmap's axis is a clear
     error (it was JAX's bare AssertionError from the export). The split form has no place
     for a backward inside the body: a clear error. Under GSPMD the body is inlined at the
-    top level: the same results. Called with host arrays, the step (and one with the
+    top level: the same results. A shard_map inside a scan body is atomic there, and a
+    remark says so (it said nothing). Called with host arrays, the step (and one with the
     shard_map in its loss, joint and split) runs on the mesh's 8 devices, as under
     jax.jit, built once (it was JAX's "exported for 8 devices and is called in a context
     with 1 devices")."""
@@ -956,6 +968,10 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     assert "called inside jax.shard_map" in out["inside"] and \
         "rp.jit(jax.shard_map(step" in out["inside"], out["inside"]
     assert out["pmap_err"] < 1e-5, out["pmap_err"]
+    assert out["scan"]["err"] < 1e-5, out["scan"]
+    if partitioner == "shardy":      # (GSPMD: the body inlined into the scan's)
+        assert any("1 sdy.manual_computation op(s) (shard_map) in scan loop bodies are "
+                   "atomic there" in m for m in out["scan"]["remarks"]), out["scan"]
     for key in ("host inside joint", "host outside joint", "host outside split"):
         r = out[key]
         assert r["err"] < 1e-5 and r["again"] < 1e-5 and r["devices"] == 8 and \
