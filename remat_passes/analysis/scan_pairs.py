@@ -354,7 +354,8 @@ def value_verdict(v, op_verdict):
     verdict of that value (JAX applies the policy inside nested scans too); one
     that stacks an inner carry-in is the inner loop's own business (the policy's
     verdict on the loop op: most policies recompute it whole). A result of a nested
-    case that holds values its branches save (`contract.case_saves`) is saved.
+    case or shard_map that holds a value its regions save (`contract.nested_saves`) is
+    saved.
     """
     op = v.owner.operation
     if graph.is_side_effecting(op):
@@ -375,10 +376,10 @@ def value_verdict(v, op_verdict):
         u = stacked_value(op, v.result_number)
         if isinstance(u, ir.OpResult):
             return value_verdict(u, op_verdict)
-    if op.name == "stablehlo.case":   # a result holding values its branches save
-        saved = contract.case_saves(op).get(v.result_number)
-        if saved is not None:
-            return saved
+    # a result of a case or a shard_map holding a value its regions save
+    saved = contract.nested_saves(op).get(v.result_number)
+    if saved is not None:
+        return saved
     return op_verdict(op)
 
 

@@ -26,6 +26,9 @@ name                        where                      value
 `remat.case_saves`          nested stablehlo.case      {"k": "save" or "src:dst"}:
                                                        result k holds values its
                                                        branches save for a recompute
+`remat.manual_saves`        nested                     {"k": "save"}: result k holds
+                            sdy.manual_computation     a body value the policy saves,
+                                                       for a recompute
 `@remat.name`               custom_call target         backend_config = the name
 ==========================  =========================  ==============================
 
@@ -56,14 +59,15 @@ SEGMENTS_NAME = "remat.segments="   # a name marker in a scan body: segment-scan
 CASE_KEY = "remat.case"     # a forward stablehlo.case the case-pair rule rewrote: its key
 TWIN = "remat.twin"         # results equal to the keyed case's: [key, k, r, k, r, ...]
 CASE_SAVES = "remat.case_saves"   # results of a nested case that hold saved branch values
+MANUAL_SAVES = "remat.manual_saves"   # results of a nested shard_map that hold saved values
 LEVELS = "remat.levels"     # on a function: recomputation in two levels (core/levels.py)
 # on a dot_general that JAX lowered from another primitive (on CPU, `ragged_dot_general`
 # lowers to a masked dot_general): that primitive's name, which JAX's policies decide on
 PRIMITIVE = "remat.primitive"
 
 # The op attributes a finished pipeline removes (strip-checkpoint-names).
-BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE_KEY, TWIN, CASE_SAVES, LEVELS,
-                        PRIMITIVE)
+BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE_KEY, TWIN, CASE_SAVES,
+                        MANUAL_SAVES, LEVELS, PRIMITIVE)
 
 # Host offload, as JAX emits it for offload policies on GPU/TPU.
 PLACEMENT_TARGET = "annotate_device_placement"
@@ -198,10 +202,26 @@ def case_saves(op) -> dict:
     """{result k: Saveable or Offloadable}: results of a case nested in a loop body or a
     branch that hold, per branch, a value the policy saves (zeros in other branches),
     added so that a recomputation of the case can read them back."""
+    return _saves(op, CASE_SAVES)
+
+
+def manual_saves(op) -> dict:
+    """{result k: Saveable}: results of a manual computation (shard_map) nested in a loop
+    body that hold body values the policy saves, added so that a recomputation of it can
+    take them back."""
+    return _saves(op, MANUAL_SAVES)
+
+
+def nested_saves(op) -> dict:
+    """`case_saves` of a case, `manual_saves` of a manual computation, else {}."""
+    return _saves(op, CASE_SAVES) or _saves(op, MANUAL_SAVES)
+
+
+def _saves(op, name: str) -> dict:
     attrs = op.operation.attributes
-    if CASE_SAVES not in attrs:
+    if name not in attrs:
         return {}
-    d = ir.DictAttr(attrs[CASE_SAVES])
+    d = ir.DictAttr(attrs[name])
     out = {}
     for k in range(len(op.operation.results)):
         if str(k) in d:
@@ -210,8 +230,8 @@ def case_saves(op) -> dict:
     return out
 
 
-def set_case_saves(op, saves: dict) -> None:
-    op.operation.attributes[CASE_SAVES] = ir.DictAttr.get({
+def set_case_saves(op, saves: dict, name: str = CASE_SAVES) -> None:
+    op.operation.attributes[name] = ir.DictAttr.get({
         str(k): ir.StringAttr.get("save") if not isinstance(v, Offloadable) else offload_attr(v)
         for k, v in saves.items()})
 

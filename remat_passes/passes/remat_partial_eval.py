@@ -39,6 +39,7 @@ from remat_passes.core.split import half_analyses, split_function
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.ir.symbolic import DimNames
+from remat_passes.ir.verdicts import Recompute
 from remat_passes.passes.diagnostics import Remark
 from remat_passes.passes.base import ModulePass, PassState, option, parse_int_list, parse_regex
 from remat_passes.passes.trial_plans import TrialPlans
@@ -148,7 +149,11 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
                     reports = resolve(policies, a0, self.region_regex, set(kept0))
                 state.drop(self.func)
             groups = Groups()
-            iteration_policy = _IterationPolicy(policies, self.region_regex)
+            iteration_policy = _IterationPolicy(
+                policies, self.region_regex,
+                gspmd_regions=gspmd.num_devices(module_op) > 1 and any(
+                    graph.custom_call_target(op) == graph.SPMD_FULL_TO_SHARD
+                    for op in graph.nested_ops(block)))
             for rule in rules.values():     # phase 1: ops with regions, decided inside
                 # (the analysis of the function as it was: for telling backward from
                 # forward ops before any rule rewrites)
@@ -197,6 +202,12 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
             surviving = set(range(len(a.ops))) - erased
             for rule in rules.values():
                 state.remarks.extend(rule.remarks(a, surviving))
+            if iteration_policy.overridden:
+                state.remarks.append(
+                    f"@{self.func}: {len(iteration_policy.overridden)} value(s) inside GSPMD "
+                    "shard_maps in scan loop bodies are recomputed, not kept per iteration as "
+                    "the policy says (XLA's partitioner aborts on a loop carrying a "
+                    "per-device value; under Shardy they are kept)")
             state.remarks.extend(_missing_names(f, self.func, policies))
             state.remarks.extend(unnamed)
             state.remarks.extend(unrecorded)
@@ -346,19 +357,33 @@ def _baked_recomputation(a, func: str, policies: ScopePolicies) -> list[str]:
 class _IterationPolicy:
     """value -> verdict of the policy in force for its producer (a body op of a loop):
     its outermost checkpoint scope's policy, else the module's (scan loops decide per
-    iteration)."""
+    iteration).
 
-    def __init__(self, policies: ScopePolicies, scope_re):
+    A value inside a GSPMD shard_map (inlined into a scanned layer) is recomputed, never
+    kept per iteration: a loop carrying a per-device value makes XLA's partitioner abort
+    (jaxlib 0.10.2 to 0.12); `overridden` counts those the policy would have kept (the
+    remark). Under Shardy the shard_map is a region op the policy sees into instead
+    (`manual_nested`)."""
+
+    def __init__(self, policies: ScopePolicies, scope_re, gspmd_regions: bool = False):
         self.policies = policies
         self.scope_re = scope_re
         self._verdicts = VerdictCache()
+        self._manual = gspmd.InManualRegion() if gspmd_regions else None
+        self.overridden: set = set()
 
     def op_verdict(self, op):
         policy = self.policies.of_chain(graph.scope_chain(op, self.scope_re))
         return self._verdicts.get(policy, op, op_id(op))
 
     def __call__(self, value):
-        return scan_pairs.value_verdict(value, self.op_verdict)
+        verdict = scan_pairs.value_verdict(value, self.op_verdict)
+        if verdict is not Recompute and self._manual is not None and \
+                isinstance(value, ir.OpResult) and self._manual(value) and \
+                value.owner.operation.name not in graph.SIDE_EFFECT_OPS - graph.COLLECTIVE_OPS:
+            self.overridden.add(value)
+            return Recompute
+        return verdict
 
     def in_scope(self, op) -> bool:
         """Is `op` inside a checkpoint scope? (A scan loop there is re-run whole by the

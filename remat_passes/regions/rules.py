@@ -42,6 +42,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions import case_rewrite, scan_rewrite, shard_map_rewrite
 from remat_passes.ir.graph import CASE
+from remat_passes.sharding.sdy import mesh_of
 
 
 class RegionRule(Protocol):
@@ -103,15 +104,18 @@ class ScanPairRule:
             out.append(f"@{analysis.name}: {loops} forward stablehlo.while loop(s) are not "
                        "scan loops with a matching backward loop; each is treated as one "
                        "atomic op: saved or recomputed whole")
-        # (the shard_map rule decides the manual computations at a function's top level)
+        # (a shard_map in a scan body gets the policy inside it, `manual_nested`, unless
+        # its body has a side effect or it has no mesh)
         manual = sum(1 for pos in analysis.scan_loop_positions if pos in surviving
                      for op in graph.nested_ops(analysis.ops[pos].regions[1].blocks[0])
-                     if op.name == graph.MANUAL_COMPUTATION)
+                     if op.name == graph.MANUAL_COMPUTATION and (
+                         shard_map_rewrite.body_side_effect(op) or mesh_of(op) is None))
         if manual:
             out.append(f"@{analysis.name}: {manual} sdy.manual_computation op(s) (shard_map) "
-                       "in scan loop bodies are atomic there (the policy does not see "
-                       "inside them, nor the checkpoint names in them): recomputed whole "
-                       "with the iteration, or their results kept")
+                       "in scan loop bodies have a side effect inside (or no mesh); each is "
+                       "atomic there (the policy does not see inside it, nor the checkpoint "
+                       "names in it): recomputed whole with the iteration, or its results "
+                       "kept")
         return out
 
 

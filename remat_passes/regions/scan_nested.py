@@ -1,7 +1,8 @@
-"""Loops and cases nested in a scan body: what the outer forward loop must have them
-return before it can stack it. A nested forward loop stacks the inner values the
-policy saves (what JAX's forward keeps per inner iteration); a nested case the policy
-recomputes returns the branch values it saves (`case_nested`).
+"""Loops, cases and shard_maps nested in a scan body: what the outer forward loop must
+have them return before it can stack it. A nested forward loop stacks the inner values
+the policy saves (what JAX's forward keeps per inner iteration); a nested case the policy
+recomputes returns the branch values it saves (`case_nested`), a nested shard_map the
+body values it saves (`manual_nested`).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from remat_passes.ir import graph
 from remat_passes.ir.graph import CASE
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Recompute
-from remat_passes.regions import case_nested, loop_edit
+from remat_passes.regions import case_nested, loop_edit, manual_nested
 
 
 def inner_saved(loop, verdict) -> list:
@@ -48,11 +49,14 @@ def plan_prestack(pair: Pair, verdict) -> list:
     """[(nested forward loop, values to stack)]: for each forward scan loop nested in
     `pair`'s forward body, the inner values the policy saves that it does not stack yet;
     [(nested case, values per branch)]: for each case there the policy recomputes, the
-    branch values it saves (`case_nested.plan_nested_saves`)."""
+    branch values it saves (`case_nested.plan_nested_saves`); [(nested shard_map, values)]:
+    for each manual computation there the policy recomputes, the body values it saves
+    (`manual_nested.plan_nested_saves`)."""
     out = []
     for op in pair.fwd.body.operations:
-        if op.operation.name == CASE:
-            saved = case_nested.nested_saves_needed(op, verdict)
+        if op.operation.name in (CASE, graph.MANUAL_COMPUTATION):
+            saved = (case_nested if op.operation.name == CASE
+                     else manual_nested).nested_saves_needed(op, verdict)
             if saved is not None:
                 out.append((op.operation, saved))
             continue
@@ -68,11 +72,15 @@ def plan_prestack(pair: Pair, verdict) -> list:
 
 def prestack(plan: list, verdict) -> None:
     """Make each nested forward loop of `plan_prestack` stack its values too, and each
-    nested case return its saved values (the outer loop then stacks them as needed)."""
+    nested case or shard_map return its saved values (the outer loop then stacks them as
+    needed)."""
     for nested, values in plan:
-        if not isinstance(nested, scan_pairs.ForwardLoop):     # a case op
+        if not isinstance(nested, scan_pairs.ForwardLoop):     # a case or a shard_map
             with nested.location:
-                case_nested.add_nested_saves(nested, values, verdict)
+                if nested.name == CASE:
+                    case_nested.add_nested_saves(nested, values, verdict)
+                else:
+                    manual_nested.add_nested_saves(nested, values)
             continue
         loop = nested
         edit = loop_edit.LoopEdit(loop.op)

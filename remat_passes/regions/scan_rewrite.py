@@ -44,7 +44,7 @@ from remat_passes.analysis.scan_pairs import (WHILE, Pair, PendingPairs, analyse
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
-from remat_passes.regions import case_nested, loop_edit
+from remat_passes.regions import case_nested, loop_edit, manual_nested
 from remat_passes.regions.scan_nested import inner_saved, plan_prestack, prestack
 from remat_passes.ir.graph import CASE
 
@@ -340,8 +340,8 @@ class ScanPairPlanner:
             if loop is not None:
                 saved_keys = [k for k, st in loop.stacked.items()
                               if isinstance(st.value, ir.OpResult) and self.must_stack(st.value)]
-        elif op.name == CASE:
-            saved_keys = list(contract.case_saves(op))
+        else:         # (a case or a shard_map returning values its regions save)
+            saved_keys = list(contract.nested_saves(op))
         deps = reads + [op.results[k] for k in saved_keys]
 
         def make(srcs):
@@ -477,6 +477,9 @@ def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats) -> None:
             if item.saved and clone.name == CASE:
                 case_nested.reuse_nested_saves(clone, {k: value_of(s)
                                                         for k, s in item.saved.items()})
+            elif item.saved and clone.name == graph.MANUAL_COMPUTATION:
+                clone = manual_nested.reuse_nested_saves(
+                    clone, {k: value_of(s) for k, s in item.saved.items()})
             elif item.saved:
                 clone = _reuse_saved_stacks(clone, {k: value_of(s) for k, s in item.saved.items()})
             built.append(clone)

@@ -350,3 +350,38 @@ def _custom_call(target, v, result_type, sharding, ip, loc) -> ir.Value:
         attributes={"call_target_name": ir.StringAttr.get(target),
                     "mhlo.sharding": ir.StringAttr.get(sharding)}, ip=ip, loc=loc)
     return op.results[0]
+
+
+class InManualRegion:
+    """value -> is it inside a GSPMD manual region (computed from an
+    `@SPMDFullToShardShape` result, not yet through `@SPMDShardToFullShape`)? By dataflow
+    back from the value, memoized: for the values of loop bodies, where `manual_values`
+    (a function's top level) does not look."""
+
+    def __init__(self):
+        self._memo: dict = {}
+
+    def __call__(self, v) -> bool:
+        memo, stack = self._memo, [v]
+        while stack:
+            u = stack[-1]
+            if u in memo:
+                stack.pop()
+                continue
+            if not isinstance(u, ir.OpResult):    # (a block argument: a carry, an input)
+                memo[u] = False
+                stack.pop()
+                continue
+            op = u.owner.operation
+            target = graph.custom_call_target(op)
+            if target in (graph.SPMD_FULL_TO_SHARD, graph.SPMD_SHARD_TO_FULL):
+                memo[u] = target == graph.SPMD_FULL_TO_SHARD
+                stack.pop()
+                continue
+            pending = [w for w in op.operands if w not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            memo[u] = any(memo[w] for w in op.operands)
+            stack.pop()
+        return memo[v]
