@@ -32,7 +32,6 @@ import sys
 
 import jax
 
-from remat_passes.ir.mlir import RematError
 
 
 def _nnx():

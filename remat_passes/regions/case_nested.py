@@ -45,26 +45,31 @@ def plan_nested_saves(case, verdict) -> list[list]:
     recomputation clones it whole): the values inside the branch that the policy saves
     and that computing the branch's results needs, in program order. JAX's cond rule
     makes them residuals of the cond; empty lists: nothing to save."""
-    out = []
-    for region in case.regions:
-        block = region.blocks[0]
-        order = {op_id(op): n for n, op in enumerate(block.operations)}
-        todo = list(graph.terminator(block).operands)
-        seen, saved = set(), []
-        while todo:
-            v = todo.pop()
-            if v in seen or not isinstance(v, ir.OpResult) or op_id(v.owner) not in order:
-                continue
-            seen.add(v)
-            op = v.owner.operation
-            if op.name == "stablehlo.constant":
-                continue
-            if graph.is_side_effecting(op) or verdict(v) is not Recompute:
-                saved.append(v)
-                continue
-            todo.extend(graph.read_values(op))
-        out.append(sorted(saved, key=lambda v: (order[op_id(v.owner)], v.result_number)))
-    return out
+    return [saves_for_results(region.blocks[0], lambda v: graph.is_side_effecting(
+        v.owner.operation) or verdict(v) is not Recompute) for region in case.regions]
+
+
+def saves_for_results(block, kept) -> list:
+    """The values of `block`'s ops that `kept(value)` says are saved and that computing
+    what the block returns needs (through values it does not keep), in program order:
+    what a region nested where a recomputation clones it whole must return (a case's
+    branch, a shard_map's body)."""
+    order = {op_id(op): n for n, op in enumerate(block.operations)}
+    todo = list(graph.terminator(block).operands)
+    seen, saved = set(), []
+    while todo:
+        v = todo.pop()
+        if v in seen or not isinstance(v, ir.OpResult) or op_id(v.owner) not in order:
+            continue
+        seen.add(v)
+        op = v.owner.operation
+        if op.name == "stablehlo.constant":
+            continue
+        if kept(v):
+            saved.append(v)
+            continue
+        todo.extend(graph.read_values(op))
+    return sorted(saved, key=lambda v: (order[op_id(v.owner)], v.result_number))
 
 
 def add_nested_saves(case, saved: list, verdict):

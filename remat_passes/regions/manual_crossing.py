@@ -19,7 +19,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions.loop_edit import zeros
 from remat_passes.regions.scan_segments import Crossing, new_op, pairs_across
-from remat_passes.regions.shard_map_rewrite import new_manual, shrunk
+from remat_passes.regions.shard_map_rewrite import new_manual, shrunk, with_residuals
 from remat_passes.sharding import gspmd
 from remat_passes.sharding.sdy import (manual_axes, mesh_of, residual_layout, shardings,
                                        varying_axes)
@@ -141,32 +141,11 @@ class ManualCrossing:
         """The forward computation rebuilt with the brought values as new results, in
         JAX's shard_map residual layout. Returns (it, the layouts, its old result count)."""
         a = self.fwd
-        body_a = a.regions[0].blocks[0]
-        ret = graph.terminator(body_a)
         n_old = len(a.results)
-        values = list(ret.operands)[n_old:]
+        values = list(graph.terminator(a.regions[0].blocks[0]).operands)[n_old:]
         self.inner = values     # (the values of the forward body, in the new results' order)
-        mesh_ref, mesh = mesh_of(a)
-        varying = varying_axes(a, mesh)
-        every = frozenset(manual_axes(a))
-        layouts = [residual_layout(v, varying.get(v, every), mesh, mesh_ref) for v in values]
-        ip = ir.InsertionPoint(ret)
-        returned = list(ret.operands)[:n_old] + [
-            v if local == v.type else new_op("stablehlo.reshape", [v], local, ip)
-            for v, (local, _, _) in zip(values, layouts)]
-        ir.Operation.create("sdy.return", operands=returned, loc=ret.location, ip=ip)
-        ret.erase()
-        new_a = new_manual(a, list(a.operands),
-                           [r.type for r in a.results] + [g for _, g, _ in layouts],
-                           shardings(a, "in_shardings"),
-                           shardings(a, "out_shardings") + [s for _, _, s in layouts],
-                           ir.InsertionPoint(a), a.location)
-        body_a.append_to(new_a.regions[0])
-        for k, r in enumerate(a.results):
-            r.replace_all_uses_with(new_a.results[k])
-        a.erase()
-        self.fwd = new_a
-        return new_a, layouts, n_old
+        self.fwd, layouts = with_residuals(a, values)
+        return self.fwd, layouts, n_old
 
     def finish_backward(self, operands, layouts, n_old, passed):
         """The backward computation rebuilt with `operands` (the new results of the forward

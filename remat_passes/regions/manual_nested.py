@@ -16,11 +16,12 @@ recompute clone of it those values as operands, in place of the body ops that ma
 from __future__ import annotations
 
 from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import ir, op_id
+from remat_passes.ir.mlir import ir
 from remat_passes.ir.verdicts import Recompute, Saveable
-from remat_passes.regions.shard_map_rewrite import body_side_effect, new_manual, shrunk
-from remat_passes.sharding.sdy import (manual_axes, mesh_of, residual_layout, shardings,
-                                       varying_axes)
+from remat_passes.regions import case_nested
+from remat_passes.regions.shard_map_rewrite import (body_side_effect, new_manual, shrunk,
+                                                    with_residuals)
+from remat_passes.sharding.sdy import mesh_of, shardings
 
 MC = graph.MANUAL_COMPUTATION
 
@@ -40,23 +41,8 @@ def plan_nested_saves(mc, verdict) -> list:
     """The body values of manual computation `mc` that the policy saves and that computing
     its results needs, in program order (the body's arguments are its operands: the
     recomputation takes those anyway)."""
-    body = mc.regions[0].blocks[0]
-    order = {op_id(op): n for n, op in enumerate(body.operations)}
-    todo = list(graph.terminator(body).operands)
-    seen, saved = set(), []
-    while todo:
-        v = todo.pop()
-        if v in seen or not isinstance(v, ir.OpResult) or op_id(v.owner) not in order:
-            continue
-        seen.add(v)
-        op = v.owner.operation
-        if op.name == "stablehlo.constant":
-            continue
-        if _verdict(v, verdict) is not Recompute:
-            saved.append(v)
-            continue
-        todo.extend(graph.read_values(op))
-    return sorted(saved, key=lambda v: (order[op_id(v.owner)], v.result_number))
+    return case_nested.saves_for_results(mc.regions[0].blocks[0],
+                                         lambda v: _verdict(v, verdict) is not Recompute)
 
 
 def nested_saves_needed(op, verdict) -> list | None:
@@ -75,28 +61,8 @@ def nested_saves_needed(op, verdict) -> list | None:
 def add_nested_saves(mc, saved: list):
     """Rebuild `mc` with a result for each value of `plan_nested_saves` (laid out as a
     shard_map residual), recorded in `remat.manual_saves`. Returns the new computation."""
-    mesh_ref, mesh = mesh_of(mc)
-    varying = varying_axes(mc, mesh)
-    everything = frozenset(manual_axes(mc))
-    layouts = [residual_layout(v, varying.get(v, everything), mesh, mesh_ref) for v in saved]
-    body = mc.regions[0].blocks[0]
-    ret = graph.terminator(body)
-    ip = ir.InsertionPoint(ret)
-    returned = list(ret.operands) + [
-        v if local == v.type else _reshape(v, local, ip, ret.location)
-        for v, (local, _, _) in zip(saved, layouts)]
-    ir.Operation.create("sdy.return", operands=returned, loc=ret.location, ip=ip)
-    ret.erase()
     n_old = len(mc.results)
-    new = new_manual(mc, list(mc.operands),
-                     [r.type for r in mc.results] + [g for _, g, _ in layouts],
-                     shardings(mc, "in_shardings"),
-                     shardings(mc, "out_shardings") + [s for _, _, s in layouts],
-                     ir.InsertionPoint(mc), mc.location)
-    body.append_to(new.regions[0])
-    for k in range(n_old):
-        mc.results[k].replace_all_uses_with(new.results[k])
-    mc.erase()
+    new, _ = with_residuals(mc, saved)
     contract.set_case_saves(new, {n_old + i: Saveable for i in range(len(saved))},
                             contract.MANUAL_SAVES)
     return new

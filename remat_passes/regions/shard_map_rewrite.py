@@ -258,6 +258,35 @@ def new_manual(like, operands, result_types, ins, outs, ip, loc):
                                attributes=attrs, regions=1, loc=loc, ip=ip)
 
 
+def with_residuals(mc, values: list) -> tuple:
+    """`mc` rebuilt with body `values` as new results after its own, each in JAX's shard_map
+    residual layout (on its first dimension over the manual axes it varies over; a scalar
+    as one element), its results' readers moved over. Returns (the new computation, the
+    layouts: (local type, global type, sharding) per value)."""
+    mesh_ref, mesh = mesh_of(mc)
+    varying = varying_axes(mc, mesh)
+    every = frozenset(manual_axes(mc))
+    layouts = [residual_layout(v, varying.get(v, every), mesh, mesh_ref) for v in values]
+    body = mc.regions[0].blocks[0]
+    ret = graph.terminator(body)
+    ip = ir.InsertionPoint(ret)
+    returned = list(ret.operands)[:len(mc.results)] + [
+        v if local == v.type else _reshape(v, local, ip, ret.location)
+        for v, (local, _, _) in zip(values, layouts)]
+    ir.Operation.create("sdy.return", operands=returned, loc=ret.location, ip=ip)
+    ret.erase()
+    new = new_manual(mc, list(mc.operands),
+                     [r.type for r in mc.results] + [g for _, g, _ in layouts],
+                     shardings(mc, "in_shardings"),
+                     shardings(mc, "out_shardings") + [s for _, _, s in layouts],
+                     ir.InsertionPoint(mc), mc.location)
+    body.append_to(new.regions[0])
+    for k, r in enumerate(mc.results):
+        r.replace_all_uses_with(new.results[k])
+    mc.erase()
+    return new, layouts
+
+
 def _r_position(plan: ShardMapPairPlan):
     """Where the recompute computation goes: where the backward starts if the
     function-level plan may read its twins, else right before its first reader."""
