@@ -230,7 +230,15 @@ def _saves(op, name: str) -> dict:
     return out
 
 
-def set_case_saves(op, saves: dict, name: str = CASE_SAVES) -> None:
+def set_case_saves(op, saves: dict) -> None:
+    _set_saves(op, saves, CASE_SAVES)
+
+
+def set_manual_saves(op, saves: dict) -> None:
+    _set_saves(op, saves, MANUAL_SAVES)
+
+
+def _set_saves(op, saves: dict, name: str) -> None:
     op.operation.attributes[name] = ir.DictAttr.get({
         str(k): ir.StringAttr.get("save") if not isinstance(v, Offloadable) else offload_attr(v)
         for k, v in saves.items()})

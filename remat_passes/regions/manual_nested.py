@@ -63,8 +63,7 @@ def add_nested_saves(mc, saved: list):
     shard_map residual), recorded in `remat.manual_saves`. Returns the new computation."""
     n_old = len(mc.results)
     new, _ = with_residuals(mc, saved)
-    contract.set_case_saves(new, {n_old + i: Saveable for i in range(len(saved))},
-                            contract.MANUAL_SAVES)
+    contract.set_manual_saves(new, {n_old + i: Saveable for i in range(len(saved))})
     return new
 
 

@@ -204,9 +204,14 @@ class ManualComputationRule:
         if not ops:
             return {}
         a = analysis()
-        readable = sum(1 for op in ops if not a.is_backward(op) and any(
+        readable = [op for op in ops if not a.is_backward(op) and any(
             a.is_backward(graph.top_level(use.owner.operation, block.owner))
-            for r in op.results for use in r.uses))
+            for r in op.results for use in r.uses)]
+        # (counted before the rewrite, which can move a body's loop into the recompute
+        # computation alone)
+        inner = sum(1 for op in readable if not shard_map_rewrite.body_side_effect(op)
+                    for body_op in op.regions[0].blocks[0].operations
+                    if body_op.operation.name in (WHILE, CASE))
 
         def mark(clone):
             contract.set_recompute_group(clone, groups.n)
@@ -218,10 +223,8 @@ class ManualComputationRule:
             return policy(v)
         self._rewritten, stats = shard_map_rewrite.rewrite_pairs(
             block, verdict, mark, groups.next, a)
-        self._atomic = readable - stats["pairs"]
-        self._inner = sum(1 for rw in self._rewritten
-                          for op in rw.fwd.regions[0].blocks[0].operations
-                          if op.operation.name in (WHILE, CASE))
+        self._atomic = len(readable) - stats["pairs"]
+        self._inner = inner if stats["pairs"] else 0
         return stats
 
     def _mine(self, analysis) -> list:

@@ -935,6 +935,20 @@ for pol, jp in POLICIES.items():
         "jax": sorted(str(a).replace("float32", "f32") for a, d in theirs
                       if not d.startswith("from the argument")),
         "remarks": lowered.remarks}
+# a scan inside a shard_map body, the gradient outside: the loop is atomic in the body
+def sm_scan_loss(ws, x):
+    def body(ws, x):
+        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+        return jax.lax.pmean(jnp.mean(h ** 2), "data")
+    return shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(ws, x)
+def sm_scan_step(ws, x):
+    return jax.value_and_grad(sm_scan_loss)(ws, x)
+f = rp.jit(sm_scan_step, policy="dots_saveable")
+out["scan in shard_map"] = {
+    "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(jax.tree_util.tree_leaves(f(ws, x)),
+                               jax.tree_util.tree_leaves(jax.jit(sm_scan_step)(ws, x)))),
+    "remarks": f.lower(ws, x).remarks}
 # under jax.pmap nothing is typed as varying: a step without collectives runs as before
 def plain_step(params, x):
     return jax.value_and_grad(local_loss)(params, x)
@@ -968,7 +982,9 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     inside it per iteration: the residuals of jax.checkpoint around the layer (it was
     atomic there: a name inside it was not kept, and nothing said so); under GSPMD, where
     the step with a value kept inside made XLA abort while compiling, those values are
-    recomputed, and a remark says so. Called with host arrays, the step (and one with the
+    recomputed, and a remark says so. A scan inside a shard_map body (the gradient
+    outside) is atomic there, with a remark (which a recomputation moving the loop out of
+    the forward body had silenced). Called with host arrays, the step (and one with the
     shard_map in its loss, joint and split) runs on the mesh's 8 devices, as under
     jax.jit, built once (it was JAX's "exported for 8 devices and is called in a context
     with 1 devices")."""
@@ -993,6 +1009,11 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
         elif pol != "nothing_saveable":   # (kept per iteration, XLA aborted compiling)
             assert any("inside GSPMD shard_maps in scan loop bodies are recomputed" in m
                        for m in r["remarks"]), (pol, r)
+    r = out["scan in shard_map"]
+    assert r["err"] < 1e-5, r
+    if partitioner == "shardy":
+        assert any("1 stablehlo.while/stablehlo.case op(s) in shard_map bodies are atomic"
+                   in m for m in r["remarks"]), r
     for key in ("host inside joint", "host outside joint", "host outside split"):
         r = out[key]
         assert r["err"] < 1e-5 and r["again"] < 1e-5 and r["devices"] == 8 and \
