@@ -188,3 +188,27 @@ def stack_value(loop: ForwardLoop, edit: LoopEdit, v) -> ir.Value:
 
 __all__ = ["LoopEdit", "drop_unused_carries", "read_slot", "slice_part",
            "stack_value", "int_const", "zeros", "shape"]
+
+
+def reuse_saved_stacks(clone, outer: dict):
+    """A clone of a forward scan loop made to recompute it (in an outer backward body, in a
+    shard_map's recompute computation): its stacked values that the policy saves come
+    from the stacks saved (`outer`: result k -> the saved stack); the clone reads them
+    back per iteration instead of computing them again. Returns the rebuilt clone."""
+    new_loop = scan_pairs.analyse_forward(clone)
+    edit = LoopEdit(clone)
+    for k in outer:
+        st = new_loop.stacked[k]
+        arg = edit.add(outer[k], clone.location)
+        u = st.value
+        read = read_slot(arg, st.index, u.owner.operation, u.type)
+        for use in list(u.uses):
+            if use.owner.operation != read.owner.operation:
+                use.owner.operands[use.operand_number] = read
+        for j, r in enumerate(edit.returned):   # a carry-out the policy saves
+            if r == u:
+                edit.set_returned(j, read)
+        edit.set_returned(k, new_loop.body.arguments[k])   # no need to stack it again
+    edit.flush_return()
+    graph.erase_unused_in_block(new_loop.body)
+    return edit.rebuild({k: k for k in range(len(clone.results))})

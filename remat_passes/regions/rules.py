@@ -37,10 +37,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from remat_passes.analysis import scan_pairs
 from remat_passes.analysis.scan_pairs import WHILE
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions import case_rewrite, scan_rewrite, shard_map_rewrite
+from remat_passes.regions.scan_nested import inner_saved, prestack
 from remat_passes.ir.graph import CASE
 from remat_passes.sharding.sdy import mesh_of
 
@@ -208,10 +210,12 @@ class ManualComputationRule:
             a.is_backward(graph.top_level(use.owner.operation, block.owner))
             for r in op.results for use in r.uses)]
         # (counted before the rewrite, which can move a body's loop into the recompute
-        # computation alone)
+        # computation alone; a scan loop gets the policy per iteration)
         inner = sum(1 for op in readable if not shard_map_rewrite.body_side_effect(op)
                     for body_op in op.regions[0].blocks[0].operations
-                    if body_op.operation.name in (WHILE, CASE))
+                    if body_op.operation.name == CASE or (
+                        body_op.operation.name == WHILE
+                        and scan_pairs.analyse_forward(body_op) is None))
 
         def mark(clone):
             contract.set_recompute_group(clone, groups.n)
@@ -221,6 +225,9 @@ class ManualComputationRule:
             if op.name in graph.COLLECTIVE_OPS:    # (value_verdict would call it saved)
                 return policy.op_verdict(op)
             return policy(v)
+        for op in readable:      # scan loops in the bodies stack what the policy saves
+            if not shard_map_rewrite.body_side_effect(op):
+                _prestack_loops(op.regions[0].blocks[0], verdict)
         self._rewritten, stats = shard_map_rewrite.rewrite_pairs(
             block, verdict, mark, groups.next, a)
         self._atomic = len(readable) - stats["pairs"]
@@ -260,6 +267,21 @@ class ManualComputationRule:
                        "shard_map bodies are atomic there (the policy does not see inside "
                        "them): saved or recomputed whole")
         return out
+
+
+def _prestack_loops(body, verdict) -> None:
+    """Make each forward scan loop of a shard_map body stack the values the policy saves
+    that a recomputation of it needs (`scan_nested.inner_saved`): the shard_map rule keeps
+    those stacks, and its recompute computation reads them back (`shard_map_rewrite`)."""
+    for op in list(body.operations):
+        loop = scan_pairs.analyse_forward(op)
+        if loop is None:
+            continue
+        stacked = {st.value for st in loop.stacked.values()}
+        new = [v for v in inner_saved(loop, verdict) if v not in stacked]
+        if new:
+            with loop.op.location:
+                prestack([(loop, new)], verdict)
 
 
 def result_placements(op) -> list:

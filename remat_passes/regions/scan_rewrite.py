@@ -481,7 +481,7 @@ def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats) -> None:
                 clone = manual_nested.reuse_nested_saves(
                     clone, {k: value_of(s) for k, s in item.saved.items()})
             elif item.saved:
-                clone = _reuse_saved_stacks(clone, {k: value_of(s) for k, s in item.saved.items()})
+                clone = loop_edit.reuse_saved_stacks(clone, {k: value_of(s) for k, s in item.saved.items()})
             built.append(clone)
         elif isinstance(item, ReadSlot):
             built.append(loop_edit.read_slot(value_of(item.carry), item.index, item.before,
@@ -502,29 +502,6 @@ def _finish_job(job: Job, value_of, stats) -> None:
     if new != job.read.value:
         job.read.value.replace_all_uses_with(new)
         stats["recomputed"] += 1
-
-
-def _reuse_saved_stacks(clone, outer: dict):
-    """A nested forward scan loop recomputed in the backward body: its stacked values
-    that the policy saves come from the outer forward's stacks (`outer`); the clone
-    reads them back per inner iteration instead of computing them again."""
-    new_loop = analyse_forward(clone)
-    edit = loop_edit.LoopEdit(clone)
-    for k in outer:
-        st = new_loop.stacked[k]
-        arg = edit.add(outer[k], clone.location)
-        u = st.value
-        read = loop_edit.read_slot(arg, st.index, u.owner.operation, u.type)
-        for use in list(u.uses):
-            if use.owner.operation != read.owner.operation:
-                use.owner.operands[use.operand_number] = read
-        for j, r in enumerate(edit.returned):   # a carry-out the policy saves
-            if r == u:
-                edit.set_returned(j, read)
-        edit.set_returned(k, new_loop.body.arguments[k])   # no need to stack it again
-    edit.flush_return()
-    graph.erase_unused_in_block(new_loop.body)
-    return edit.rebuild({k: k for k in range(len(clone.results))})
 
 
 def _rebuild(plan: ScanPairPlan, fedit, bedit, new_buffers, n_bwd) -> None:
@@ -634,7 +611,7 @@ def materialize_whole(plan: WholePlan, mark_clone, next_group, stats) -> tuple:
     next_group()
     clone = fwd.op.clone(ip=ir.InsertionPoint(pair.bwd))
     mark_clone(clone)
-    clone = _reuse_saved_stacks(clone, {k: fwd.op.results[k] for k in plan.saved})
+    clone = loop_edit.reuse_saved_stacks(clone, {k: fwd.op.results[k] for k in plan.saved})
     for m, k in plan.recompute.items():
         _redirect(pair.bwd, m, fwd.op.results[k], clone.results[k])
     stats["whole"] += 1

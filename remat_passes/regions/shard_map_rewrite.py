@@ -27,6 +27,12 @@ first), the layout JAX gives shard_map residuals. Results nothing reads any more
 go, and so do the body ops only they needed. `plan_pair` decides without
 touching the IR; `materialize_pair` rewrites.
 
+A scan loop in the forward body (a scanned model inside the shard_map) that the recompute
+computation clones first stacks the body values the policy saves that its recomputation
+needs (`scan_nested.inner_saved`, done by the rule before planning); those stacks are
+kept as residuals, and the clone reads them back per iteration instead of computing them
+(`loop_edit.reuse_saved_stacks`), as JAX's scan rule inside the shard_map rule keeps them.
+
 The backward can also read a forward result directly: a primal output the
 derivative of a later op needs (`o * o`). It is served the same way, by the
 forward computation, its operand or the recompute computation (which then runs
@@ -36,9 +42,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from remat_passes.analysis.scan_pairs import WHILE, analyse_forward
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
+from remat_passes.regions.loop_edit import reuse_saved_stacks
 from remat_passes.sharding.sdy import (manual_axes, mesh_of, per_value_attr, residual_layout,
                                        shardings, varying_axes)
 
@@ -132,6 +140,7 @@ class ShardMapPairPlan:
     offloads: list              # (body value, Offloadable) of saved values
     twins: list                 # (n, k): the forward's primal result n (old result k) is
                                 # computed by the recompute computation too
+    verdict: object = None      # the policy's verdict it was planned with
     recomputed: int = 0         # backward reads served by recomputation
 
     @property
@@ -181,7 +190,7 @@ class ShardMapPairPlanner:
                     self.offloads.append((v, verdict))
             return None
         op = v.owner.operation
-        reads = graph.read_values(op)
+        reads = graph.read_values(op) + saved_stacks(op, self.verdict)
         pending = [u for u in reads if u not in self.memo]
         if pending:
             return pending
@@ -238,8 +247,19 @@ class ShardMapPairPlanner:
         order = {op_id(op.operation): i for i, op in enumerate(self.body.operations)}
         clones = sorted(self.cloned.values(), key=lambda op: order[op_id(op)])
         recomputed = sum(1 for _, _, s in replace if isinstance(s, FromRecompute))
-        return ShardMapPairPlan(pair, primal, list(self.kept), kept_from, clones, sorted(r_sources),
-                        r_sources, replace, self.offloads, twins, recomputed)
+        return ShardMapPairPlan(pair, primal, list(self.kept), kept_from, clones,
+                                sorted(r_sources), r_sources, replace, self.offloads, twins,
+                                self.verdict, recomputed)
+
+
+def saved_stacks(op, verdict) -> list:
+    """The results of `op`, where it is a forward scan loop, that stack a body value the
+    policy saves (a recomputation of the loop reads them back); else none."""
+    loop = analyse_forward(op) if op.name == WHILE else None
+    if loop is None:
+        return []
+    return [op.results[k] for k, st in sorted(loop.stacked.items())
+            if isinstance(st.value, ir.OpResult) and verdict(op.results[k]) is not Recompute]
 
 
 def plan_pair(pair: ShardMapPair, verdict) -> ShardMapPairPlan:
@@ -366,6 +386,8 @@ def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc
     wanted: dict = {}                    # source -> None (ordered)
     cloned = {op_id(op) for op in plan.clones}
     for op in plan.clones:
+        for u in saved_stacks(op, plan.verdict):    # (a loop's own results, kept)
+            wanted.setdefault(Kept(u), None)
         for u in graph.read_values(op):
             if isinstance(u, ir.BlockArgument) and u.owner == body:
                 wanted.setdefault(Outer(u.arg_number), None)
@@ -405,6 +427,9 @@ def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc
         for u in graph.read_values(op):
             if u in value and value[u] != u:
                 graph.replace_reads(clone, u, value[u])
+        stacks = saved_stacks(op, plan.verdict)
+        if stacks:            # (a scan loop: its saved stacks read back, not computed)
+            clone = reuse_saved_stacks(clone, {s.result_number: value[s] for s in stacks})
         for a, b in zip(op.results, clone.results):
             value[a] = b
     results = []

@@ -935,20 +935,30 @@ for pol, jp in POLICIES.items():
         "jax": sorted(str(a).replace("float32", "f32") for a, d in theirs
                       if not d.startswith("from the argument")),
         "remarks": lowered.remarks}
-# a scan inside a shard_map body, the gradient outside: the loop is atomic in the body
-def sm_scan_loss(ws, x):
+# a scan inside a shard_map body, the gradient outside: the policy per body op, the scan
+# loop per iteration inside it, as jax.checkpoint around the shard_mapped loss keeps them
+def sm_scan_loss(ws, x, policy=None):
+    def layer(h, w):
+        return jnp.sin(rp.checkpoint_name(jnp.tanh(h @ w), "h")), None
     def body(ws, x):
-        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+        h, _ = jax.lax.scan(layer, x, ws)
         return jax.lax.pmean(jnp.mean(h ** 2), "data")
-    return shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(ws, x)
+    loss = shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
+    return loss(ws, x) if policy is None else jax.checkpoint(loss, policy=policy)(ws, x)
 def sm_scan_step(ws, x):
     return jax.value_and_grad(sm_scan_loss)(ws, x)
-f = rp.jit(sm_scan_step, policy="dots_saveable")
-out["scan in shard_map"] = {
-    "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-               for a, b in zip(jax.tree_util.tree_leaves(f(ws, x)),
-                               jax.tree_util.tree_leaves(jax.jit(sm_scan_step)(ws, x)))),
-    "remarks": f.lower(ws, x).remarks}
+for pol, jp in POLICIES.items():
+    f = rp.jit(sm_scan_step, policy=pol)
+    lowered = f.lower(ws, x)
+    theirs = jax_saved_residuals(partial(sm_scan_loss, policy=jp), ws, x)
+    out[f"scan in shard_map {pol}"] = {
+        "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree_util.tree_leaves(f(ws, x)),
+                                   jax.tree_util.tree_leaves(jax.jit(sm_scan_step)(ws, x)))),
+        "ours": sorted(r.type for r in lowered.residuals if not r.argument),
+        "jax": sorted(str(a).replace("float32", "f32") for a, d in theirs
+                      if not d.startswith("from the argument")),
+        "remarks": lowered.remarks}
 # under jax.pmap nothing is typed as varying: a step without collectives runs as before
 def plain_step(params, x):
     return jax.value_and_grad(local_loss)(params, x)
@@ -983,8 +993,9 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     atomic there: a name inside it was not kept, and nothing said so); under GSPMD, where
     the step with a value kept inside made XLA abort while compiling, those values are
     recomputed, and a remark says so. A scan inside a shard_map body (the gradient
-    outside) is atomic there, with a remark (which a recomputation moving the loop out of
-    the forward body had silenced). Called with host arrays, the step (and one with the
+    outside) gets the policy per iteration inside it: jax.checkpoint's residuals (it was
+    atomic, and the remark saying so was silenced where the loop moved into the recompute
+    computation). Called with host arrays, the step (and one with the
     shard_map in its loss, joint and split) runs on the mesh's 8 devices, as under
     jax.jit, built once (it was JAX's "exported for 8 devices and is called in a context
     with 1 devices")."""
@@ -1009,11 +1020,12 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
         elif pol != "nothing_saveable":   # (kept per iteration, XLA aborted compiling)
             assert any("inside GSPMD shard_maps in scan loop bodies are recomputed" in m
                        for m in r["remarks"]), (pol, r)
-    r = out["scan in shard_map"]
-    assert r["err"] < 1e-5, r
-    if partitioner == "shardy":
-        assert any("1 stablehlo.while/stablehlo.case op(s) in shard_map bodies are atomic"
-                   in m for m in r["remarks"]), r
+    for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
+        r = out[f"scan in shard_map {pol}"]
+        assert r["err"] < 1e-5, (pol, r)
+        if partitioner == "shardy":
+            assert r["ours"] == r["jax"], (pol, r)
+            assert not any("atomic" in m for m in r["remarks"]), (pol, r)
     for key in ("host inside joint", "host outside joint", "host outside split"):
         r = out[key]
         assert r["err"] < 1e-5 and r["again"] < 1e-5 and r["devices"] == 8 and \
