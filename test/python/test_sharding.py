@@ -911,6 +911,26 @@ for name, fun, mode in (("inside", data_parallel(local_step), "joint"),
         "devices": min(len(a.sharding.device_set) for a in jax.tree_util.tree_leaves(got)),
         "again": float(np.max(np.abs(np.asarray(f(*host)[0]) - np.asarray(ref[0])))),
         "builds": f.builds}
+def against_checkpoint(loss, *args):
+    """rp.jit of the step that differentiates `loss(*args, policy=None)`, per policy: the
+    error from jax.jit's results, our residuals and jax.checkpoint's (leaving out the
+    arguments), the remarks."""
+    def step(*a):
+        return jax.value_and_grad(loss)(*a)
+    want = jax.tree_util.tree_leaves(jax.jit(step)(*args))
+    found = {}
+    for pol, jp in POLICIES.items():
+        f = rp.jit(step, policy=pol)
+        lowered = f.lower(*args)
+        theirs = jax_saved_residuals(partial(loss, policy=jp), *args)
+        found[pol] = {
+            "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                       for a, b in zip(jax.tree_util.tree_leaves(f(*args)), want)),
+            "ours": sorted(r.type for r in lowered.residuals if not r.argument),
+            "jax": sorted(str(a).replace("float32", "f32") for a, d in theirs
+                          if not d.startswith("from the argument")),
+            "remarks": lowered.remarks}
+    return found
 # a shard_map inside a scan body (a sharded layer scanned over): the policy per iteration,
 # inside the shard_map too; residuals as jax.checkpoint of the layer inside the scan keeps
 def layer(h, w, policy=None):
@@ -920,21 +940,8 @@ def layer(h, w, policy=None):
     return shard_map(body, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))(h, w), None
 def scan_loss(ws, x, policy=None):
     return jnp.mean(jax.lax.scan(partial(layer, policy=policy), x, ws)[0] ** 2)
-def scan_step(ws, x):
-    return jax.value_and_grad(scan_loss)(ws, x)
 ws = put((3, 8, 8), P(), 0.3)
-for pol, jp in POLICIES.items():
-    f = rp.jit(scan_step, policy=pol)
-    lowered = f.lower(ws, x)
-    theirs = jax_saved_residuals(partial(scan_loss, policy=jp), ws, x)
-    out[f"scan {pol}"] = {
-        "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                   for a, b in zip(jax.tree_util.tree_leaves(f(ws, x)),
-                                   jax.tree_util.tree_leaves(jax.jit(scan_step)(ws, x)))),
-        "ours": sorted(r.type for r in lowered.residuals if not r.argument),
-        "jax": sorted(str(a).replace("float32", "f32") for a, d in theirs
-                      if not d.startswith("from the argument")),
-        "remarks": lowered.remarks}
+out.update({f"scan {pol}": r for pol, r in against_checkpoint(scan_loss, ws, x).items()})
 # a scan inside a shard_map body, the gradient outside: the policy per body op, the scan
 # loop per iteration inside it, as jax.checkpoint around the shard_mapped loss keeps them
 def sm_scan_loss(ws, x, policy=None):
@@ -945,20 +952,8 @@ def sm_scan_loss(ws, x, policy=None):
         return jax.lax.pmean(jnp.mean(h ** 2), "data")
     loss = shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
     return loss(ws, x) if policy is None else jax.checkpoint(loss, policy=policy)(ws, x)
-def sm_scan_step(ws, x):
-    return jax.value_and_grad(sm_scan_loss)(ws, x)
-for pol, jp in POLICIES.items():
-    f = rp.jit(sm_scan_step, policy=pol)
-    lowered = f.lower(ws, x)
-    theirs = jax_saved_residuals(partial(sm_scan_loss, policy=jp), ws, x)
-    out[f"scan in shard_map {pol}"] = {
-        "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                   for a, b in zip(jax.tree_util.tree_leaves(f(ws, x)),
-                                   jax.tree_util.tree_leaves(jax.jit(sm_scan_step)(ws, x)))),
-        "ours": sorted(r.type for r in lowered.residuals if not r.argument),
-        "jax": sorted(str(a).replace("float32", "f32") for a, d in theirs
-                      if not d.startswith("from the argument")),
-        "remarks": lowered.remarks}
+out.update({f"scan in shard_map {pol}": r
+            for pol, r in against_checkpoint(sm_scan_loss, ws, x).items()})
 # under jax.pmap nothing is typed as varying: a step without collectives runs as before
 def plain_step(params, x):
     return jax.value_and_grad(local_loss)(params, x)
