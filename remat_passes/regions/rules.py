@@ -198,14 +198,17 @@ class ManualComputationRule:
         self._rewritten: list = []     # its shard_map_rewrite.Rewritten pairs
         self._atomic = 0               # forward ones the backward reads, left atomic
         self._inner = 0                # while/case ops in the bodies of rewritten ones
+        self._indirect = 0             # forward ones the backward reads through other ops
 
     def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
         self._func, self._rewritten, self._atomic, self._inner = op_id(block.owner), [], 0, 0
+        self._indirect = 0
         ops = [op.operation for op in block.operations
                if op.operation.name == graph.MANUAL_COMPUTATION]
         if not ops:
             return {}
         a = analysis()
+        self._indirect = shard_map_rewrite.reached_indirectly(block, a.is_backward)
         readable = [op for op in ops if not a.is_backward(op) and any(
             a.is_backward(graph.top_level(use.owner.operation, block.owner))
             for r in op.results for use in r.uses)]
@@ -262,6 +265,12 @@ class ManualComputationRule:
             out.append(f"@{analysis.name}: {self._atomic} forward sdy.manual_computation "
                        "op(s) (shard_map) have a side effect inside (or no mesh); each is "
                        "treated as one atomic op: saved or recomputed whole")
+        if self._indirect:
+            out.append(f"@{analysis.name}: {self._indirect} forward sdy.manual_computation "
+                       "op(s) (shard_map) reach the backward only through other forward ops "
+                       "(the stacks of a fully unrolled scan, a loop); each is treated as one "
+                       "atomic op: saved or recomputed whole (the policy does not see inside "
+                       "it)")
         if self._inner:
             out.append(f"@{analysis.name}: {self._inner} stablehlo.while/stablehlo.case op(s) in "
                        "shard_map bodies are atomic there (the policy does not see inside "

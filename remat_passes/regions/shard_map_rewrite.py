@@ -93,6 +93,30 @@ def find_pairs(block, is_backward) -> list[ShardMapPair]:
     return pairs
 
 
+def reached_indirectly(block, is_backward) -> int:
+    """How many forward manual computations of `block` (a mesh, no side effect, operands)
+    the backward reads only through other forward ops (the stacks of a fully unrolled
+    scan: JAX concatenates each layer's residuals and the backward slices them; a loop
+    they feed): `find_pairs` does not take them, so they stay atomic."""
+    ops = [op.operation for op in block.operations]
+    position = {op_id(op): i for i, op in enumerate(ops)}
+    feeds = [False] * len(ops)       # (a result read by the backward, or by a forward op
+    direct = [False] * len(ops)      # whose results are; one sweep from the end)
+    for i in range(len(ops) - 1, -1, -1):
+        for r in ops[i].results:
+            for use in r.uses:
+                top = graph.top_level(use.owner.operation, block.owner)
+                j = position.get(op_id(top))
+                if top.name == "func.return" or j is None:
+                    continue
+                direct[i] = direct[i] or is_backward(top)
+                feeds[i] = feeds[i] or is_backward(top) or feeds[j]
+    return sum(1 for i, op in enumerate(ops)     # (one without operands is a constant)
+               if op.name == MC and feeds[i] and not direct[i] and len(op.operands)
+               and not is_backward(op) and not body_side_effect(op)
+               and mesh_of(op) is not None)
+
+
 def body_side_effect(op) -> bool:
     """Must `op` (in a manual computation's body, or the computation itself) never be
     duplicated? Collectives may: every device runs the body in lockstep."""

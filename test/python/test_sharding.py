@@ -942,6 +942,13 @@ def scan_loss(ws, x, policy=None):
     return jnp.mean(jax.lax.scan(partial(layer, policy=policy), x, ws)[0] ** 2)
 ws = put((3, 8, 8), P(), 0.3)
 out.update({f"scan {pol}": r for pol, r in against_checkpoint(scan_loss, ws, x).items()})
+# the same scan fully unrolled (no loop: JAX concatenates each layer's residuals, and the
+# backward slices them): the shard_maps stay atomic, and a remark says so
+unrolled = {pol: r for pol, r in against_checkpoint(
+    lambda ws, x, policy=None: jnp.mean(jax.lax.scan(
+        partial(layer, policy=policy), x, ws, unroll=3)[0] ** 2), ws, x).items()}
+out["unrolled"] = {"err": max(r["err"] for r in unrolled.values()),
+                   "remarks": unrolled["dots_saveable"]["remarks"]}
 # a scan inside a shard_map body, the gradient outside: the policy per body op, the scan
 # loop per iteration inside it, as jax.checkpoint around the shard_mapped loss keeps them
 def sm_scan_loss(ws, x, policy=None):
@@ -990,7 +997,8 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     recomputed, and a remark says so. A scan inside a shard_map body (the gradient
     outside) gets the policy per iteration inside it: jax.checkpoint's residuals (it was
     atomic, and the remark saying so was silenced where the loop moved into the recompute
-    computation). Called with host arrays, the step (and one with the
+    computation). Fully unrolled, the layers' shard_maps reach the backward only through
+    JAX's stacks: atomic, with a remark (there was none). Called with host arrays, the step (and one with the
     shard_map in its loss, joint and split) runs on the mesh's 8 devices, as under
     jax.jit, built once (it was JAX's "exported for 8 devices and is called in a context
     with 1 devices")."""
@@ -1015,6 +1023,11 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
         elif pol != "nothing_saveable":   # (kept per iteration, XLA aborted compiling)
             assert any("inside GSPMD shard_maps in scan loop bodies are recomputed" in m
                        for m in r["remarks"]), (pol, r)
+    r = out["unrolled"]
+    assert r["err"] < 1e-5, r
+    if partitioner == "shardy":
+        assert any("3 forward sdy.manual_computation op(s) (shard_map) reach the backward "
+                   "only through other forward ops" in m for m in r["remarks"]), r
     for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
         r = out[f"scan in shard_map {pol}"]
         assert r["err"] < 1e-5, (pol, r)
