@@ -28,8 +28,8 @@ update around it; on the conv net under `dots_saveable`, jaxlib 0.12, the varian
 ranks first needs 2,129,920 B of temp in `jax.jit(jax.grad(...))`, another 2,064,384 B, and
 jax.checkpoint 2,719,744 B). Arguments that are not floating point (integer tokens, PRNG keys)
 get no cotangent (None: zero), and outputs that are not (a count in `has_aux`'s aux, an NNX
-Rngs count the loss advances) take none (export_vjp's). With `cache_dir` the rewritten modules are kept on disk, as
-rp.jit keeps those of a step.
+Rngs count the loss advances) take none (export_vjp's). With `cache_dir` the rewritten
+modules are kept on disk, as rp.jit keeps those of a step.
 """
 from __future__ import annotations
 

@@ -33,7 +33,6 @@ import sys
 import jax
 
 
-
 def _nnx():
     """The `flax.nnx` module where it was imported (then NNX objects can exist), else None."""
     return sys.modules.get("flax.nnx")

@@ -19,8 +19,8 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir
 from remat_passes.ir.verdicts import Recompute, Saveable
 from remat_passes.regions import case_nested
-from remat_passes.regions.shard_map_rewrite import (body_side_effect, new_manual, shrunk,
-                                                    with_residuals)
+from remat_passes.regions.shard_map_rewrite import (body_side_effect, new_manual, reshape,
+                                                    shrunk, with_residuals)
 from remat_passes.sharding.sdy import mesh_of, shardings
 
 MC = graph.MANUAL_COMPUTATION
@@ -79,7 +79,7 @@ def reuse_nested_saves(clone, values: dict):
         y = ret.operands[k]               # the value, or a scalar reshaped to one element
         made = y.owner.operands[0] if _reshaped_scalar(y) else y
         arg = body.add_argument(y.type, clone.location)
-        made.replace_all_uses_with(arg if arg.type == made.type else _reshape(
+        made.replace_all_uses_with(arg if arg.type == made.type else reshape(
             arg, made.type, ir.InsertionPoint.at_block_begin(body), clone.location))
     outs = shardings(clone, "out_shardings")
     new = new_manual(clone, list(clone.operands) + [values[k] for k in keys],
@@ -90,11 +90,6 @@ def reuse_nested_saves(clone, values: dict):
     clone.erase()
     return shrunk(new, [k for k in range(len(new.results)) if k not in values],
                   drop_unused_args=False)
-
-
-def _reshape(v, t, ip, loc):
-    return ir.Operation.create("stablehlo.reshape", results=[t], operands=[v], ip=ip,
-                               loc=loc).results[0]
 
 
 def _reshaped_scalar(y) -> bool:

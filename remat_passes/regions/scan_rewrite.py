@@ -481,7 +481,8 @@ def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats) -> None:
                 clone = manual_nested.reuse_nested_saves(
                     clone, {k: value_of(s) for k, s in item.saved.items()})
             elif item.saved:
-                clone = loop_edit.reuse_saved_stacks(clone, {k: value_of(s) for k, s in item.saved.items()})
+                clone = loop_edit.reuse_saved_stacks(
+                    clone, {k: value_of(s) for k, s in item.saved.items()})
             built.append(clone)
         elif isinstance(item, ReadSlot):
             built.append(loop_edit.read_slot(value_of(item.carry), item.index, item.before,

@@ -315,7 +315,7 @@ def with_residuals(mc, values: list) -> tuple:
     ret = graph.terminator(body)
     ip = ir.InsertionPoint(ret)
     returned = list(ret.operands)[:len(mc.results)] + [
-        v if local == v.type else _reshape(v, local, ip, ret.location)
+        v if local == v.type else reshape(v, local, ip, ret.location)
         for v, (local, _, _) in zip(values, layouts)]
     ir.Operation.create("sdy.return", operands=returned, loc=ret.location, ip=ip)
     ret.erase()
@@ -337,7 +337,8 @@ def _r_position(plan: ShardMapPairPlan):
     return plan.pair.backward_start if plan.twins else plan.pair.readers[0]
 
 
-def _reshape(v, t, ip, loc):
+def reshape(v, t, ip, loc):
+    """`v` reshaped to type `t` (a scalar residual to one element and back)."""
     return ir.Operation.create("stablehlo.reshape", results=[t], operands=[v], ip=ip,
                                loc=loc).results[0]
 
@@ -371,7 +372,7 @@ def materialize_pair(plan: ShardMapPairPlan, mark_clone, next_group):
     returned = [yields[k] for k in plan.primal]
     for v, (local, _, _) in zip(plan.kept, layouts):
         returned.append(v if local == v.type else
-                        _reshape(v, local, ir.InsertionPoint(ret), ret.location))
+                        reshape(v, local, ir.InsertionPoint(ret), ret.location))
     ir.Operation.create("sdy.return", operands=returned, loc=ret.location,
                         ip=ir.InsertionPoint(ret))
     ret.erase()
@@ -443,7 +444,7 @@ def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc
         if isinstance(s, Outer):
             value[body.arguments[s.index]] = arg
         elif arg.type != s.value.type:        # a scalar returned as one element
-            value[s.value] = _reshape(arg, s.value.type, ip, loc)
+            value[s.value] = reshape(arg, s.value.type, ip, loc)
         else:
             value[s.value] = arg
     for op in plan.clones:

@@ -998,7 +998,8 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     outside) gets the policy per iteration inside it: jax.checkpoint's residuals (it was
     atomic, and the remark saying so was silenced where the loop moved into the recompute
     computation). Fully unrolled, the layers' shard_maps reach the backward only through
-    JAX's stacks: atomic, with a remark (there was none). Called with host arrays, the step (and one with the
+    JAX's stacks: atomic, with a remark (there was none). Called with host arrays, the
+    step (and one with the
     shard_map in its loss, joint and split) runs on the mesh's 8 devices, as under
     jax.jit, built once (it was JAX's "exported for 8 devices and is called in a context
     with 1 devices")."""
