@@ -109,6 +109,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from typing import Any, Callable, Sequence
 
 import jax
@@ -121,11 +122,11 @@ from remat_passes.api.remat import remat_variants
 from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, fences_chains,
                                        needs_tie, recomputes_nothing, rounds_read_back,
                                        smaller, ties)
+from remat_passes.core import split
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
 from remat_passes.jax import run as jax_run
-from remat_passes.jax.module import Module
 from remat_passes.passes.fences import CHAINS_FENCED
 from remat_passes.passes.remat_partial_eval import LEVELS
 from remat_passes.policy.policies import as_policy
@@ -226,6 +227,8 @@ class Jitted:
             raise ValueError(f"rp.jit: arguments {sorted(both, key=str)} are both static "
                              "and donated")
         self._cache: dict = {}
+        # (held while a signature is built: threads calling with a new one build it once)
+        self._building = threading.RLock()
         self._batched: dict = {}  # (call, in_axes) -> the Jitted of jax.vmap of the function
         # signature -> the function differentiated from outside (api/differentiated)
         self._differentiated: dict = {}
@@ -291,13 +294,28 @@ class Jitted:
         _, args, kwargs = self._taken(args, kwargs)
         return self._lowered(*arguments.split(self, args, kwargs))
 
+    def eval_shape(self, *args, **kwargs):
+        """As `jax.jit(fun).eval_shape`: the results' shapes and dtypes
+        (`jax.ShapeDtypeStruct`s, the leaves that are not arrays as they are) for these
+        arguments (arrays or `jax.ShapeDtypeStruct`s), from a trace of the function: nothing
+        is built, and NNX objects are left as they are."""
+        nodes, args, kwargs = self._taken(args, kwargs)
+        call, dynamic = arguments.split(self, args, kwargs)
+        out = static_leaves.unwrap(jax.eval_shape(self._bound(call, len(dynamic)), *dynamic))
+        return out if nodes is None else out[0]     # (results, what it changed in them)
+
     def _lowered(self, call, dynamic) -> Lowered:
         key = self._key(call, dynamic)
         lowered = self._cache.get(key)
-        if lowered is None:
-            lowered = self._cache[key] = self._build(call, dynamic)
-            leaves, tree = jax.tree_util.tree_flatten(dynamic)
-            lowered.signature = (call.kw_names, tree, tuple(shape_key(x) for x in leaves))
+        if lowered is not None:
+            return lowered
+        with self._building:
+            lowered = self._cache.get(key)     # (another thread may have built it)
+            if lowered is None:
+                lowered = self._build(call, dynamic)
+                leaves, tree = jax.tree_util.tree_flatten(dynamic)
+                lowered.signature = (call.kw_names, tree, tuple(shape_key(x) for x in leaves))
+                self._cache[key] = lowered
         return lowered
 
     # ----------------------------------------------------------------- building --
@@ -489,7 +507,7 @@ class Jitted:
                 "step with jax.grad inside); this one's backward takes cotangents as "
                 "arguments: differentiate it inside the function, or use rp.export_vjp")
         place = _placement(before, fwd_out, bwd_info)
-        passthrough = _drop_passthrough(module, len(fwd_out))   # {residual: fwd argument}
+        passthrough = split.drop_passthrough(module.op, len(fwd_out))   # {residual: fwd argument}
         made = [r for r in range(n_res) if r not in passthrough]  # residuals fwd returns
         kept = ex.module_kept_var_idx
         leaves, _ = jax.tree_util.tree_flatten(dynamic)
@@ -607,33 +625,6 @@ def _one_device(leaves):
                and getattr(x, "sharding", None) is not None for d in x.sharding.device_set}
     return next(iter(devices)) if len(devices) == 1 else (
         jax.devices()[0] if not devices else None)
-
-
-def _drop_passthrough(module: Module, n_out: int) -> dict:
-    """Residuals that `<f>_fwd` returns as it got them (arguments the backward reads):
-    take them out of its results, so that XLA does not copy them into new buffers; the
-    backward gets the caller's arrays instead. Returns {residual index: argument index}."""
-    from remat_passes.ir.mlir import func, ir
-    with module.op.context, ir.Location.unknown():
-        fwd = graph.find_func(module.op, "main_fwd")
-        block = graph.body_block(fwd)
-        ret = graph.terminator(block)
-        values = list(ret.operands)
-        passthrough, keep = {}, []
-        for i, v in enumerate(values):
-            if i >= n_out and isinstance(v, ir.BlockArgument) and v.owner == block:
-                passthrough[i - n_out] = v.arg_number
-            else:
-                keep.append(i)
-        if not passthrough:
-            return {}
-        entries = contract.all_entries(fwd, "res_attrs")
-        func.ReturnOp([values[i] for i in keep], ip=ir.InsertionPoint(ret))
-        ret.erase()
-        fwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            list(fwd.type.inputs), [values[i].type for i in keep]))
-        contract.set_all_entries(fwd, "res_attrs", [entries[i] for i in keep])
-    return passthrough
 
 
 def _placement(before: list, fwd_out: list, bwd_out: list) -> list:

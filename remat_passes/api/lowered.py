@@ -1,6 +1,7 @@
 """What `rp.jit` built for one input signature: `Lowered`, the rewritten module, its
 residuals and remarks, and the compiled executables, which it runs when called (as the
-result of `jax.jit(...).lower(...).compile()` does)."""
+result of `jax.jit(...).lower(...).compile()` does); `Compiled`, what its `compile()` gives
+(the same, its `as_text()` XLA's HLO)."""
 from __future__ import annotations
 
 import dataclasses
@@ -71,11 +72,11 @@ class Lowered:
         """The rewritten program the executables were compiled from, as MLIR text."""
         return str(self.module)
 
-    def compile(self) -> "Lowered":
+    def compile(self) -> "Compiled":
         """The executables are compiled when the step is lowered: as after `jax.jit`'s
         `lower(...).compile()`, the result is called with the arguments (static ones left
-        out): it is this object."""
-        return self
+        out), and its `as_text()` is the programs as XLA compiled them."""
+        return Compiled(self)
 
     def __call__(self, *args, **kwargs):
         """Run the step as built, on arguments of the shapes and dtypes it was lowered for
@@ -112,6 +113,28 @@ class Lowered:
         `python -m tools.benchmarks.ynn_probe`)."""
         sizes = [jax_run.footprint(e) for e in self.executables]
         return None if not sizes or None in sizes else max(sizes)
+
+
+class Compiled:
+    """`Lowered.compile()`: the `Lowered` (its fields and methods are this one's), whose
+    `as_text()` is the compiled programs' HLO, as XLA optimized them (`jax.jit`'s
+    Compiled.as_text: for reading which buffers XLA keeps) instead of the rewritten MLIR."""
+
+    def __init__(self, lowered: Lowered):
+        self.lowered = lowered
+
+    def __call__(self, *args, **kwargs):
+        return self.lowered(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.lowered, name)
+
+    def as_text(self) -> str:
+        """The HLO of each executable: the joint program, or the forward then the backward."""
+        return "\n".join(e.as_text() for e in self.lowered.executables)
+
+    def __repr__(self) -> str:
+        return f"Compiled({self.lowered!r})"
 
 
 def shape_key(x) -> tuple:

@@ -138,6 +138,33 @@ def half_analyses(a, edit, residual_vids: list[int], fwd, bwd) -> tuple:
         for g, (ops, ids, sizes, half_starts, half_flat) in zip((fwd, bwd), parts))
 
 
+def drop_passthrough(module_op, n_out: int) -> dict:
+    """Residuals that `main_fwd` of the split module `module_op` returns as it got them
+    (arguments the backward reads): take them out of its results, so that XLA does not copy
+    them into new buffers, and the caller gives the backward its own arrays instead (rp.jit
+    does). Returns {residual index: argument index}."""
+    with module_op.context, ir.Location.unknown():
+        fwd = graph.find_func(module_op, "main_fwd")
+        block = graph.body_block(fwd)
+        ret = graph.terminator(block)
+        values = list(ret.operands)
+        passthrough, keep = {}, []
+        for i, v in enumerate(values):
+            if i >= n_out and isinstance(v, ir.BlockArgument) and v.owner == block:
+                passthrough[i - n_out] = v.arg_number
+            else:
+                keep.append(i)
+        if not passthrough:
+            return {}
+        entries = contract.all_entries(fwd, "res_attrs")
+        func.ReturnOp([values[i] for i in keep], ip=ir.InsertionPoint(ret))
+        ret.erase()
+        fwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            list(fwd.type.inputs), [values[i].type for i in keep]))
+        contract.set_all_entries(fwd, "res_attrs", [entries[i] for i in keep])
+    return passthrough
+
+
 def _declared_sharding(v, arg_entries) -> dict:
     """The sharding a residual's producer declares, as a result/argument attribute entry:
     an argument's own, a manual computation's `out_shardings`, a Shardy op's `sdy.sharding`

@@ -233,3 +233,16 @@ def test_nnx_grad_of_an_rp_jit_loss_updates_batch_statistics_and_rngs():
     assert_trees_close(results[1][0], results[0][0], rtol=1e-4, atol=1e-6)
     assert_trees_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
     assert not all(np.array_equal(a, b) for a, b in zip(results[0][1], state_leaves(make()[0])))
+
+
+def test_eval_shape_of_an_nnx_step_leaves_the_objects_as_they_are():
+    """`eval_shape` gives the step's results as `jax.jit(...).eval_shape` would, without
+    building or updating the Module and Optimizer (a step that trains would)."""
+    model, optimizer = make()
+    before = state_leaves(model, optimizer)
+    jitted = rp.jit(step, policy="nothing_saveable")
+    got = jitted.eval_shape(model, optimizer, X, jax.ShapeDtypeStruct(Y.shape, Y.dtype))
+    assert got == jax.ShapeDtypeStruct((), jnp.float32), got
+    assert jitted.builds == 0
+    for a, b in zip(state_leaves(model, optimizer), before):
+        np.testing.assert_array_equal(a, b)

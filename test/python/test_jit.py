@@ -566,6 +566,33 @@ def test_keyword_arguments_as_jax_jit_takes_them(mode):
     assert by_position.builds == 2
 
 
+def test_eval_shape_as_jax_jit_gives_it():
+    """`eval_shape` takes what the call takes (static arguments, `jax.ShapeDtypeStruct`s)
+    and gives `jax.jit(...).eval_shape`'s answer without building anything."""
+    w = jnp.ones((4, 4)) * 0.1
+    jitted = rp.jit(_kw_step, policy="nothing_saveable", static_argnames="training")
+    spec = jax.ShapeDtypeStruct((2, 4), jnp.float32)
+    want = jax.jit(_kw_step, static_argnames="training").eval_shape(w, spec, training=False)
+    assert jitted.eval_shape(w, spec, training=False) == want
+    assert jitted.builds == 0
+
+
+def test_threads_calling_with_a_new_signature_build_it_once():
+    """Threads that call the step at once with a signature not yet built wait for one
+    build (a build exports, rewrites and compiles: seconds, not to be done four times)."""
+    w, x = jnp.ones((4, 4)) * 0.1, jnp.ones((2, 4))
+    jitted = rp.jit(_kw_step, policy="nothing_saveable")
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(jitted(w, x)[1]))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4 and jitted.builds == 1
+    np.testing.assert_allclose(results, [jax.jit(_kw_step)(w, x)[1]] * 4, rtol=1e-6)
+
+
 @pytest.mark.parametrize("mode", ["joint", "split"])
 def test_arguments_donated_by_name_are_deleted(mode):
     params = init(jax.random.key(0))
@@ -1367,7 +1394,7 @@ def test_lower_for_shapes_alone_builds_one_program_per_shape():
 def test_lowered_compiles_and_runs_as_jax_jits_does(mode):
     """`jitted.lower(...).compile()` runs like jax.jit's Compiled: called with the dynamic
     arguments (static ones left out), the same results as jax.jit; `cost_analysis()` and
-    `as_text()` say what was compiled; arguments of other shapes, another structure or a
+    `as_text()` (XLA's HLO; the Lowered's is the rewritten MLIR) say what was compiled; arguments of other shapes, another structure or a
     static keyword are a TypeError that says which."""
     p = {"w1": jnp.ones((4, 8)) * 0.1, "w2": jnp.ones((8, 2))}
     x = jnp.arange(64.0).reshape(16, 4) / 64
@@ -1380,7 +1407,9 @@ def test_lowered_compiles_and_runs_as_jax_jits_does(mode):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     costs = compiled.cost_analysis()
     assert len(costs) == (1 if mode == "joint" else 2) and all(c["flops"] > 0 for c in costs)
-    assert re.search(r"func\.func (public )?@main(_fwd)?\(", compiled.as_text())
+    assert compiled.as_text().count("HloModule ") == len(costs)     # (XLA's programs)
+    assert re.search(r"func\.func (public )?@main(_fwd)?\(", compiled.lowered.as_text())
+    assert compiled.residuals == compiled.lowered.residuals     # (the Lowered's, as they are)
     with pytest.raises(TypeError, match=r"leaf 2 was float32\[16,4\], called with "
                        r"float32\[8,4\]"):
         compiled(p, x[:8])

@@ -169,3 +169,15 @@ def test_an_rp_jit_method_takes_its_instance_as_a_static_argument():
         np.testing.assert_allclose(trainer.sgd.lower(w, x).compile()(w, x), expected,
                                    rtol=1e-6)
     assert Trainer.sgd.builds == 2
+
+
+def test_eval_shape_of_an_equinox_step_gives_the_model_back_with_its_static_leaves():
+    """The results' shapes as `eqx.filter_eval_shape` gives them: the Module's arrays as
+    `jax.ShapeDtypeStruct`s, its activation function as it is; nothing built."""
+    model, opt_state = make()
+    jitted = rp.jit(step, policy="nothing_saveable")
+    got = jitted.eval_shape(model, opt_state, X, Y)
+    want = eqx.filter_eval_shape(step, model, opt_state, X, Y)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert jax.tree.leaves(got) == jax.tree.leaves(want)
+    assert jitted.builds == 0
