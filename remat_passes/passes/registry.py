@@ -48,6 +48,7 @@ class CorePass:
 def registry() -> dict[str, type[ModulePass]]:
     """Our passes and pipelines by name (imported lazily to keep start-up fast)."""
     from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
+    from remat_passes.passes.fold_dot_transposes import FoldDotTransposes
     from remat_passes.passes.inline import Inline
     from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
     from remat_passes.passes.outline_loop_backwards import OutlineLoopBackwards
@@ -59,7 +60,7 @@ def registry() -> dict[str, type[ModulePass]]:
     from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
     passes = [Inline, OutlineLoopBackwards, RematPartialEval, InsertReducePrecision,
               PlaceOptimizationBarriers, AnnotateHostOffload, StripCheckpointNames, SegmentScans,
-              SinkLoopConstants, Remat]
+              SinkLoopConstants, FoldDotTransposes, Remat]
     return {p.name: p for p in passes}
 
 

@@ -27,6 +27,7 @@ import dataclasses
 
 from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
 from remat_passes.passes.base import PipelinePass, option, parse_bool
+from remat_passes.passes.fold_dot_transposes import FoldDotTransposes
 from remat_passes.passes.inline import Inline
 from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
 from remat_passes.passes.outline_loop_backwards import OutlineLoopBackwards
@@ -44,7 +45,7 @@ class Remat(PartialEvalOptions, PipelinePass):
     summary = ("The default pipeline: inline, outline-loop-backwards, remat-partial-eval, "
                "insert-reduce-precision, segment-scans (scan-segments), sink-loop-constants, "
                "place-optimization-barriers (prevent-cse), annotate-host-offload, "
-               "strip-checkpoint-names, inline")
+               "strip-checkpoint-names, fold-dot-transposes, inline")
 
     prevent_cse: bool = option(
         True, "place optimization barriers around recomputation (outside loops)", parse_bool)
@@ -91,5 +92,6 @@ class Remat(PartialEvalOptions, PipelinePass):
                                                    groups=self.barrier_groups,
                                                    function_region=self.policy is not None,
                                                    fence_chains=self.fence_chains))
-        steps += [AnnotateHostOffload(func=self.func), StripCheckpointNames(), Inline()]
+        steps += [AnnotateHostOffload(func=self.func), StripCheckpointNames(),
+                  FoldDotTransposes(func=self.func), Inline()]
         return steps

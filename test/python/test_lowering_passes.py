@@ -34,6 +34,7 @@ from remat_testlib import (assert_trees_close, func_ops, ir_element, leaves, par
 
 import remat_passes as rp
 from remat_passes import cli
+from remat_passes.passes import fold_dot_transposes
 
 P = rp.policies
 JP = jax.checkpoint_policies
@@ -678,6 +679,38 @@ def test_offload_module_runs_on_cpu_with_vjp_gradients(name, mode):
     else:
         got, _ = run_split(out, args, ct, len(leaves(ref_out)))
     assert_trees_close(got, expected, what=f"{name}/{mode}")
+
+
+# ----------------------------------------------------- fold-dot-transposes --
+def _per_example_loss(ws, x):
+    """Layers written per example, `W @ v + b`, under jax.vmap (as Equinox's Linear): each
+    product comes out `[out, batch]` and is transposed before the bias."""
+    def one(v):
+        for w in ws:
+            v = jnp.tanh(w @ v + w[0])
+        return v
+    return jnp.sum(jax.vmap(one)(x) ** 2)
+
+
+def test_saved_vmapped_products_are_computed_in_their_readers_order(monkeypatch):
+    """fold-dot-transposes: under dots_saveable the products the backward keeps are computed
+    with their operands swapped, so neither the forward nor a recomputation transposes them
+    (XLA:CPU copied each in memory, twice); residuals and gradients are unchanged."""
+    keys = jax.random.split(jax.random.key(0), 4)
+    ws = [jax.random.normal(k, (64, 64)) * 0.2 for k in keys[:3]]
+    x = jax.random.normal(keys[3], (128, 64))
+    module = rp.export_vjp(_per_example_loss, ws, x)
+    out, ct, grads = reference_vjp(_per_example_loss, (ws, x))
+    folded = rp.remat(module, "dots_saveable", tie_to_cotangent=True)
+    monkeypatch.setattr(fold_dot_transposes, "fold", lambda op, erased: False)
+    kept = rp.remat(module, "dots_saveable", tie_to_cotangent=True)
+
+    def copies(m):      # (XLA:CPU's copies: a transpose it does in memory)
+        return rp.compile(m, "main").lower(ws, x, ct).compile().as_text().count(" copy(")
+    assert str(folded).count("stablehlo.transpose") < str(kept).count("stablehlo.transpose")
+    assert copies(folded) < copies(kept), (copies(folded), copies(kept))
+    assert [r.type for r in folded.residuals] == [r.type for r in kept.residuals]
+    assert_trees_close(run_joint(folded, (ws, x), ct), leaves(out) + leaves(grads))
 
 
 # ------------------------------------------------- every policy verifies --
