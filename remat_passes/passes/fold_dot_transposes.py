@@ -59,7 +59,7 @@ def _swapped_order(dot) -> list[int] | None:
 
 
 def _splat_factor(op, value) -> bool:
-    """`op` multiplies `value` by a scalar broadcast (the tie to the cotangent)."""
+    """`op` multiplies `value` (once) by a scalar broadcast (the tie to the cotangent)."""
     if op.operation.name != MULTIPLY:
         return False
     other = [v for v in op.operands if v != value]
@@ -80,7 +80,7 @@ def _reaches_transpose(value, perm: list[int]) -> bool:
         if op.operation.name == BARRIER:
             if not _reaches_transpose(op.results[use.operand_number], perm):
                 return False
-        elif _splat_factor(op, value) and list(op.operands).count(value) == 1:
+        elif _splat_factor(op, value):
             if not _reaches_transpose(op.results[0], perm):
                 return False
         else:
