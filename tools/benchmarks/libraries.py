@@ -30,6 +30,10 @@ POLICIES = ("dots_saveable", "nothing_saveable")
 # eqx.filter_checkpoint: jax.checkpoint) around the loss, under its jit
 CHECKPOINTED = ("dots_saveable",)
 STEPS = 3       # (the losses compared)
+# rp.jit's step beside the library's own checkpoint of the same policy: at most this many
+# times its median (on XLA:CPU rp.jit recomputes what the library's checkpoint, its barriers
+# deleted, does not; fold-dot-transposes took the Equinox step from 1.34x to about 1.0x)
+STEP_SLACK = 1.15
 
 
 def _data():
@@ -229,7 +233,8 @@ def checks(data) -> list[tuple[str, bool]]:
     """Each step's losses are the library jit's (relative 2e-5); rp.jit's XLA footprint is
     below the library jit's under `dots_saveable`, within it + 2% under `nothing_saveable`
     (over the whole step that recomputes the whole forward at the start of the backward);
-    untied, none; and within the library's own checkpoint's of the same policy + 2%."""
+    untied, none; and within the library's own checkpoint's of the same policy + 2%, its
+    median step within `STEP_SLACK` times that checkpoint's."""
     out = []
     for (library, donated), rows in _groups(data).items():
         ref = rows[0]
@@ -252,6 +257,10 @@ def checks(data) -> list[tuple[str, bool]]:
                 other = common.xla_peak(theirs["memory"])
                 out.append((f"{where}, {r['name']}: XLA footprint {peak / other:.2f}x "
                             f"{theirs['name']}'s (target <= 1.02)", peak <= 1.02 * other))
+                ratio = statistics.median(r["times"]) / statistics.median(theirs["times"])
+                out.append((f"{where}, {r['name']}: median step {ratio:.2f}x "
+                            f"{theirs['name']}'s (target <= {STEP_SLACK}; timed on a shared "
+                            "machine, in one interleaved run)", ratio <= STEP_SLACK))
     return out
 
 
