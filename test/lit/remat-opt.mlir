@@ -153,6 +153,8 @@
 // LIST: Passes of remat_passes:
 // LIST-NEXT: annotate-host-offload {{.*}}annotate_device_placement
 // LIST-NEXT: func
+// LIST-NEXT: fold-dot-transposes {{.*}}transposed order
+// LIST-NEXT: func
 // LIST-NEXT: inline {{.*}}func.call
 // LIST-NEXT: insert-reduce-precision {{.*}}reduce_precision
 // LIST-NEXT: func
