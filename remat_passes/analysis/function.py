@@ -276,7 +276,7 @@ class FunctionAnalysis:
                     if calls else " ")
             if any("transpose(" in graph.name_stack(op)
                    for op in graph.nested_ops(self.block)):
-                hint = (f" Its backward runs inside a loop body (gradient accumulation: "
+                hint = (" Its backward runs inside a loop body (gradient accumulation: "
                         "jax.grad inside lax.scan or fori_loop), a cond branch or a shard_map "
                         "body: run outline-loop-backwards "
                         "first (the remat pipeline does, after inline), then the passes apply "

@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-import time
 
 from remat_passes.api.remat import pass_state, remat
 from remat_passes.core.residuals import activation_bytes

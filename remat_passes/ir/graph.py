@@ -528,6 +528,11 @@ def is_split(module, name: str) -> bool:
     return f"{name}_fwd" in names and f"{name}_bwd" in names
 
 
+def functions_of(module, name: str) -> list[str]:
+    """The functions @name stands for: @name_fwd and @name_bwd where it is split, else it."""
+    return [f"{name}_fwd", f"{name}_bwd"] if is_split(module, name) else [name]
+
+
 def main_signature(module_op) -> str | None:
     """The printed type of @main, to tell whether a rewrite changed the calling convention."""
     for op in module_op.body.operations:

@@ -178,9 +178,7 @@ class FoldDotTransposes(ModulePass):
 
     def apply(self, module_op, state) -> None:
         with module_op.context, ir.Location.unknown():
-            names = [f"{self.func}_fwd", f"{self.func}_bwd"] \
-                if graph.is_split(module_op, self.func) else [self.func]
-            for name in names:
+            for name in graph.functions_of(module_op, self.func):
                 f = graph.find_func(module_op, name)
                 if f is None:
                     continue

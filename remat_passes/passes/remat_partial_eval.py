@@ -44,7 +44,6 @@ from remat_passes.passes.diagnostics import Remark
 from remat_passes.passes.base import ModulePass, PassState, option, parse_int_list, parse_regex
 from remat_passes.passes.trial_plans import TrialPlans
 from remat_passes.planner.resolve import BudgetBelowMinimum, has_auto, resolve
-from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache, recorded_scope_policies
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable, parse_policy
 from remat_passes.regions import manual_crossing

@@ -26,7 +26,7 @@ import dataclasses
 from remat_passes.analysis import scan_pairs
 from remat_passes.core.residuals import describe_value
 from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import RematError, ir, op_id
+from remat_passes.ir.mlir import ir, op_id
 from remat_passes.passes.base import ModulePass, option
 from remat_passes.passes.diagnostics import Remark
 from remat_passes.regions import manual_crossing, scan_segments
@@ -85,7 +85,7 @@ class SegmentScans(ModulePass):
     def apply(self, module_op, state) -> None:
         segments = self.segments or state.planned_segments.get(self.func, 0)
         split = graph.is_split(module_op, self.func)
-        names = [f"{self.func}_fwd", f"{self.func}_bwd"] if split else [self.func]
+        names = graph.functions_of(module_op, self.func)
         if not segments and not any(   # (nothing asked, no loop that could ask for itself:
                 op.name == scan_pairs.WHILE  # read from the analysis the pipeline keeps)
                 for n in names for op in state.analysis(graph.find_func(module_op, n)).ops):

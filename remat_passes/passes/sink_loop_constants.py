@@ -108,9 +108,7 @@ class SinkLoopConstants(ModulePass):
 
     def apply(self, module_op, state) -> None:
         with module_op.context:
-            names = [f"{self.func}_fwd", f"{self.func}_bwd"] \
-                if graph.is_split(module_op, self.func) else [self.func]
-            for name in names:
+            for name in graph.functions_of(module_op, self.func):
                 f = graph.find_func(module_op, name)
                 loops = [op for op in graph.nested_ops(graph.body_block(f))
                          if op.name == WHILE]

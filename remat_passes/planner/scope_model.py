@@ -33,7 +33,7 @@ class ScopeModel:
         the others' verdicts); `kept_whole`: positions saved whole (ops with regions a
         rule decides, scan loops the model takes per iteration)."""
         self.a, self.chains, self.governed = a, chains, governed
-        self.fixed = fixed = governed.fixed
+        self.fixed = governed.fixed
         self.kept_whole, self.scope_re = kept_whole, scope_re
         self._recomputes_in: dict = {}    # position -> does its scope's backward recompute it
         self._leaves: dict = {}           # vid -> the values that recomputation reads

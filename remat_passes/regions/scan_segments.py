@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from remat_passes.analysis import scan_pairs
-from remat_passes.analysis.scan_pairs import WHILE, Pair, const_int, owner, shape
+from remat_passes.analysis.scan_pairs import WHILE, Pair, const_int, owner
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import func, ir, op_id
 from remat_passes.sharding import gspmd

@@ -407,18 +407,16 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
              budgets.render(results["budgets"], os.path.relpath(pareto_path, page.parent)),
              scaling.render(results["scaling"]), memory_figures.render(results["memory"]),
              startup.render(results["startup"])]
+    from tools.benchmarks import xla_memory
     allocated = common.read_json("xla")       # (optional: python -m tools.benchmarks xla)
     if allocated is not None:
-        from tools.benchmarks import xla_memory
         parts.append(xla_memory.render(allocated))
     for path in sorted(common.RESULTS.glob("xla_cpu_jax*.json")):   # later jaxlibs' XLA:CPU
-        from tools.benchmarks import xla_memory
         later = common.read_json(path.stem)
         parts.append(xla_memory.render(
             later, f"Memory as XLA allocates it, jax {later['meta']['jax']} (XLA:CPU)"))
     on_device = common.read_json("xla_gpu")  # (optional: `xla` run on the device machine)
     if on_device is not None:
-        from tools.benchmarks import xla_memory
         parts.append(xla_memory.render(
             on_device, f"Memory as XLA allocates it on a GPU ({on_device['meta']['device']})"))
     trained = common.read_json("train")      # (optional: python -m tools.benchmarks train)
