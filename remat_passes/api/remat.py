@@ -26,10 +26,10 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
 
     inline -> remat-partial-eval (policy, mode) -> insert-reduce-precision ->
     segment-scans (if scan_segments) -> place-optimization-barriers (if prevent_cse) ->
-    annotate-host-offload -> strip-checkpoint-names. `tie_to_cotangent`: for XLA:CPU,
-    which deletes the barriers before it schedules, also make each recomputation wait for
-    the cotangent by data (see place-optimization-barriers; rp.jit sets it when it compiles
-    for CPU). `barrier_groups="per-region"`: one barrier per checkpoint region, as
+    annotate-host-offload -> strip-checkpoint-names -> fold-dot-transposes.
+    `tie_to_cotangent`: for XLA:CPU, which deletes the barriers before it schedules, also
+    make each recomputation wait for the cotangent by data (see
+    place-optimization-barriers; rp.jit sets it when it compiles for CPU). `barrier_groups="per-region"`: one barrier per checkpoint region, as
     jax.checkpoint places them, instead of one per recomputation (place-optimization-barriers;
     rp.jit compiles both on GPU and keeps the smaller). `scan_segments=k` (or "sqrt": per
     loop, the k that keeps the fewest bytes): each scan keeps its carry every k iterations

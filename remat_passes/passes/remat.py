@@ -15,6 +15,8 @@
                                                      (only with prevent-cse=true)
     annotate-host-offload{func}
     strip-checkpoint-names
+    fold-dot-transposes{func}                        (a kept product its readers transpose:
+                                                      computed in their order)
     inline                                           (the outlined bodies back; else nothing)
 
 and the pipeline runner runs the steps one by one, so `--verify-each` and

@@ -78,6 +78,7 @@ class TrialPlans:
         residuals `rounded` (round_read_back). For trial plans measured as they will run."""
         from remat_passes.cost.xla_schedule import deletes_barriers, fences_chains
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
+        from remat_passes.passes.fold_dot_transposes import FoldDotTransposes
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
         from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
         from remat_passes.passes.segment_scans import SegmentScans
@@ -89,7 +90,8 @@ class TrialPlans:
                                           tie_to_cotangent=deletes_barriers() and tie,
                                           groups=groups, function_region=True,
                                           fence_chains=fences_chains()),
-                AnnotateHostOffload(func=self.func), StripCheckpointNames()]
+                AnnotateHostOffload(func=self.func), StripCheckpointNames(),
+                FoldDotTransposes(func=self.func)]
 
     def _residual_budget_for_peak(self, policy, module_op, state):
         """auto(objective=peak): plan trial residual budgets on copies of the module and
@@ -305,6 +307,7 @@ class TrialPlans:
         cost analysis counts a loop body once whatever its trip count."""
         from remat_passes.cost import flops
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
+        from remat_passes.passes.fold_dot_transposes import FoldDotTransposes
         from remat_passes.passes.insert_reduce_precision import InsertReducePrecision
         from remat_passes.passes.place_optimization_barriers import PlaceOptimizationBarriers
         from remat_passes.passes.segment_scans import SegmentScans
@@ -322,7 +325,8 @@ class TrialPlans:
             copy, st = self._trial(candidate, module_op, state, [
                 InsertReducePrecision(func=self.func, region_regex=self.region_regex),
                 SegmentScans(func=self.func), PlaceOptimizationBarriers(func=self.func),
-                AnnotateHostOffload(func=self.func), StripCheckpointNames()], mode="split")
+                AnnotateHostOffload(func=self.func), StripCheckpointNames(),
+                FoldDotTransposes(func=self.func)], mode="split")
             # (in split form the residual records already are what crosses, saved carries
             # included; a segmented loop's slots are added as the joint form counts them)
             segmented = st.segmented.get(self.func, [])
