@@ -141,12 +141,17 @@ def fold(transpose, erased: set) -> bool:
             (rounding is not None and len(list(product.uses)) != 1):
         return False
     dot = product.owner
+    if "algorithm" in dot.attributes:
+        return False      # (its operand types and counts are per side: left as written)
     perm = _permutation(transpose)
     if len(list(read.uses)) == 1 or _swapped_order(dot) != perm or \
             not _reaches_transpose(read, perm):
         return False      # (a transpose alone reads it: XLA folds that one itself)
     dims = stablehlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
     attributes = _attributes(dot)
+    if "precision_config" in attributes:     # (one per operand: swapped with them)
+        attributes["precision_config"] = ir.ArrayAttr.get(
+            list(reversed(list(ir.ArrayAttr(attributes["precision_config"])))))
     attributes["dot_dimension_numbers"] = stablehlo.DotDimensionNumbers.get(
         lhs_batching_dimensions=list(dims.rhs_batching_dimensions),
         rhs_batching_dimensions=list(dims.lhs_batching_dimensions),

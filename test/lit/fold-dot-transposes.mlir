@@ -96,3 +96,18 @@ func.func @main(%arg0: tensor<8x4xf32>, %arg1: tensor<16x4xf32>) -> (tensor<16x8
   return %1, %5 : tensor<16x8xf32>, tensor<16x8xf32>
 }
 }
+
+// -----
+
+// The precision of each operand goes with it.
+// CHECK-LABEL: module @precision
+// CHECK: stablehlo.dot_general %arg1, %arg0, contracting_dims = [1] x [1], precision = [HIGHEST, DEFAULT]
+module @precision {
+func.func @main(%arg0: tensor<8x4xf32>, %arg1: tensor<16x4xf32>) -> (tensor<16x8xf32>, tensor<16x8xf32>) {
+  %0 = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [1], precision = [DEFAULT, HIGHEST] : (tensor<8x4xf32>, tensor<16x4xf32>) -> tensor<8x16xf32>
+  %1 = stablehlo.transpose %0, dims = [1, 0] : (tensor<8x16xf32>) -> tensor<16x8xf32>
+  %2 = stablehlo.optimization_barrier %0 : tensor<8x16xf32>
+  %3 = stablehlo.transpose %2, dims = [1, 0] : (tensor<8x16xf32>) -> tensor<16x8xf32>
+  return %1, %3 : tensor<16x8xf32>, tensor<16x8xf32>
+}
+}
