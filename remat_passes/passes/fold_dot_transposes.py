@@ -25,7 +25,8 @@ benchmark GPT's backward: +1.3 MB of temp under one offload policy, joint). The 
 swapped sums the same terms (a library may add them in another order, as after XLA's own
 fold), and what is saved is the same value: the residuals remat-partial-eval reports, with
 JAX's shapes, stay true of it. Only top-level ops of each function are rewritten (a loop
-body's product is stacked by the loop, which reads it otherwise).
+body's product is stacked by the loop, which reads it otherwise), and none that carries a
+sharding (it names the result's dimensions in order) or a dot algorithm.
 """
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ from remat_passes.passes.base import ModulePass, option
 DOT, TRANSPOSE = "stablehlo.dot_general", "stablehlo.transpose"
 BARRIER, MULTIPLY = "stablehlo.optimization_barrier", "stablehlo.multiply"
 ROUNDING = "stablehlo.reduce_precision"
+
+
+# (a sharding on an op names its result's dimensions in order: where one is on the product
+# or its readers, the product is left as written)
+SHARDINGS = ("mhlo.sharding", "sdy.sharding")
+
+
+def _sharded(op) -> bool:
+    return any(name in op.attributes for name in SHARDINGS)
 
 
 def _permutation(op) -> list[int]:
@@ -75,6 +85,8 @@ def _reaches_transpose(value, perm: list[int]) -> bool:
     a multiplication by a broadcast scalar to readers that are."""
     for use in value.uses:
         op = use.owner
+        if _sharded(op):
+            return False
         if op.operation.name == TRANSPOSE and _permutation(op) == perm:
             continue
         if op.operation.name == BARRIER:
@@ -141,8 +153,9 @@ def fold(transpose, erased: set) -> bool:
             (rounding is not None and len(list(product.uses)) != 1):
         return False
     dot = product.owner
-    if "algorithm" in dot.attributes:
-        return False      # (its operand types and counts are per side: left as written)
+    if "algorithm" in dot.attributes or _sharded(dot) or \
+            (rounding is not None and _sharded(rounding)):
+        return False      # (a dot algorithm's operand types are per side: left as written)
     perm = _permutation(transpose)
     if len(list(read.uses)) == 1 or _swapped_order(dot) != perm or \
             not _reaches_transpose(read, perm):

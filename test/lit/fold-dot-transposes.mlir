@@ -111,3 +111,19 @@ func.func @main(%arg0: tensor<8x4xf32>, %arg1: tensor<16x4xf32>) -> (tensor<16x8
   return %1, %3 : tensor<16x8xf32>, tensor<16x8xf32>
 }
 }
+
+// -----
+
+// A product with a sharding, which names its dimensions in order, is left as written.
+// CHECK-LABEL: module @sharded
+// CHECK: %[[P:.*]] = stablehlo.dot_general %arg0, %arg1
+// CHECK-NEXT: stablehlo.transpose %[[P]]
+module @sharded {
+func.func @main(%arg0: tensor<8x4xf32>, %arg1: tensor<16x4xf32>) -> (tensor<16x8xf32>, tensor<16x8xf32>) {
+  %0 = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [1] {mhlo.sharding = "{devices=[2,1]<=[2]}"} : (tensor<8x4xf32>, tensor<16x4xf32>) -> tensor<8x16xf32>
+  %1 = stablehlo.transpose %0, dims = [1, 0] : (tensor<8x16xf32>) -> tensor<16x8xf32>
+  %2 = stablehlo.optimization_barrier %0 : tensor<8x16xf32>
+  %3 = stablehlo.transpose %2, dims = [1, 0] : (tensor<8x16xf32>) -> tensor<16x8xf32>
+  return %1, %3 : tensor<16x8xf32>, tensor<16x8xf32>
+}
+}
