@@ -29,8 +29,9 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     annotate-host-offload -> strip-checkpoint-names -> fold-dot-transposes.
     `tie_to_cotangent`: for XLA:CPU, which deletes the barriers before it schedules, also
     make each recomputation wait for the cotangent by data (see
-    place-optimization-barriers; rp.jit sets it when it compiles for CPU). `barrier_groups="per-region"`: one barrier per checkpoint region, as
-    jax.checkpoint places them, instead of one per recomputation (place-optimization-barriers;
+    place-optimization-barriers; rp.jit sets it when it compiles for CPU).
+    `barrier_groups="per-region"`: one barrier per checkpoint region, as jax.checkpoint
+    places them, instead of one per recomputation (place-optimization-barriers;
     rp.jit compiles both on GPU and keeps the smaller). `scan_segments=k` (or "sqrt": per
     loop, the k that keeps the fewest bytes): each scan keeps its carry every k iterations
     instead of its per-iteration residuals, and the backward reruns a segment's forward
