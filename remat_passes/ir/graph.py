@@ -528,6 +528,11 @@ def is_split(module, name: str) -> bool:
     return f"{name}_fwd" in names and f"{name}_bwd" in names
 
 
+def attributes(op) -> dict:
+    """`op`'s attributes by name, to give a new op made in its place."""
+    return {name: op.attributes[name] for name in list(op.attributes)}
+
+
 def functions_of(module, name: str) -> list[str]:
     """The functions @name stands for: @name_fwd and @name_bwd where it is split, else it."""
     return [f"{name}_fwd", f"{name}_bwd"] if is_split(module, name) else [name]

@@ -100,10 +100,6 @@ def _reaches_transpose(value, perm: list[int]) -> bool:
     return True
 
 
-def _attributes(op) -> dict:
-    return {name: op.attributes[name] for name in list(op.attributes)}
-
-
 def _reroute(value, new, erased: set) -> None:
     """Have the readers of `value` (as `_reaches_transpose` found them) read `new`, the
     transposed value: the transposes go (their ids into `erased`), barriers and
@@ -118,7 +114,7 @@ def _reroute(value, new, erased: set) -> None:
         elif op.operation.name == BARRIER:
             operands = [new if v == value else v for v in op.operands]
             remade = ir.Operation.create(BARRIER, results=[v.type for v in operands],
-                                         operands=operands, attributes=_attributes(op),
+                                         operands=operands, attributes=graph.attributes(op),
                                          loc=op.location, ip=ir.InsertionPoint(op))
             for old, made in zip(op.results, remade.results):
                 if old.type == made.type:
@@ -131,10 +127,10 @@ def _reroute(value, new, erased: set) -> None:
             ip = ir.InsertionPoint(op)
             spread = ir.Operation.create(
                 factor.operation.name, results=[new.type], operands=list(factor.operands),
-                attributes=_attributes(factor), loc=factor.location, ip=ip)
+                attributes=graph.attributes(factor), loc=factor.location, ip=ip)
             operands = [new if v == value else spread.results[0] for v in op.operands]
             remade = ir.Operation.create(MULTIPLY, results=[new.type], operands=operands,
-                                         attributes=_attributes(op), loc=op.location, ip=ip)
+                                         attributes=graph.attributes(op), loc=op.location, ip=ip)
             _reroute(op.results[0], remade.results[0], erased)
             op.erase()
             if not list(factor.results[0].uses):
@@ -161,7 +157,7 @@ def fold(transpose, erased: set) -> bool:
             not _reaches_transpose(read, perm):
         return False      # (a transpose alone reads it: XLA folds that one itself)
     dims = stablehlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
-    attributes = _attributes(dot)
+    attributes = graph.attributes(dot)
     if "precision_config" in attributes:     # (one per operand: swapped with them)
         attributes["precision_config"] = ir.ArrayAttr.get(
             list(reversed(list(ir.ArrayAttr(attributes["precision_config"])))))
@@ -176,7 +172,7 @@ def fold(transpose, erased: set) -> bool:
                                   attributes=attributes, loc=dot.location, ip=ip).results[0]
     if rounding is not None:
         swapped = ir.Operation.create(ROUNDING, results=[swapped.type], operands=[swapped],
-                                      attributes=_attributes(rounding),
+                                      attributes=graph.attributes(rounding),
                                       loc=rounding.location, ip=ip).results[0]
     _reroute(read, swapped, erased)
     if rounding is not None:

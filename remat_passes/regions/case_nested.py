@@ -32,9 +32,8 @@ def rebuilt(old, types, yields_of, ip):
         ret = graph.terminator(block)
         _return_in(block, yields_of(j, list(ret.operands), ir.InsertionPoint(ret)))
     new = ir.Operation.create(CASE, results=types, operands=list(old.operands),
-                              regions=len(old.regions), loc=old.location, ip=ip)
-    for name in list(old.attributes):
-        new.attributes[name] = old.attributes[name]
+                              regions=len(old.regions), loc=old.location, ip=ip,
+                              attributes=graph.attributes(old))
     for j, region in enumerate(old.regions):
         region.blocks[0].append_to(new.regions[j])
     return new

@@ -70,9 +70,8 @@ class LoopEdit:
         old = self.op
         new = ir.Operation.create(WHILE, results=[v.type for v in self.inits],
                                   operands=self.inits, regions=2, loc=old.location,
-                                  ip=ir.InsertionPoint(old))
-        for name in list(old.attributes):    # frontend attributes, remat.* marks
-            new.attributes[name] = old.attributes[name]
+                                  ip=ir.InsertionPoint(old),
+                                  attributes=graph.attributes(old))  # (frontend, remat.*)
         self.cond.append_to(new.regions[0])
         self.body.append_to(new.regions[1])
         for k, r in enumerate(old.results):

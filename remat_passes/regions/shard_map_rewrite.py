@@ -295,7 +295,7 @@ def plan_pair(pair: ShardMapPair, verdict) -> ShardMapPairPlan:
 def new_manual(like, operands, result_types, ins, outs, ip, loc):
     """A manual computation with `like`'s attributes but the given shardings (regions
     are filled by the caller)."""
-    attrs = {name: like.attributes[name] for name in list(like.attributes)}
+    attrs = graph.attributes(like)
     attrs["in_shardings"] = per_value_attr(ins)
     attrs["out_shardings"] = per_value_attr(outs)
     return ir.Operation.create(MC, results=result_types, operands=operands,
