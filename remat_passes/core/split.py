@@ -159,8 +159,7 @@ def drop_passthrough(module_op, n_out: int) -> dict:
         entries = contract.all_entries(fwd, "res_attrs")
         func.ReturnOp([values[i] for i in keep], ip=ir.InsertionPoint(ret))
         ret.erase()
-        fwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            list(fwd.type.inputs), [values[i].type for i in keep]))
+        graph.retype(fwd)
         contract.set_all_entries(fwd, "res_attrs", [entries[i] for i in keep])
     return passthrough
 

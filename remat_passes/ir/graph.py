@@ -528,6 +528,14 @@ def is_split(module, name: str) -> bool:
     return f"{name}_fwd" in names and f"{name}_bwd" in names
 
 
+def retype(func_op) -> None:
+    """Set `func_op`'s type to what its body now takes and returns (its block's arguments,
+    its return's operands), after a rewrite changed them."""
+    block = body_block(func_op)
+    func_op.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+        [a.type for a in block.arguments], [v.type for v in terminator(block).operands]))
+
+
 def attributes(op) -> dict:
     """`op`'s attributes by name, to give a new op made in its place."""
     return {name: op.attributes[name] for name in list(op.attributes)}

@@ -581,8 +581,7 @@ class Crossing:
         values = outputs + [ret.operands[self.res_idx[k]] for k in kept] + new_values
         func.ReturnOp(values, ip=ir.InsertionPoint(ret))
         ret.erase()
-        self.fwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            [a.type for a in fblock.arguments], [v.type for v in values]))
+        graph.retype(self.fwd)
         contract.set_all_entries(self.fwd, "res_attrs", out_entries + kept_entries + [
             dict(contract.residual_entry(d, None), **_kind_entry(kind), **self.entry(v))
             for (d, _), kind, v in zip(described, new_kinds, new_values)])
@@ -602,9 +601,7 @@ class Crossing:
         for i in sorted(list(self.dropped) + cot, reverse=True):
             assert next(iter(bargs[i].uses), None) is None
             bblock.erase_argument(i)
-        self.bwd.operation.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            [a.type for a in bblock.arguments],
-            list(ir.FunctionType(ir.TypeAttr(self.bwd.operation.attributes["function_type"]).value).results)))
+        graph.retype(self.bwd)
         contract.set_all_entries(self.bwd, "arg_attrs", [b_entries[k] for k in kept]
                                  + [dict(_kind_entry(kind), **self.entry(v))
                                     for kind, v in zip(new_kinds, new_values)]
