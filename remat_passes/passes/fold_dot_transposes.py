@@ -27,14 +27,22 @@ fold), and what is saved is the same value: the residuals remat-partial-eval rep
 JAX's shapes, stay true of it. Only top-level ops of each function are rewritten (a loop
 body's product is stacked by the loop, which reads it otherwise), and none that carries a
 sharding (it names the result's dimensions in order) or a dot algorithm.
+
+With `across-halves=true` (split form) a residual is folded too, where the forward, besides
+returning it, reads it only through such transposes and the backward reads it only through
+the same transpose: the forward returns the product swapped, and the backward reads it as it
+is. The residual then crosses in the transposed order, its shape not JAX's, and its
+description says so; rp.jit sets it where only its own halves read the residuals (a function
+differentiated from outside: the Equinox loss under `dots_saveable`, 70 copies in the step
+against 13, 69.8 ms against 39.9 ms on XLA:CPU).
 """
 from __future__ import annotations
 
 import dataclasses
 
-from remat_passes.ir import graph
+from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id, stablehlo
-from remat_passes.passes.base import ModulePass, option
+from remat_passes.passes.base import ModulePass, option, parse_bool
 
 DOT, TRANSPOSE = "stablehlo.dot_general", "stablehlo.transpose"
 BARRIER, MULTIPLY = "stablehlo.optimization_barrier", "stablehlo.multiply"
@@ -181,6 +189,50 @@ def fold(transpose, erased: set) -> bool:
     return True
 
 
+def fold_residual(fwd, bwd, index: int, erased: set) -> bool:
+    """Fold the product `fwd` returns at `index` (a residual) where the forward, besides
+    returning it, reads it only through transposes `fold` takes, and `bwd` reads every
+    argument it crosses as (the same value may cross more than once) only through the same
+    transpose: the forward then returns the transposed product, which the backward reads
+    as it is (its transposes go), and the residual's type and description say so."""
+    ret = graph.terminator(graph.body_block(fwd))
+    value = ret.operands[index]
+    if not isinstance(value, ir.OpResult) or contract.offload_entry(fwd, "res_attrs", index):
+        return False
+    residuals = contract.residual_results(fwd)
+    positions = [i for i, v in enumerate(ret.operands) if v == value]
+    if not set(positions) <= set(residuals):
+        return False      # (also an output of the function: read there in JAX's order)
+    args = [graph.body_block(bwd).arguments[residuals.index(i)] for i in positions]
+    readers = [u.owner for u in value.uses if u.owner != ret]
+    transposes = [op for op in readers if op.operation.name == TRANSPOSE]
+    if not transposes or any(_sharded(op) for op in readers):
+        return False
+    perm = _permutation(transposes[0])
+    if not all(_reaches_transpose(arg, perm) for arg in args):
+        return False
+    # (the return reads the transposed value, as the forward's readers: `fold` takes it)
+    crossing = ir.Operation.create(TRANSPOSE, results=[transposes[0].results[0].type],
+                                   operands=[value], attributes=graph.attributes(
+                                       transposes[0]), ip=ir.InsertionPoint(ret)).results[0]
+    for i in positions:
+        ret.operands[i] = crossing
+    if not fold(crossing.owner, erased):
+        for i in positions:
+            ret.operands[i] = value
+        crossing.owner.erase()
+        return False
+    for i, arg in zip(positions, args):
+        old = ir.StringAttr(contract.entry(fwd, "res_attrs", i, contract.RESIDUAL)).value
+        contract.set_entry(fwd, "res_attrs", i, contract.RESIDUAL, ir.StringAttr.get(
+            f"{graph.jax_type_str(ret.operands[i].type)} transpose of {old}"))
+        arg.set_type(ret.operands[i].type)
+        _reroute(arg, arg, erased)
+    graph.retype(fwd)
+    graph.retype(bwd)
+    return True
+
+
 @dataclasses.dataclass
 class FoldDotTransposes(ModulePass):
     name = "fold-dot-transposes"
@@ -189,6 +241,11 @@ class FoldDotTransposes(ModulePass):
                "product) in the transposed order, also where the backward keeps it")
 
     func: str = option("main", "the function (both halves in split form) to rewrite")
+    across_halves: bool = option(
+        False, "in split form, also fold a product the forward returns as a residual that "
+        "the backward reads only through the same transpose: the residual then crosses in "
+        "the transposed order, and its shape is not JAX's (rp.jit's halves, differentiated "
+        "from outside, where no one reads the residuals)", parse_bool)
 
     def apply(self, module_op, state) -> None:
         with module_op.context, ir.Location.unknown():
@@ -202,3 +259,11 @@ class FoldDotTransposes(ModulePass):
                 for key, op in transposes:
                     if key not in erased and fold(op, erased):
                         state.drop(name)
+            if self.across_halves and graph.is_split(module_op, self.func):
+                fwd, bwd = (graph.find_func(module_op, f"{self.func}_{half}")
+                            for half in ("fwd", "bwd"))
+                erased = set()
+                for index in contract.residual_results(fwd):
+                    if fold_residual(fwd, bwd, index, erased):
+                        state.drop(f"{self.func}_fwd")
+                        state.drop(f"{self.func}_bwd")

@@ -155,6 +155,7 @@
 // LIST-NEXT: func
 // LIST-NEXT: fold-dot-transposes {{.*}}transposed order
 // LIST-NEXT: func
+// LIST-NEXT: across-halves {{.*}}(default: False)
 // LIST-NEXT: inline {{.*}}func.call
 // LIST-NEXT: insert-reduce-precision {{.*}}reduce_precision
 // LIST-NEXT: func
