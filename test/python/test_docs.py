@@ -375,6 +375,24 @@ def test_cli_flags_match_help():
         assert f"`{flag}" in text, flag
 
 
+def test_cli_pass_table_lists_each_pass_with_its_options():
+    """docs/cli.md's table of pass flags: a row per pass, naming every option it takes (a
+    pass named in the row stands for its own options: remat's "the options of
+    `remat-partial-eval`")."""
+    ours = registry()
+    rows = re.findall(r"^\| `--([a-z-]+)(?:\[=OPTIONS\])?` \| \[`[a-z-]+`\]\([^)]*\)(.*)\|$",
+                      (DOCS / "cli.md").read_text(), re.M)
+    assert {name for name, _ in rows} == set(ours)
+    for name, rest in rows:
+        listed = set()
+        for word in re.findall(r"`([a-z-]+)`", rest):
+            listed |= {ours[word].option_name(f) for f in ours[word].option_fields()} \
+                if word in ours else {word}
+        registered = {ours[name].option_name(f) for f in ours[name].option_fields()}
+        assert listed == registered, \
+            f"docs/cli.md --{name}: lists {sorted(listed)}, takes {sorted(registered)}"
+
+
 # ------------------------------------------------------------ policies --
 def test_every_policy_is_documented():
     spans = set(inline_code((DOCS / "policies.md").read_text()))
