@@ -7,8 +7,10 @@ and the Optimizer in place (`optimizer.update(model, grads)`), Equinox's returns
 and the optimizer state (`eqx.filter_value_and_grad`, `eqx.apply_updates`), its Module
 holding the activation function (a leaf that is not an array). Per library: its own jit
 (`nnx.jit`, `eqx.filter_jit`), that jit with the loss in the library's checkpoint
-(`nnx.remat`, `eqx.filter_checkpoint`) under `CHECKPOINTED` policies, and
-`rp.jit(step, policy=P)`, with nothing donated and with
+(`nnx.remat`, `eqx.filter_checkpoint`) under `CHECKPOINTED` policies, that jit with the
+loss in `rp.jit(loss, policy=P)` (differentiated from outside, by the library's
+value_and_grad) under the same policies, and `rp.jit(step, policy=P)`, with nothing donated
+and with
 the model and optimizer donated. Measured: the losses of `STEPS` steps from the same initial
 state, XLA's `memory_analysis()` of the program that ran (temp bytes; footprint: temp +
 arguments + outputs - aliased), and the median step time over `--steps` steps after 3
@@ -84,13 +86,16 @@ def nnx_runners(donate: bool) -> dict:
                 x = block(x)
             return self.head(x)
 
-    def make_step(checkpoint=None):
+    def make_step(checkpoint=None, rp_loss=None):
+        def loss(m, x, y):
+            return _xent(m(x), y)
+        if checkpoint is not None:
+            loss = nnx.remat(loss, policy=getattr(jax.checkpoint_policies, checkpoint))
+        if rp_loss is not None:
+            loss = rp.jit(loss, policy=rp_loss)
+
         def step(model, optimizer, x, y):
-            def loss(m):
-                return _xent(m(x), y)
-            if checkpoint is not None:
-                loss = nnx.remat(loss, policy=getattr(jax.checkpoint_policies, checkpoint))
-            value, grads = nnx.value_and_grad(loss)(model)
+            value, grads = nnx.value_and_grad(loss)(model, x, y)
             optimizer.update(model, grads)
             return value
         return step
@@ -100,6 +105,8 @@ def nnx_runners(donate: bool) -> dict:
     donated = dict(donate_argnums=(0, 1)) if donate else {}
     jits = {"nnx.jit": nnx.jit(step, **donated)}
     jits.update({f"nnx.jit, nnx.remat {p}": nnx.jit(make_step(p), **donated)
+                 for p in CHECKPOINTED})
+    jits.update({f"nnx.jit, rp.jit(loss) {p}": nnx.jit(make_step(rp_loss=p), **donated)
                  for p in CHECKPOINTED})
     jits.update({name: rp.jit(step, policy=p, **donated, **options)
                  for name, p, options in _rp_jits()})
@@ -153,14 +160,17 @@ def equinox_runners(donate: bool) -> dict:
 
     opt = optax.adamw(1e-3)
 
-    def make_step(checkpoint=None):
+    def make_step(checkpoint=None, rp_loss=None):
+        def loss(m, x, y):
+            return _xent(jax.vmap(m)(x), y)
+        if checkpoint is not None:
+            loss = eqx.filter_checkpoint(loss, policy=getattr(jax.checkpoint_policies,
+                                                              checkpoint))
+        if rp_loss is not None:
+            loss = rp.jit(loss, policy=rp_loss)
+
         def step(model, opt_state, x, y):
-            def loss(m):
-                return _xent(jax.vmap(m)(x), y)
-            if checkpoint is not None:
-                loss = eqx.filter_checkpoint(
-                    loss, policy=getattr(jax.checkpoint_policies, checkpoint))
-            value, grads = eqx.filter_value_and_grad(loss)(model)
+            value, grads = eqx.filter_value_and_grad(loss)(model, x, y)
             updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_array))
             return eqx.apply_updates(model, updates), opt_state, value
         return step
@@ -173,6 +183,8 @@ def equinox_runners(donate: bool) -> dict:
     jits = {"eqx.filter_jit": eqx.filter_jit(step, donate=donation)}
     jits.update({f"eqx.filter_jit, eqx.filter_checkpoint {p}":
                  eqx.filter_jit(make_step(p), donate=donation) for p in CHECKPOINTED})
+    jits.update({f"eqx.filter_jit, rp.jit(loss) {p}":
+                 eqx.filter_jit(make_step(rp_loss=p), donate=donation) for p in CHECKPOINTED})
     jits.update({name: rp.jit(step, policy=p, **options, **(
         dict(donate_argnums=(0, 1, 2, 3)) if donate else {}))
         for name, p, options in _rp_jits()})
@@ -240,19 +252,21 @@ def checks(data) -> list[tuple[str, bool]]:
         ref = rows[0]
         where = f"{library}{', donated' if donated else ''}"
         base = common.xla_peak(ref["memory"])
+        # (the library's checkpoint by policy; rp.jit's rows, of the step or of the loss,
+        # end in theirs)
         checkpointed = {r["name"].rsplit(" ", 1)[1]: r for r in rows[1:]
-                        if not r["name"].startswith("rp.jit")}
+                        if "rp.jit" not in r["name"]}
         for r in rows[1:]:
             same = all(abs(a - b) <= 2e-5 * abs(b) for a, b in zip(r["losses"], ref["losses"]))
             out.append((f"{where}, {r['name']}: losses {r['losses']} = {ref['name']}'s", same))
-            if r["name"].endswith(", untied") or not r["name"].startswith("rp.jit"):
+            if r["name"].endswith(", untied") or "rp.jit" not in r["name"]:
                 continue       # (untied, XLA:CPU undoes the recomputation: no saving to check)
             peak = common.xla_peak(r["memory"])
             limit = base if "dots" in r["name"] else 1.02 * base
             out.append((f"{where}, {r['name']}: XLA footprint {peak / base:.2f}x "
                         f"{ref['name']}'s (target {'< 1' if 'dots' in r['name'] else '<= 1.02'})",
                         peak < limit if "dots" in r["name"] else peak <= limit))
-            theirs = checkpointed.get(r["name"].split()[1])
+            theirs = checkpointed.get(r["name"].rsplit(" ", 1)[1])
             if theirs is not None:
                 other = common.xla_peak(theirs["memory"])
                 out.append((f"{where}, {r['name']}: XLA footprint {peak / other:.2f}x "
@@ -274,7 +288,9 @@ def render(data) -> str:
              "`eqx.filter_value_and_grad`, the model returned, its activation function a "
              "leaf) and run through the library's jit, through it with the loss in the "
              "library's checkpoint (`nnx.remat`, `eqx.filter_checkpoint`: jax.checkpoint) "
-             f"under {', '.join(f'`{p}`' for p in CHECKPOINTED)}, and through "
+             f"under {', '.join(f'`{p}`' for p in CHECKPOINTED)}, through it with the loss "
+             "in `rp.jit(loss, policy=P)` (\"rp.jit(loss)\": differentiated from outside, by "
+             "the library's value_and_grad) under the same, and through "
              "`rp.jit(step, policy=P)`, with nothing donated and with the model and "
              "optimizer donated. "
              f"Median of {data['steps']} steps after 3 warm-up steps, interleaved "
