@@ -233,33 +233,59 @@ def place(args: tuple, in_shardings) -> tuple:
     return jax.tree_util.tree_unflatten(tree, placed)
 
 
-def for_devices(dynamic: tuple, n: int) -> tuple:
+def for_devices(dynamic: tuple, n: int, fun=None) -> tuple:
     """The dynamic arguments as the program of a function that runs on `n` devices (a
     shard_map or a sharding inside it) is built for, where they come on none of them: each
     leaf that is not on a device of its own choosing (a NumPy array, a Python scalar, a
     jax.Array made without a device) a `jax.ShapeDtypeStruct` replicated over the mesh in
-    force (`jax.set_mesh`) where it has `n` devices, else over the first `n` devices.
+    force (`jax.set_mesh`) where it has `n` devices, else over the one mesh of `n` devices
+    that `fun` names (a shard_map's, a sharding's: `named_mesh`), else over the first `n`
+    devices.
     jax.jit puts such arguments on the devices of the function's mesh; an exported program
     takes the devices of its arguments, so without this a program for several devices
     would be built for one. The executable then takes such arrays as jax.jit takes them
     (it moves them). Arguments already on several devices, or committed to one (jax.jit
     refuses those, and so does the call), are left as they are."""
     leaves, tree = jax.tree_util.tree_flatten(dynamic)
-    if n <= 1 or any(_committed(x) for x in leaves):
+    if n <= 1 or any(_committed(x) or isinstance(x, jax.core.Tracer) for x in leaves):
         return dynamic
     mesh = jax.sharding.get_mesh()
     if getattr(mesh, "size", 0) != n or not hasattr(mesh, "devices"):
+        mesh = named_mesh(fun, dynamic, n) if fun is not None else None
+    if mesh is None:
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("devices",))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     specs = []
     for x in leaves:
-        if isinstance(x, jax.core.Tracer):
-            return dynamic
         if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
             x = jax.numpy.asarray(x)
         specs.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated,
                                           weak_type=getattr(x, "weak_type", False)))
     return jax.tree_util.tree_unflatten(tree, specs)
+
+
+def named_mesh(fun, dynamic: tuple, n: int):
+    """The mesh of `n` devices that `fun` on `dynamic` names, from a trace: a shard_map's,
+    a sharding constraint's, nested functions' too; None where it names none or meshes on
+    different devices. (An exported program takes the devices of its arguments; jax.jit
+    takes those of the function's mesh: a mesh on devices 4 to 7 runs there.)"""
+    found: dict = {}
+
+    def visit(value):
+        if isinstance(value, jax.sharding.Mesh):
+            found.setdefault(tuple(d.id for d in value.devices.flat), value)
+        elif isinstance(value, jax.sharding.NamedSharding):
+            visit(value.mesh)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                visit(v)
+        elif hasattr(value, "eqns") or hasattr(getattr(value, "jaxpr", None), "eqns"):
+            for eqn in getattr(value, "jaxpr", value).eqns:     # (a Jaxpr or ClosedJaxpr)
+                for v in eqn.params.values():
+                    visit(v)
+    visit(jax.make_jaxpr(fun)(*dynamic))
+    meshes = [m for m in found.values() if m.size == n]
+    return meshes[0] if len(meshes) == 1 else None
 
 
 def _committed(x) -> bool:

@@ -350,7 +350,7 @@ class Jitted:
                 if not any(module.bytecode() == m.bytecode() for m, _ in jobs):
                     jobs.append((module, dict(fields, from_cache=hit, rounded=True)))
         # (a function on several devices, arguments on none: as jax.jit places them)
-        placed = arguments.for_devices(dynamic, exported.exported.nr_devices)
+        placed = arguments.for_devices(dynamic, exported.exported.nr_devices, dynamic_fun)
         built = self._compile_all(mode, exported, jobs, placed, donated)
         if mode == "split" and self.prevent_cse and self.fence_chains is None and \
                 fences_chains():

@@ -911,6 +911,22 @@ for name, fun, mode in (("inside", data_parallel(local_step), "joint"),
         "devices": min(len(a.sharding.device_set) for a in jax.tree_util.tree_leaves(got)),
         "again": float(np.max(np.abs(np.asarray(f(*host)[0]) - np.asarray(ref[0])))),
         "builds": f.builds}
+# host arrays, a shard_map on a mesh of devices 4 to 7: there, as jax.jit runs it (they went
+# to devices 0 to 3)
+half = Mesh(np.array(jax.devices()[4:]), ("data",))
+def half_step(params, x):
+    return jax.value_and_grad(lambda p, x: shard_map(
+        lambda p, x: jax.lax.pmean(local_loss(p, x), "data"), mesh=half,
+        in_specs=(P(), P("data")), out_specs=P())(p, x))(params, x)
+def device_ids(tree):
+    return sorted({d.id for a in jax.tree_util.tree_leaves(tree) for d in a.sharding.device_set})
+for mode in ("joint", "split"):
+    got, ref = rp.jit(half_step, policy="dots_saveable", mode=mode)(*host), \
+        jax.jit(half_step)(*host)
+    out[f"host submesh {mode}"] = {
+        "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref))),
+        "devices": device_ids(got), "jax": device_ids(ref)}
 def against_checkpoint(loss, *args):
     """rp.jit of the step that differentiates `loss(*args, policy=None)`, per policy: the
     error from jax.jit's results, our residuals and jax.checkpoint's (leaving out the
@@ -1039,6 +1055,9 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
         r = out[key]
         assert r["err"] < 1e-5 and r["again"] < 1e-5 and r["devices"] == 8 and \
             r["builds"] == 1, (key, r)
+    for key in ("host submesh joint", "host submesh split"):
+        r = out[key]
+        assert r["err"] < 1e-5 and r["devices"] == r["jax"] == [4, 5, 6, 7], (key, r)
     assert "a collective over those axes" in out["pmap_collective"], out["pmap_collective"]
     if partitioner == "shardy":
         assert "inside a shard_map body (data parallelism" in out["split"] and \
