@@ -85,7 +85,11 @@ are deleted after the call). A parameter left out takes its default as a Python 
 pytree prefix of the dynamic positional arguments / of the results): an argument not yet
 on a device is put there, one committed elsewhere is an error, and the exported program
 carries them, so the results come out so sharded in both forms. Without them the program
-follows the shardings of the arguments it is called with.
+follows the shardings of the arguments it is called with. `compiler_options` (XLA's options
+by name, as `jax.jit` takes them) go to each program a build compiles to run, so the
+variant kept is the smallest under them too (the trial plans of `score=xla` compile
+without them); called inside another `jax.jit`, or differentiated from outside, the
+program is the caller's, as for a `jax.jit` nested there.
 `jitted.lower(*args)` gives what was built for those arguments (`api/lowered.py`): the
 rewritten Module, the residuals, the remarks, the executables (for XLA's `memory_analysis()`);
 the arguments may be `jax.ShapeDtypeStruct`s.
@@ -159,7 +163,8 @@ class Jitted:
                  barrier_groups: str | None = None, levels: str = "auto", cache_dir=None,
                  static_argnames: str | Sequence[str] = (),
                  donate_argnames: str | Sequence[str] = (), in_shardings=None,
-                 out_shardings=None, fence_chains: bool | None = None):
+                 out_shardings=None, fence_chains: bool | None = None,
+                 compiler_options: dict | None = None):
         if not callable(fun):
             raise TypeError(f"rp.jit: expected a function to compile, got "
                             f"{type(fun).__name__} {fun!r}")
@@ -172,7 +177,14 @@ class Jitted:
                              scan_segments=scan_segments,
                              scan_segments_offload=scan_segments_offload,
                              barrier_groups=barrier_groups, levels=levels,
-                             cache_dir=cache_dir, fence_chains=fence_chains)
+                             cache_dir=cache_dir, fence_chains=fence_chains,
+                             compiler_options=compiler_options)
+        if compiler_options is not None and (not isinstance(compiler_options, dict) or not all(
+                isinstance(k, str) for k in compiler_options)):
+            raise TypeError("rp.jit: compiler_options must be a dict of XLA option names to "
+                            f"values, as jax.jit takes, got {compiler_options!r}")
+        # (jax.jit's keyword for each program rp.jit compiles itself)
+        self._jit_kw = dict(compiler_options=compiler_options) if compiler_options else {}
         if mode not in MODES:
             raise ValueError(f"rp.jit: mode must be one of {', '.join(MODES)}, got {mode!r}")
         if barrier_groups is not None and barrier_groups not in BARRIER_GROUPS:
@@ -483,7 +495,8 @@ class Jitted:
             raise RematError("error: rp.jit: the rewritten program does not keep the calling "
                              "convention of the function (report this as a bug)")
         exp, jit_kw = jax_compat.exported_for_call(exp)
-        compiling = start(jax.jit(exp.call, donate_argnums=donated, **jit_kw).lower(*dynamic))
+        compiling = start(jax.jit(exp.call, donate_argnums=donated, **jit_kw,
+                                  **self._jit_kw).lower(*dynamic))
 
         def finish():
             compiled = compiling()
@@ -537,7 +550,8 @@ class Jitted:
             fwd_kw, bwd_kw = (_with_out_shardings(
                 kw, len(e.out_avals), {j: asked[k] for k, (h, j) in enumerate(place) if h == half})
                 for half, kw, e in ((0, fwd_kw, fwd_exp), (1, bwd_kw, bwd_exp)))
-        fwd_compiling = start(jax.jit(fwd_exp.call, donate_argnums=fwd_donated, **fwd_kw).lower(
+        fwd_compiling = start(jax.jit(fwd_exp.call, donate_argnums=fwd_donated, **fwd_kw,
+                                      **self._jit_kw).lower(
             *[arguments.key_data(leaves[i]) for i in kept]))
         in_kinds = jax_run.memory_kinds(module, "main_bwd", "arg_attrs")
         in_shardings = jax_run.placed_shardings(in_kinds, device) or [None] * len(in_kinds)
@@ -561,7 +575,7 @@ class Jitted:
             [res_avals[r] for r in ours], bwd_exp.out_avals, [in_kinds[r] for r in ours],
             jax_run.memory_kinds(module, "main_bwd", "res_attrs"))
         bwd_jit = jax.jit(bwd_exp.call, donate_argnums=tuple(ours[k] for k in reusable),
-                          **bwd_kw)
+                          **bwd_kw, **self._jit_kw)
         bwd_compiling = start(bwd_jit.lower(*res_avals))
         # (jaxlib 0.10 refuses a 4-bit residual the forward returns in a call of the
         # compiled backward: there the backward runs through jax.jit, which takes it)
@@ -649,7 +663,8 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
         scan_segments_offload: str | None = None, barrier_groups: str | None = None,
         levels: str = "auto", cache_dir=None, static_argnames: str | Sequence[str] = (),
         donate_argnames: str | Sequence[str] = (), in_shardings=None,
-        out_shardings=None, fence_chains: bool | None = None) -> Any:
+        out_shardings=None, fence_chains: bool | None = None,
+        compiler_options: dict | None = None) -> Any:
     """`jax.jit` with remat for a function whose program contains its backward pass (a
     training step with `jax.grad` / `jax.value_and_grad` inside, or a gradient function):
     `policy` (a spec, a policy of `rp.policies`, `auto(budget=...)` or JAX's own) decides
@@ -668,7 +683,8 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
                                  barrier_groups=barrier_groups, levels=levels,
                                  cache_dir=cache_dir, static_argnames=static_argnames,
                                  donate_argnames=donate_argnames, in_shardings=in_shardings,
-                                 out_shardings=out_shardings, fence_chains=fence_chains)
+                                 out_shardings=out_shardings, fence_chains=fence_chains,
+                                 compiler_options=compiler_options)
     return Jitted(fun, policy=policy, mode=mode, donate_argnums=donate_argnums,
                   static_argnums=static_argnums, prevent_cse=prevent_cse,
                   tie_to_cotangent=tie_to_cotangent, jax_checkpoint=jax_checkpoint,
@@ -676,4 +692,4 @@ def jit(fun: Callable | None = None, *, policy=None, mode: str = "auto",
                   barrier_groups=barrier_groups, levels=levels, cache_dir=cache_dir,
                   static_argnames=static_argnames, donate_argnames=donate_argnames,
                   in_shardings=in_shardings, out_shardings=out_shardings,
-                  fence_chains=fence_chains)
+                  fence_chains=fence_chains, compiler_options=compiler_options)
