@@ -1448,8 +1448,9 @@ def test_lower_for_shapes_alone_builds_one_program_per_shape():
 def test_lowered_compiles_and_runs_as_jax_jits_does(mode):
     """`jitted.lower(...).compile()` runs like jax.jit's Compiled: called with the dynamic
     arguments (static ones left out), the same results as jax.jit; `cost_analysis()` and
-    `as_text()` (XLA's HLO; the Lowered's is the rewritten MLIR) say what was compiled; arguments of other shapes, another structure or a
-    static keyword are a TypeError that says which."""
+    `as_text()` (XLA's HLO; the Lowered's is the rewritten MLIR) say what was compiled;
+    arguments of other shapes, another structure or a static keyword are a TypeError that
+    says which."""
     p = {"w1": jnp.ones((4, 8)) * 0.1, "w2": jnp.ones((8, 2))}
     x = jnp.arange(64.0).reshape(16, 4) / 64
     specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), p)
