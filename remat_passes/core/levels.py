@@ -51,6 +51,7 @@ MAX_SEGMENTS = 16
 CANDIDATES = 2  # the segment counts with the smallest static working sets, tried by estimate
 GAIN = 0.75     # two levels only where the working set falls to at most 3/4 ...
 PEAK_GAIN = 0.85  # ... and the estimated peak of the function by 15%
+HINT_BYTES = 1 << 20  # (`worth_two_levels`: below a MiB held, no remark)
 
 
 class TwoLevelDecider:
@@ -182,8 +183,9 @@ def _candidate_cuts(weight, crossing) -> list:
 def two_levels(a, decider, plan, build) -> Levels | None:
     """The two-level plan of `plan` (made by `decider`), or None where no candidate lowers the
     static working set to `GAIN` of the one-level one and the peak estimate to `PEAK_GAIN`
-    of the one-level plan's. `build(decider)` plans again with the same options. Only for deciders without checkpoint scopes of their own, in functions
-    without GSPMD shard_map bodies."""
+    of the one-level plan's. `build(decider)` plans again with the same options. Only for
+    deciders without checkpoint scopes of their own, in functions without GSPMD shard_map
+    bodies."""
     if any(decider.chains) or any(a.manual):   # (not inside GSPMD shard_map bodies: their
         return None                            # per-device values are not tried here)
     found = _weights(a, plan)
@@ -208,6 +210,24 @@ def two_levels(a, decider, plan, build) -> Levels | None:
         return None
     two_peak, two, segments = best
     return Levels(two, segments, one_peak, two_peak, two.num_clones - plan.num_clones)
+
+
+def worth_two_levels(a, decider, plan) -> bool:
+    """Is `plan`, one level of a fixed policy, worth trying in two (for a remark: levels=auto
+    keeps one level, as jax.checkpoint)? Where it saves nothing but arguments (under
+    `nothing_saveable`), the backward's first op needs the whole forward: recomputed at once
+    and held, as much as the program without remat holds. It is, where that is at least
+    `HINT_BYTES` and segments would hold at most `GAIN` of it at a time (the static working
+    set: no plan is built here)."""
+    if any(decider.chains) or any(a.manual) or any(a.producer[v] >= 0 for v in plan.saved):
+        return False
+    found = _weights(a, plan)
+    if found is None:
+        return False
+    _, weight, crossing = found
+    total = int(weight.sum())
+    cuts = _candidate_cuts(weight, crossing)
+    return total >= HINT_BYTES and bool(cuts) and cuts[0][0] <= GAIN * total
 
 
 def _chains(a, recomputed: list, cuts: list) -> list:

@@ -4,6 +4,8 @@ own backward ops. The same residuals and gradients as one level, a lower peak, a
 allocating less for it; fixed policies keep jax.checkpoint's single level unless asked."""
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -96,6 +98,23 @@ def test_fixed_policies_keep_one_level_unless_asked(case):
     out_ref, ct, grads = reference_vjp(deep, args)
     assert_trees_close(run_joint(asked, args, ct), leaves(out_ref) + leaves(grads),
                        rtol=1e-4, atol=1e-4, what="nothing_saveable, two levels")
+
+
+def test_a_fixed_policy_that_saves_only_arguments_says_what_two_levels_would_save(case):
+    """Under nothing_saveable (levels=auto: one level, as jax.checkpoint) the backward holds
+    the whole recomputed forward; a remark says so, with the peak estimates of one level and
+    of two, those `levels="2"` reports when asked. No remark where the plan saves more than
+    arguments (dots_saveable) or where levels=1 was asked for."""
+    _, m = case
+    default = rp.remat(m, P.nothing_saveable)
+    hint = [r for r in default.remarks if "saves only arguments" in r]
+    assert len(hint) == 1, default.remarks
+    one, two = (int(n) for n in re.findall(r"(\d+) B", hint[0]))
+    taken = next(r for r in rp.remat(m, P.nothing_saveable, levels="2").remarks
+                 if "recomputed in two levels" in r)
+    assert f"{one} B -> {two} B" in taken and two < 0.85 * one, (hint, taken)
+    for out in (rp.remat(m, P.dots_saveable), rp.remat(m, P.nothing_saveable, levels="1")):
+        assert not [r for r in out.remarks if "saves only arguments" in r], out.remarks
 
 
 def test_a_large_budget_keeps_one_level(case):
