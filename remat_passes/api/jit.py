@@ -9,10 +9,10 @@ Arguments and results are the function's own pytrees in both forms:
 * `mode="joint"`: one executable, the rewritten program;
 * `mode="split"`: two executables, `<f>_fwd` then `<f>_bwd` (`api/split_run.py`); the
   residuals pass from one to the other (donated to the second), and the function's outputs,
-  computed by either half, are put back in their places. On a GPU the f32 residuals the backward only reads
-  back are rounded to their own type, as jax.checkpoint rounds them (rp.remat's
-  `round_read_back`: exact, the values do not change; XLA:GPU needs less scratch for the
-  forward then);
+  computed by either half, are put back in their places. On a GPU the f32 residuals the
+  backward only reads back are rounded to their own type, as jax.checkpoint rounds them
+  (rp.remat's `round_read_back`: exact, the values do not change; XLA:GPU needs less
+  scratch for the forward then);
 * `mode="auto"` (the default): joint, on every backend. On CPU the recomputation is tied
   to the cotangent by data (`tie_to_cotangent`, on by default there): XLA:CPU deletes
   optimization barriers before it schedules, and without the tie it would merge the clones
