@@ -180,23 +180,32 @@ def _candidate_cuts(weight, crossing) -> list:
     return sorted(((w, list(c)) for c, w in found.items()), key=lambda t: t[0])
 
 
-def two_levels(a, decider, plan, build) -> Levels | None:
-    """The two-level plan of `plan` (made by `decider`), or None where no candidate lowers the
-    static working set to `GAIN` of the one-level one and the peak estimate to `PEAK_GAIN`
-    of the one-level plan's. `build(decider)` plans again with the same options. Only for
-    deciders without checkpoint scopes of their own, in functions without GSPMD shard_map
-    bodies."""
-    if any(decider.chains) or any(a.manual):   # (not inside GSPMD shard_map bodies: their
-        return None                            # per-device values are not tried here)
+def _cuts(a, decider, plan):
+    """(the recomputed positions, the `CANDIDATES` cuts whose static working set is at most
+    `GAIN` of the one-level one's, that one: the bytes the backward reads of what it
+    recomputes), or None where there is nothing to cut: a decider with checkpoint scopes of
+    its own, a function with GSPMD shard_map bodies (their per-device values are not tried
+    here), fewer than two recomputed ops."""
+    if any(decider.chains) or any(a.manual):
+        return None
     found = _weights(a, plan)
     if found is None:
         return None
     recomputed, weight, crossing = found
     total = int(weight.sum())
-    candidates = [c for w, c in _candidate_cuts(weight, crossing)[:CANDIDATES]
-                  if w <= GAIN * total]
-    if not candidates:
+    return recomputed, [c for w, c in _candidate_cuts(weight, crossing)[:CANDIDATES]
+                        if w <= GAIN * total], total
+
+
+def two_levels(a, decider, plan, build) -> Levels | None:
+    """The two-level plan of `plan` (made by `decider`), or None where no candidate lowers the
+    static working set to `GAIN` of the one-level one and the peak estimate to `PEAK_GAIN`
+    of the one-level plan's (`_cuts` says where none is tried). `build(decider)` plans again
+    with the same options."""
+    found = _cuts(a, decider, plan)
+    if found is None or not found[1]:
         return None
+    recomputed, candidates, _ = found
     best = None
     for cuts in candidates:
         two = build(TwoLevelDecider(decider, _chains(a, recomputed, cuts)))
@@ -218,16 +227,11 @@ def worth_two_levels(a, decider, plan) -> bool:
     `nothing_saveable`), the backward's first op needs the whole forward: recomputed at once
     and held, as much as the program without remat holds. It is, where that is at least
     `HINT_BYTES` and segments would hold at most `GAIN` of it at a time (the static working
-    set: no plan is built here)."""
-    if any(decider.chains) or any(a.manual) or any(a.producer[v] >= 0 for v in plan.saved):
+    set, `_cuts`: no plan is built here)."""
+    if any(a.producer[v] >= 0 for v in plan.saved):
         return False
-    found = _weights(a, plan)
-    if found is None:
-        return False
-    _, weight, crossing = found
-    total = int(weight.sum())
-    cuts = _candidate_cuts(weight, crossing)
-    return total >= HINT_BYTES and bool(cuts) and cuts[0][0] <= GAIN * total
+    found = _cuts(a, decider, plan)
+    return found is not None and bool(found[1]) and found[2] >= HINT_BYTES
 
 
 def _chains(a, recomputed: list, cuts: list) -> list:

@@ -226,8 +226,8 @@ def fold_residual(fwd, bwd, index: int, erased: set) -> bool:
         old = ir.StringAttr(contract.entry(fwd, "res_attrs", i, contract.RESIDUAL)).value
         contract.set_entry(fwd, "res_attrs", i, contract.RESIDUAL, ir.StringAttr.get(
             f"{graph.jax_type_str(ret.operands[i].type)} transpose of {old}"))
-        arg.set_type(ret.operands[i].type)
-        _reroute(arg, arg, erased)
+        arg.set_type(ret.operands[i].type)   # (now the transposed value its readers take:
+        _reroute(arg, arg, erased)           # the transposes go, barriers and ties remade)
     graph.retype(fwd)
     graph.retype(bwd)
     return True
