@@ -119,7 +119,8 @@ from typing import Any, Callable, Sequence
 import jax
 
 from remat_passes import jax_compat
-from remat_passes.api import arguments, cache, graph_nodes, split_run, static_leaves, traced
+from remat_passes.api import (arguments, cache, call_cache, graph_nodes, split_run,
+                              static_leaves, traced)
 from remat_passes.api.differentiated import NoBackward
 from remat_passes.api.lowered import Lowered, shape_key
 from remat_passes.api.remat import remat_variants
@@ -230,6 +231,7 @@ class Jitted:
             raise ValueError(f"rp.jit: arguments {sorted(both, key=str)} are both static "
                              "and donated")
         self._cache: dict = {}
+        self._calls = call_cache.CallCache(self)   # (the short way for a call like an earlier)
         # (held while a signature is built: threads calling with a new one build it once)
         self._building = threading.RLock()
         self._batched: dict = {}  # (call, in_axes) -> the Jitted of jax.vmap of the function
@@ -258,13 +260,19 @@ class Jitted:
         return (nodes, *static_leaves.wrap(self, args, kwargs))
 
     def __call__(self, *args, **kwargs):
+        out = self._calls.run(args, kwargs)      # (a call like one run before)
+        if out is not call_cache.MISS:
+            return out
         if not self.takes_objects:      # (its results go back to the other one as they are)
-            return self._call(*args, **kwargs)
-        nodes, args, kwargs = self._taken(args, kwargs)
-        out = static_leaves.unwrap(self._call(*args, **kwargs))
+            return self._call(args, kwargs, as_given=True)
+        nodes, taken_args, taken_kwargs = self._taken(args, kwargs)
+        as_given = nodes is None and taken_args is args and taken_kwargs is kwargs
+        out = static_leaves.unwrap(self._call(taken_args, taken_kwargs, as_given))
         return out if nodes is None else nodes.update(out)   # (NNX objects, in place)
 
-    def _call(self, *args, **kwargs):    # (NNX objects split, non-array leaves static)
+    def _call(self, args, kwargs, as_given: bool):
+        """The results of a call (NNX objects split, non-array leaves static: `as_given`
+        where the call came so), recorded for later calls like it (`call_cache`)."""
         call, dynamic = arguments.split(self, args, kwargs)
         leaves = jax.tree_util.tree_leaves(dynamic)
         traced.check_manual(self, leaves)
@@ -278,7 +286,12 @@ class Jitted:
                 raise TypeError(f"rp.jit: argument leaf {i} is a jax.ShapeDtypeStruct, which "
                                 "has no data to run on: give specs to .lower(...), arrays "
                                 "to the call")
-        return self._lowered(call, dynamic).run(*dynamic)
+        lowered = self._lowered(call, dynamic)
+        out = lowered.run(*dynamic)
+        if as_given:     # (results with static leaves: __call__ gives back their values)
+            unwrap = self.takes_objects and static_leaves.unwrap(out) is not out
+            self._calls.add(args, kwargs, lowered.run, call.kw_names, unwrap)
+        return out
 
     def __get__(self, obj, objtype=None):
         """As a method: the instance is the first argument (its leaves static unless arrays;

@@ -911,6 +911,19 @@ for name, fun, mode in (("inside", data_parallel(local_step), "joint"),
         "devices": min(len(a.sharding.device_set) for a in jax.tree_util.tree_leaves(got)),
         "again": float(np.max(np.abs(np.asarray(f(*host)[0]) - np.asarray(ref[0])))),
         "builds": f.builds}
+# device arrays of the same shapes in two shardings: a program for each, as jax.jit builds,
+# the later calls like an earlier one the short way (no look at the arguments: `_taken`)
+from remat_passes.api import jit as rp_jit
+taken, full = rp_jit.Jitted._taken, []
+rp_jit.Jitted._taken = lambda self, a, k: (full.append(1), taken(self, a, k))[1]
+f, p_on = rp.jit(outer_step, policy="dots_saveable"), jax.device_put(host[0], NamedSharding(mesh, P()))
+x_by = {spec: jax.device_put(host[1], NamedSharding(mesh, spec)) for spec in (P("data"), P())}
+ref = jax.tree_util.tree_leaves(jax.jit(outer_step)(*host))
+errs = [max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+            for a, b in zip(jax.tree_util.tree_leaves(f(p_on, x_by[spec])), ref))
+        for spec in (P("data"), P("data"), P(), P(), P("data"))]
+rp_jit.Jitted._taken = taken
+out["shardings"] = {"err": max(errs), "builds": f.builds, "full": len(full)}
 # host arrays, a shard_map on a mesh of devices 4 to 7: there, as jax.jit runs it (they went
 # to devices 0 to 3)
 half = Mesh(np.array(jax.devices()[4:]), ("data",))
@@ -1055,6 +1068,8 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
         r = out[key]
         assert r["err"] < 1e-5 and r["again"] < 1e-5 and r["devices"] == 8 and \
             r["builds"] == 1, (key, r)
+    assert out["shardings"] == {"err": out["shardings"]["err"], "builds": 2, "full": 2} and \
+        out["shardings"]["err"] < 1e-5, out["shardings"]
     for key in ("host submesh joint", "host submesh split"):
         r = out[key]
         assert r["err"] < 1e-5 and r["devices"] == r["jax"] == [4, 5, 6, 7], (key, r)
