@@ -1,4 +1,7 @@
-"""python -m tools.benchmarks {models,budgets,scaling,memory,xla,startup,train,libraries,gpu,barriers,zoo,scans,render,all} [options]
+"""python -m tools.benchmarks COMMAND [options]
+
+COMMAND: models, budgets, scaling, memory, xla, startup, dispatch, train, libraries, gpu,
+barriers, zoo, scans, render or all:
 
   models   the comparison with hand-written jax.checkpoint   -> results/models.json
   budgets  the planner, auto(budget=...), on the same models -> results/budgets.json
@@ -7,6 +10,7 @@
   xla      XLA's memory of our halves beside JAX's -> results/xla.json (xla_gpu.json on a GPU,
            xla_cpu_jax0_12.json on CPU with jax 0.12: see xla_memory.results_name)
   startup  remat-opt start-up time against `import jax`      -> results/startup.json
+  dispatch the cost of a call, rp.jit beside jax.jit         -> results/dispatch.json
   train    a training step through rp.jit beside jax.jit     -> results/train.json
   libraries Flax NNX and Equinox steps beside nnx.jit, eqx.filter_jit -> results/libraries.json
   gpu      XLA memory and step time of every plan (on a GPU)  -> results/gpu.json
@@ -14,7 +18,7 @@
   zoo      models from other libraries (installs them, pinned) -> results/zoo.json
   scans    long scans in segments beside the hand-written scheme -> results/scans.json
   render   docs/benchmarks.md and its plot from those files (the others only measure)
-  all      the nine measurements on CPU (models to train, libraries, scans), then render
+  all      the ten measurements on CPU (models to train, libraries, scans), then render
            (about 1.5 hours on 2 cores)
 
 Run from the repository root after `pip install -e ".[bench]"`.
@@ -223,6 +227,19 @@ def run_startup(argv) -> None:
     _log(f"wrote {common.write_json('startup', startup.measure(args.repeat, _log))}")
 
 
+def run_dispatch(argv) -> None:
+    from tools.benchmarks import common, dispatch
+    ap = argparse.ArgumentParser(prog="python -m tools.benchmarks dispatch",
+                                 description=dispatch.__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=15, help="rounds (default 15)")
+    args = ap.parse_args(argv)
+    data = dispatch.measure(args.rounds, _log)
+    _log(f"wrote {common.write_json('dispatch', data)}")
+    for text, ok in dispatch.checks(data):
+        if not ok:
+            _log(f"check failed: {text}")
+
+
 def run_train(argv) -> None:
     from tools.benchmarks import common, train
     ap = argparse.ArgumentParser(prog="python -m tools.benchmarks train")
@@ -324,8 +341,8 @@ def run_scans(argv) -> None:
 
 
 def main(argv: list[str]) -> int:
-    commands = ("models", "budgets", "scaling", "memory", "xla", "startup", "train",
-                "libraries", "gpu", "barriers", "zoo", "scans", "render", "all")
+    commands = ("models", "budgets", "scaling", "memory", "xla", "startup", "dispatch",
+                "train", "libraries", "gpu", "barriers", "zoo", "scans", "render", "all")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -343,6 +360,8 @@ def main(argv: list[str]) -> int:
         run_xla(rest if command == "xla" else [])
     if command in ("startup", "all"):
         run_startup(rest if command == "startup" else [])
+    if command in ("dispatch", "all"):
+        run_dispatch(rest if command == "dispatch" else [])
     if command in ("train", "all"):
         run_train(rest if command == "train" else [])
     if command in ("libraries", "all"):

@@ -419,6 +419,10 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     if on_device is not None:
         parts.append(xla_memory.render(
             on_device, f"Memory as XLA allocates it on a GPU ({on_device['meta']['device']})"))
+    calls = common.read_json("dispatch")     # (optional: python -m tools.benchmarks dispatch)
+    if calls is not None:
+        from tools.benchmarks import dispatch
+        parts.append(dispatch.render(calls))
     trained = common.read_json("train")      # (optional: python -m tools.benchmarks train)
     if trained is not None:
         from tools.benchmarks import train

@@ -1,0 +1,127 @@
+"""The cost of a call: `rp.jit` beside `jax.jit` on steps whose compute is negligible.
+
+A gradient step of a dict of N tiny parameters (4 floats each; the loss a sum of tanh) and
+a batch, returning the new parameters and the loss, so that a call is almost all dispatch:
+flattening the arguments, finding the program, running it, building the results. For
+N in 1, 10, 44 (the benchmark GPT's leaves) and 200, and for a call that also passes the
+learning rate as a Python float: `jax.jit(step)` (its C++ dispatch), `rp.jit(step)` (joint,
+the default) and `rp.jit(step, mode="split")` (two executables). Each call is timed as the
+mean over `CALLS` calls after a warm-up, each on the parameters the last one returned, `--rounds` rounds interleaved over the commands
+(a burst of load on the shared machine hits each alike); the page gives the median.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from tools.benchmarks import common
+
+LEAVES = (1, 10, 44, 200)
+CALLS = 200
+# rp.jit's call (joint) costs at most jax.jit's + this share of it + a constant, at every size
+# (a Python layer over jax's C++ dispatch: it flattens the arguments and keys each array's
+# abstract value and sharding, whose comparison is Python code in JAX)
+TARGET_SHARE, TARGET_CONSTANT = 0.4, 5e-6
+
+
+def make_step(with_rate: bool):
+    def loss(params, x):
+        return sum(jnp.sum(jnp.tanh(p * x)) for p in params.values())
+
+    def step(params, x, rate=0.1):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return jax.tree.map(lambda p, g: p - rate * g, params, grads), value
+
+    if with_rate:
+        return step, lambda params, x: (params, x, 0.1)
+    return step, lambda params, x: (params, x)
+
+
+def cases():
+    """(name, leaves, the step, its arguments from (params, x))."""
+    for n in LEAVES:
+        yield f"{n} array{'s' if n > 1 else ''}", n, *make_step(False)
+    yield "44 arrays and a Python float", 44, *make_step(True)
+
+
+def _per_call(fun, args) -> float:
+    """Seconds per call of `fun` over CALLS calls, each on the parameters the last one
+    returned (new arrays every call, as a training loop gives them)."""
+    params, rest = args[0], args[1:]
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        params, _ = fun(params, *rest)
+    jax.block_until_ready(params)
+    return (time.perf_counter() - start) / CALLS
+
+
+def measure(rounds: int, log) -> dict:
+    import remat_passes as rp
+    rows = []
+    for name, n, step, arguments in cases():
+        params = {f"w{i:03d}": jnp.full((4,), 0.01 * i) for i in range(n)}
+        args = arguments(params, jnp.ones((4,)))
+        funs = {"jax.jit": jax.jit(step),
+                "rp.jit": rp.jit(step, policy="nothing_saveable"),
+                "rp.jit split": rp.jit(step, policy="nothing_saveable", mode="split")}
+        want = funs["jax.jit"](*args)
+        for who, fun in funs.items():
+            got = fun(*args)        # (built and warm)
+            err = max(float(jnp.max(jnp.abs(a - b)))
+                      for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+            if err > 1e-6:
+                raise SystemExit(f"dispatch: {who} on {name}: results differ from jax.jit's "
+                                 f"by {err}")
+            _per_call(fun, args)
+        times = {who: [] for who in funs}
+        for _ in range(rounds):
+            for who, fun in funs.items():
+                times[who].append(_per_call(fun, args))
+        rows.append({"name": name, "leaves": n, "times": times})
+        log(f"dispatch: {name}: " + ", ".join(
+            f"{who} {statistics.median(ts) * 1e6:.1f} us" for who, ts in times.items()))
+    return {"meta": common.machine(), "rounds": rounds, "calls": CALLS, "rows": rows}
+
+
+def checks(data) -> list[tuple[str, bool]]:
+    """rp.jit's joint call within jax.jit's + TARGET_SHARE of it + TARGET_CONSTANT, at
+    every size."""
+    out = []
+    for r in data["rows"]:
+        ours, base = (statistics.median(r["times"][who]) for who in ("rp.jit", "jax.jit"))
+        limit = base * (1 + TARGET_SHARE) + TARGET_CONSTANT
+        out.append((f"{r['name']}: rp.jit's call {ours * 1e6:.1f} us, jax.jit's "
+                    f"{base * 1e6:.1f} us (target <= {limit * 1e6:.1f} us: + "
+                    f"{TARGET_SHARE:.0%} + {TARGET_CONSTANT * 1e6:.0f} us)", ours <= limit))
+    return out
+
+
+def render(data) -> str:
+    meta = data["meta"]
+    parts = ["## The cost of a call", "",
+             "A gradient step of a dict of N tiny parameters and a batch, returning the new "
+             "parameters and the loss, so that a call is almost all dispatch (each call on the "
+             "parameters the last one returned, as in a training loop): `jax.jit(step)`, "
+             "`rp.jit(step)` (joint, the default) and `rp.jit(step, mode=\"split\")` (two "
+             "executables). A call whose dynamic leaves are all device arrays or Python "
+             "numbers, like an earlier one, runs its program after one flatten and a dict "
+             "lookup (`api/call_cache.py`); other calls (NNX objects, leaves made static, "
+             "host arrays) take rp.jit's full way. Median over "
+             f"{data['rounds']} interleaved rounds of the mean of {data['calls']} calls "
+             f"({meta['cpus']} CPUs, jax {meta['jax']}, commit {meta['commit']}; timings on "
+             "a shared machine: compare within a run). Regenerate with "
+             "`python -m tools.benchmarks dispatch`.", "",
+             "| arguments | jax.jit | rp.jit | / jax.jit | rp.jit split | / jax.jit |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        med = {who: statistics.median(ts) for who, ts in r["times"].items()}
+        base = med["jax.jit"]
+        parts.append(f"| {r['name']} | {base * 1e6:.1f} us | {med['rp.jit'] * 1e6:.1f} us | "
+                     f"{med['rp.jit'] / base:.2f} | {med['rp.jit split'] * 1e6:.1f} us | "
+                     f"{med['rp.jit split'] / base:.2f} |")
+    parts.append("")
+    parts += [f"- {'pass' if ok else 'FAIL'}: {text}" for text, ok in checks(data)]
+    return "\n".join(parts) + "\n"
