@@ -118,6 +118,8 @@ def build(jitted, exported, module, dynamic, donated, start) -> Callable[[], Low
     out_keys = {k: impl for k, a in enumerate(ex.out_avals)
                 if (impl := jax_compat.key_impl(a.dtype)) is not None}
     n_flat_in = len(leaves)
+    # (which of the forward's arguments are typed keys: fixed by the signature)
+    keys_in = [j for j, i in enumerate(kept) if arguments.key_data(leaves[i]) is not leaves[i]]
     donated_flat = sorted(donated_leaves)
 
     def finish():
@@ -128,7 +130,9 @@ def build(jitted, exported, module, dynamic, donated, start) -> Callable[[], Low
             flat = jax.tree_util.tree_leaves(dyn)
             if len(flat) != n_flat_in:
                 raise TypeError("rp.jit: arguments do not match the signature built for")
-            kept_args = [arguments.key_data(flat[i]) for i in kept]
+            kept_args = [flat[i] for i in kept]
+            for j in keys_in:
+                kept_args[j] = jax.random.key_data(kept_args[j])
             outs = fwd(*kept_args)
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             residuals = [None] * n_res
