@@ -264,15 +264,16 @@ class Jitted:
         if out is not call_cache.MISS:
             return out
         if not self.takes_objects:      # (its results go back to the other one as they are)
-            return self._call(args, kwargs, as_given=True)
+            return self._call(args, kwargs, (args, kwargs))
         nodes, taken_args, taken_kwargs = self._taken(args, kwargs)
-        as_given = nodes is None and taken_args is args and taken_kwargs is kwargs
-        out = static_leaves.unwrap(self._call(taken_args, taken_kwargs, as_given))
+        out = self._call(taken_args, taken_kwargs, (args, kwargs) if nodes is None else None)
+        out = static_leaves.unwrap(out)
         return out if nodes is None else nodes.update(out)   # (NNX objects, in place)
 
-    def _call(self, args, kwargs, as_given: bool):
-        """The results of a call (NNX objects split, non-array leaves static: `as_given`
-        where the call came so), recorded for later calls like it (`call_cache`)."""
+    def _call(self, args, kwargs, given):
+        """The results of a call (NNX objects split, non-array leaves static), recorded for
+        later calls like it (`call_cache`) where it had no NNX object: `given`, the
+        arguments as they came (else None)."""
         call, dynamic = arguments.split(self, args, kwargs)
         leaves = jax.tree_util.tree_leaves(dynamic)
         traced.check_manual(self, leaves)
@@ -288,9 +289,9 @@ class Jitted:
                                 "to the call")
         lowered = self._lowered(call, dynamic)
         out = lowered.run(*dynamic)
-        if as_given:     # (results with static leaves: __call__ gives back their values)
-            unwrap = self.takes_objects and static_leaves.unwrap(out) is not out
-            self._calls.add(args, kwargs, lowered.run, call.kw_names, unwrap)
+        if given is not None:
+            self._calls.add(given, (args, kwargs), lowered.run, call.kw_names,
+                            out if self.takes_objects else None)
         return out
 
     def __get__(self, obj, objtype=None):

@@ -57,7 +57,7 @@ class Static:
         return cls(value)
 
 
-def _is_static(x) -> bool:
+def is_static(x) -> bool:
     return isinstance(x, Static)
 
 
@@ -110,7 +110,7 @@ def wrap_all(arguments: tuple) -> tuple:
 
 def _wrapped(argument, name: str):
     marked = _marked(argument)
-    for path, x in jax.tree_util.tree_flatten_with_path(marked, is_leaf=_is_static)[0]:
+    for path, x in jax.tree_util.tree_flatten_with_path(marked, is_leaf=is_static)[0]:
         if isinstance(x, Static):
             try:
                 hash(x.value)
@@ -125,10 +125,10 @@ def _wrapped(argument, name: str):
 
 def unwrap(tree):
     """`tree` with each `Static` replaced by its value (`tree` itself where it has none)."""
-    if not any(map(_is_static, jax.tree_util.tree_leaves(tree, is_leaf=_is_static))):
+    if not any(map(is_static, jax.tree_util.tree_leaves(tree, is_leaf=is_static))):
         return tree
-    return jax.tree_util.tree_map(lambda x: x.value if _is_static(x) else x, tree,
-                                  is_leaf=_is_static)
+    return jax.tree_util.tree_map(lambda x: x.value if is_static(x) else x, tree,
+                                  is_leaf=is_static)
 
 
 def functional(fun):

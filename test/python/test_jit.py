@@ -595,21 +595,21 @@ def test_threads_calling_with_a_new_signature_build_it_once():
 
 @pytest.mark.parametrize("mode", ["joint", "split"])
 def test_a_call_like_an_earlier_one_runs_its_program_the_short_way(monkeypatch, mode):
-    """A call whose dynamic leaves are all device arrays or Python numbers, like one made
-    before (the static values, the pytree, each array's abstract value and sharding, each
-    number's type), runs the program that one ran without rp.jit's full way through the
-    arguments (`call_cache`: about 75 us less a call on 44 arrays); anything else takes the
-    full way, which builds, refuses or looks for NNX objects as before. Results and
-    donation are jax.jit's either way."""
+    """A call whose dynamic leaves are all device arrays, Python numbers or leaves made
+    static (a function), like one made before (the static values, the pytree, each array's
+    abstract value and sharding, each number's type), runs the program that one ran without
+    rp.jit's full way through the arguments (`call_cache`: about 75 us less a call on 44
+    arrays); anything else takes the full way, which builds, refuses or looks for NNX
+    objects as before. Results and donation are jax.jit's either way."""
     full = []
     taken = rp_jit.Jitted._taken
     monkeypatch.setattr(rp_jit.Jitted, "_taken", lambda self, a, k: (full.append(1),
                                                                      taken(self, a, k))[1])
 
-    def tagged_step(params, x, scale, training=True):
-        g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p) ** 2) * scale)(params)
+    def tagged_step(params, x, scale, training=True, act=jnp.tanh):
+        g = jax.grad(lambda p: jnp.sum(act(x @ p) ** 2) * scale)(params)
         return params - 0.1 * g, {"loss": jnp.sum(g), "tag": "sgd" if training else "eval"}
-    want = jax.jit(lambda *a, **k: tagged_step(*a, **k)[0], static_argnames="training")
+    want = jax.jit(lambda *a, **k: tagged_step(*a, **k)[0], static_argnames=("training", "act"))
     jitted = rp.jit(tagged_step, policy="nothing_saveable", mode=mode,
                     static_argnames="training", donate_argnums=0)
     w, x = jnp.ones((4, 4)) * 0.1, jnp.ones((2, 4))
@@ -623,6 +623,8 @@ def test_a_call_like_an_earlier_one_runs_its_program_the_short_way(monkeypatch, 
         ((np.ones((2, 4), np.float32), 1.0), {}, True),
         ((x.astype(jnp.bfloat16), 1.0), {}, True),            # a new dtype
         ((x,), {"scale": 5.0}, True), ((x,), {"scale": 6.0}, False),   # by keyword
+        ((x, 1.0), {"act": jnp.sin}, True), ((x, 2.0), {"act": jnp.sin}, False),  # static
+        ((x, 1.0), {"act": jnp.cos}, True), ((x, 1.0), {"act": jnp.sin}, False),  # leaves
     ]
     for args, kwargs, in_full in calls:
         before = len(full)
@@ -633,7 +635,7 @@ def test_a_call_like_an_earlier_one_runs_its_program_the_short_way(monkeypatch, 
         assert got[1]["tag"] == ("sgd" if kwargs.get("training", True) else "eval")
         assert_trees_close(got[0], expected, rtol=1e-6)
         w = jnp.ones((4, 4)) * 0.1
-    assert jitted.builds == 7
+    assert jitted.builds == 9
     with pytest.raises(TypeError, match="static argument 'training' must be hashable"):
         jitted(w, x, 1.0, training=[True])
 

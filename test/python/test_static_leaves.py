@@ -84,6 +84,35 @@ def test_an_equinox_step_runs_as_under_filter_jit(reference, mode, policy):
     assert jitted.builds == 1
 
 
+def test_an_equinox_step_called_again_takes_the_short_way(monkeypatch):
+    """Called again with a Module like the last one (the same static leaves, arrays of the
+    same shapes), the step runs its program without rp.jit's full way through the
+    arguments (`call_cache`), the static leaves put back in the results; a Module with
+    another static leaf (inference mode) takes the full way and builds once more. Results
+    as eqx.filter_jit's throughout."""
+    from remat_passes.api import jit as rp_jit
+    full = []
+    taken = rp_jit.Jitted._taken
+    monkeypatch.setattr(rp_jit.Jitted, "_taken", lambda self, a, k: (full.append(1),
+                                                                     taken(self, a, k))[1])
+    jitted, want = rp.jit(step, policy="nothing_saveable"), eqx.filter_jit(step)
+    model, opt_state = make()
+    for inference, in_full in ((False, True), (False, False), (True, True), (True, False),
+                               (False, False)):
+        model = eqx.nn.inference_mode(model, inference)
+        before = len(full)
+        expected = want(model, opt_state, X, Y)
+        got = jitted(model, opt_state, X, Y)
+        assert (len(full) > before) == in_full, inference
+        assert got[0].mlp.activation is jax.nn.gelu and got[0].drop.p == 0.25 and \
+            got[0].drop.inference is inference
+        assert jax.tree.structure(got) == jax.tree.structure(expected)
+        assert_trees_close(jax.tree.leaves(eqx.filter(got, eqx.is_array)),
+                           jax.tree.leaves(eqx.filter(expected, eqx.is_array)), rtol=1e-5)
+        model, opt_state = got[0], got[1]
+    assert jitted.builds == 2
+
+
 def test_an_equinox_step_saves_what_jax_checkpoint_saves():
     model, opt_state = make()
     ours = rp.jit(step, policy="dots_saveable").lower(model, opt_state, X, Y).residuals
