@@ -22,6 +22,12 @@ JAX's own persistent cache (`jax.config.update("jax_compilation_cache_dir", PATH
 An entry is two files, `<key>.mlirbc` (the module as MLIR bytecode) and `<key>.json` (its
 residuals and remarks), each written atomically; the JSON file, written last, makes the
 entry complete. An entry that cannot be read is a miss and is written again.
+
+rp.jit compiles several programs for a signature and runs the one with the smallest XLA
+footprint (`api/variants`). Which one that was is kept too (`<key>.choice.json`, by
+`choice_key`: the programs' bytecode, how they are compiled and for what arguments, the
+versions), so a later process with the same candidates compiles only that one: XLA's
+compilations, not the pipeline, are most of a first call's time.
 """
 from __future__ import annotations
 
@@ -141,4 +147,44 @@ def store(directory: str, entry: str, module: Module) -> None:
         write_atomically(base + ".mlirbc", module.bytecode())
         write_atomically(base + ".json", json.dumps(meta, indent=1).encode())
     except (OSError, mlir.RematError, TypeError):
+        pass
+
+
+def choice_key(programs: list[bytes], described: dict) -> str:
+    """The key of rp.jit's choice among `programs` (each one's bytecode, in the order it
+    builds them), compiled as `described` says (the form, donation, the arguments'
+    shardings, the compiler options), on this backend with these versions."""
+    import jax
+    import jaxlib
+
+    from remat_passes import __version__
+    device = jax.devices()[0]
+    h = hashlib.sha256(json.dumps({
+        "format": _FORMAT, "remat_passes": __version__, "code": code_digest(),
+        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": device.platform,
+        "device": getattr(device, "device_kind", ""), **described},
+        sort_keys=True, default=repr).encode())
+    for program in programs:
+        h.update(hashlib.sha256(program).digest())
+    return h.hexdigest()[:32]
+
+
+def load_choice(directory: str, entry: str) -> dict | None:
+    """The choice kept under `entry` (`store_choice`'s dict), or None."""
+    try:
+        with open(os.path.join(directory, entry + ".choice.json"), encoding="utf-8") as f:
+            choice = json.load(f)
+        return choice if choice.get("format") == _FORMAT else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def store_choice(directory: str, entry: str, choice: dict) -> None:
+    """Keep rp.jit's choice (a JSON-able dict) under `entry`; skipped where it cannot be
+    written."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        write_atomically(os.path.join(directory, entry + ".choice.json"),
+                         json.dumps({"format": _FORMAT, **choice}, indent=1).encode())
+    except (OSError, TypeError, ValueError):
         pass

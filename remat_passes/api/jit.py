@@ -95,8 +95,9 @@ rewritten Module, the residuals, the remarks, the executables (for XLA's `memory
 the arguments may be `jax.ShapeDtypeStruct`s.
 
 `cache_dir` (default: `$REMAT_PASSES_CACHE_DIR`; False: none) keeps the rewritten modules
-on disk, so that another process with the same program skips the pipeline (see
-`api/cache.py`; XLA's compilation has JAX's own cache).
+on disk, so that another process with the same program skips the pipeline, and which of the
+programs a build weighed ran, so that it compiles only that one (see `api/cache.py`; XLA's
+compilation has JAX's own cache).
 
 The programs of one build (each variant above; two per variant in split form) are lowered
 one after another and, on the CPU backend, compiled side by side, up to one XLA compile per
@@ -124,7 +125,7 @@ from remat_passes.api import (arguments, cache, call_cache, graph_nodes, split_r
 from remat_passes.api.differentiated import NoBackward
 from remat_passes.api.lowered import Lowered, shape_key
 from remat_passes.api.remat import remat_variants
-from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, fences_chains,
+from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, fences_chains, report,
                                        needs_tie, recomputes_nothing, rounds_read_back,
                                        smaller, ties)
 from remat_passes.ir.mlir import RematError
@@ -368,14 +369,38 @@ class Jitted:
                     jobs.append((module, dict(fields, from_cache=hit, rounded=True)))
         # (a function on several devices, arguments on none: as jax.jit places them)
         placed = arguments.for_devices(dynamic, exported.exported.nr_devices, dynamic_fun)
-        built = self._compile_all(mode, exported, jobs, placed, donated)
-        if mode == "split" and self.prevent_cse and self.fence_chains is None and \
-                fences_chains():
-            unfenced = self._unfenced(exported, name, built, used, placed, donated)
-            if unfenced is not None:
-                built.append(unfenced)
         self.builds += 1
-        return smaller(built)
+        return self._chosen(mode, exported, name, jobs, used, placed, donated)
+
+    def _chosen(self, mode, exported, name, jobs, used, dynamic, donated) -> Lowered:
+        """The Lowered that runs of the programs `jobs` ((module, fields); `used`: the
+        barrier variant of each): each compiled, the smallest in split form also without
+        fences (`_unfenced`), the smallest XLA footprint kept (`variants.smaller`). With a
+        disk cache, the choice is stored, and where an earlier process made it among the
+        same programs, that one alone is compiled."""
+        choice = self._choice_key(mode, jobs, dynamic, donated)
+        kept = cache.load_choice(self.cache_dir, choice) if choice else None
+        if kept is not None:
+            lowered = self._kept_choice(kept, exported, name, jobs, used, mode, dynamic,
+                                        donated)
+            if lowered is not None:
+                return lowered
+        built = self._compile_all(mode, exported, jobs, dynamic, donated)
+        of = None        # (the program built again without fences, where one was)
+        if self._may_unfence(mode):
+            sizes = [b.footprint() for b in built]
+            of = 0 if None in sizes else sizes.index(min(sizes))
+            job = self._unfenced(exported, name, jobs[of], used[of])
+            if job is None:
+                of = None
+            else:
+                built += self._compile_all("split", exported, [job], dynamic, donated)
+        best = smaller(built)
+        if choice and len(built) > 1:
+            cache.store_choice(self.cache_dir, choice, dict(
+                index=of if best.unfenced else built.index(best),
+                unfenced=best.unfenced, footprints=best.footprints or {}))
+        return best
 
     def _compile_all(self, mode, exported, jobs, dynamic, donated) -> list:
         """The Lowered of each (module, fields) of `jobs`, in `mode`, with those fields
@@ -390,27 +415,59 @@ class Jitted:
                 setattr(lowered, field, value)
         return built
 
-    def _unfenced(self, exported, name, built, used, dynamic, donated):
+    def _may_unfence(self, mode: str) -> bool:
+        """Is the smallest split program also built without fence-chains' fences, where it
+        has some? (`_unfenced`)"""
+        return mode == "split" and self.prevent_cse and self.fence_chains is None and \
+            fences_chains()
+
+    def _unfenced(self, exported, name, job, variant):
         """fence-chains, on by default where it was measured (module docstring), makes XLA
         compute a cheap backward chain once, which mostly lowers the footprint but not
         always in split form: RecurrentGemma under nothing_saveable, XLA:CPU of jaxlib
         0.12, 563,072 B of backward temp with its one fence, 530,304 B without (JAX's
         530,432 B), XLA scheduling the separate backward otherwise around it. So in split
-        form the smallest variant is built again without it, where it placed a fence: the
-        Lowered of that (`unfenced`), or None; `used[i]` is the variant `built[i]` was built
-        with. (Not in joint form, where no program measured was larger with the fence, and
-        one more compile would add two thirds to a build: docs/passes.md.)"""
-        sizes = [b.footprint() for b in built]
-        i = 0 if None in sizes else sizes.index(min(sizes))
-        best = built[i]
-        if not any(CHAINS_FENCED in r for r in best.module.remarks):
+        form the smallest variant (`job`, (module, fields), built with the barrier
+        `variant`) is built again without it where it placed a fence: the (module, fields)
+        of that, or None. (Not in joint form, where no program measured was larger with
+        the fence, and one more compile would add two thirds to a build: docs/passes.md.)"""
+        module, fields = job
+        if not any(CHAINS_FENCED in r for r in module.remarks):
             return None          # (no fence placed)
         options = self.remat_options("split")
         del options["fence_chains"]
-        (module, hit), = self._remat(exported, "split", name, [used[i]], options=options)
-        fields = dict(from_cache=hit, unfenced=True, barrier_groups=best.barrier_groups,
-                      tied=best.tied)
-        return self._compile_all("split", exported, [(module, fields)], dynamic, donated)[0]
+        (unfenced, hit), = self._remat(exported, "split", name, [variant], options=options)
+        return unfenced, dict(from_cache=hit, unfenced=True,
+                              barrier_groups=fields["barrier_groups"], tied=fields["tied"])
+
+    def _choice_key(self, mode, jobs, dynamic, donated) -> str | None:
+        """The disk cache's key of the choice among the programs `jobs` (None: no cache,
+        or one program only)."""
+        if not self.cache_dir or (len(jobs) == 1 and not self._may_unfence(mode)):
+            return None
+        return cache.choice_key([m.bytecode() for m, _ in jobs], dict(
+            mode=mode, donated=donated, compiler_options=self._jit_kw,
+            fields=[sorted((k, v) for k, v in f.items() if k != "from_cache") for _, f in jobs],
+            arguments=[(type(a).__name__, getattr(a, "shape", None), str(getattr(a, "dtype", "")),
+                        str(getattr(a, "sharding", None)))
+                       for a in jax.tree_util.tree_leaves(dynamic)]))
+
+    def _kept_choice(self, kept, exported, name, jobs, used, mode, dynamic, donated):
+        """The program an earlier process chose among `jobs` (`kept`, from the disk
+        cache), compiled alone; None where the record does not fit them."""
+        i = kept.get("index")
+        if not isinstance(i, int) or not 0 <= i < len(jobs):
+            return None
+        job = self._unfenced(exported, name, jobs[i], used[i]) if kept.get("unfenced") \
+            else jobs[i]
+        if job is None:
+            return None
+        lowered, = self._compile_all(mode, exported, [job], dynamic, donated)
+        if kept.get("footprints"):
+            if lowered.barriers not in kept["footprints"]:
+                return None
+            report(lowered, kept["footprints"], kept=True)
+        return lowered
 
     def _bound(self, call, n_dynamic: int) -> Callable:
         """The function of the `n_dynamic` dynamic arguments alone (the positional ones, then

@@ -79,13 +79,23 @@ def smaller(built: list):
     best = built[0]
     if all(v is not None for v in sizes.values()):
         best = min(built, key=lambda b: sizes[b.barriers])
-    best.footprints = sizes
+    report(best, sizes)
+    return best
+
+
+def report(best, sizes: dict, kept: bool = False) -> None:
+    """Give the Lowered `best` what each variant measured (`sizes`, by `Lowered.barriers`)
+    and a remark saying which ran; `kept`: the choice was read from the disk cache, where
+    an earlier process stored it, and the others were not compiled again."""
+    best.footprints = dict(sizes)
     other = ", ".join(f"{g} {v:,} B" for g, v in sizes.items()
                       if g != best.barriers and v is not None)
-    what = f"optimization barriers {best.barriers}" if not any(b.rounded for b in built) \
-        else "nothing recomputed, residuals " + ("rounded" if best.rounded else "not rounded")
+    what = f"optimization barriers {best.barriers}" if not any(
+        ", rounded" in g for g in sizes) else \
+        "nothing recomputed, residuals " + ("rounded" if best.rounded else "not rounded")
     best.module.remarks = list(best.module.remarks) + [Remark(
         f"rp.jit: {what}: XLA's footprint "
         + (f"{sizes[best.barriers]:,} B against {other}" if other
-           else "not reported by this backend; kept the first"))]
-    return best
+           else "not reported by this backend; kept the first")
+        + (" (the choice read from the disk cache, as an earlier process measured it; the "
+           "others not compiled again)" if kept else ""))]

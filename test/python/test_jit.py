@@ -411,7 +411,7 @@ def test_split_on_cpu_builds_tied_and_untied_and_runs_the_smaller(monkeypatch, r
 
 
 def test_by_default_the_smallest_is_also_built_without_fences_and_the_smaller_runs(
-        monkeypatch, reference):
+        monkeypatch, reference, tmp_path):
     """fence-chains, on by default on XLA:CPU of jaxlib >= 0.11, lowers most split programs
     but not all (RecurrentGemma under nothing_saveable: 563,072 B of backward temp with
     its one fence, 530,304 B without, JAX's 530,432 B), so in split form rp.jit builds the
@@ -443,6 +443,19 @@ def test_by_default_the_smallest_is_also_built_without_fences_and_the_smaller_ru
                     fence_chains=True).lower(*sample)
     assert fences(lowered) < fences(fenced)
     assert_trained_alike(train(jitted), reference, atol=1e-5)
+    # with a disk cache, a second process's build compiles the twin alone; donation (other
+    # programs to choose among) chooses again
+    first = rp.jit(step, policy="nothing_saveable", mode="split", cache_dir=tmp_path)
+    assert first.lower(*sample).unfenced
+    compiled = []
+    compile_all = rp_jit.Jitted._compile_all
+    monkeypatch.setattr(rp_jit.Jitted, "_compile_all", lambda self, mode, exported, jobs, *a: (
+        compiled.append(len(jobs)), compile_all(self, mode, exported, jobs, *a))[1])
+    again = rp.jit(step, policy="nothing_saveable", mode="split", cache_dir=tmp_path)
+    assert again.lower(*sample).unfenced and compiled == [1]
+    donating = rp.jit(step, policy="nothing_saveable", mode="split", cache_dir=tmp_path,
+                      donate_argnums=(0, 1))
+    assert donating.lower(*sample).unfenced and compiled[1] > 1 and compiled[2:] == [1]
     for asked in (True, False):
         one_way = rp.jit(step, policy="nothing_saveable", mode="split", fence_chains=asked,
                          cache_dir=False).lower(*sample)
@@ -991,22 +1004,36 @@ def run(jitted):
 def test_disk_cache_serves_a_new_jitted_without_the_pipeline(tmp_path, monkeypatch, mode):
     """A second rp.jit of the same program with the same cache directory reads the rewrite
     from disk: the pipeline does not run (it would raise here), and the program, its
-    residuals and its remarks are those of the first build."""
+    residuals and its remarks are those of the first build. Where the first build compiled
+    several programs and ran the smallest, the second compiles that one alone (the choice
+    is kept in the cache too), and says so."""
     want, built = run(rp.jit(_grad_step, policy="nothing_saveable", mode=mode,
                              cache_dir=tmp_path))
     assert not built.from_cache
-    suffixes = sorted(p.suffix for p in tmp_path.iterdir())   # (one pair per variant built)
-    assert suffixes and suffixes == sorted([".json", ".mlirbc"] * (len(suffixes) // 2))
+    entries = sorted(p.name.split(".", 1)[1] for p in tmp_path.iterdir())
+    several = bool(built.footprints)     # (what each program built measured, where several)
+    assert entries.count("choice.json") == several
+    assert entries.count("json") == entries.count("mlirbc") == (len(entries) - several) // 2
 
     def no_pipeline(*args, **kwargs):
         raise AssertionError("the pipeline ran although the cache has the program")
     monkeypatch.setattr("remat_passes.api.jit.remat_variants", no_pipeline)
+    compiled = []
+    compile_all = rp_jit.Jitted._compile_all
+    monkeypatch.setattr(rp_jit.Jitted, "_compile_all", lambda self, mode, exported, jobs, *a: (
+        compiled.append(len(jobs)), compile_all(self, mode, exported, jobs, *a))[1])
     got, cached = run(rp.jit(_grad_step, policy="nothing_saveable", mode=mode,
                              cache_dir=tmp_path))
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert cached.from_cache
+    assert compiled == [1]
+    assert (cached.barriers, cached.footprints) == (built.barriers, built.footprints)
     assert [str(r) for r in cached.residuals] == [str(r) for r in built.residuals]
-    assert [str(r) for r in cached.remarks] == [str(r) for r in built.remarks]
+    kept = " (the choice read from the disk cache, as an earlier process measured it; the " \
+        "others not compiled again)"
+    assert [str(r) for r in cached.remarks] == [
+        str(r) + (kept if several and str(r).startswith("rp.jit: optimization barriers")
+                  else "") for r in built.remarks]
     np.testing.assert_allclose(want, jax.jit(_grad_step)(W, X), rtol=1e-6)
 
 
