@@ -169,6 +169,13 @@ def choice_key(programs: list[bytes], described: dict) -> str:
     return h.hexdigest()[:32]
 
 
+def arguments_described(leaves) -> list:
+    """What of the arguments' leaves (arrays, `jax.ShapeDtypeStruct`s, Python numbers) a
+    choice among compiled programs depends on, for `choice_key`."""
+    return [(type(a).__name__, getattr(a, "shape", None), str(getattr(a, "dtype", "")),
+             str(getattr(a, "sharding", None))) for a in leaves]
+
+
 def load_choice(directory: str, entry: str) -> dict | None:
     """The choice kept under `entry` (`store_choice`'s dict), or None."""
     try:

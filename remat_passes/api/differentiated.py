@@ -33,7 +33,8 @@ are the custom_vjp's own; on XLA:CPU the Equinox loss of the libraries benchmark
 ms). Arguments that are not floating point (integer tokens, PRNG keys)
 get no cotangent (None: zero), and outputs that are not (a count in `has_aux`'s aux, an NNX
 Rngs count the loss advances) take none (export_vjp's). With `cache_dir` the rewritten
-modules are kept on disk, as rp.jit keeps those of a step.
+modules are kept on disk, as rp.jit keeps those of a step, and so is which candidate was
+kept, so that a later process compiles no candidate to choose again.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from remat_passes import jax_compat
-from remat_passes.api import arguments
+from remat_passes.api import arguments, cache
 from remat_passes.api.variants import recomputes_nothing
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax import run as jax_run
@@ -122,11 +123,23 @@ def build(jitted, call_, specs) -> Callable:
                   for m in made
                   for fence in ((False, True) if recomputes_nothing(module, m) else (False,))]
     if len(candidates) > 1:
-        with jax_run.compiling() as start:      # (side by side)
-            waiting = [start(_composed(*c, len(inexact), sum(inexact))) for c in candidates]
-            sizes = [jax_run.footprint(wait()) for wait in waiting]
-        if None not in sizes:
-            candidates = [candidates[sizes.index(min(sizes))]]
+        # (with a disk cache, the choice an earlier process made among the same candidates)
+        key = jitted.cache_dir and cache.choice_key([m.bytecode() for m in made], dict(
+            form="differentiated", fences=[c[2] for c in candidates],
+            arguments=cache.arguments_described(in_leaves)))
+        kept = (cache.load_choice(jitted.cache_dir, key) or {}).get("index") if key else None
+        if isinstance(kept, int) and 0 <= kept < len(candidates):
+            candidates = [candidates[kept]]
+        else:
+            with jax_run.compiling() as start:      # (side by side)
+                waiting = [start(_composed(*c, len(inexact), sum(inexact)))
+                           for c in candidates]
+                sizes = [jax_run.footprint(wait()) for wait in waiting]
+            if None not in sizes:
+                i = sizes.index(min(sizes))
+                candidates = [candidates[i]]
+                if key:
+                    cache.store_choice(jitted.cache_dir, key, dict(index=i, footprints=sizes))
     fwd, bwd, fence = candidates[0]
     differentiable = [jnp.issubdtype(x.dtype, jnp.inexact) for x in in_leaves]
     return _custom_vjp(fwd, bwd, fence, out_tree, inexact, differentiable, name)

@@ -448,9 +448,7 @@ class Jitted:
         return cache.choice_key([m.bytecode() for m, _ in jobs], dict(
             mode=mode, donated=donated, compiler_options=self._jit_kw,
             fields=[sorted((k, v) for k, v in f.items() if k != "from_cache") for _, f in jobs],
-            arguments=[(type(a).__name__, getattr(a, "shape", None), str(getattr(a, "dtype", "")),
-                        str(getattr(a, "sharding", None)))
-                       for a in jax.tree_util.tree_leaves(dynamic)]))
+            arguments=cache.arguments_described(jax.tree_util.tree_leaves(dynamic))))
 
     def _kept_choice(self, kept, exported, name, jobs, used, mode, dynamic, donated):
         """The program an earlier process chose among `jobs` (`kept`, from the disk

@@ -814,12 +814,20 @@ def test_a_loss_differentiated_from_outside_is_rematerialized():
 def test_a_loss_differentiated_from_outside_reads_the_disk_cache(tmp_path, monkeypatch):
     """With cache_dir, the rewritten halves of a loss differentiated from outside are kept
     on disk: a fresh rp.jit (another process's) rewrites none of them again (it only
-    exports the loss and finds that it has no backward of its own)."""
+    exports the loss and finds that it has no backward of its own), and compiles none of
+    the candidates to choose again where the first one weighed several."""
+    from remat_passes.api import differentiated
+    composed = []
+    compose = differentiated._composed
+    monkeypatch.setattr(differentiated, "_composed", lambda *a: (composed.append(1),
+                                                                 compose(*a))[1])
+
     def loss(w, x):
         return jnp.sum(jnp.sin(jnp.tanh(x @ w) @ w) ** 2)
     w, x = jnp.arange(16.0).reshape(4, 4) * 0.05, jnp.ones((2, 4))
     first = jax.grad(rp.jit(loss, policy="nothing_saveable", cache_dir=str(tmp_path)))(w, x)
     assert list(tmp_path.glob("*.mlirbc"))
+    assert len(list(tmp_path.glob("*.choice.json"))) == (len(composed) > 1)
     made = []
     real = rp_jit.remat_variants
 
@@ -828,8 +836,9 @@ def test_a_loss_differentiated_from_outside_reads_the_disk_cache(tmp_path, monke
         made.append(len(out))
         return out
     monkeypatch.setattr(rp_jit, "remat_variants", counting)
+    composed.clear()
     again = jax.grad(rp.jit(loss, policy="nothing_saveable", cache_dir=str(tmp_path)))(w, x)
-    assert made == []
+    assert made == [] and composed == []
     np.testing.assert_array_equal(again, first)
 
 
