@@ -5,6 +5,7 @@ A small decoder-like model trained with optax AdamW: the same losses and paramet
 signature, donation as in jax.jit."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -1044,6 +1045,11 @@ def test_disk_cache_serves_a_new_jitted_without_the_pipeline(tmp_path, monkeypat
         str(r) + (kept if several and str(r).startswith("rp.jit: optimization barriers")
                   else "") for r in built.remarks]
     np.testing.assert_allclose(want, jax.jit(_grad_step)(W, X), rtol=1e-6)
+    for damaged in tmp_path.glob("*.choice.json"):    # (unreadable: chosen again, rewritten)
+        damaged.write_text("{not json")
+        compiled.clear()
+        run(rp.jit(_grad_step, policy="nothing_saveable", mode=mode, cache_dir=tmp_path))
+        assert compiled[0] > 1 and json.loads(damaged.read_text())["footprints"]
 
 
 def test_disk_cache_keys_on_the_options_and_skips_python_policies(tmp_path, monkeypatch):
