@@ -287,8 +287,10 @@ def render(data) -> str:
     if cold:
         parts += ["", f"The first call of a fresh process (`{COLD_POLICY}`, {COLD_MODE}; best of "
                   "2 processes): export, remat and XLA's compilation, then one step. rp.jit's "
-                  "disk cache (`cache_dir=`, `$REMAT_PASSES_CACHE_DIR`) skips the pipeline; "
-                  "JAX's compilation cache skips XLA's compilation.", "",
+                  "disk cache (`cache_dir=`, `$REMAT_PASSES_CACHE_DIR`) skips the pipeline "
+                  "and keeps which of the programs a build weighed ran, so that a later "
+                  "process compiles only that one; JAX's compilation cache skips XLA's "
+                  "compilation.", "",
                   "| first call | seconds | of which the remat pipeline | rewrite from the disk "
                   "cache |", "|---|---:|---:|---|"]
         for r in cold:
