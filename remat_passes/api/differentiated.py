@@ -27,8 +27,8 @@ outputs and gradients out), as rp.jit keeps the smallest joint program
 update around it; on the conv net under `dots_saveable`, jaxlib 0.12, the variant the proxy
 ranks first needs 2,129,920 B of temp in `jax.jit(jax.grad(...))`, another 2,064,384 B, and
 jax.checkpoint 2,719,744 B). A product kept that both halves read through the same transpose
-(a vmapped `W @ v`) crosses in that order (fold-dot-transposes across-halves: the residuals
-are the custom_vjp's own; on XLA:CPU the Equinox loss of the libraries benchmark under
+(a vmapped `W @ v`) crosses in that order (fold-dot-transposes across-halves, as in rp.jit's
+split form: the residuals are the custom_vjp's own; on XLA:CPU the Equinox loss of the libraries benchmark under
 `dots_saveable` took 69.8 ms a step with the transposes, 39.9 ms without, eqx.filter_jit 45.2
 ms). Arguments that are not floating point (integer tokens, PRNG keys)
 get no cotangent (None: zero), and outputs that are not (a count in `has_aux`'s aux, an NNX
@@ -49,8 +49,6 @@ from remat_passes.api.variants import recomputes_nothing
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax import run as jax_run
 from remat_passes.jax.bridge import export_vjp
-from remat_passes.passes.fold_dot_transposes import FoldDotTransposes
-from remat_passes.passes.manager import run_pipeline
 
 
 class NoBackward(RematError):
@@ -113,9 +111,7 @@ def build(jitted, call_, specs) -> Callable:
     variants = jitted._variants("split")     # (on CPU tied to the cotangent and not)
     made = []
     for m, _ in jitted._remat(module, "split", name, variants, options=options):
-        # (the residuals cross between this custom_vjp's halves alone: a kept product each
-        # half reads transposed may cross in that order)
-        run_pipeline(m.op, [FoldDotTransposes(across_halves=True)])
+        # (the residuals cross between this custom_vjp's halves alone: folded across them)
         if not any(m.bytecode() == o.bytecode() for o in made):
             made.append(m)
     # (where nothing is recomputed, also with jax.checkpoint's barrier over the residuals)

@@ -12,7 +12,9 @@ Arguments and results are the function's own pytrees in both forms:
   computed by either half, are put back in their places. On a GPU the f32 residuals the
   backward only reads back are rounded to their own type, as jax.checkpoint rounds them
   (rp.remat's `round_read_back`: exact, the values do not change; XLA:GPU needs less
-  scratch for the forward then);
+  scratch for the forward then). A kept product both halves read through the same
+  transpose (a vmapped `W @ x`) crosses in that order (fold-dot-transposes across-halves:
+  the residuals are rp.jit's own; `.residuals` says "transpose of");
 * `mode="auto"` (the default): joint, on every backend. On CPU the recomputation is tied
   to the cotangent by data (`tie_to_cotangent`, on by default there): XLA:CPU deletes
   optimization barriers before it schedules, and without the tie it would merge the clones
@@ -132,6 +134,8 @@ from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
 from remat_passes.jax import run as jax_run
 from remat_passes.passes.fences import CHAINS_FENCED
+from remat_passes.passes.fold_dot_transposes import FoldDotTransposes, residuals_as_folded
+from remat_passes.passes.manager import run_pipeline
 from remat_passes.passes.remat_partial_eval import LEVELS
 from remat_passes.policy.policies import as_policy
 
@@ -544,8 +548,16 @@ class Jitted:
             for v, module in made.items():
                 if keys[v] is not None:
                     cache.store(self.cache_dir, keys[v], module)
-        return [(found[v], True) if found[v] is not None else (made[v], False)
-                for v in variants]
+        out = [(found[v], True) if found[v] is not None else (made[v], False)
+               for v in variants]
+        if mode == "split":
+            # (the residuals cross between rp.jit's own halves alone: a kept product each
+            # half reads transposed may cross in that order, fold-dot-transposes across-halves)
+            for module, _ in out:
+                run_pipeline(module.op, [FoldDotTransposes(across_halves=True)])
+                if module.residuals is not None:
+                    module.residuals = residuals_as_folded(module.op, module.residuals)
+        return out
 
     # A build lowers its program(s), starts XLA's compilation of each (`start`, from
     # jax_run.compiling) and gives back a function that waits for them and makes the Lowered:
