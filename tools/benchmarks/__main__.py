@@ -36,6 +36,13 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _failed(checks) -> None:
+    """Log each of a benchmark's (text, ok) checks that failed."""
+    for text, ok in checks:
+        if not ok:
+            _log(f"check failed: {text}")
+
+
 def run_models(argv) -> None:
     from tools.benchmarks import common, measure
     from tools.benchmarks.models import MODELS
@@ -108,9 +115,7 @@ def _parts_and_stored(ap, paths):
 def _write_and_check(name, data) -> None:
     from tools.benchmarks import common, xla_memory
     _log(f"wrote {common.write_json(name, data)}")
-    for text, ok in xla_memory.checks(data):
-        if not ok:
-            _log(f"check failed: {text}")
+    _failed(xla_memory.checks(data))
 
 
 def run_xla(argv) -> None:
@@ -214,9 +219,7 @@ def run_xla(argv) -> None:
     if args.merge:
         data = xla_memory.merge(common.read_json(name), data, _log)
     _log(f"wrote {common.write_json(name, data)}")
-    for text, ok in xla_memory.checks(data):
-        if not ok:
-            _log(f"check failed: {text}")
+    _failed(xla_memory.checks(data))
 
 
 def run_startup(argv) -> None:
@@ -235,9 +238,7 @@ def run_dispatch(argv) -> None:
     args = ap.parse_args(argv)
     data = dispatch.measure(args.rounds, _log)
     _log(f"wrote {common.write_json('dispatch', data)}")
-    for text, ok in dispatch.checks(data):
-        if not ok:
-            _log(f"check failed: {text}")
+    _failed(dispatch.checks(data))
 
 
 def run_train(argv) -> None:
@@ -256,9 +257,7 @@ def run_libraries(argv) -> None:
     args = ap.parse_args(argv)
     data = libraries.measure(args.steps, _log)
     _log(f"wrote {common.write_json('libraries', data)}")
-    for text, ok in libraries.checks(data):
-        if not ok:
-            _log(f"check failed: {text}")
+    _failed(libraries.checks(data))
 
 
 def run_gpu(argv) -> None:
@@ -302,9 +301,7 @@ def run_barriers(argv) -> None:
     fence = None if args.fence_chains is None else args.fence_chains == "on"
     data = barriers.measure(args.models.split(","), args.out, args.time_limit, _log,
                             args.dry_run, fence)
-    for text, ok in barriers.checks(data):
-        if not ok:
-            _log(f"check failed: {text}")
+    _failed(barriers.checks(data))
 
 
 def run_zoo(argv) -> None:
@@ -335,9 +332,7 @@ def run_scans(argv) -> None:
                             description=scans.__doc__.split("\n\n")[0]).parse_args(argv)
     data = scans.measure(log=_log)
     _log(f"wrote {common.write_json('scans', data)}")
-    for text, ok in scans.checks(data):
-        if not ok:
-            _log(f"check failed: {text}")
+    _failed(scans.checks(data))
 
 
 def main(argv: list[str]) -> int:
