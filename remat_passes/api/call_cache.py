@@ -5,18 +5,18 @@ leaves that are not arrays static (`static_leaves`: an Equinox Module's activati
 function), checks for tracers and batching, and keys the program by each leaf's shape,
 dtype, weak type and sharding: on a step of 44 arrays about 75 us more than `jax.jit`'s C++
 dispatch, on an Equinox MLP of 11 layers about 110 us more than `eqx.filter_jit`. A call
-with no NNX object whose dynamic leaves are device arrays, Python numbers and leaves made
-static depends only on the static arguments' values, the pytree structure of the dynamic
-ones, which of their leaves are static and their values, each array's abstract value
-(`aval`) and sharding, and each dynamic number's type (as jax.jit makes it a weakly typed
-array). `CallCache` keys the program the full way ran by those (`add`), so a later call
-with the same key runs it after one flatten and one dict lookup (`run`), its static leaves
-put back in place from what was recorded.
+with no NNX object whose dynamic leaves are device arrays, NumPy arrays, Python numbers and
+leaves made static depends only on the static arguments' values, the pytree structure of the
+dynamic ones, which of their leaves are static and their values, each device array's
+abstract value (`aval`) and sharding, each NumPy array's shape and dtype, and each dynamic
+number's type (as jax.jit makes it a weakly typed array). `CallCache` keys the program the
+full way ran by those (`add`), so a later call with the same key runs it after one flatten
+and one dict lookup (`run`), its static leaves put back in place from what was recorded.
 
 The full way stays the one place that decides: a key only says "as the last call like this
-one", and anything it cannot key (a leaf that is not a device array where the recorded call
-had one, an unhashable static value, a host array) takes the full way, which builds,
-refuses or records it.
+one", and anything it cannot key (a leaf of another kind where the recorded call had an
+array, an unhashable static value, a tracer) takes the full way, which builds, refuses or
+records it.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import dataclasses
 import operator
 
 import jax
+import numpy as np
 
 from remat_passes.api import static_leaves
 
@@ -94,6 +95,8 @@ class CallCache:
                 keys.append(_AVAL_SHARDING(x))
             elif type(x) in _SCALARS:         # (a weakly typed array of its type)
                 keys.append(type(x))
+            elif _on_host(x):                 # (put where the program takes it, at the call)
+                keys.append((np.ndarray, x.shape, x.dtype))
             else:
                 return None
         return tuple(keys)
@@ -136,7 +139,8 @@ class CallCache:
         if len(items) != len(leaves):
             return
         marks = tuple(static_leaves.is_static(x) for x in items)
-        arrays = [x for x, s in zip(leaves, marks) if not s and type(x) not in _SCALARS]
+        arrays = [x for x, s in zip(leaves, marks)
+                  if not s and type(x) not in _SCALARS and not _on_host(x)]
         if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
                    for x in arrays):
             return
@@ -152,6 +156,11 @@ class CallCache:
                 program, kw_names, arg_tree, _results(out))
         except TypeError:
             pass                # (an unhashable static value)
+
+
+def _on_host(x) -> bool:
+    """Is `x` a NumPy array or scalar (keyed by shape and dtype, as the full way keys it)?"""
+    return type(x) is np.ndarray or isinstance(x, np.generic)
 
 
 def _results(out):

@@ -609,9 +609,10 @@ def test_threads_calling_with_a_new_signature_build_it_once():
 
 @pytest.mark.parametrize("mode", ["joint", "split"])
 def test_a_call_like_an_earlier_one_runs_its_program_the_short_way(monkeypatch, mode):
-    """A call whose dynamic leaves are all device arrays, Python numbers or leaves made
-    static (a function), like one made before (the static values, the pytree, each array's
-    abstract value and sharding, each number's type), runs the program that one ran without
+    """A call whose dynamic leaves are all device arrays, NumPy arrays, Python numbers or
+    leaves made static (a function), like one made before (the static values, the pytree,
+    each device array's abstract value and sharding, each NumPy array's shape and dtype, each
+    number's type), runs the program that one ran without
     rp.jit's full way through the arguments (`call_cache`: about 75 us less a call on 44
     arrays); anything else takes the full way, which builds, refuses or looks for NNX
     objects as before. Results and donation are jax.jit's either way."""
@@ -633,8 +634,9 @@ def test_a_call_like_an_earlier_one_runs_its_program_the_short_way(monkeypatch, 
         ((x, 3.0), {"training": False}, True), ((x, 3.0), {"training": False}, False),
         ((x, 4.0), {}, False),
         ((jnp.ones((3, 4)), 1.0), {}, True),                  # a new shape
-        ((np.ones((2, 4), np.float32), 1.0), {}, True),       # a host array: always in full
-        ((np.ones((2, 4), np.float32), 1.0), {}, True),
+        ((np.ones((2, 4), np.float32), 1.0), {}, True),       # a host array, then again
+        ((np.ones((2, 4), np.float32), 2.0), {}, False),
+        ((np.ones((2, 4), np.float64), 2.0), {}, True),       # (another dtype: its own build)
         ((x.astype(jnp.bfloat16), 1.0), {}, True),            # a new dtype
         ((x,), {"scale": 5.0}, True), ((x,), {"scale": 6.0}, False),   # by keyword
         ((x, 1.0), {"act": jnp.sin}, True), ((x, 2.0), {"act": jnp.sin}, False),  # static
@@ -649,7 +651,7 @@ def test_a_call_like_an_earlier_one_runs_its_program_the_short_way(monkeypatch, 
         assert got[1]["tag"] == ("sgd" if kwargs.get("training", True) else "eval")
         assert_trees_close(got[0], expected, rtol=1e-6)
         w = jnp.ones((4, 4)) * 0.1
-    assert jitted.builds == 9
+    assert jitted.builds == 10
     with pytest.raises(TypeError, match="static argument 'training' must be hashable"):
         jitted(w, x, 1.0, training=[True])
 
