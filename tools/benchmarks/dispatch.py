@@ -3,9 +3,10 @@
 A gradient step of a dict of N tiny parameters (4 floats each; the loss a sum of tanh) and
 a batch, returning the new parameters and the loss, so that a call is almost all dispatch:
 flattening the arguments, finding the program, running it, building the results. For
-N in 1, 10, 44 (the benchmark GPT's leaves) and 200, and for a call that also passes the
-learning rate as a Python float: `jax.jit(step)` (its C++ dispatch), `rp.jit(step)` (joint,
-the default) and `rp.jit(step, mode="split")` (two executables). Then an Equinox MLP of 11
+N in 1, 10, 44 (the benchmark GPT's leaves) and 200, for a call that also passes the
+learning rate as a Python float, and for one whose batch is a NumPy array: `jax.jit(step)`
+(its C++ dispatch), `rp.jit(step)` (joint, the default) and `rp.jit(step, mode="split")`
+(two executables). Then an Equinox MLP of 11
 layers (its activation function a leaf that is not an array) beside `eqx.filter_jit`,
 where Equinox is installed. Each call is timed as the mean over `CALLS` calls after a
 warm-up, each on the parameters the last one returned, `--rounds` rounds interleaved over
@@ -19,6 +20,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tools.benchmarks import common
 
@@ -63,6 +65,9 @@ def cases():
     step, rest = make_step(True)
     params = {f"w{i:03d}": jnp.full((4,), 0.01 * i) for i in range(44)}
     yield "44 arrays and a Python float", 44, "jax.jit", jax.jit, step, params, rest
+    step, _ = make_step(False)
+    yield ("44 arrays and a NumPy batch", 44, "jax.jit", jax.jit, step, params,
+           (np.ones((4,), np.float32),))
     try:
         import equinox as eqx
     except ImportError:      # (the `bench` extra installs it)
@@ -136,9 +141,9 @@ def render(data) -> str:
              "`rp.jit(step)` (joint, the default) and `rp.jit(step, mode=\"split\")` (two "
              "executables); and the same for an Equinox MLP (4 wide), beside "
              "`eqx.filter_jit`. A call with no NNX object whose dynamic leaves are device "
-             "arrays, Python numbers or leaves made static, like an earlier one, runs its "
-             "program after one flatten and a dict lookup (`api/call_cache.py`); other calls "
-             "(NNX objects, host arrays) take rp.jit's full way. Median over "
+             "arrays, NumPy arrays, Python numbers or leaves made static, like an earlier one, "
+             "runs its program after one flatten and a dict lookup (`api/call_cache.py`); "
+             "calls with NNX objects take rp.jit's full way. Median over "
              f"{data['rounds']} interleaved rounds of the mean of {data['calls']} calls "
              f"({meta['cpus']} CPUs, jax {meta['jax']}, commit {meta['commit']}; timings on "
              "a shared machine: compare within a run). Regenerate with "
