@@ -73,7 +73,8 @@ class CallCache:
 
     def _split(self, args: tuple, kwargs: dict) -> tuple:
         """(the static arguments' values, the dynamic positional ones, the dynamic keyword
-        ones)."""
+        ones): `arguments.split`'s parts, without its checks and placement (a call it would
+        refuse or place was never recorded, so it misses here and the full way runs it)."""
         nums, names = self._static
         if not nums and not names:
             return (), args, kwargs

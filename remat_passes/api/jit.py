@@ -127,9 +127,9 @@ from remat_passes.api import (arguments, cache, call_cache, graph_nodes, split_r
 from remat_passes.api.differentiated import NoBackward
 from remat_passes.api.lowered import Lowered, shape_key
 from remat_passes.api.remat import remat_variants
-from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, fences_chains, report,
-                                       needs_tie, recomputes_nothing, rounds_read_back,
-                                       smaller, ties)
+from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, fences_chains,
+                                       needs_tie, recomputes_nothing, report,
+                                       rounds_read_back, smaller, ties)
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
 from remat_passes.jax import run as jax_run
