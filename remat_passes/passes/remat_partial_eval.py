@@ -212,8 +212,9 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
             vids = [vids[i] for i in keep]
             residuals = [residuals[i] for i in keep]
             surviving = set(range(len(a.ops))) - erased
+            recomputed = {clone.op for clone in plan.clones()}
             for rule in rules.values():
-                state.remarks.extend(rule.remarks(a, surviving))
+                state.remarks.extend(rule.remarks(a, surviving, recomputed))
             if iteration_policy.overridden:
                 state.remarks.append(
                     f"@{self.func}: {len(iteration_policy.overridden)} value(s) inside GSPMD "

@@ -22,8 +22,9 @@ gets a rule instead (a `RegionRule`), with the hooks that remat-partial-eval cal
   applied: drop what the rule built that the plan turned out not to read
   (twins in `twins_read` are read); returns whether the IR changed, and then
   the function is analysed and planned again;
-* `remarks(analysis, surviving)`: what to tell the user (an op the policy
-  could not see into).
+* `remarks(analysis, surviving, recomputed)`: what to tell the user (an op the policy
+  could not see into, which the plan saved or recomputed: `recomputed` holds the positions
+  of the forward ops it recomputes).
 
 A rule keeps what it learns in one run (the loops it put in a checkpoint scope, the
 pairs it rewrote) on itself: `new_rules()` makes fresh ones for every run of
@@ -54,7 +55,7 @@ class RegionRule(Protocol):
     def kept_whole(self, analysis) -> dict: ...
     def twins(self, analysis) -> dict: ...
     def tidy(self, analysis, twins_read: set) -> bool: ...
-    def remarks(self, analysis, surviving) -> list: ...
+    def remarks(self, analysis, surviving, recomputed) -> list: ...
 
 
 class Groups:
@@ -96,11 +97,14 @@ class ScanPairRule:
     def tidy(self, analysis, twins_read) -> bool:
         return False
 
-    def remarks(self, analysis, surviving) -> list[str]:
+    def remarks(self, analysis, surviving, recomputed) -> list[str]:
+        # (a loop the plan neither saved nor recomputed, as a random initialisation whose
+        # values a library then replaces, was never treated as anything: nothing to say)
         loops = sum(1 for pos in surviving   # erased ops must not be touched
                     if analysis.ops[pos].name == WHILE and not analysis.backward[pos]
                     and pos not in analysis.scan_loop_positions
-                    and op_id(analysis.ops[pos]) not in self._scoped)
+                    and op_id(analysis.ops[pos]) not in self._scoped
+                    and (pos in recomputed or _read_by_backward(analysis, analysis.ops[pos])))
         out = []
         if loops:
             out.append(f"@{analysis.name}: {loops} forward stablehlo.while loop(s) are not "
@@ -157,11 +161,12 @@ class CasePairRule:
     def tidy(self, analysis, twins_read) -> bool:
         return case_rewrite.tidy(analysis, twins_read)
 
-    def remarks(self, analysis, surviving) -> list[str]:
+    def remarks(self, analysis, surviving, recomputed) -> list[str]:
         opaque = sum(1 for pos in surviving    # (a rewritten case has a key)
                      if analysis.ops[pos].name == CASE and not analysis.backward[pos]
                      and contract.case_key(analysis.ops[pos]) is None
-                     and _read_outside_cases(analysis, analysis.ops[pos]))
+                     and (pos in recomputed
+                          or _read_by_backward(analysis, analysis.ops[pos], besides=CASE)))
         if not opaque:
             return []
         return [f"@{analysis.name}: {opaque} forward stablehlo.case op(s) (lax.cond/switch) "
@@ -169,19 +174,20 @@ class CasePairRule:
                 "one atomic op: saved or recomputed whole"]
 
 
-def _read_outside_cases(analysis, op) -> bool:
-    """Does a backward op of the rewritten function (or a recomputation) read `op`, other
-    than from inside a case op (where the case-pair rule decided per branch)?"""
+def _read_by_backward(analysis, op, besides: str | None = None) -> bool:
+    """Does a backward op of the rewritten function (or a recomputation) read `op` (which
+    the plan then saved), other than from inside an op named `besides` (a case op, where
+    the case-pair rule decided per branch)?"""
     func = analysis.func_op.operation
     for r in op.results:
         for use in r.uses:
             top = graph.top_level(use.owner.operation, func)
-            if top.name == CASE:
+            if top.name == besides:
                 continue
             if contract.is_recompute_clone(top):
                 return True
-            pos = analysis.position.get(op_id(top))
-            if pos is not None and analysis.backward[pos]:
+            pos = analysis.position.get(op_id(top))   # (the return: len(ops), not backward)
+            if pos is not None and pos < len(analysis.ops) and analysis.backward[pos]:
                 return True
     return False
 
@@ -257,7 +263,7 @@ class ManualComputationRule:
     def tidy(self, analysis, twins_read) -> bool:
         return shard_map_rewrite.tidy(analysis, twins_read, self._mine(analysis))
 
-    def remarks(self, analysis, surviving) -> list[str]:
+    def remarks(self, analysis, surviving, recomputed) -> list[str]:
         if self._func != op_id(analysis.func_op):
             return []
         out = []

@@ -27,6 +27,31 @@ func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (ten
 
 // -----
 
+// A forward while loop the backward never reads (a library's random initialisation whose
+// values it then replaces) was neither saved nor recomputed: no remark of it.
+// CHECK-LABEL: func.func @main
+// CHECK: stablehlo.while
+// CHECK-NOT: remat.recompute
+// expected-remark @+1 {{@main: save_only_these_names('h'): @main has no checkpoint names at all}}
+func.func @main(%x: tensor<4xf32>, %ct: tensor<4xf32> {remat.cotangent}) -> (tensor<4xf32>, tensor<4xf32>) {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %w:2 = stablehlo.while(%i = %c0, %v = %x) : tensor<i32>, tensor<4xf32>
+    cond {
+      %c3 = stablehlo.constant dense<3> : tensor<i32>
+      %lt = stablehlo.compare LT, %i, %c3 : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %lt : tensor<i1>
+    } do {
+      %c1 = stablehlo.constant dense<1> : tensor<i32>
+      %n = stablehlo.add %i, %c1 : tensor<i32>
+      %s = stablehlo.sine %v : tensor<4xf32>
+      stablehlo.return %n, %s : tensor<i32>, tensor<4xf32>
+    }
+  %g = stablehlo.multiply %ct, %x : tensor<4xf32>
+  return %w#1, %g : tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
 // A call is saved whole until inlined.
 // CHECK-LABEL: func.func private @f
 // CHECK-LABEL: func.func @main
