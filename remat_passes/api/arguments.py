@@ -29,8 +29,8 @@ def leaf_key(x) -> tuple:
         return (x.shape, x.dtype, x.weak_type, sharding)
     if isinstance(x, (bool, int, float, complex)):       # Python scalars: weakly typed
         return (type(x),)
-    a = np.asarray(x)
-    return (a.shape, a.dtype, False, None)
+    a = np.asarray(x)   # (a float64 one without x64 runs as float32, as under jax.jit)
+    return (a.shape, jax.dtypes.canonicalize_dtype(a.dtype), False, None)
 
 
 class LeafCalls:

@@ -97,7 +97,7 @@ class CallCache:
             elif type(x) in _SCALARS:         # (a weakly typed array of its type)
                 keys.append(type(x))
             elif _on_host(x):                 # (put where the program takes it, at the call)
-                keys.append((np.ndarray, x.shape, x.dtype))
+                keys.append((np.ndarray, x.shape, jax.dtypes.canonicalize_dtype(x.dtype)))
             else:
                 return None
         return tuple(keys)
