@@ -264,6 +264,30 @@ class FunctionAnalysis:
         return bytearray("transpose(" in graph.name_stack(op) for op in self.ops)
 
     @functools.cached_property
+    def _outside(self) -> bytearray:
+        """Per op: is it outside every differentiated function (no `jvp(` nor `transpose(`
+        frame in its JAX name stack), reading only arguments and the results of such ops?
+        (Ops with regions and side effects stay where they are.)"""
+        n = len(self.ops)
+        outside = bytearray(n)
+        from_outside = bytearray(self.nvalues)
+        for vid in range(self.nargs):
+            from_outside[vid] = 1
+        starts, flat = self._reads
+        base = self.result_base
+        side_effect = self.side_effect
+        for pos, op in enumerate(self.ops):
+            stack = graph.name_stack(op)
+            if ("jvp(" in stack or "transpose(" in stack or len(op.regions)
+                    or side_effect[pos]
+                    or not all(from_outside[flat[k]] for k in range(starts[pos], starts[pos + 1]))):
+                continue
+            outside[pos] = 1
+            for vid in range(base[pos], base[pos + 1]):
+                from_outside[vid] = 1
+        return outside
+
+    @functools.cached_property
     def backward(self) -> bytearray:
         """Per op: is it backward? (the rule is stated in `contract`)."""
         transposed = self._transposed
@@ -307,9 +331,15 @@ class FunctionAnalysis:
         # reads residuals instead of becoming one. The return counts as a backward
         # user only for a gradient result: a primal output computed under transpose
         # frames (the output of a second-order module, jax.grad inside) is forward.
+        # When the name stacks tell, so is work outside any differentiated function (no
+        # `jvp(` frame either) that reads only the arguments and work like it, when every
+        # user is backward: a step's optimizer terms of its own state (AdamW's b1 * mu,
+        # its weight decay's wd * params) are computed where the update needs them, as
+        # under jax.jit, not saved (in split form, handed across) as residuals.
+        outside = self._outside if by_name else bytearray(n)
         gradient_vids = None
         for pos in range(n - 1, -1, -1):   # (users are built only if such an op exists)
-            if backward[pos] or not transposed[pos]:
+            if backward[pos] or not (transposed[pos] or outside[pos]):
                 continue
             if gradient_vids is None:
                 operands = list(self.terminator.operands)

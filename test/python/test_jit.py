@@ -151,6 +151,31 @@ def test_split_saves_what_the_policy_saves():
 
 
 @pytest.mark.parametrize("mode", ["joint", "split"])
+def test_a_steps_optimizer_terms_of_its_own_state_are_not_residuals(mode):
+    """AdamW's terms of the optimizer state and the parameters alone (b1 * mu, b2 * nu, the
+    weight decay's wd * params), outside the differentiated loss, are computed where the
+    update needs them, as under jax.jit; under everything_saveable they were residuals (in
+    split form handed from the forward executable to the backward one): 5 tensors the size
+    of the parameters. What the step keeps beyond its arguments is the loss's own, what
+    `jax.checkpoint(loss, everything_saveable)` saves beyond its arguments (one scalar more:
+    the step count + 1, which the step also returns)."""
+    params = init(jax.random.key(0))
+    state = OPT.init(params)
+    batch = next(batches(1))
+    lowered = rp.jit(step, policy="everything_saveable", mode=mode).lower(params, state, batch)
+    kept = [r for r in lowered.residuals if not r.argument]
+    assert not [r for r in kept if "optax" in str(r) and r.bytes > 4], kept
+    saved = jax_compat.jax_saved_residuals(
+        jax.checkpoint(loss, policy=jax.checkpoint_policies.everything_saveable),
+        params, *batch)
+    theirs = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, where in saved
+                 if "from the argument" not in where)
+    assert activation_bytes(lowered.residuals) <= theirs + 4
+    assert_trees_close(lowered.run(params, state, batch), jax.jit(step)(params, state, batch),
+                       rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
 def test_donated_arguments_are_deleted(mode):
     params = init(jax.random.key(0))
     state = OPT.init(params)
