@@ -31,9 +31,11 @@ import jax.numpy as jnp
 
 import remat_passes as rp
 from remat_passes import jax_compat
+from remat_passes.ir import contract, graph
 from remat_passes.api.variants import (barrier_variants, fences_chains, needs_tie,
                                        recomputes_nothing, rounds_read_back)
 from remat_passes.core.residuals import activation_bytes
+from remat_passes.core.split import drop_passthrough
 from remat_passes.cost.memory import estimate_memory
 from remat_passes.passes.fences import CHAINS_FENCED
 from tools.benchmarks import common, ynn_probe
@@ -111,11 +113,23 @@ def our_joint(module, policy, args, ct, each=None) -> dict:
 
 
 def our_halves(split, args) -> list[dict]:
-    fwd_c = rp.compile(split, "main_fwd").lower(*args).compile()
-    res = fwd_c(*args)
-    bwd_c = rp.compile(split, "main_bwd").lower(*res[1:], jnp.ones_like(res[0])).compile()
+    """XLA's memory of each half of `split` as rp.jit runs them: the residuals that are
+    arguments of the function taken out of the forward's results (`drop_passthrough`, so
+    that XLA does not copy them into new buffers) and given to the backward as they are."""
     est = estimate_memory(split, model="xla")
     order = estimate_memory(split)
+    with split.op.context:
+        entries = contract.all_entries(graph.find_func(split.op, "main_fwd"), "res_attrs")
+    n_out = sum(1 for e in entries if contract.RESIDUAL not in e)
+    run = split.clone()
+    passthrough = drop_passthrough(run.op, n_out)       # {residual: forward argument}
+    fwd_c = rp.compile(run, "main_fwd").lower(*args).compile()
+    res = fwd_c(*args)
+    res = list(res) if isinstance(res, (tuple, list)) else [res]   # (one result: the output)
+    flat, made = jax.tree_util.tree_leaves(args), iter(res[n_out:])
+    residuals = [flat[passthrough[r]] if r in passthrough else next(made)
+                 for r in range(len(passthrough) + len(res) - n_out)]
+    bwd_c = rp.compile(run, "main_bwd").lower(*residuals, jnp.ones_like(res[0])).compile()
     halves = []
     for name, compiled in (("main_fwd", fwd_c), ("main_bwd", bwd_c)):
         m = common.xla_memory(compiled)
