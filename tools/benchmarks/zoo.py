@@ -249,31 +249,39 @@ def flax_model(remat: bool = False):
                           "64), batch 8 x 16 x 64, f32, MSE")
 
 
-def maxtext_model(remat_policy: str | None = None):
-    """(loss, params, description): a tiny MaxText llama2 decoder (`transformer_as_linen`
-    from a `pyconfig` of `llama2-7b` shrunk: two layers, embed 64, 4 heads of 16, MLP 128,
-    vocabulary 256, not scanned), next-token loss on fixed random tokens. MaxText wraps
-    every decoder layer in `jax.checkpoint` with the policy of its `remat_policy` preset
-    (`none` included: its policy None is JAX's default, nothing saveable); with
-    `remat_policy=None` the harness calls each layer without it (`jax.checkpoint` and
-    `NNXDecoder._apply_layer_with_remat` replaced while the model is traced: the llama2
-    path calls `jax.checkpoint` itself), so that, as for the other libraries, the policies
-    under test apply to the whole model."""
+def maxtext_model(remat_policy: str | None = None, *, model_name: str = "llama2-7b",
+                  scan_layers: bool = False, layers: int = 2, layer_policy: str | None = None,
+                  **overrides):
+    """(loss, params, description): a tiny MaxText decoder (`transformer_as_linen` from a
+    `pyconfig` of `model_name`, by default `llama2-7b`, shrunk: `layers` layers, embed 64,
+    4 heads of 16, MLP 128, vocabulary 256, `overrides` on top; its layers run one by one,
+    or by `lax.scan` with `scan_layers`, MaxText's own default), next-token loss on fixed
+    random tokens. MaxText wraps every decoder layer (the scanned layer function) in
+    `jax.checkpoint` with the policy of its `remat_policy` preset (`none` included: its
+    policy None is JAX's default, nothing saveable); with `remat_policy=None` the harness
+    calls each layer without it (`jax.checkpoint` and `NNXDecoder._apply_layer_with_remat`
+    replaced while the model is traced: the llama2 path calls `jax.checkpoint` itself), so
+    that, as for the other libraries, the policies under test apply to the whole model;
+    with `layer_policy` (a `jax.checkpoint_policies` name) it keeps MaxText's checkpoints
+    with that policy instead of the preset's (JAX's side of a policy on a scanned model:
+    `lax.scan(jax.checkpoint(layer, policy))`, as the models benchmark's scans)."""
     import os
     from maxtext.configs import pyconfig
     from maxtext.layers import nnx_decoders
     from maxtext.models import models as mt_models
     from maxtext.utils import maxtext_utils
     batch, seq, vocab = 2, 16, 256
-    cfg = pyconfig.initialize(
-        [None, os.path.join(os.path.dirname(pyconfig.__file__), "base.yml")],
-        model_name="llama2-7b", override_model_config=True, base_emb_dim=64,
+    settings = dict(
+        model_name=model_name, override_model_config=True, base_emb_dim=64,
         base_num_query_heads=4, base_num_kv_heads=4, base_mlp_dim=128,
-        base_num_decoder_layers=2, head_dim=16, vocab_size=vocab, max_target_length=seq,
+        base_num_decoder_layers=layers, head_dim=16, vocab_size=vocab, max_target_length=seq,
         per_device_batch_size=batch, attention="dot_product", enable_checkpointing=False,
-        remat_policy=remat_policy or "full", scan_layers=False, dtype="float32",
+        remat_policy=remat_policy or "full", scan_layers=scan_layers, dtype="float32",
         weight_dtype="float32", run_name="zoo", skip_jax_distributed_system=True,
         enable_dropout=False)
+    cfg = pyconfig.initialize(
+        [None, os.path.join(os.path.dirname(pyconfig.__file__), "base.yml")],
+        **{**settings, **overrides})
     model = mt_models.transformer_as_linen(cfg, maxtext_utils.get_mesh_from_config(cfg),
                                            quant=None)
     tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, vocab)
@@ -289,7 +297,11 @@ def maxtext_model(remat_policy: str | None = None):
 
     def loss(params):
         checkpoint = jax.checkpoint
-        if remat_policy is None:
+        if layer_policy is not None:
+            forced = getattr(jax.checkpoint_policies, layer_policy)
+            jax.checkpoint = lambda fun, policy=None, **kwargs: checkpoint(
+                fun, policy=forced, **kwargs)
+        elif remat_policy is None:
             nnx_decoders.NNXDecoder._apply_layer_with_remat = plain
             jax.checkpoint = lambda fun, **kwargs: fun
         try:
@@ -300,10 +312,14 @@ def maxtext_model(remat_policy: str | None = None):
             jax.checkpoint = checkpoint
         logp = jax.nn.log_softmax(logits.astype(jnp.float32))
         return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], -1))
-    what = (f"its layers in `jax.checkpoint` (`remat_policy={remat_policy}`)" if remat_policy
+    what = (f"its layers in `jax.checkpoint` with `{layer_policy}`" if layer_policy else
+            f"its layers in `jax.checkpoint` (`remat_policy={remat_policy}`)" if remat_policy
             else "its layers called without `jax.checkpoint`")
-    return loss, params, ("MaxText llama2 decoder, 2 layers, embed 64, 4 heads of 16, MLP 128, "
-                          f"vocabulary 256, batch {batch}, {seq} tokens, f32, {what}")
+    extra = "".join(f", {k}={v}" for k, v in overrides.items())
+    return loss, params, (f"MaxText {model_name} decoder, {layers} layers"
+                          + (" run by `lax.scan` (`scan_layers=True`)" if scan_layers else "")
+                          + f", embed 64, 4 heads of 16, MLP 128{extra}, vocabulary 256, "
+                          f"batch {batch}, {seq} tokens, f32, {what}")
 
 
 MODELS = {"recurrentgemma": ("recurrentgemma", recurrentgemma_model),
@@ -312,7 +328,26 @@ MODELS = {"recurrentgemma": ("recurrentgemma", recurrentgemma_model),
           "keras-llama": ("keras-hub", lambda: keras_hub_model("llama")),
           "gemma3": ("gemma", lambda: gemma3_model("float32")),
           "gemma3-bf16": ("gemma", lambda: gemma3_model("bfloat16")),
-          "maxtext-llama2": ("maxtext", maxtext_model)}
+          "maxtext-llama2": ("maxtext", maxtext_model),
+          "maxtext-llama2-scan": ("maxtext", lambda: maxtext_model(**MAXTEXT_SCAN)),
+          "maxtext-qwen3-moe-scan": ("maxtext", lambda: maxtext_model(**MAXTEXT_MOE))}
+# MaxText as it runs by default, its layers by `lax.scan`: three llama2 layers, and three
+# Qwen3 mixture-of-experts layers (4 experts, 2 per token, dense einsums: the ragged kernels
+# are TPU/GPU Pallas)
+MAXTEXT_SCAN = {"scan_layers": True, "layers": 3}
+MAXTEXT_MOE = {**MAXTEXT_SCAN, "model_name": "qwen3-30b-a3b", "num_experts": 4,
+               "num_experts_per_tok": 2, "base_moe_mlp_dim": 128, "sparse_matmul": False,
+               "megablox": False}
+# models whose layers `lax.scan` runs, where our policy applies per iteration: JAX's side of a
+# policy is then the library's own scan of `jax.checkpoint(layer, policy)` (as the models
+# benchmark's scans; `jax.checkpoint(loss, policy)` around the whole loss would recompute the
+# whole loop from its first carry), with the ops outside the loop as JAX runs them without a
+# checkpoint, which keeps any of their values the backward reads: compared by activations
+# (what is kept beyond the arguments), not by bytes with the arguments in
+LAYER_REFERENCE = {"maxtext-llama2-scan": lambda policy: maxtext_model(
+                       layer_policy=policy, **MAXTEXT_SCAN)[0],
+                   "maxtext-qwen3-moe-scan": lambda policy: maxtext_model(
+                       layer_policy=policy, **MAXTEXT_MOE)[0]}
 NEEDS_PYTHON = {"maxtext": (3, 12)}
 # the library's own remat settings: (make the model with it, the setting's text, our
 # spelling of the same policy for the model without it, or None)
@@ -321,14 +356,21 @@ OWN_REMAT = {"recurrentgemma": [(lambda: recurrentgemma_model(gradient_checkpoin
                                  "gradient_checkpointing=True", None)],
              "flax": [(lambda: flax_model(remat=True), "nn.remat(Block)", None)],
              "maxtext-llama2": [(lambda p=p: maxtext_model(p), f"remat_policy={p}",
-                                 f"maxtext({p})") for p in MAXTEXT_OWN]}
+                                 f"maxtext({p})") for p in MAXTEXT_OWN],
+             "maxtext-llama2-scan": [(lambda p=p: maxtext_model(p, **MAXTEXT_SCAN),
+                                      f"remat_policy={p}", f"maxtext({p})")
+                                     for p in MAXTEXT_OWN]}
 FORMS = ("joint", "split")
 
 
-def _jax_residuals(fun, *args) -> tuple[int, int]:
+def _jax_residuals(fun, *args) -> tuple[int, int, int]:
+    """(count, bytes, activation bytes: those not of an argument) of what JAX saves."""
     from remat_passes.jax_compat import jax_saved_residuals
-    avals = [aval for aval, _ in jax_saved_residuals(fun, *args)]
-    return len(avals), sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in avals)
+    saved = jax_saved_residuals(fun, *args)
+    sizes = [(int(np.prod(a.shape)) * a.dtype.itemsize, "from the argument" in source)
+             for a, source in saved]
+    return (len(sizes), sum(n for n, _ in sizes),
+            sum(n for n, argument in sizes if not argument))
 
 
 def _ours(residuals) -> tuple[int, int]:
@@ -371,19 +413,20 @@ def _cli_residuals(module, policy: str, mode: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2).replace(",", ""))) if m else (-1, -1)
 
 
-def _joint_footprints(exported, loss, policy, args) -> tuple[int, int]:
+def _joint_footprints(exported, checkpointed, policy, args) -> tuple[int, int]:
     """XLA's footprint (temp + arguments + outputs) of our joint program as rp.jit builds it
     from `exported` on this backend (the xla benchmark's `our_joint`: each barrier variant
     rp.jit compiles, and where nothing is recomputed the residuals rounded too, the smallest)
-    and of JAX's `jax.vjp` of the checkpointed loss. Both take every parameter: jax.jit would
+    and of JAX's `jax.vjp` of the checkpointed loss (`checkpointed`). Both take every
+    parameter: jax.jit would
     drop a parameter the loss never reads (keras-hub's Llama: the 16 KiB output embedding,
     as the loss reads the hidden states) from its arguments' count, although the array is in
     memory all the same (`keep_unused=True`)."""
     from tools.benchmarks.xla_memory import our_joint
     ct = jnp.ones(())
     ours = common.xla_footprint(our_joint(exported, policy, args, ct))
-    fun = jax.checkpoint(loss, policy=getattr(jax.checkpoint_policies, policy))
-    theirs = jax.jit(lambda *a: jax.vjp(fun, *a)[1](ct), keep_unused=True).lower(*args).compile()
+    theirs = jax.jit(lambda *a: jax.vjp(checkpointed, *a)[1](ct),
+                     keep_unused=True).lower(*args).compile()
     return ours, common.xla_footprint(common.xla_memory(theirs))
 
 
@@ -428,8 +471,9 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
         unchanged = _gradients(rp.remat(module), (params,))      # the module, no policy
         budget = None
         for policy in POLICIES:
-            jax_policy = getattr(jax.checkpoint_policies, policy)
-            checkpointed = jax.checkpoint(loss, policy=jax_policy)
+            checkpointed = (LAYER_REFERENCE[key](policy) if key in LAYER_REFERENCE else
+                            jax.checkpoint(loss, policy=getattr(jax.checkpoint_policies,
+                                                                policy)))
             jax_difference = _difference(jax.jit(jax.grad(checkpointed))(params), reference)
             jax_saves = _jax_residuals(checkpointed, params)
             for form in FORMS:
@@ -445,8 +489,10 @@ def measure(keys=tuple(MODELS), log=print, use_environment: bool = False,
                        "no_policy_difference": _difference(got, unchanged),
                        "jax_difference": jax_difference, "remat_s": seconds,
                        "activations": activation_bytes(out.residuals)}
+                if key in LAYER_REFERENCE:
+                    row["per_layer"] = True     # (JAX's side: the library's layers' scan)
                 if compiled and form == "joint":
-                    row["footprint"] = list(_joint_footprints(module, loss, policy,
+                    row["footprint"] = list(_joint_footprints(module, checkpointed, policy,
                                                               (params,)))
                 elif compiled:
                     row["temp"], row["split_footprint"] = _split_halves(
@@ -497,9 +543,9 @@ def merge(old: dict | None, new: dict) -> dict:
 
 
 def checks(data) -> list[tuple[str, bool]]:
-    """Gradients within GRAD_TOL of jax.grad; residual bytes at most JAX's; the joint
-    footprint at most JAX's + 2%; auto within its budget; the library's own remat, made
-    regions, keeps at most JAX's bytes."""
+    """Gradients within GRAD_TOL of jax.grad; residual bytes at most JAX's (activations, on a
+    model with a `LAYER_REFERENCE`); the joint footprint at most JAX's + 2%; auto within its
+    budget; the library's own remat, made regions, keeps at most JAX's bytes."""
     out = []
     for r in data["rows"]:
         name = f"{r['model']} {r['policy']}" + (f" {r['form']}" if "form" in r else "")
@@ -517,13 +563,18 @@ def checks(data) -> list[tuple[str, bool]]:
             out.append((f"{name}: remat-opt reports {r['cli'][0]} residuals, "
                         f"{r['cli'][1]:,} B; the Python API {r['ours'][0]}, {r['ours'][1]:,} B",
                         list(r["cli"]) == list(r["ours"])))
-        if "jax" in r:
+        if "jax" in r and r.get("per_layer"):
+            out.append((f"{name}: activations {r['activations']:,} B vs JAX's "
+                        f"{r['jax'][2]:,} B (its layers' scan of jax.checkpoint)",
+                        r["activations"] <= r["jax"][2]))
+        elif "jax" in r:
             out.append((f"{name}: residual bytes {r['ours'][1]:,} vs JAX's {r['jax'][1]:,}",
                         r["ours"][1] <= r["jax"][1]))
         if "footprint" in r:
             a, b = r["footprint"]
             out.append((f"{name}: joint footprint {a:,} B vs JAX's {b:,} B", a <= b * 1.02))
-        fewer = r["jax"][1] - r["ours"][1] if "jax" in r else 0
+        fewer = (0 if "jax" not in r else r["jax"][2] - r["activations"] if r.get("per_layer")
+                 else r["jax"][1] - r["ours"][1])
         footprints = r.get("split_footprint", [None, None])
         for half, (a, b), fp in zip(("forward", "backward"), r.get("temp", ()), footprints):
             # (a value JAX keeps can be scratch in ours: say so beside the temp figure, with
@@ -556,8 +607,13 @@ def render(data) -> str:
                  f"jax {meta['jax']}, commit {meta['commit']}" if len(
                      {(m.get("jax"), m.get("commit")) for m in data["models"].values()}) <= 1
                  else "jax and commit per model below: MaxText needs Python 3.12, so its "
-                      "run is the jax of that environment") + "). Residuals are ours beside `jax.checkpoint(loss, policy)`'s "
-             "in the installed JAX (count, bytes); the gradient error is the largest "
+                      "run is the jax of that environment") + "). Residuals are ours beside "
+             "`jax.checkpoint(loss, policy)`'s in the installed JAX (count, bytes; for a model "
+             "whose layers `lax.scan` runs, where our policy applies per iteration, beside the "
+             "library's own scan of `jax.checkpoint(layer, policy)`, with the ops outside the "
+             "loop as JAX runs them without a checkpoint: those keep any value the backward "
+             "reads, a copy of an argument among them, so there the activations, what is kept "
+             "beyond the arguments, are compared); the gradient error is the largest "
              "difference from `jax.grad` of the model as the library wrote it, over the "
              "largest gradient; the footprint is XLA's (temp + arguments + outputs - aliased) "
              "of the joint program: ours as `rp.jit` builds it here"
@@ -596,7 +652,9 @@ def render(data) -> str:
                                  for half, (a, b) in zip(("fwd", "bwd"), r.get("temp", ())))
                 cli = r.get("cli", ["", ""])
                 parts.append(f"| `{r['policy']}` | {r.get('form', 'joint')} | {r['ours'][0]} / "
-                             f"{r['jax'][0]} / {cli[0]} | {r['ours'][1]:,} / {r['jax'][1]:,} | "
+                             f"{r['jax'][0]} / {cli[0]} | {r['ours'][1]:,} / {r['jax'][1]:,}"
+                             + (f" (activations {r['activations']:,} / {r['jax'][2]:,})"
+                                if r.get("per_layer") else "") + " | "
                              f"{r['grad_error']:.1e} | "
                              + (f"{r['no_policy_difference']:.1e} / {r['jax_difference']:.1e}"
                                 if "no_policy_difference" in r else "")
@@ -623,8 +681,8 @@ def render(data) -> str:
               f"within {GRAD_TOL:g} of jax.grad; the difference from the module with no policy "
               "no larger than JAX's checkpoint's from jax.grad, in bf16 to the last bit where "
               "JAX's is exact; remat-opt's residuals the Python API's; residual bytes at most "
-              "JAX's; the joint footprint and the temp of each split half at most JAX's + 2%; "
-              "auto within its budget). Missed:",
+              "JAX's (activations, where the layers are scanned); the joint footprint and the "
+              "temp of each split half at most JAX's + 2%; auto within its budget). Missed:",
               ""]
     parts += [f"- {text}" for text in missed] or ["- none"]
     return "\n".join(parts) + "\n"
