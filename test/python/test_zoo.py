@@ -40,6 +40,26 @@ def test_checks_pass_on_a_good_result_and_name_each_miss():
     assert any("difference from the module with no policy 1.0e-03" in t for t in missed)
 
 
+def test_a_scanned_models_rows_are_held_to_jax_s_layers_by_activations():
+    """Where JAX's side is the library's scan of `jax.checkpoint(layer, policy)` (`per_layer`),
+    the ops outside its checkpoint keep copies of arguments that ours makes again from the
+    arguments: the residual check compares activations (bytes beyond the arguments), and
+    each split half's check its scratch plus the activations between the halves."""
+    row = {"model": "m", "policy": "nothing_saveable", "form": "split", "per_layer": True,
+           "ours": [3, 150], "jax": [5, 120, 90], "cli": [3, 150], "grad_error": 1e-7,
+           "no_policy_difference": 0.0, "jax_difference": 0.0, "remat_s": 0.1,
+           "activations": 20, "temp": [[160, 100], [180, 120]],
+           "split_footprint": [[1, 1], [1, 1]]}
+    data = dict(_data(), rows=[row], own=[])
+    assert all(ok for _, ok in zoo.checks(data)), [t for t, ok in zoo.checks(data) if not ok]
+    assert any("backward temp and activations 180 + 20 B vs JAX's 120 + 90 B" in t
+               for t, _ in zoo.checks(data))
+    row.update(activations=95, temp=[[100, 100], [120, 120]])
+    missed = [t for t, ok in zoo.checks(data) if not ok]
+    assert len(missed) == 3 and "activations 95 B vs JAX's 90 B" in missed[0], missed
+    assert "(activations 95 / 90)" in zoo.render(data)
+
+
 def test_bf16_is_held_to_the_last_bit_where_jax_is_exact_and_remat_opt_must_agree():
     """A bf16 row's gradient error against jax.grad is not checked (bf16 rounding), but its
     difference from the module with no policy must be 0 where JAX's checkpoint is exact, and
