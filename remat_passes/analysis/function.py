@@ -266,25 +266,32 @@ class FunctionAnalysis:
     @functools.cached_property
     def _outside(self) -> bytearray:
         """Per op: is it outside every differentiated function (no `jvp(` nor `transpose(`
-        frame in its JAX name stack), reading only arguments and the results of such ops?
-        (Ops with regions and side effects stay where they are.)"""
+        frame in its JAX name stack), reading the arguments, the results of such ops and
+        constants only, an argument or such a result among them? (Work on constants alone
+        stays what it is, free; ops with regions and side effects stay where they are.)
+        Where no name stack says `jvp(` (a module written by hand), none is: the stacks do
+        not tell differentiated work there."""
         n = len(self.ops)
         outside = bytearray(n)
-        from_outside = bytearray(self.nvalues)
-        for vid in range(self.nargs):
-            from_outside[vid] = 1
+        stacks = [graph.name_stack(op) for op in self.ops]
+        if not any("jvp(" in stack for stack in stacks):
+            return outside
+        kind = bytearray(self.nvalues)         # 2: an argument or outside; 1: constants only
+        kind[:self.nargs] = b"\x02" * self.nargs
         starts, flat = self._reads
         base = self.result_base
         side_effect = self.side_effect
         for pos, op in enumerate(self.ops):
-            stack = graph.name_stack(op)
-            if ("jvp(" in stack or "transpose(" in stack or len(op.regions)
-                    or side_effect[pos]
-                    or not all(from_outside[flat[k]] for k in range(starts[pos], starts[pos + 1]))):
+            reads = [kind[flat[k]] for k in range(starts[pos], starts[pos + 1])]
+            if 0 in reads or side_effect[pos] or len(op.regions):
+                continue
+            if 2 not in reads:                 # (a constant, or work on constants alone)
+                kind[base[pos]:base[pos + 1]] = b"\x01" * (base[pos + 1] - base[pos])
+                continue
+            if "jvp(" in stacks[pos] or "transpose(" in stacks[pos]:
                 continue
             outside[pos] = 1
-            for vid in range(base[pos], base[pos + 1]):
-                from_outside[vid] = 1
+            kind[base[pos]:base[pos + 1]] = b"\x02" * (base[pos + 1] - base[pos])
         return outside
 
     @functools.cached_property

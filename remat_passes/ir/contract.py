@@ -38,8 +38,9 @@ recompute clone; when no argument is marked, an op whose JAX name stack has a
 `transpose(` frame is backward too. Work under a `transpose(` frame that needs
 no cotangent (a conv kernel reversal, a mean's 1/N) is backward when every
 user of it is backward; so is, then, work outside every differentiated function
-(neither a `jvp(` nor a `transpose(` frame) that reads only the arguments and
-work like it (a training step's optimizer terms of its own state).
+(neither a `jvp(` nor a `transpose(` frame, where some op has one) that reads
+only the arguments, constants and work like it (a training step's optimizer
+terms of its own state).
 """
 from __future__ import annotations
 

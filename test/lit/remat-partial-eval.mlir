@@ -476,17 +476,19 @@ module @region_recorded_policy attributes {remat.regions = {"remat[2]" = "save_o
 
 // No remat.cotangent argument: the backward is found from `transpose(` frames
 // in the name stacks, plus everything depending on them (the parameter update
-// `sub` has no transpose frame, yet its operand `w*w` is recomputed right
-// before it, as for any backward op).
+// `sub` has no transpose frame). Its operand `w*w`, outside the differentiated
+// function (no `jvp(` frame) and made of the arguments alone, is backward too
+// (a step's optimizer term of its own state): computed where it is, as jax.jit
+// does, neither a residual nor a recomputation.
 // NOTHING-LABEL: module @transpose_name_stacks
 // NOTHING: %[[M:.*]] = stablehlo.multiply %arg0, %arg1 :
 // NOTHING-NEXT: %[[S:.*]] = stablehlo.sine %[[M]] :
+// NOTHING-NEXT: %[[SQ:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf32>
 // NOTHING-NEXT: %[[ONE:.*]] = stablehlo.constant dense<1.000000e+00>
 // NOTHING-NEXT: %[[M2:.*]] = stablehlo.multiply %arg0, %arg1 {remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[C:.*]] = stablehlo.cosine %[[M2]] {remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[G1:.*]] = stablehlo.multiply %[[ONE]], %[[C]]
 // NOTHING-NEXT: %[[GW:.*]] = stablehlo.multiply %[[G1]], %arg1
-// NOTHING-NEXT: %[[SQ:.*]] = stablehlo.multiply %arg0, %arg0 {remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[NEW:.*]] = stablehlo.subtract %[[GW]], %[[SQ]]
 // NOTHING-NEXT: return %[[S]], %[[NEW]]
 module @transpose_name_stacks {
