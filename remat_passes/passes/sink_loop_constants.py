@@ -38,7 +38,10 @@ ANNOTATIONS = ("stablehlo.custom_call",)
 
 def _small_literal(op) -> bool:
     """A `stablehlo.constant` cheap to copy: a splat, or at most MAX_LITERAL_BYTES."""
-    value = op.attributes["value"]
+    try:
+        value = op.attributes["value"]
+    except TypeError:     # (a complex literal: the bindings have no class for its elements)
+        value = None
     return (isinstance(value, ir.DenseElementsAttr) and value.is_splat) or \
         graph.type_bytes(op.results[0].type) <= MAX_LITERAL_BYTES
 

@@ -139,10 +139,8 @@ def _outline_body(module_op, func_op, body, name: str) -> None:
         block = fn.regions[0].blocks.append(
             *arg_types, arg_locs=[ir.Location.name(n) for n in names])
         ip = ir.InsertionPoint(block)
-        mapping = {c: ir.Operation.create("stablehlo.constant", results=[c.type],
-                                          attributes={"value": c.owner.attributes["value"]},
-                                          loc=c.owner.location, ip=ip).results[0]
-                   for c in constants}
+        # (cloned: the bindings cannot hand over a complex literal's attribute)
+        mapping = {c: c.owner.operation.clone(ip=ip).results[0] for c in constants}
         mapping.update(zip(list(body.arguments) + captured, block.arguments))
         new_ret = ir.Operation.create("func.return", operands=list(ret.operands), ip=ip)
         for op in ops:

@@ -203,3 +203,20 @@ def test_remat_opt(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "backward runs inside a loop body (gradient accumulation" in err
     assert "run outline-loop-backwards first (the remat pipeline does, after inline)" in err
+
+
+def test_a_complex_constant_in_the_body():
+    """A loop body with a backward that reads a complex literal (`* 1j`): outlining it
+    copies the literal into the body's function (cloned: the MLIR bindings cannot hand over
+    a complex literal's attribute, and raised "Can't cast unknown element type" before); the
+    result is jax.jit's bit for bit."""
+    def closs(ws, x):
+        h = jnp.tanh(x @ ws[0]).astype(jnp.complex64) * 1j
+        return jnp.mean(jnp.real(h * jnp.conj(h)) + jnp.imag(h))
+    step = accumulate(closs)
+    ws, xs = [jnp.ones((4, 4)) * 0.1], jnp.ones((3, 2, 4))
+    module = rp.export(step, ws, xs)
+    assert "complex<f32>" in module.text()
+    out = rp.remat(module, "nothing_saveable")
+    for a, b in zip(jax.tree.leaves(out.call(ws, xs)), jax.tree.leaves(jax.jit(step)(ws, xs))):
+        np.testing.assert_array_equal(a, b)

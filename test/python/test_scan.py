@@ -708,3 +708,30 @@ def test_complex_values_in_regions(where, options, mode):
     for policy in ("dots_saveable", "nothing_saveable"):
         got = rp.jit(step, policy=policy, mode=mode, **options)(w)
         assert_trees_close(got, want, what=f"{where} {options} {policy} {mode}")
+
+
+@pytest.mark.parametrize("mode", ["joint", "split"])
+@pytest.mark.parametrize("policy", ["nothing_saveable", "everything_saveable"])
+def test_a_complex_constant_the_loop_reads(policy, mode):
+    """A loop that reads a complex literal (a rotary embedding's `exp(1j * f)`, as
+    MaxText's DeepSeek YaRN computes it): the MLIR bindings have no class for a complex
+    literal's elements and raised "Can't cast unknown element type" where sink-loop-constants
+    read it; the gradients are jax.grad's."""
+    def loss(w, x):
+        rot = jnp.exp(1j * jnp.arange(4.0, dtype=jnp.float32))
+        def body(h, _):
+            h = jnp.tanh(h @ w)
+            hc = h.astype(jnp.complex64) * rot
+            return jnp.real(hc * jnp.conj(hc)) + h, None
+        h, _ = lax.scan(body, x, None, length=3)
+        return jnp.sum(h)
+    w, x = jnp.ones((4, 4)) * 0.1, jnp.ones((2, 4))
+    module = rp.export_vjp(loss, w, x)
+    assert "complex<f32>" in module.text()
+    out = rp.remat(module, policy, mode=mode)
+    if mode == "joint":
+        got = out.call(w, x, jnp.ones(()))[1:]
+    else:
+        fwd = out.call(w, x, function="main_fwd")
+        got = out.call(*fwd[1:], jnp.ones(()), function="main_bwd")
+    assert_trees_close(list(got), list(jax.grad(loss, argnums=(0, 1))(w, x)), rtol=1e-6)
