@@ -259,9 +259,14 @@ class FunctionAnalysis:
         return {self.block.arguments[i] for i in self.cotangent_indices}
 
     @functools.cached_property
+    def name_stacks(self) -> list[str]:
+        """Per op: its JAX name stack (`graph.name_stack`), read once for every question."""
+        return [graph.name_stack(op) for op in self.ops]
+
+    @functools.cached_property
     def _transposed(self) -> bytearray:
         """Per op: does its JAX name stack have a `transpose(` frame?"""
-        return bytearray("transpose(" in graph.name_stack(op) for op in self.ops)
+        return bytearray("transpose(" in stack for stack in self.name_stacks)
 
     @functools.cached_property
     def _outside(self) -> bytearray:
@@ -273,7 +278,7 @@ class FunctionAnalysis:
         not tell differentiated work there."""
         n = len(self.ops)
         outside = bytearray(n)
-        stacks = [graph.name_stack(op) for op in self.ops]
+        stacks = self.name_stacks
         if not any("jvp(" in stack for stack in stacks):
             return outside
         kind = bytearray(self.nvalues)         # 2: an argument or outside; 1: constants only
@@ -339,10 +344,11 @@ class FunctionAnalysis:
         # user only for a gradient result: a primal output computed under transpose
         # frames (the output of a second-order module, jax.grad inside) is forward.
         # When the name stacks tell, so is work outside any differentiated function (no
-        # `jvp(` frame either) that reads only the arguments and work like it, when every
-        # user is backward: a step's optimizer terms of its own state (AdamW's b1 * mu,
-        # its weight decay's wd * params) are computed where the update needs them, as
-        # under jax.jit, not saved (in split form, handed across) as residuals.
+        # `jvp(` frame either) that reads only the arguments, constants and work like it
+        # (`_outside`), when every user is backward: a step's optimizer terms of its own
+        # state (AdamW's b1 * mu, its weight decay's wd * params) are computed where the
+        # update needs them, as under jax.jit, not saved (in split form, handed across) as
+        # residuals.
         outside = self._outside if by_name else bytearray(n)
         gradient_vids = None
         for pos in range(n - 1, -1, -1):   # (users are built only if such an op exists)
@@ -435,8 +441,8 @@ class FunctionAnalysis:
             interned: dict = {}
             self._chains[key] = [
                 interned.setdefault(c, c)
-                for c in (graph.scope_chain_of_stack(graph.name_stack(op), scope_re)
-                          for op in self.ops)]
+                for c in (graph.scope_chain_of_stack(stack, scope_re)
+                          for stack in self.name_stacks)]
         return self._chains[key]
 
     # --------------------------------------------------------- free values --
