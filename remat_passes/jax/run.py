@@ -355,13 +355,17 @@ def placed_shardings(kinds: list, device) -> list | None:
             for k in kinds]
 
 
-def memory_kind_shardings(module, function: str, device) -> dict:
+def memory_kind_shardings(module, function: str, device, out_tree=None) -> dict:
     """`jax.jit` keyword arguments for `function` of `module`: out_shardings that return
     its results with a memory kind in that memory (see `placed_shardings`), in the shape
-    `to_exported` gives its results (one result bare, several a tuple); {} for none."""
+    its call returns them: `out_tree` where it keeps an Exported's calling convention (a
+    function jax.export gave memory kinds, as under an offloading `jax.checkpoint`), else
+    as `to_exported` gives them (one result bare, several a tuple); {} for none."""
     placed = placed_shardings(memory_kinds(module, function, "res_attrs"), device)
     if placed is None:
         return {}
+    if out_tree is not None:
+        return {"out_shardings": jax.tree_util.tree_unflatten(out_tree, placed)}
     return {"out_shardings": placed[0] if len(placed) == 1 else tuple(placed)}
 
 
@@ -383,9 +387,10 @@ def compile(module, function: str = "main", donate_argnums=()):
         exported = to_exported(module, function)
         donate = _in_same_memory(module, function, exported, donate)
         # (an offloaded residual leaves <f>_fwd in host memory, whichever convention it has)
-        placed = {} if exported.nr_devices != 1 else \
-            memory_kind_shardings(module, function, jax.devices()[0])
-        if module.exported is not None and exported.in_tree == module.exported.in_tree:
+        pytrees = module.exported is not None and exported.in_tree == module.exported.in_tree
+        placed = {} if exported.nr_devices != 1 else memory_kind_shardings(
+            module, function, jax.devices()[0], exported.out_tree if pytrees else None)
+        if pytrees:
             exported, jit_kw = jax_compat.exported_for_call(exported)
             cache[key] = jax.jit(_named(exported.call, function), donate_argnums=donate,
                                  **(jit_kw or placed))

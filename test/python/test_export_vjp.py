@@ -425,6 +425,35 @@ def test_jax_checkpoint_in_a_scan_body_becomes_a_region():
     assert_trees_close(run_joint(out, (Ws, LAYERED_ARGS[1]), ct), (y, vjp_fn(ct)))
 
 
+@pytest.mark.parametrize("form", ["joint", "split"])
+def test_an_offloading_jax_checkpoint_exported_as_jax_runs_it(form):
+    """A model whose jax.checkpoint offloads (save_and_offload_only_these_names, as MaxText's
+    offload presets and haliax's `remat="offload"`), exported with JAX's rematerialization
+    baked in (the default): jax.export gives every result of such a function a memory kind,
+    and the module runs (jax.jit's out_shardings in the shape its call returns, not one per
+    result); gradients jax.vjp's."""
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["h"],
+        offload_src="device", offload_dst="pinned_host")
+
+    def loss(p):
+        def layer(x):
+            return jnp.tanh(jax_checkpoint_name(jnp.sin(x @ p["w"]), "h")) @ p["w"]
+        return jnp.sum(jax.checkpoint(layer, policy=policy)(p["x"]) ** 2)
+    p = {"w": _normal(8, 8) * 0.3, "x": _normal(4, 8)}
+    module = rp.export_vjp(loss, p)
+    assert 'mhlo.memory_kind = "device"' in module.text()
+    out = rp.remat(module, mode=form)
+    ct = jnp.ones(())
+    y, vjp_fn = jax.vjp(loss, p)
+    if form == "joint":
+        got = out.call(p, ct)
+    else:
+        fwd = jax.tree.leaves(out.call(*jax.tree.leaves(p), function="main_fwd"))
+        got = (fwd[0], out.call(*fwd[1:], ct, function="main_bwd"))
+    assert_trees_close(jax.tree.leaves(got), jax.tree.leaves((y, vjp_fn(ct))))
+
+
 def test_jax_checkpoint_option_is_checked_and_jax_rule_restored():
     from jax._src import ad_checkpoint
     from jax._src.interpreters import ad
