@@ -189,7 +189,7 @@ class Pair:
         return self.bwd.regions[1].blocks[0]
 
 
-def _through_reshapes(v):
+def through_reshapes(v):
     """The source of a reshape chain that ends in v's own type (unrolled scans reshape
     their stacks [N/k, k, ...] -> [N, ...] -> [N/k, k, ...] between the loops)."""
     src = v
@@ -198,11 +198,96 @@ def _through_reshapes(v):
     return src if src.type == v.type else v
 
 
+def _moved(v):
+    """What `v` is a view of, one op back, where that op moves the data whole: a reshape,
+    a broadcast that only adds unit dimensions, a concatenate of one non-empty operand, a
+    full slice, or a slice that takes exactly one operand of a concatenate; else None."""
+    op = owner(v)
+    if op is None:
+        return None
+    if op.name == "stablehlo.reshape":
+        return op.operands[0]
+    if op.name == "stablehlo.broadcast_in_dim":
+        src = op.operands[0]
+        dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+        return src if elements(src) == elements(v) and dims == sorted(set(dims)) else None
+    if op.name == "stablehlo.concatenate":
+        parts = [x for x in op.operands if elements(x)]
+        return parts[0] if len(parts) == 1 else None
+    if op.name == "stablehlo.slice":
+        return _sliced_part(op)
+    return None
+
+
+def _sliced_part(op):
+    """The operand of slice `op` where it takes all of it, or the operand of the
+    concatenate behind it (through full slices and one-operand concatenates) that it takes
+    exactly; else None."""
+    start, limit, strides = (list(ir.DenseI64ArrayAttr(op.attributes[k]))
+                             for k in ("start_indices", "limit_indices", "strides"))
+    src = op.operands[0]
+    cut = [d for d, n in enumerate(shape(src)) if (start[d], limit[d]) != (0, n)]
+    if any(s != 1 for s in strides) or len(cut) > 1:
+        return None
+    if not cut:
+        return src
+    d, cat = cut[0], src
+    while True:
+        o = owner(cat)
+        if o is None or o.name not in ("stablehlo.slice", "stablehlo.concatenate"):
+            return None
+        if o.name == "stablehlo.concatenate" and \
+                ir.IntegerAttr(o.attributes["dimension"]).value == d and \
+                sum(1 for x in o.operands if elements(x)) > 1:
+            break
+        nxt = _moved(cat)
+        if nxt is None or nxt.type != cat.type:
+            return None
+        cat = nxt
+    offset = 0
+    for part in o.operands:
+        n = shape(part)[d]
+        if (offset, offset + n) == (start[d], limit[d]):
+            return part
+        offset += n
+    return None
+
+
+def same_data(v):
+    """The value `v` holds the data of, in the same type, through ops that move it whole
+    (`_moved`): how a scan unrolled whole (`unroll=True`, haliax's nested remat) stacks
+    the stacks of its steps' inner scans with concatenates and its transpose takes each
+    back with slices; `v` itself where that source's type differs."""
+    src = v
+    while (nxt := _moved(src)) is not None:
+        src = nxt
+    return src if src.type == v.type else v
+
+
+_VIEWS = ("stablehlo.reshape", "stablehlo.slice", "stablehlo.broadcast_in_dim",
+          "stablehlo.transpose")
+
+
+def same_view(a, b) -> bool:
+    """Do `a` and `b` hold the same data by construction: the same value, or the same
+    data-moving op (reshape, slice, broadcast, transpose) with the same attributes on
+    operands that do (a scan's forward and its transpose slicing one array alike)?"""
+    while a != b:
+        oa, ob = owner(a), owner(b)
+        if oa is None or ob is None or oa.name != ob.name or oa.name not in _VIEWS or \
+                a.type != b.type or len(oa.operands) != 1 or \
+                {k: str(oa.attributes[k]) for k in list(oa.attributes)} != \
+                {k: str(ob.attributes[k]) for k in list(ob.attributes)}:
+            return False
+        a, b = oa.operands[0], ob.operands[0]
+    return True
+
+
 def find_pairs(whiles, source=None) -> list[Pair]:
     """Forward/backward scan pairs among `whiles` (the while ops of one block, in order).
     `source(v)`: what a backward loop's operand `v` is the stack of (default: `v` through
     reshapes that end in its own type)."""
-    source = source or _through_reshapes
+    source = source or through_reshapes
     whiles = [w.operation for w in whiles]
     # every loop's invariant carries, by what their initial value is the stack of
     # (in loop order: the pairs come in the order of their forward, then backward, loops)

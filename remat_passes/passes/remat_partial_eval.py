@@ -48,7 +48,7 @@ from remat_passes.passes.trial_plans import TrialPlans
 from remat_passes.planner.resolve import BudgetBelowMinimum, has_auto, resolve
 from remat_passes.policy.scopes import ScopePolicies, VerdictCache, recorded_scope_policies
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable, parse_policy
-from remat_passes.regions import manual_crossing
+from remat_passes.regions import loop_edit, manual_crossing
 from remat_passes.regions.rules import Groups, new_rules
 from remat_passes.sharding import gspmd
 
@@ -124,6 +124,8 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
         location = f.location        # (what this run's remarks are about: the function)
         with module_op.context:
             self._mark_cotangents(f, state)
+            if loop_edit.read_stacks_directly(graph.body_block(f)):
+                state.drop(self.func)     # (scan pairs that an unrolled scan's stacking hid)
             unnamed = _without_name_stacks(module_op, f, self.func)
             policy = self._trial_budgets(self.policy, module_op, state)
             rules = new_rules()   # (each run its own: rules keep what they learn)

@@ -120,6 +120,39 @@ def drop_unused_carries(w):
     return new
 
 
+def read_stacks_directly(block) -> int:
+    """Let every while loop in `block` (and the blocks nested in it) that reads a scan
+    loop's result through ops that move it whole (`scan_pairs.same_data`: the stacking of
+    a scan unrolled whole and its transpose's slices, not a reshape chain alone, which the
+    pairs see through) read that result itself, so that the two loops pair; the chains
+    nothing reads any more are erased. Returns how many operands it changed."""
+    changed = 0
+    for w in [op for op in graph.nested_ops(block) if op.name == WHILE]:
+        for m, v in enumerate(list(w.operands)):
+            src = scan_pairs.same_data(v)
+            if src == v or src == scan_pairs.through_reshapes(v) or \
+                    scan_pairs.owner(src) is None or scan_pairs.owner(src).name != WHILE:
+                continue
+            w.operands[m] = src
+            _erase_unread(v)
+            changed += 1
+    return changed
+
+
+def _erase_unread(v) -> None:
+    """Erase the op making `v` where nothing reads `v` and it only moves data, and so on
+    back through its operands."""
+    op = scan_pairs.owner(v)
+    if op is None or next(iter(v.uses), None) is not None or op.name not in (
+            "stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.slice",
+            "stablehlo.concatenate"):
+        return
+    operands = list(op.operands)
+    op.erase()
+    for x in operands:
+        _erase_unread(x)
+
+
 def zeros(t, ip, loc=None) -> ir.Value:
     """A constant of zeros of tensor type `t` (any element type), made at `ip`."""
     return ir.Operation.create("stablehlo.constant", results=[t],
@@ -185,8 +218,8 @@ def stack_value(loop: ForwardLoop, edit: LoopEdit, v) -> ir.Value:
     return zero
 
 
-__all__ = ["LoopEdit", "drop_unused_carries", "read_slot", "slice_part",
-           "stack_value", "int_const", "zeros", "shape"]
+__all__ = ["LoopEdit", "drop_unused_carries", "read_stacks_directly", "read_slot",
+           "slice_part", "stack_value", "int_const", "zeros", "shape"]
 
 
 def reuse_saved_stacks(clone, outer: dict):

@@ -387,7 +387,8 @@ class ScanPairPlanner:
         bw = self.pair.bwd
         bret = graph.terminator(self.bbody)
         for m, binit in enumerate(bw.operands):
-            if binit == init and bret.operands[m] == self.bbody.arguments[m]:
+            if scan_pairs.same_view(binit, init) and \
+                    bret.operands[m] == self.bbody.arguments[m]:
                 self.threaded[k] = self.bbody.arguments[m]
                 return self.threaded[k]
         self.additions.append(ThreadCarry(k))
@@ -585,7 +586,7 @@ def plan_whole(pair: Pair, verdict) -> WholePlan:
 
 def _redirect(bwd, m, old_source, new_source) -> None:
     """Backward loop `bwd` reads `new_source` as carry `m` where it read `old_source`,
-    through the same reshape chain (see `scan_pairs._through_reshapes`)."""
+    through the same reshape chain (see `scan_pairs.through_reshapes`)."""
     chain = []
     v = bwd.operands[m]
     while v != old_source:
@@ -612,6 +613,10 @@ def materialize_whole(plan: WholePlan, mark_clone, next_group, stats) -> tuple:
     next_group()
     clone = fwd.op.clone(ip=ir.InsertionPoint(pair.bwd))
     mark_clone(clone)
+    for j, init in enumerate(list(clone.operands)):   # (what the backward reads anyway)
+        same = next((b for b in pair.bwd.operands if scan_pairs.same_view(b, init)), None)
+        if same is not None:
+            clone.operands[j] = same
     clone = loop_edit.reuse_saved_stacks(clone, {k: fwd.op.results[k] for k in plan.saved})
     for m, k in plan.recompute.items():
         _redirect(pair.bwd, m, fwd.op.results[k], clone.results[k])
