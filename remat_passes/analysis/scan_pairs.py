@@ -276,8 +276,7 @@ def same_view(a, b) -> bool:
         oa, ob = owner(a), owner(b)
         if oa is None or ob is None or oa.name != ob.name or oa.name not in _VIEWS or \
                 a.type != b.type or len(oa.operands) != 1 or \
-                {k: str(oa.attributes[k]) for k in list(oa.attributes)} != \
-                {k: str(ob.attributes[k]) for k in list(ob.attributes)}:
+                graph.attributes(oa) != graph.attributes(ob):
             return False
         a, b = oa.operands[0], ob.operands[0]
     return True

@@ -134,14 +134,15 @@ def read_stacks_directly(block) -> int:
                     scan_pairs.owner(src) is None or scan_pairs.owner(src).name != WHILE:
                 continue
             w.operands[m] = src
-            _erase_unread(v)
+            erase_unread(v)
             changed += 1
     return changed
 
 
-def _erase_unread(v) -> None:
-    """Erase the op making `v` where nothing reads `v` and it only moves data, and so on
-    back through its operands."""
+def erase_unread(v) -> None:
+    """Erase the op making `v` where nothing reads `v` and it only moves data (a reshape,
+    broadcast, slice or concatenate), and so on back through its operands: the chain
+    between two loops once the second no longer reads it."""
     op = scan_pairs.owner(v)
     if op is None or next(iter(v.uses), None) is not None or op.name not in (
             "stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.slice",
@@ -150,7 +151,7 @@ def _erase_unread(v) -> None:
     operands = list(op.operands)
     op.erase()
     for x in operands:
-        _erase_unread(x)
+        erase_unread(x)
 
 
 def zeros(t, ip, loc=None) -> ir.Value:
@@ -218,8 +219,8 @@ def stack_value(loop: ForwardLoop, edit: LoopEdit, v) -> ir.Value:
     return zero
 
 
-__all__ = ["LoopEdit", "drop_unused_carries", "read_stacks_directly", "read_slot",
-           "slice_part", "stack_value", "int_const", "zeros", "shape"]
+__all__ = ["LoopEdit", "drop_unused_carries", "erase_unread", "read_stacks_directly",
+           "read_slot", "slice_part", "stack_value", "int_const", "zeros", "shape"]
 
 
 def reuse_saved_stacks(clone, outer: dict):

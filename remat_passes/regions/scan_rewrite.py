@@ -523,11 +523,7 @@ def _rebuild(plan: ScanPairPlan, fedit, bedit, new_buffers, n_bwd) -> None:
     bmap = {old: new for new, old in enumerate(bkeep)}
     new_bw = bedit.rebuild({m: bmap[m] for m in range(len(bw.results)) if m in bmap})
     for v in dropped_inits:   # reshape chains between the loops
-        while owner(v) is not None and owner(v).name == "stablehlo.reshape" \
-                and next(iter(v.uses), None) is None:
-            op = owner(v)
-            v = op.operands[0]
-            op.erase()
+        loop_edit.erase_unread(v)
     fw_old = fwd.op
     n_old = len(fw_old.results)
     fargs = list(fwd.body.arguments)
