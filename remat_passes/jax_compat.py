@@ -320,6 +320,61 @@ def checkpoints_differentiated_as(make_region):
         ad.primitive_jvps[prim] = saved
 
 
+@contextlib.contextmanager
+def scans_differentiated_by(wants, jvp):
+    """Within it, JAX differentiates a scan (`scan_p`) whose params `wants(params)` with
+    `jvp(primals, tangents, **params)`, a JVP rule (JAX linearizes it, for `jax.vjp`, as
+    it does a primitive with no linearization rule of its own); other scans, and every
+    scan on exit, with JAX's own rules."""
+    from jax._src.interpreters import ad
+    from jax._src.lax.control_flow import loops
+    prim = loops.scan_p
+    saved_jvp, saved_lin = ad.primitive_jvps[prim], ad.primitive_linearizations.get(prim)
+
+    def our_jvp(primals, tangents, **params):
+        rule = jvp if wants(params) else saved_jvp
+        return rule(primals, tangents, **params)
+
+    def our_linearization(is_vjp, nonzeros, *primals, **params):
+        if saved_lin is None or wants(params):
+            return ad.fallback_linearize_rule(prim, is_vjp, nonzeros, *primals, **params)
+        return saved_lin(is_vjp, nonzeros, *primals, **params)
+    ad.primitive_jvps[prim], ad.primitive_linearizations[prim] = our_jvp, our_linearization
+    try:
+        yield
+    finally:
+        ad.primitive_jvps[prim] = saved_jvp
+        if saved_lin is None:
+            ad.primitive_linearizations.pop(prim, None)
+        else:
+            ad.primitive_linearizations[prim] = saved_lin
+
+
+def jaxpr_function(jaxpr):
+    """A Python function that evaluates a primitive's `jaxpr` param on its operands (a
+    ClosedJaxpr up to jax 0.10; since 0.11 a Jaxpr is closed)."""
+    from jax._src import core
+    from jax._src.interpreters import partial_eval as pe
+    return core.jaxpr_as_fun(jaxpr if hasattr(jaxpr, "consts") else pe.close_jaxpr(jaxpr))
+
+
+def scan_layout(params: dict) -> tuple[int, int]:
+    """(consts, carries): how many of a `scan_p` equation's operands are loop invariants,
+    then carries (the rest are scanned), from its params in either spelling (`num_consts`
+    and `num_carry` up to jax 0.10; the operands' flat tree `ft_in` since 0.11)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    ft_in = params["ft_in"]
+    consts, carry, _ = ft_in.update(list(range(len(ft_in)))).unpack()
+    return len(consts), len(carry)
+
+
+def is_checkpoint(eqn) -> bool:
+    """Is the equation a `jax.checkpoint` call (JAX's `remat_p`)?"""
+    from jax._src import ad_checkpoint
+    return eqn.primitive is ad_checkpoint.remat_p
+
+
 def current_lowering(prim):
     """The default lowering rule registered for `prim`, or None (for tests)."""
     from jax._src.interpreters import mlir as jax_lowering

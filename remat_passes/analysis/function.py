@@ -36,6 +36,9 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.sharding import gspmd
 
+# views of an argument the backward makes again for nothing (see `FunctionAnalysis.free`)
+_ARGUMENT_VIEWS = ("stablehlo.slice", "stablehlo.reshape")
+
 
 def _csr(rows):
     """Rows of ints as (starts, flat): row i is flat[starts[i]:starts[i + 1]]."""
@@ -448,9 +451,13 @@ class FunctionAnalysis:
     # --------------------------------------------------------- free values --
     @functools.cached_property
     def free(self) -> bytearray:
-        """Forward ops recomputed for nothing: pure ops computed from constants alone, and
-        (scan loops) reshapes of an argument that only loops read."""
+        """Forward ops recomputed for nothing: pure ops computed from constants alone,
+        (scan loops) reshapes of an argument that only loops read, and slices and reshapes
+        of a primal argument (a step of an unrolled scan reads its slice of a scanned-over
+        argument: the backward slices it again, as JAX's scan forwards `xs`, rather than
+        keeping a copy from the forward)."""
         free = bytearray(len(self.ops))
+        view = bytearray(len(self.ops))       # a view of a primal argument
         producer, starts, flat = self.producer, *self._reads
         for pos, op in enumerate(self.ops):
             if self.backward[pos]:
@@ -458,9 +465,15 @@ class FunctionAnalysis:
             if scan_pairs.reshapes_argument_for_loops(op):
                 free[pos] = 1   # an unrolled scan's view of an argument: never a copy
                 continue
+            lo, hi = starts[pos], starts[pos + 1]
+            if op.name in _ARGUMENT_VIEWS and hi - lo == 1 and (
+                    (flat[lo] < self.nargs and flat[lo] not in self.cotangent_vids)
+                    or (producer[flat[lo]] >= 0 and view[producer[flat[lo]]])):
+                free[pos] = view[pos] = 1      # (what is computed from it is not free)
+                continue
             if not self.side_effect[pos] and all(
                     producer[flat[k]] >= 0 and free[producer[flat[k]]]
-                    for k in range(starts[pos], starts[pos + 1])):
+                    and not view[producer[flat[k]]] for k in range(lo, hi)):
                 free[pos] = 1
         return free
 

@@ -34,9 +34,8 @@ from array import array
 from typing import NamedTuple
 
 from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import op_id
 from remat_passes.policy.policies import (Offloadable, Recompute, Saveable, as_policy)
-from remat_passes.policy.scopes import ScopePolicies, VerdictCache
+from remat_passes.policy.scopes import BodyVerdicts, ScopePolicies, VerdictCache
 
 
 class PolicyDecider:
@@ -61,6 +60,7 @@ class PolicyDecider:
         self.chains = analysis.scope_chains(scope_re)
         self.scope_re = scope_re
         self._verdicts = VerdictCache()
+        self._body_verdicts = BodyVerdicts(policies, scope_re, self._verdicts)
         self._outers: dict = {}       # position -> frozenset (interned)
         self._prefix: dict = {}       # position -> tuple (interned)
         self._interned: dict = {}
@@ -70,9 +70,8 @@ class PolicyDecider:
 
     def body_verdict(self, op):
         """The verdict on an op of a scan loop's body, which the loop's rule asks per
-        iteration of the policy of the op's own outermost scope (else the module's)."""
-        policy = self.policies.of_chain(graph.scope_chain(op, self.scope_re))
-        return self._verdicts.get(policy, op, op_id(op))
+        iteration (`BodyVerdicts`)."""
+        return self._body_verdicts(op)
 
     def _intern(self, x):
         return self._interned.setdefault(x, x)

@@ -30,6 +30,7 @@ from remat_passes.ir import contract, graph, mlir
 jax_compat.check_installed_version(("jax",))   # jaxlib was checked by `import remat_passes`
 from remat_passes.ir.mlir import RematError, ir, stablehlo
 from remat_passes.jax.module import Module
+from remat_passes.jax import unrolled_scans
 from remat_passes.jax.run import EXPORT_CHECKS
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable
 
@@ -241,7 +242,8 @@ def export_vjp(fun, *primals, platforms=None, jax_checkpoint: str = "jax") -> Mo
         [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
     joint.__name__ = getattr(fun, "__name__", "fun")
 
-    with names_as_markers(), _jax_checkpoints(jax_checkpoint), _exportable():
+    with names_as_markers(), _jax_checkpoints(jax_checkpoint), _exportable(), \
+            unrolled_scans.steps_apart(regions=jax_checkpoint == "regions"):
         exported = jax_export.export(jax.jit(joint, keep_unused=True), platforms=platforms,
                                      disabled_checks=list(EXPORT_CHECKS))(*primals, cotangent)
     module = Module.parse(exported.mlir_module())
@@ -282,7 +284,8 @@ def export(fun, *args, platforms=None, jax_checkpoint: str = "jax",
     @functools.wraps(fun)
     def fresh(*a):      # a new function: JAX's caches never hand the marker lowering
         return fun(*a)  # to a later plain jit of `fun`, nor a plain one to us
-    with names_as_markers(), _jax_checkpoints(jax_checkpoint), _exportable():
+    with names_as_markers(), _jax_checkpoints(jax_checkpoint), _exportable(), \
+            unrolled_scans.steps_apart(regions=jax_checkpoint == "regions"):
         exported = jax_export.export(jax.jit(fresh, **(shardings or {})), platforms=platforms,
                                      disabled_checks=list(EXPORT_CHECKS))(*args)
     module = from_exported(exported)

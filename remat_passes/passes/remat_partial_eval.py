@@ -46,7 +46,8 @@ from remat_passes.passes.diagnostics import Remark
 from remat_passes.passes.base import ModulePass, PassState, option, parse_int_list, parse_regex
 from remat_passes.passes.trial_plans import TrialPlans
 from remat_passes.planner.resolve import BudgetBelowMinimum, has_auto, resolve
-from remat_passes.policy.scopes import ScopePolicies, VerdictCache, recorded_scope_policies
+from remat_passes.policy.scopes import (BodyVerdicts, ScopePolicies, VerdictCache,
+                                        recorded_scope_policies)
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable, parse_policy
 from remat_passes.regions import loop_edit, manual_crossing
 from remat_passes.regions.rules import Groups, new_rules
@@ -370,9 +371,9 @@ def _baked_recomputation(a, func: str, policies: ScopePolicies) -> list[str]:
 
 
 class _IterationPolicy:
-    """value -> verdict of the policy in force for its producer (a body op of a loop):
-    its outermost checkpoint scope's policy, else the module's (scan loops decide per
-    iteration).
+    """value -> verdict for its producer, a body op of a loop (scan loops decide per
+    iteration): `BodyVerdicts`, its outermost checkpoint scope's policy, else the module's,
+    Saveable for the input of another scope.
 
     A value inside a GSPMD shard_map (inlined into a scanned layer) is recomputed, never
     kept per iteration: a loop carrying a per-device value makes XLA's partitioner abort
@@ -383,13 +384,9 @@ class _IterationPolicy:
     def __init__(self, policies: ScopePolicies, scope_re, gspmd_regions: bool = False):
         self.policies = policies
         self.scope_re = scope_re
-        self._verdicts = VerdictCache()
+        self.op_verdict = BodyVerdicts(policies, scope_re, VerdictCache())
         self._manual = gspmd.InManualRegion() if gspmd_regions else None
         self.overridden: set = set()
-
-    def op_verdict(self, op):
-        policy = self.policies.of_chain(graph.scope_chain(op, self.scope_re))
-        return self._verdicts.get(policy, op, op_id(op))
 
     def __call__(self, value):
         verdict = scan_pairs.value_verdict(value, self.op_verdict)

@@ -15,8 +15,8 @@ import sys
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.policy.auto import PlannedPolicy
-from remat_passes.policy.policies import (OpInfo, as_policy, everything_saveable, nothing_saveable,
-                                          parse_policy)
+from remat_passes.policy.policies import (OpInfo, Saveable, as_policy, everything_saveable,
+                                          nothing_saveable, parse_policy)
 
 
 def op_info(op, with_attributes: bool = True) -> OpInfo:
@@ -127,3 +127,33 @@ class VerdictCache:
         if verdict is None:
             verdict = cache[key] = policy_verdict(policy, op)
         return verdict
+
+
+class BodyVerdicts:
+    """op -> verdict for the ops of a region op's body (a scan loop's, decided per
+    iteration; a case branch's): the policy of the op's own outermost checkpoint scope, else
+    the module's, but Saveable for an input of another scope, as at the top level
+    (`PolicyDecider.decided_by`): a `jax.checkpoint` saves its arguments, so each step of
+    an unrolled iteration keeps its own input."""
+
+    def __init__(self, policies: ScopePolicies, scope_re, verdicts: VerdictCache):
+        self.policies = policies
+        self.scope_re = scope_re
+        self._verdicts = verdicts
+        self._outer: dict = {}       # op id -> its outermost scope (None: outside scopes)
+
+    def outermost(self, op):
+        key = op_id(op)
+        if key not in self._outer:
+            chain = graph.scope_chain(op, self.scope_re)
+            self._outer[key] = chain[0] if chain else None
+        return self._outer[key]
+
+    def __call__(self, op):
+        own = self.outermost(op)
+        for result in op.results:
+            for use in result.uses:
+                if self.outermost(use.owner) not in (None, own):
+                    return Saveable
+        policy = self.policies.of_scope(own) if own else self.policies.outside
+        return self._verdicts.get(policy, op, op_id(op))

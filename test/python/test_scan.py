@@ -763,23 +763,94 @@ def test_inner_scans_of_a_scan_unrolled_whole_pair(outer_remat, mode):
     """Under `jax_checkpoint="regions"` the inner scans' regions apply per iteration: an
     unrolled outer scan stacks its steps' inner stacks with concatenates that its transpose
     slices apart, and the backward loops now read the forward loops' stacks through them
-    (before: 12,800 B kept, every inner value). Without the outer remat the bytes kept are
-    those JAX keeps for the model with its checkpoints applied (the backward loops read the
-    blocks of weights the forward loops read, not a second copy). With it only gradients
-    are checked: the outer scan's steps are one `remat[N]` frame (JAX traces the body
-    once), so the second block's input carry is recomputed from the first block, where
-    JAX saves it (7,168 B kept against JAX's 5,632 B); gradients jax.vjp's, both forms."""
+    (before: 12,800 B kept, every inner value). The bytes kept are those JAX keeps for the
+    model with its checkpoints applied (the backward loops read the blocks of weights the
+    forward loops read, not a second copy). With the outer remat, each step of the unrolled
+    scan is a region of its own (`unrolled_scans`), so the second block's input carry is
+    kept, as JAX keeps it (before: recomputed from the first block, 7,168 B kept against
+    JAX's 5,632 B); gradients jax.vjp's, both forms."""
     loss = _nested_remat_loss(outer_remat)
     Ws = jnp.asarray(np.random.default_rng(0).normal(size=(4, 16, 16)) * 0.3, jnp.float32)
     x = jnp.ones((8, 16))
     module = rp.export_vjp(loss, Ws, x, jax_checkpoint="regions")
     out = rp.remat(module, mode=mode)
-    if not outer_remat:
-        assert sum(r.bytes for r in out.residuals) == sum(
-            int(np.prod(a.shape)) * a.dtype.itemsize
-            for a, _ in jax_saved_residuals(loss, Ws, x))
+    assert sum(r.bytes for r in out.residuals) == sum(
+        int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in jax_saved_residuals(loss, Ws, x))
     ct = jnp.ones(())
     y, vjp_fn = jax.vjp(loss, Ws, x)
     got = (run_joint_cached(out, (Ws, x), ct) if mode == "joint"
            else run_split(out, (Ws, x), ct, 1)[0])
     assert_trees_close(got, leaves((y, vjp_fn(ct))))
+
+
+# ------------------------------------------ checkpoints in the steps of an unrolled scan --
+def _unrolled_loss(unroll, reverse: bool, spelling: str, policy):
+    """`lax.scan` of a checkpointed layer with `unroll` steps to an iteration (True: the
+    scan unrolled whole), the checkpoint spelled `jax.checkpoint` (exported as regions) or
+    `rp.checkpoint`."""
+    def layer(h, W):
+        h = checkpoint_name(h, "carry")
+        return jnp.tanh(jnp.sin(h @ W) @ W) + h, jnp.sum(h)
+    checkpoint = jax.checkpoint if spelling == "jax" else rp.checkpoint
+
+    def loss(Ws, x):
+        h, ys = lax.scan(checkpoint(layer, policy=policy), x, Ws, unroll=unroll,
+                         reverse=reverse)
+        return jnp.sum(h ** 2) + jnp.sum(ys)
+    return loss
+
+
+@pytest.mark.parametrize("spelling", ["jax", "rp"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("unroll", [2, 3, True], ids=["unroll2", "unroll3", "whole"])
+def test_checkpoints_in_the_steps_of_an_unrolled_scan(unroll, reverse, spelling):
+    """Each step of an unrolled scan keeps what its own `jax.checkpoint` keeps, as JAX does:
+    the steps are differentiated written out (`unrolled_scans`), each step's region its own
+    scope, and a value one step's region hands the next is an input of a region, kept.
+    Before, the steps shared one region (JAX traces the body once): unrolled whole, or
+    with 3 steps to an iteration of 4 (the last step peeled), every step's values were kept
+    (12,800 B against JAX's 6,656 under nothing_saveable); with 2 to an iteration, the
+    second step's input was recomputed from the first's (5,632 B). Four 16-wide layers,
+    three policies, both forms; gradients jax.vjp's, the scanned-over weights sliced again
+    in the backward and not kept."""
+    names = jax.checkpoint_policies
+    Ws = jnp.asarray(np.random.default_rng(0).normal(size=(4, 16, 16)) * 0.3, jnp.float32)
+    x = jnp.ones((8, 16))
+    ct = jnp.ones(())
+    for policy in (None, names.save_only_these_names("carry"), names.dots_saveable):
+        loss = _unrolled_loss(unroll, reverse, spelling, policy)
+        jax_loss = _unrolled_loss(unroll, reverse, "jax", policy)
+        theirs = jax_saved_residuals(jax_loss, Ws, x)
+        want_bytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in theirs)
+        want_activations = sum(int(np.prod(a.shape)) * a.dtype.itemsize
+                               for a, source in theirs if "from the argument" not in source)
+        module = rp.export_vjp(loss, Ws, x, jax_checkpoint="regions")
+        y, vjp_fn = jax.vjp(jax_loss, Ws, x)
+        want = leaves((y, vjp_fn(ct)))
+        for mode in ("joint", "split"):
+            out = rp.remat(module, mode=mode)
+            what = f"{policy} {mode}"
+            assert sum(r.bytes for r in out.residuals) == want_bytes, what
+            # the weights' slices are not kept (an unrolled scan's first carry-in is the
+            # argument itself here, where JAX stacks a copy of it with the others)
+            assert sum(r.bytes for r in out.residuals if not r.argument) <= \
+                want_activations, what
+            got = (run_joint_cached(out, (Ws, x), ct) if mode == "joint"
+                   else run_split(out, (Ws, x), ct, 1)[0])
+            assert_trees_close(got, want, rtol=1e-5, what=what)
+
+
+def test_an_unrolled_scan_with_no_checkpoint_keeps_jax_rule():
+    """Only a scan with a region in its body is written out: one without keeps JAX's own
+    differentiation (its loop and no `step[i]` frames), and a scan with one step to an
+    iteration does too."""
+    def loss(Ws, x, unroll, checkpoint):
+        layer = lambda h, W: (jnp.tanh(h @ W), None)    # noqa: E731
+        return jnp.sum(lax.scan(checkpoint(layer), x, Ws, unroll=unroll)[0])
+    Ws, x = jnp.ones((4, 8, 8)) * 0.1, jnp.ones((2, 8))
+    cases = {(2, "none"): False, (1, "rp"): False, (2, "rp"): True}
+    for (unroll, spelling), written_out in cases.items():
+        checkpoint = rp.checkpoint if spelling == "rp" else (lambda f: f)
+        text = rp.export_vjp(functools.partial(loss, unroll=unroll, checkpoint=checkpoint),
+                             Ws, x).text(debug_info=True)
+        assert ("step[1]" in text) == written_out, (unroll, spelling)

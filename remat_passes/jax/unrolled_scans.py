@@ -1,0 +1,111 @@
+"""Unrolled scans differentiated step by step, so that each step's checkpoints are its own.
+
+JAX traces a scan's body once. With `unroll` above 1 its lowering repeats the body's ops
+for each step under the same name stack, so a checkpoint region in the body (an
+`rp.checkpoint` call's `remat[N]` frame, or a `jax.checkpoint` exported as a region) is
+one scope over every step it is repeated in: remat-partial-eval cannot tell where one
+step's region ends and the next begins. A scan unrolled whole then keeps every step's
+values (no loop pairs to rewrite), and the steps of one unrolled iteration are recomputed
+from the first step's input, where `jax.checkpoint` saves each step's input.
+
+Within `steps_apart(regions=...)`, differentiating such a scan differentiates what its
+lowering runs instead, written out as JAX's `_scan_impl` lays it out: a loop of
+`length // unroll` iterations of `unroll` steps (none when the scan is unrolled whole)
+and the remaining steps after it (before it, reversed), each step's body evaluated in a
+name-stack frame of its own, `step[i]`. Each call of a region in the body is then a scope
+of its own, as each `jax.checkpoint` call is in JAX; the math is the same. A scan that
+is not unrolled, or whose body has no region (a `remat[N]` frame, or a `jax.checkpoint`
+call where `regions` is true), keeps JAX's rule.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+
+from remat_passes import jax_compat
+from remat_passes.ir import graph
+
+
+def _has_regions(jaxpr, checkpoints: bool) -> bool:
+    """Does `jaxpr` (a Jaxpr, its sub-jaxprs included) make a checkpoint region: an op in
+    a `remat[N]` frame, or (`checkpoints`) a `jax.checkpoint` call?"""
+    from jax._src import core
+    todo = [jaxpr]
+    while todo:
+        for eqn in todo.pop().eqns:
+            if checkpoints and jax_compat.is_checkpoint(eqn):
+                return True
+            if graph.SCOPE_FRAME_RE.search(str(eqn.source_info.name_stack)):
+                return True
+            todo.extend(core.jaxprs_in_params(eqn.params))
+    return False
+
+
+def _steps(body, n_carry: int, length: int, reverse: bool, unroll: int):
+    """`run(consts, carry, xs) -> (carry, ys)`: the scan of `body` (consts, carry, x ->
+    carry, y, flat lists) with its `unroll` steps written out, each in its own frame."""
+    def run_steps(first, count, consts, carry, xs):
+        """Steps first .. first+count-1 of `xs` (leading axis `count`), in scan order."""
+        ys = [None] * count
+        for j in (reversed(range(count)) if reverse else range(count)):
+            with jax.named_scope(f"step[{first + j}]"):
+                out = body(*consts, *carry,
+                           *(jax.lax.index_in_dim(x, j, keepdims=False) for x in xs))
+            carry, ys[j] = out[:n_carry], out[n_carry:]
+        return carry, [jnp.stack(y) for y in zip(*ys)]
+
+    def run(consts, carry, xs):
+        trips, rest = divmod(length, unroll) if 0 < unroll < length else (0, length)
+        if trips == 0:
+            return run_steps(0, length, consts, carry, xs)
+        # the loop runs xs[:trips * unroll] (reversed: xs[rest:], first), then the rest
+        cut = trips * unroll if not reverse else rest
+        loop_xs, rest_xs = ([x[:cut] for x in xs], [x[cut:] for x in xs])
+        if reverse:
+            loop_xs, rest_xs = rest_xs, loop_xs
+        blocks = [x.reshape(trips, unroll, *x.shape[1:]) for x in loop_xs]
+        carry, loop_ys = jax.lax.scan(
+            lambda c, block: run_steps(0, unroll, consts, c, block), carry, blocks,
+            length=trips, reverse=reverse)
+        loop_ys = [y.reshape(trips * unroll, *y.shape[2:]) for y in loop_ys]
+        if not rest:
+            return carry, loop_ys
+        carry, rest_ys = run_steps(unroll, rest, consts, carry, rest_xs)
+        return carry, [jnp.concatenate([a, b] if not reverse else [b, a])
+                       for a, b in zip(loop_ys, rest_ys)]
+    return run
+
+
+def _unrolled_with_regions(params: dict, checkpoints: bool) -> bool:
+    """Is the scan unrolled (more than one step to an iteration) around a region?"""
+    jaxpr = params["jaxpr"]
+    return (params["unroll"] != 1 and params["length"] > 1
+            and _has_regions(getattr(jaxpr, "jaxpr", jaxpr), checkpoints))
+
+
+def _steps_jvp(primals, tangents, **params):
+    """The JVP of the scan's steps written out (`_steps`)."""
+    from jax._src.interpreters import ad
+    n_consts, n_carry = jax_compat.scan_layout(params)
+    run = _steps(jax_compat.jaxpr_function(params["jaxpr"]), n_carry, params["length"],
+                 params["reverse"], params["unroll"])
+
+    def scan(*args):
+        consts, carry = list(args[:n_consts]), list(args[n_consts:n_consts + n_carry])
+        carry, ys = run(consts, carry, list(args[n_consts + n_carry:]))
+        return [*carry, *ys]
+    out, out_dot = jax.jvp(scan, tuple(primals),
+                           tuple(ad.instantiate_zeros(t) for t in tangents))
+    return list(out), list(out_dot)
+
+
+@contextlib.contextmanager
+def steps_apart(regions: bool):
+    """Within it, an unrolled scan whose body has checkpoint regions is differentiated step
+    by step (see the module docstring); `regions`: `jax.checkpoint` calls are made regions
+    (`jax_checkpoint="regions"`), so they count as regions too."""
+    with jax_compat.scans_differentiated_by(
+            lambda params: _unrolled_with_regions(params, regions), _steps_jvp):
+        yield
