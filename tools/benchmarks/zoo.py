@@ -12,8 +12,8 @@ that runs. Per model:
   `jax.vjp` of `jax.checkpoint(loss, policy)`), and the pass time (`rp.remat`);
 * `auto` at the budget of `dots_saveable`'s activations: within it, exact gradients;
 * the library's own remat setting (RecurrentGemma's `gradient_checkpointing=True`,
-  Flax's `nn.remat` and MaxText's `remat_policy` presets, all wrapping blocks in
-  `jax.checkpoint`): JAX's residuals beside ours with the model's checkpoints applied by
+  Flax's `nn.remat`, Haiku's `hk.remat` and MaxText's `remat_policy` presets, all wrapping
+  blocks in `jax.checkpoint`): JAX's residuals beside ours with the model's checkpoints applied by
   JAX at export (`jax_checkpoint="jax"`) and made regions our passes apply
   (`jax_checkpoint="regions"`); for MaxText also our spelling of the preset,
   `maxtext(preset)`, as the policy of the model without its checkpoints.
@@ -36,7 +36,9 @@ as `gemma` pulls TensorFlow through `kauldron`, and built from its modules, sinc
 classes import a checkpoint loader that needs a kauldron for an older jax), and keras-hub
 (`keras-hub==0.32.0` with keras 3.15, `GPT2Backbone` and `LlamaBackbone` on the JAX backend,
 through `stateless_call`), and Flax (`flax==0.12.8` linen blocks, plain and under
-`nn.remat`), and MaxText (`maxtext==0.2.5`, Python 3.12 only: a tiny llama2 decoder, its
+`nn.remat`), and Haiku (`dm-haiku==0.0.17`: a 4-layer transformer in `hk.layer_stack`, its
+layers plain and under `hk.remat`, with one step to an iteration, two, and unrolled whole),
+and MaxText (`maxtext==0.2.5`, Python 3.12 only: a tiny llama2 decoder, its
 presets `full`, `minimal`, `save_qkv_proj` and `save_dot_except_mlp` beside our
 `maxtext(preset)` spelling on the same model with its layers' `jax.checkpoint` left out;
 and, as MaxText runs by default, its layers by `lax.scan`: three llama2 layers, and three
@@ -101,6 +103,8 @@ LIBRARIES = {"recurrentgemma": ["recurrentgemma[jax]==1.0.1"],
                         "typing_extensions==4.16.0", "typing_inspection==0.4.5",
                         "urllib3==2.8.0", "uvicorn==0.54.0", "wadler_lindig==0.1.8",
                         "xprof==2.24.2"],
+             # Haiku's own requirements are jmp and tabulate (numpy and jax are ours)
+             "haiku": ["--no-deps", "dm-haiku==0.0.17", "jmp==0.0.4", "tabulate==0.10.0"],
              # keras-hub's requirements pull tensorflow-text and kagglehub, which these
              # backbones do not use
              "keras-hub": ["--no-deps", "keras-hub==0.32.0", "keras==3.15.0", "namex==0.1.0",
@@ -220,6 +224,45 @@ def keras_hub_model(kind: str = "gpt2"):
                           f"{seq} tokens, f32, MSE of the hidden states")
 
 
+def haiku_model(remat: str | None = None, unroll: int = 1):
+    """(loss, params, description): a 4-layer pre-norm transformer in Haiku (`hk.Embed`,
+    `hk.MultiHeadAttention` with a causal mask, an MLP), its layers run by
+    `hk.layer_stack` (a `lax.scan` over the stacked parameters, `unroll` steps to an
+    iteration), next-token loss on fixed random tokens. `remat`: each layer under
+    `hk.remat` (its `jax.checkpoint`) with that policy ("default": none given, nothing
+    saveable), else none."""
+    import haiku as hk
+    from jax.ad_checkpoint import checkpoint_name
+    width, heads, mlp, seq, batch, layers, vocab = 64, 4, 128, 32, 4, 4, 128
+
+    def block(x):
+        h = hk.LayerNorm(-1, True, True)(x)
+        a = hk.MultiHeadAttention(heads, width // heads,
+                                  w_init=hk.initializers.VarianceScaling(1.0))(
+            h, h, h, mask=jnp.tril(jnp.ones((1, 1, seq, seq), bool)))
+        x = x + checkpoint_name(a, "attn_out")
+        h = hk.LayerNorm(-1, True, True)(x)
+        return x + hk.Linear(width)(jax.nn.gelu(hk.Linear(mlp)(h)))
+
+    def forward(tokens):
+        layer = block
+        if remat is not None:
+            layer = hk.remat(block, policy=None if remat == "default"
+                             else getattr(jax.checkpoint_policies, remat))
+        x = hk.layer_stack(layers, unroll=unroll)(layer)(hk.Embed(vocab, width)(tokens))
+        return hk.Linear(vocab)(hk.LayerNorm(-1, True, True)(x))
+    model = hk.without_apply_rng(hk.transform(forward))
+    tokens = jax.random.randint(jax.random.key(1), (batch, seq), 0, vocab)
+    params = model.init(jax.random.key(0), tokens)
+
+    def loss(params):
+        logp = jax.nn.log_softmax(model.apply(params, tokens).astype(jnp.float32))
+        return -jnp.mean(jnp.take_along_axis(logp, jnp.roll(tokens, 1, 1)[..., None], -1))
+    return loss, params, (f"a transformer of {layers} layers in `hk.layer_stack` (a "
+                          f"`lax.scan`), embed {width}, {heads} heads of {width // heads}, "
+                          f"MLP {mlp}, vocabulary {vocab}, batch {batch}, {seq} tokens, f32")
+
+
 def flax_model(remat: bool = False):
     """(loss, params, description): three Flax linen residual MLP blocks (LayerNorm, Dense
     128, GELU, Dense 64), each `nn.remat(Block)` with `remat`; mean squared error against
@@ -327,6 +370,7 @@ MODELS = {"recurrentgemma": ("recurrentgemma", recurrentgemma_model),
           "flax": ("flax", flax_model),
           "keras-gpt2": ("keras-hub", lambda: keras_hub_model("gpt2")),
           "keras-llama": ("keras-hub", lambda: keras_hub_model("llama")),
+          "haiku": ("haiku", haiku_model),
           "gemma3": ("gemma", lambda: gemma3_model("float32")),
           "gemma3-bf16": ("gemma", lambda: gemma3_model("bfloat16")),
           "maxtext-llama2": ("maxtext", maxtext_model),
@@ -345,7 +389,8 @@ MAXTEXT_MOE = {**MAXTEXT_SCAN, "model_name": "qwen3-30b-a3b", "num_experts": 4,
 # whole loop from its first carry), with the ops outside the loop as JAX runs them without a
 # checkpoint, which keeps any of their values the backward reads: compared by activations
 # (what is kept beyond the arguments), not by bytes with the arguments in
-LAYER_REFERENCE = {"maxtext-llama2-scan": lambda policy: maxtext_model(
+LAYER_REFERENCE = {"haiku": lambda policy: haiku_model(policy)[0],
+                   "maxtext-llama2-scan": lambda policy: maxtext_model(
                        layer_policy=policy, **MAXTEXT_SCAN)[0],
                    "maxtext-qwen3-moe-scan": lambda policy: maxtext_model(
                        layer_policy=policy, **MAXTEXT_MOE)[0]}
@@ -356,6 +401,11 @@ MAXTEXT_OWN = ("full", "minimal", "save_qkv_proj", "save_dot_except_mlp")
 OWN_REMAT = {"recurrentgemma": [(lambda: recurrentgemma_model(gradient_checkpointing=True),
                                  "gradient_checkpointing=True", None)],
              "flax": [(lambda: flax_model(remat=True), "nn.remat(Block)", None)],
+             # hk.remat in the layer stack, one step to an iteration, two, and unrolled whole
+             # (the steps of an unrolled iteration each their own region: unrolled_scans)
+             "haiku": [(lambda u=u: haiku_model("default", unroll=u),
+                        f"hk.remat(block) in hk.layer_stack(unroll={u})", None)
+                       for u in (1, 2, 4)],
              "maxtext-llama2": [(lambda p=p: maxtext_model(p), f"remat_policy={p}",
                                  f"maxtext({p})") for p in MAXTEXT_OWN],
              "maxtext-llama2-scan": [(lambda p=p: maxtext_model(p, **MAXTEXT_SCAN),
