@@ -51,7 +51,7 @@ MAX_SEGMENTS = 16
 CANDIDATES = 2  # the segment counts with the smallest static working sets, tried by estimate
 GAIN = 0.75     # two levels only where the working set falls to at most 3/4 ...
 PEAK_GAIN = 0.85  # ... and the estimated peak of the function by 15%
-HINT_BYTES = 1 << 20  # (`worth_two_levels`: below a MiB held, no remark)
+HINT_BYTES = 1 << 20  # (`two_levels_hint`: below a MiB held, no remark)
 
 
 class TwoLevelDecider:
@@ -182,8 +182,8 @@ def _candidate_cuts(weight, crossing) -> list:
 
 def _cuts(a, decider, plan):
     """(the recomputed positions, the `CANDIDATES` cuts whose static working set is at most
-    `GAIN` of the one-level one's, that one: the bytes the backward reads of what it
-    recomputes), or None where there is nothing to cut: a decider with checkpoint scopes of
+    `GAIN` of the one-level one's, as (working set, cut indices), smallest first, the
+    one-level one: the bytes the backward reads of what it recomputes), or None where there is nothing to cut: a decider with checkpoint scopes of
     its own, a function with GSPMD shard_map bodies (their per-device values are not tried
     here), fewer than two recomputed ops."""
     if any(decider.chains) or any(a.manual):
@@ -193,7 +193,7 @@ def _cuts(a, decider, plan):
         return None
     recomputed, weight, crossing = found
     total = int(weight.sum())
-    return recomputed, [c for w, c in _candidate_cuts(weight, crossing)[:CANDIDATES]
+    return recomputed, [(w, c) for w, c in _candidate_cuts(weight, crossing)[:CANDIDATES]
                         if w <= GAIN * total], total
 
 
@@ -207,7 +207,7 @@ def two_levels(a, decider, plan, build) -> Levels | None:
         return None
     recomputed, candidates, _ = found
     best = None
-    for cuts in candidates:
+    for _, cuts in candidates:
         two = build(TwoLevelDecider(decider, _chains(a, recomputed, cuts)))
         if set(two.saved) != set(plan.saved):   # (never expected: the same verdicts decide)
             continue
@@ -221,17 +221,28 @@ def two_levels(a, decider, plan, build) -> Levels | None:
     return Levels(two, segments, one_peak, two_peak, two.num_clones - plan.num_clones)
 
 
-def worth_two_levels(a, decider, plan) -> bool:
-    """Is `plan`, one level of a fixed policy, worth trying in two (for a remark: levels=auto
-    keeps one level, as jax.checkpoint)? Where it saves nothing but arguments (under
-    `nothing_saveable`), the backward's first op needs the whole forward: recomputed at once
-    and held, as much as the program without remat holds. It is, where that is at least
-    `HINT_BYTES` and segments would hold at most `GAIN` of it at a time (the static working
-    set, `_cuts`: no plan is built here)."""
+class Hint(NamedTuple):
+    """What two levels would do to a one-level plan, by static working sets alone."""
+    one_level: int       # bytes of recomputed forward the backward holds at once
+    segments: int
+    two_levels: int      # the most the segments' backward would hold at a time
+
+
+def two_levels_hint(a, decider, plan) -> Hint | None:
+    """For a remark on `plan`, one level of a fixed policy (levels=auto keeps one level, as
+    jax.checkpoint): where it saves nothing but arguments (under `nothing_saveable`), the
+    backward's first op needs the whole forward, recomputed at once and held, as much as the
+    program without remat holds. Where that is at least `HINT_BYTES` and segments would hold
+    at most `GAIN` of it at a time, the static working sets of one level and of the best
+    cut (`_cuts`); else None. No plan is built and nothing estimated here: a fixed policy's
+    pass stays as cheap as its plan (levels=2 plans the segments and reports their peak)."""
     if any(a.producer[v] >= 0 for v in plan.saved):
-        return False
+        return None
     found = _cuts(a, decider, plan)
-    return found is not None and bool(found[1]) and found[2] >= HINT_BYTES
+    if found is None or not found[1] or found[2] < HINT_BYTES:
+        return None
+    held, cuts = found[1][0]
+    return Hint(found[2], len(cuts) + 1, held)
 
 
 def _chains(a, recomputed: list, cuts: list) -> list:

@@ -17,7 +17,7 @@ In two phases, each deciding before it rewrites:
 2. the function: `plan.build_plan` decides every residual (under `auto`, or with
    `levels=2`, planned again in two levels where that lowers the peak: `core/levels.py`; a
    fixed policy that saves only arguments keeps one level, as jax.checkpoint, and a remark
-   says what two would save where `levels.worth_two_levels`), then
+   says what two would save where `levels.two_levels_hint`), then
    `materialize` clones the recomputation just in time and `split` (in
    `mode=split`) cuts the function into `<f>_fwd(primals) -> (outputs...,
    residuals...)` and `<f>_bwd(residuals..., cotangents...) -> (gradients...)`.
@@ -34,7 +34,7 @@ import re
 
 from remat_passes.analysis import scan_pairs
 from remat_passes.core import residuals as report
-from remat_passes.core.levels import two_levels, worth_two_levels
+from remat_passes.core.levels import two_levels, two_levels_hint
 from remat_passes.core.materialize import analysis_after, materialize
 from remat_passes.core.plan import PolicyDecider, build_plan
 from remat_passes.core.split import half_analyses, split_function
@@ -188,17 +188,17 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
                 if attempt == 3 or not any(
                         [rule.tidy(a, plan.twins_read) for rule in rules.values()]):
                     break
-            if self.levels == "auto" and not planned and worth_two_levels(a, decider, plan):
-                two = two_levels(a, decider, plan, build)   # (said, not taken: module doc)
-                if two is not None:
-                    state.remarks.append(
-                        f"@{self.func}: the plan saves only arguments, so the backward "
-                        "recomputes the forward at once and holds it: its peak, by "
-                        f"estimate_memory's xla model, {two.one_level} B; in two levels "
-                        f"(levels=2: rp.jit / rp.remat levels=\"2\") it would keep "
-                        f"{two.segments - 1} segment boundaries and recompute each segment "
-                        f"again before its backward ({two.extra_clones} more recomputed "
-                        f"ops): {two.two_levels} B")
+            hint = (two_levels_hint(a, decider, plan)
+                    if self.levels == "auto" and not planned else None)
+            if hint is not None:      # (said, not taken: core/levels' module doc)
+                state.remarks.append(
+                    f"@{self.func}: the plan saves only arguments, so the backward "
+                    "recomputes the forward at once and holds what its ops read of it: "
+                    f"{hint.one_level} B; in two levels (levels=2: rp.jit / rp.remat "
+                    f"levels=\"2\") it would keep {hint.segments - 1} segment boundaries and "
+                    "recompute each segment again before its backward, holding at most "
+                    f"{hint.two_levels} B of it at a time (static working sets; levels=2 "
+                    "says the peak estimates)")
             vids = plan.residuals()
             dims = DimNames(f, (state.dim_symbols or {}).get(self.func))
             layouts = gspmd.residual_layouts(a, vids)    # per-device values of GSPMD shard_maps
