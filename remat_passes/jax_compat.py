@@ -369,6 +369,18 @@ def scan_layout(params: dict) -> tuple[int, int]:
     return len(consts), len(carry)
 
 
+def sub_jaxprs(eqn) -> list:
+    """The jaxprs an equation holds in its params (a scan's body, a cond's branches)."""
+    from jax._src import core
+    return list(core.jaxprs_in_params(eqn.params))
+
+
+def instantiate_zeros(tangent):
+    """A tangent as an array (JAX's symbolic zero made a zeros array)."""
+    from jax._src.interpreters import ad
+    return ad.instantiate_zeros(tangent)
+
+
 def is_checkpoint(eqn) -> bool:
     """Is the equation a `jax.checkpoint` call (JAX's `remat_p`)?"""
     from jax._src import ad_checkpoint

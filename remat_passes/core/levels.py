@@ -183,9 +183,10 @@ def _candidate_cuts(weight, crossing) -> list:
 def _cuts(a, decider, plan):
     """(the recomputed positions, the `CANDIDATES` cuts whose static working set is at most
     `GAIN` of the one-level one's, as (working set, cut indices), smallest first, the
-    one-level one: the bytes the backward reads of what it recomputes), or None where there is nothing to cut: a decider with checkpoint scopes of
-    its own, a function with GSPMD shard_map bodies (their per-device values are not tried
-    here), fewer than two recomputed ops."""
+    one-level one: the bytes the backward reads of what it recomputes), or None where there
+    is nothing to cut: a decider with checkpoint scopes of its own, a function with GSPMD
+    shard_map bodies (their per-device values are not tried here), fewer than two recomputed
+    ops."""
     if any(decider.chains) or any(a.manual):
         return None
     found = _weights(a, plan)

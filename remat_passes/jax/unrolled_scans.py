@@ -31,7 +31,6 @@ from remat_passes.ir import graph
 def _has_regions(jaxpr, checkpoints: bool) -> bool:
     """Does `jaxpr` (a Jaxpr, its sub-jaxprs included) make a checkpoint region: an op in
     a `remat[N]` frame, or (`checkpoints`) a `jax.checkpoint` call?"""
-    from jax._src import core
     todo = [jaxpr]
     while todo:
         for eqn in todo.pop().eqns:
@@ -39,7 +38,7 @@ def _has_regions(jaxpr, checkpoints: bool) -> bool:
                 return True
             if graph.SCOPE_FRAME_RE.search(str(eqn.source_info.name_stack)):
                 return True
-            todo.extend(core.jaxprs_in_params(eqn.params))
+            todo.extend(jax_compat.sub_jaxprs(eqn))
     return False
 
 
@@ -87,7 +86,6 @@ def _unrolled_with_regions(params: dict, checkpoints: bool) -> bool:
 
 def _steps_jvp(primals, tangents, **params):
     """The JVP of the scan's steps written out (`_steps`)."""
-    from jax._src.interpreters import ad
     n_consts, n_carry = jax_compat.scan_layout(params)
     run = _steps(jax_compat.jaxpr_function(params["jaxpr"]), n_carry, params["length"],
                  params["reverse"], params["unroll"])
@@ -97,7 +95,7 @@ def _steps_jvp(primals, tangents, **params):
         carry, ys = run(consts, carry, list(args[n_consts + n_carry:]))
         return [*carry, *ys]
     out, out_dot = jax.jvp(scan, tuple(primals),
-                           tuple(ad.instantiate_zeros(t) for t in tangents))
+                           tuple(jax_compat.instantiate_zeros(t) for t in tangents))
     return list(out), list(out_dot)
 
 
