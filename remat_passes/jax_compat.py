@@ -322,10 +322,9 @@ def checkpoints_differentiated_as(make_region):
 
 @contextlib.contextmanager
 def scans_differentiated_by(wants, jvp):
-    """Within it, JAX differentiates a scan (`scan_p`) whose params `wants(params)` with
-    `jvp(primals, tangents, **params)`, a JVP rule (JAX linearizes it, for `jax.vjp`, as
-    it does a primitive with no linearization rule of its own); other scans, and every
-    scan on exit, with JAX's own rules."""
+    """Within it, a scan (`scan_p`) whose params `wants(params)` is differentiated by the JVP
+    rule `jvp(primals, tangents, **params)` (linearized from it, for `jax.vjp`); others by
+    JAX's own rules."""
     from jax._src.interpreters import ad
     from jax._src.lax.control_flow import loops
     prim = loops.scan_p
@@ -351,21 +350,18 @@ def scans_differentiated_by(wants, jvp):
 
 
 def jaxpr_function(jaxpr):
-    """A Python function that evaluates a primitive's `jaxpr` param on its operands (a
-    ClosedJaxpr up to jax 0.10; since 0.11 a Jaxpr is closed)."""
+    """A function evaluating a primitive's `jaxpr` param (a ClosedJaxpr up to jax 0.10)."""
     from jax._src import core
     from jax._src.interpreters import partial_eval as pe
     return core.jaxpr_as_fun(jaxpr if hasattr(jaxpr, "consts") else pe.close_jaxpr(jaxpr))
 
 
 def scan_layout(params: dict) -> tuple[int, int]:
-    """(consts, carries): how many of a `scan_p` equation's operands are loop invariants,
-    then carries (the rest are scanned), from its params in either spelling (`num_consts`
-    and `num_carry` up to jax 0.10; the operands' flat tree `ft_in` since 0.11)."""
+    """How many of a `scan_p`'s operands are invariants, then carries (the rest are scanned):
+    `num_consts`, `num_carry` up to jax 0.10; the operands' flat tree `ft_in` since 0.11."""
     if "num_consts" in params:
         return params["num_consts"], params["num_carry"]
-    ft_in = params["ft_in"]
-    consts, carry, _ = ft_in.update(list(range(len(ft_in)))).unpack()
+    consts, carry, _ = params["ft_in"].update(list(range(len(params["ft_in"])))).unpack()
     return len(consts), len(carry)
 
 
