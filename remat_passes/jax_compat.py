@@ -302,16 +302,16 @@ def checkpoints_differentiated_as(make_region):
     (an `rp.checkpoint` region) is what the exported program shows. JAX's JVP rule is
     restored on exit."""
     import jax
-    from jax._src import ad_checkpoint, core
-    from jax._src.interpreters import ad, partial_eval as pe
+    from jax._src import ad_checkpoint
+    from jax._src.interpreters import ad
     prim = ad_checkpoint.remat_p
     saved = ad.primitive_jvps[prim]
 
     def jvp(primals, tangents, *, jaxpr, prevent_cse, differentiated, policy):
-        body = core.jaxpr_as_fun(pe.close_jaxpr(jaxpr))
+        body = jaxpr_function(jaxpr)
         region = make_region(lambda *args: body(*args), policy, prevent_cse)
         out, out_dot = jax.jvp(region, tuple(primals),
-                               tuple(ad.instantiate_zeros(t) for t in tangents))
+                               tuple(instantiate_zeros(t) for t in tangents))
         return list(out), list(out_dot)
     ad.primitive_jvps[prim] = jvp
     try:

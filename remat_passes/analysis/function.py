@@ -451,19 +451,16 @@ class FunctionAnalysis:
     # --------------------------------------------------------- free values --
     @functools.cached_property
     def free(self) -> bytearray:
-        """Forward ops recomputed for nothing: pure ops computed from constants alone,
-        (scan loops) reshapes of an argument that only loops read, and slices and reshapes
-        of a primal argument (a step of an unrolled scan reads its slice of a scanned-over
-        argument: the backward slices it again, as JAX's scan forwards `xs`, rather than
-        keeping a copy from the forward)."""
+        """Forward ops recomputed for nothing: pure ops computed from constants alone, and
+        slices and reshapes of a primal argument, views of it (an unrolled scan's blocks of
+        a scanned-over argument that the loops read, a step's slice of it: the backward
+        makes them again, as JAX's scan forwards `xs`, rather than keeping a copy from the
+        forward); what is computed from a view is not free."""
         free = bytearray(len(self.ops))
         view = bytearray(len(self.ops))       # a view of a primal argument
         producer, starts, flat = self.producer, *self._reads
         for pos, op in enumerate(self.ops):
             if self.backward[pos]:
-                continue
-            if scan_pairs.reshapes_argument_for_loops(op):
-                free[pos] = 1   # an unrolled scan's view of an argument: never a copy
                 continue
             lo, hi = starts[pos], starts[pos + 1]
             if op.name in _ARGUMENT_VIEWS and hi - lo == 1 and (

@@ -387,13 +387,6 @@ class PendingPairs:
         return PendingPairs() if any(self.held[i] > 0 for i in loops) else self
 
 
-def reshapes_argument_for_loops(op) -> bool:
-    """A reshape of a function argument that only while loops read (how an unrolled
-    scan views its scanned-over arrays as [N/k, k, ...] blocks)."""
-    return (op.name == "stablehlo.reshape" and isinstance(op.operands[0], ir.BlockArgument)
-            and all(u.owner.operation.name == WHILE for u in op.results[0].uses))
-
-
 _MOVEMENT = {"stablehlo.dynamic_slice", "stablehlo.slice", "stablehlo.reshape",
              "stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.convert"}
 _INDEX_ARITHMETIC = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
