@@ -14,8 +14,17 @@ lowering runs instead, written out as JAX's `_scan_impl` lays it out: a loop of
 and the remaining steps after it (before it, reversed), each step's body evaluated in a
 name-stack frame of its own, `step[i]`. Each call of a region in the body is then a scope
 of its own, as each `jax.checkpoint` call is in JAX; the math is the same. A scan that
-is not unrolled, or whose body has no region (a `remat[N]` frame, or a `jax.checkpoint`
-call where `regions` is true), keeps JAX's rule.
+is not unrolled keeps JAX's rule.
+
+An unrolled scan whose body has no region (a `remat[N]` frame, or a `jax.checkpoint` call
+where `regions` is true) keeps it too, unless `unroll` does not divide its length: JAX's
+lowering then peels the remaining steps out of the loop and writes their stacks beside the
+loop's with `concatenate`s and `slice`s, which remat-partial-eval cannot pair, so the loop
+stayed atomic (a module policy recomputed it whole). Such a scan is differentiated as the
+two scans it runs: the loop's `length // unroll * unroll` steps with the same `unroll`,
+then the remaining steps one to an iteration (reversed: the loop over the last steps
+first). Both pair, and each step keeps what the policy keeps per iteration, as in JAX; the
+remaining steps run as a short loop where JAX's lowering writes them out.
 """
 from __future__ import annotations
 
@@ -60,10 +69,7 @@ def _steps(body, n_carry: int, length: int, reverse: bool, unroll: int):
         if trips == 0:
             return run_steps(0, length, consts, carry, xs)
         # the loop runs xs[:trips * unroll] (reversed: xs[rest:], first), then the rest
-        cut = trips * unroll if not reverse else rest
-        loop_xs, rest_xs = ([x[:cut] for x in xs], [x[cut:] for x in xs])
-        if reverse:
-            loop_xs, rest_xs = rest_xs, loop_xs
+        loop_xs, rest_xs = _cut(xs, trips * unroll, rest, reverse)
         blocks = [x.reshape(trips, unroll, *x.shape[1:]) for x in loop_xs]
         carry, loop_ys = jax.lax.scan(
             lambda c, block: run_steps(0, unroll, consts, c, block), carry, blocks,
@@ -77,18 +83,68 @@ def _steps(body, n_carry: int, length: int, reverse: bool, unroll: int):
     return run
 
 
-def _unrolled_with_regions(params: dict, checkpoints: bool) -> bool:
-    """Is the scan unrolled (more than one step to an iteration) around a region?"""
+def _two_scans(body, n_carry: int, length: int, reverse: bool, unroll: int):
+    """`run(consts, carry, xs) -> (carry, ys)`: the scan of `body` as two scans, the loop's
+    `length // unroll * unroll` steps with `unroll` to an iteration, then the rest, one."""
+    def step(consts):
+        def f(carry, x):
+            out = body(*consts, *carry, *x)
+            return out[:n_carry], out[n_carry:]
+        return f
+
+    def run(consts, carry, xs):
+        rest = length % unroll
+        parts = zip(_cut(xs, length - rest, rest, reverse), (length - rest, rest), (unroll, 1))
+        ys = []
+        for part_xs, steps, k in parts:      # the loop's steps, then the rest
+            carry, part_ys = jax.lax.scan(step(consts), carry, part_xs, length=steps,
+                                          reverse=reverse, unroll=k)
+            ys.append(part_ys)
+        return carry, [jnp.concatenate(y if not reverse else y[::-1]) for y in zip(*ys)]
+    return run
+
+
+def _cut(xs: list, loop: int, rest: int, reverse: bool) -> tuple[list, list]:
+    """The scanned-over arrays `xs` cut along their leading axis into the loop's `loop` steps
+    and the `rest` after them (reversed: the loop's are the last), with `lax.split`, whose
+    transpose is a concatenate (slices' is pads and adds)."""
+    sizes = (loop, rest) if not reverse else (rest, loop)
+    first, second = (list(p) for p in zip(*(jax.lax.split(x, sizes) for x in xs))) \
+        if xs else ([], [])
+    return (first, second) if not reverse else (second, first)
+
+
+def _unrolled(params: dict) -> bool:
+    """Has the scan more than one step to an iteration?"""
+    return params["unroll"] != 1 and params["length"] > 1
+
+
+def _remainder(params: dict) -> bool:
+    """Does `unroll` leave steps out of the loop (neither 1, nor the length or above, nor a
+    divisor of it)?"""
+    return 1 < params["unroll"] < params["length"] and params["length"] % params["unroll"] != 0
+
+
+def _with_regions(params: dict, checkpoints: bool) -> bool:
+    """Has the scan's body a region?"""
     jaxpr = params["jaxpr"]
-    return (params["unroll"] != 1 and params["length"] > 1
-            and _has_regions(getattr(jaxpr, "jaxpr", jaxpr), checkpoints))
+    return _has_regions(getattr(jaxpr, "jaxpr", jaxpr), checkpoints)
 
 
-def _steps_jvp(primals, tangents, **params):
-    """The JVP of the scan's steps written out (`_steps`)."""
+def _jvp(checkpoints: bool):
+    """The JVP rule of the scans `steps_apart` takes: of the steps written out (`_steps`)
+    where the body has a region, else of the two scans (`_two_scans`)."""
+    def rule(primals, tangents, **params):
+        written_out = _with_regions(params, checkpoints)
+        return _scan_jvp(_steps if written_out else _two_scans, primals, tangents, params)
+    return rule
+
+
+def _scan_jvp(rewrite, primals, tangents, params):
+    """The JVP of the scan run as `rewrite` lays it out."""
     n_consts, n_carry = jax_compat.scan_layout(params)
-    run = _steps(jax_compat.jaxpr_function(params["jaxpr"]), n_carry, params["length"],
-                 params["reverse"], params["unroll"])
+    run = rewrite(jax_compat.jaxpr_function(params["jaxpr"]), n_carry, params["length"],
+                  params["reverse"], params["unroll"])
 
     def scan(*args):
         consts, carry = list(args[:n_consts]), list(args[n_consts:n_consts + n_carry])
@@ -102,8 +158,10 @@ def _steps_jvp(primals, tangents, **params):
 @contextlib.contextmanager
 def steps_apart(regions: bool):
     """Within it, an unrolled scan whose body has checkpoint regions is differentiated step
-    by step (see the module docstring); `regions`: `jax.checkpoint` calls are made regions
+    by step, and one that leaves steps out of its loop as two scans (see the module
+    docstring); `regions`: `jax.checkpoint` calls are made regions
     (`jax_checkpoint="regions"`), so they count as regions too."""
-    with jax_compat.scans_differentiated_by(
-            lambda params: _unrolled_with_regions(params, regions), _steps_jvp):
+    def wants(params):
+        return _unrolled(params) and (_remainder(params) or _with_regions(params, regions))
+    with jax_compat.scans_differentiated_by(wants, _jvp(regions)):
         yield
