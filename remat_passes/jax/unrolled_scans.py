@@ -23,8 +23,9 @@ loop's with `concatenate`s and `slice`s, which remat-partial-eval cannot pair, s
 stayed atomic (a module policy recomputed it whole). Such a scan is differentiated as the
 two scans it runs: the loop's `length // unroll * unroll` steps with the same `unroll`,
 then the remaining steps one to an iteration (reversed: the loop over the last steps
-first). Both pair, and each step keeps what the policy keeps per iteration, as in JAX; the
-remaining steps run as a short loop where JAX's lowering writes them out.
+first; where the loop would run once, one scan of one step to an iteration). The loops pair
+and a policy decides per iteration, as in JAX; the remaining steps run as a short loop where
+JAX's lowering writes them out.
 """
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ def _steps(body, n_carry: int, length: int, reverse: bool, unroll: int):
 
 def _two_scans(body, n_carry: int, length: int, reverse: bool, unroll: int):
     """`run(consts, carry, xs) -> (carry, ys)`: the scan of `body` as two scans, the loop's
-    `length // unroll * unroll` steps with `unroll` to an iteration, then the rest, one."""
+    `length // unroll * unroll` steps with `unroll` to an iteration, then the rest, one;
+    where the loop would run once (JAX's lowering keeps a one-trip loop, which a scan of
+    `unroll` steps would lower unrolled whole), one scan of one step to an iteration."""
     def step(consts):
         def f(carry, x):
             out = body(*consts, *carry, *x)
@@ -94,6 +97,8 @@ def _two_scans(body, n_carry: int, length: int, reverse: bool, unroll: int):
 
     def run(consts, carry, xs):
         rest = length % unroll
+        if length - rest == unroll:   # a loop that runs once: one scan, a step an iteration
+            return jax.lax.scan(step(consts), carry, xs, length=length, reverse=reverse)
         parts = zip(_cut(xs, length - rest, rest, reverse), (length - rest, rest), (unroll, 1))
         ys = []
         for part_xs, steps, k in parts:      # the loop's steps, then the rest

@@ -874,7 +874,8 @@ def test_an_unrolled_scan_that_leaves_steps_out_of_its_loop_pairs(unroll, revers
     decides per iteration, as `lax.scan(jax.checkpoint(layer, policy), unroll=k)` does.
     JAX's lowering peels the remaining steps and passes the stacks through concatenates
     and slices, which left the loop atomic and recomputed whole (dots_saveable: +26% of
-    JAX's FLOPs); `unrolled_scans` differentiates the two scans it runs. No atomic remark,
+    JAX's FLOPs); `unrolled_scans` differentiates the two scans it runs (unroll 2), or one
+    scan of a step to an iteration where the loop would run once (unroll 3). No atomic remark,
     bytes at most JAX's (equal for the names policy, which keeps each step's carry-in),
     FLOPs within 0.5% of JAX's program, gradients jax.vjp's, both forms."""
     names = jax.checkpoint_policies
