@@ -58,10 +58,12 @@ def _steps(body, n_carry: int, length: int, reverse: bool, unroll: int):
     def run_steps(first, count, consts, carry, xs):
         """Steps first .. first+count-1 of `xs` (leading axis `count`), in scan order."""
         ys = [None] * count
+        # each step's x (lax.split: its transpose is a concatenate, index_in_dim's a pad
+        # and an add of the whole block per step)
+        steps_xs = list(zip(*(jax.lax.split(x, [1] * count) for x in xs))) or [()] * count
         for j in (reversed(range(count)) if reverse else range(count)):
             with jax.named_scope(f"step[{first + j}]"):
-                out = body(*consts, *carry,
-                           *(jax.lax.index_in_dim(x, j, keepdims=False) for x in xs))
+                out = body(*consts, *carry, *(x.reshape(x.shape[1:]) for x in steps_xs[j]))
             carry, ys[j] = out[:n_carry], out[n_carry:]
         return carry, [jnp.stack(y) for y in zip(*ys)]
 
