@@ -246,3 +246,61 @@ def test_eval_shape_of_an_nnx_step_leaves_the_objects_as_they_are():
     assert jitted.builds == 0
     for a, b in zip(state_leaves(model, optimizer), before):
         np.testing.assert_array_equal(a, b)
+
+
+class Stack(nnx.Module):
+    """Five MLP blocks made by `nnx.vmap` and run by `nnx.scan(unroll=2)` (the last block
+    left out of the loop's two trips), each block under `nnx.remat(policy)` if given."""
+
+    def __init__(self, rngs, policy=None):
+        @nnx.split_rngs(splits=5)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def blocks(rngs):
+            return nnx.Sequential(nnx.Linear(16, 32, rngs=rngs), jax.nn.gelu,
+                                  nnx.Linear(32, 16, rngs=rngs))
+        self.blocks = blocks(rngs)
+        self.policy = policy
+
+    def __call__(self, x):
+        def layer(h, block):
+            return h + block(h)
+        if self.policy is not None:
+            layer = nnx.remat(layer, policy=getattr(jax.checkpoint_policies, self.policy))
+        return nnx.scan(layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, unroll=2)(
+            x, self.blocks)
+
+
+def stack_step(model, optimizer, x):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+    optimizer.update(model, grads)
+    return loss
+
+
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
+def test_an_nnx_scan_whose_unroll_leaves_a_block_out_gets_the_policy_per_block(policy):
+    """`nnx.scan(unroll=2)` over five blocks: JAX's lowering peels the fifth block out of the
+    loop, which left the loop atomic (recomputed whole under a module policy). The step
+    trains as nnx.jit's does, no remark says a loop is atomic, and the activations kept are
+    at most what `nnx.remat(layer, policy)` keeps under JAX."""
+    def make_stack(remat_policy=None):
+        model = Stack(nnx.Rngs(0), remat_policy)
+        return model, nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    x = jax.random.normal(jax.random.key(1), (8, 16))
+    results = []
+    for jitted in (nnx.jit(stack_step), rp.jit(stack_step, policy=policy)):
+        model, optimizer = make_stack()
+        results.append(([float(jitted(model, optimizer, x)) for _ in range(STEPS)],
+                        state_leaves(model, optimizer)))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
+    assert_trees_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)
+    model, optimizer = make_stack()
+    lowered = rp.jit(stack_step, policy=policy).lower(model, optimizer, x)
+    assert not any("atomic" in r for r in lowered.remarks), lowered.remarks
+    ours = sum(r.bytes for r in lowered.residuals if not r.argument)
+    reference, _ = make_stack(policy)
+    graphdef, params, rest = nnx.split(reference, nnx.Param, ...)
+    theirs = jax_saved_residuals(
+        lambda p: jnp.mean(nnx.merge(graphdef, p, rest)(x) ** 2), params)
+    jax_bytes = sum(a.size * a.dtype.itemsize for a, d in theirs
+                    if not d.startswith("from the argument"))
+    assert 0 < ours <= jax_bytes, (ours, jax_bytes)
