@@ -76,10 +76,13 @@ class ScanPairRule:
 
     def __init__(self):
         self._scoped: set = set()   # forward loops in a checkpoint scope: re-run whole
+        self._peeled: set = set()   # loops whose stacks join those of steps left out of them
 
     def rewrite(self, block, policy, groups: Groups, analysis) -> dict:
         def mark(clone):
             contract.set_recompute_group(clone, groups.n)
+        self._peeled = {op_id(op) for op in block.operations
+                        if op.name == WHILE and _stacks_peeled_steps(op)}
         stats = scan_rewrite.rewrite_pairs(block, policy, mark, groups.next)
         self._scoped = stats["scoped_loops"]
         return stats
@@ -100,16 +103,21 @@ class ScanPairRule:
     def remarks(self, analysis, surviving, recomputed) -> list[str]:
         # (a loop the plan neither saved nor recomputed, as a random initialisation whose
         # values a library then replaces, was never treated as anything: nothing to say)
-        loops = sum(1 for pos in surviving   # erased ops must not be touched
-                    if analysis.ops[pos].name == WHILE and not analysis.backward[pos]
-                    and pos not in analysis.scan_loop_positions
-                    and op_id(analysis.ops[pos]) not in self._scoped
-                    and (pos in recomputed or _read_by_backward(analysis, analysis.ops[pos])))
+        loops = [analysis.ops[pos] for pos in surviving   # erased ops must not be touched
+                 if analysis.ops[pos].name == WHILE and not analysis.backward[pos]
+                 and pos not in analysis.scan_loop_positions
+                 and op_id(analysis.ops[pos]) not in self._scoped
+                 and (pos in recomputed or _read_by_backward(analysis, analysis.ops[pos]))]
         out = []
         if loops:
-            out.append(f"@{analysis.name}: {loops} forward stablehlo.while loop(s) are not "
-                       "scan loops with a matching backward loop; each is treated as one "
-                       "atomic op: saved or recomputed whole")
+            peeled = sum(1 for op in loops if op_id(op) in self._peeled)
+            out.append(f"@{analysis.name}: {len(loops)} forward stablehlo.while loop(s) are "
+                       "not scan loops with a matching backward loop; each is treated as one "
+                       "atomic op: saved or recomputed whole" + (
+                           f" ({peeled} of them a scan whose unroll does not divide its "
+                           "length, its stacks concatenated with the steps left out of the "
+                           "loop: exported by rp.export_vjp, rp.export or rp.jit, such a scan "
+                           "is differentiated as two scans that pair)" if peeled else ""))
         # (a shard_map in a scan body gets the policy inside it, `manual_nested`, unless
         # its body has a side effect or it has no mesh)
         manual = sum(1 for pos in analysis.scan_loop_positions if pos in surviving
@@ -172,6 +180,20 @@ class CasePairRule:
         return [f"@{analysis.name}: {opaque} forward stablehlo.case op(s) (lax.cond/switch) "
                 "are read by the backward pass outside a backward case; each is treated as "
                 "one atomic op: saved or recomputed whole"]
+
+
+def _stacks_peeled_steps(loop) -> bool:
+    """Does a result of `loop` reach a `concatenate` through reshapes alone: the stacks of
+    an unrolled scan's loop, joined with those of the steps JAX's lowering left out of it?"""
+    todo = list(loop.results)
+    while todo:
+        for use in todo.pop().uses:
+            owner = use.owner
+            if owner.name == "stablehlo.concatenate":
+                return True
+            if owner.name == "stablehlo.reshape":
+                todo.extend(owner.results)
+    return False
 
 
 def _read_by_backward(analysis, op, besides: str | None = None) -> bool:

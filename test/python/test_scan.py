@@ -487,6 +487,26 @@ def test_while_loop_is_atomic_with_a_remark():
     assert any(_is_atomic_remark(r) for r in remarks), remarks
 
 
+def test_an_atomic_scan_that_leaves_steps_out_says_how_to_export_it():
+    """A module exported by plain `jax.export` keeps JAX's lowering of a scan whose unroll
+    does not divide its length (stacks concatenated with the peeled steps'): its loop stays
+    atomic, and the remark says what it is and that rp's exports pair it; the
+    data-dependent while_loop's remark does not."""
+    def joint(Ws, x):
+        def loss(Ws, x):
+            return jnp.sum(lax.scan(lambda h, W: (jnp.tanh(h @ W), None), x, Ws,
+                                    unroll=2)[0] ** 2)
+        y, vjp_fn = jax.vjp(loss, Ws, x)
+        return y, vjp_fn(jnp.ones(()))
+    Ws, x = jnp.ones((5, 16, 16)) * 0.1, jnp.ones((4, 16))
+    with rp.names_as_markers():
+        module = rp.from_exported(jax.export.export(jax.jit(joint))(Ws, x))
+    remarks = rp.remat(module, "nothing_saveable").remarks
+    assert any(_is_atomic_remark(r) and "unroll does not divide" in r for r in remarks), remarks
+    while_remarks = _remarks(case("while_loop").module, "nothing_saveable")
+    assert not any("unroll" in r for r in while_remarks), while_remarks
+
+
 @pytest.mark.parametrize("model", ["mlp", "gpt", "nested"])
 def test_scans_get_no_atomic_loop_remark(model):
     """A scan is remat per iteration, so no remark may say it is kept atomic."""
