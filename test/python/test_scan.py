@@ -925,3 +925,24 @@ def test_an_unrolled_scan_that_leaves_steps_out_of_its_loop_pairs(unroll, revers
                    else run_split(out, (Ws, x), ct, 1)[0])
             assert_trees_close(got, want, rtol=1e-5, what=what)
 
+
+
+@pytest.mark.parametrize("unroll", [2, 3], ids=["unroll2", "unroll3"])
+def test_jax_checkpoints_in_a_scan_that_leaves_steps_out_keep_jax_residuals(unroll):
+    """`jax.checkpoint` applied by JAX at export (`jax_checkpoint="jax"`) in the body of a
+    scan whose unroll does not divide its length: the export differentiates the scan as two
+    scans (or one, unroll 3 of 5), and JAX's rule inside each step still decides: with no
+    policy of ours, the split form keeps what `jax.checkpoint` saves, to the byte, and the
+    gradients are jax.vjp's."""
+    names = jax.checkpoint_policies
+    Ws = jnp.asarray(np.random.default_rng(2).normal(size=(5, 16, 16)) * 0.3, jnp.float32)
+    x = jnp.ones((8, 16))
+    ct = jnp.ones(())
+    for policy in (names.nothing_saveable, names.save_only_these_names("carry"),
+                   names.dots_saveable):
+        loss = _unrolled_loss(unroll, False, "jax", policy)
+        out = rp.remat(rp.export_vjp(loss, Ws, x), None, mode="split")
+        assert sum(r.bytes for r in out.residuals) == _jax_bytes(loss, Ws, x), policy
+        y, vjp_fn = jax.vjp(loss, Ws, x)
+        assert_trees_close(run_split(out, (Ws, x), ct, 1)[0], leaves((y, vjp_fn(ct))),
+                           rtol=1e-5, what=str(policy))
