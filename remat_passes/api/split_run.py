@@ -87,10 +87,13 @@ def build(jitted, exported, module, dynamic, donated, start) -> Callable[[], Low
         *[arguments.key_data(leaves[i]) for i in kept]))
     in_kinds = jax_run.memory_kinds(module, "main_bwd", "arg_attrs")
     in_shardings = jax_run.placed_shardings(in_kinds, device) or [None] * len(in_kinds)
-    if device is None:    # on several devices: the residuals as the forward hands them
+    if device is None:    # on several devices: the residuals as the forward hands them,
+        # the arguments as the forward took them (one on no device, a Python number, or
+        # placed by jax.jit where it went: the forward's program says where)
         made_sh = dict(zip(made, jax.tree.leaves(
             fwd_compiling().output_shardings)[len(fwd_out):]))
-        in_shardings = [leaves[kept[passthrough[r]]].sharding if r in passthrough
+        took = jax.tree.leaves(fwd_compiling().input_shardings[0])
+        in_shardings = [took[passthrough[r]] if r in passthrough
                         else made_sh[r] for r in range(n_res)]
     res_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
                  for a, sh in zip(bwd_exp.in_avals, in_shardings)]

@@ -990,6 +990,16 @@ def sm_scan_loss(ws, x, policy=None):
     return loss(ws, x) if policy is None else jax.checkpoint(loss, policy=policy)(ws, x)
 out.update({f"scan in shard_map {pol}": r
             for pol, r in against_checkpoint(sm_scan_loss, ws, x).items()})
+# the split form on the mesh with a scalar argument the backward reads, given as an array on
+# no device, a Python float or a NumPy scalar: where the forward took it
+def scaled_step(w, x, scale):
+    return jax.value_and_grad(lambda w: jnp.sum(jnp.tanh(scale * (x @ w)) ** 2))(w)
+for kind, scale in (("array", jnp.float32(2.0)), ("float", 2.0), ("numpy", np.float32(2.0))):
+    out[f"scalar split {kind}"] = max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
+            jax.tree_util.tree_leaves(rp.jit(scaled_step, policy="nothing_saveable",
+                                             mode="split")(ws[0], x, scale)),
+            jax.tree_util.tree_leaves(jax.jit(scaled_step)(ws[0], x, scale))))
 # under jax.pmap nothing is typed as varying: a step without collectives runs as before
 def plain_step(params, x):
     return jax.value_and_grad(local_loss)(params, x)
@@ -1031,7 +1041,10 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     step (and one with the
     shard_map in its loss, joint and split) runs on the mesh's 8 devices, as under
     jax.jit, built once (it was JAX's "exported for 8 devices and is called in a context
-    with 1 devices")."""
+    with 1 devices"). The split form on the mesh with a scalar argument the backward
+    reads (an array on no device, a Python float, a NumPy scalar) runs (the backward was
+    lowered with the argument's own device: "incompatible devices", or an AttributeError
+    for a Python float)."""
     out = run_script(DATA_PARALLEL_SCRIPT, partitioner, HERE)
     for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
         r = out[pol]
@@ -1064,6 +1077,8 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
         if partitioner == "shardy":
             assert r["ours"] == r["jax"], (pol, r)
             assert not any("atomic" in m for m in r["remarks"]), (pol, r)
+    for kind in ("array", "float", "numpy"):
+        assert out[f"scalar split {kind}"] < 1e-5, (kind, out)
     for key in ("host inside joint", "host outside joint", "host outside split"):
         r = out[key]
         assert r["err"] < 1e-5 and r["again"] < 1e-5 and r["devices"] == 8 and \
