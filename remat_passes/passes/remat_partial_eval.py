@@ -378,8 +378,9 @@ class _IterationPolicy:
     A value inside a GSPMD shard_map (inlined into a scanned layer) is recomputed, never
     kept per iteration: a loop carrying a per-device value makes XLA's partitioner abort
     (jaxlib 0.10.2 to 0.12); `overridden` counts those the policy would have kept (the
-    remark). Under Shardy the shard_map is a region op the policy sees into instead
-    (`manual_nested`)."""
+    remark). One in a cond branch outside loops is kept (a conditional's results may be
+    per-device values). Under Shardy the shard_map is a region op the policy sees into
+    instead (`manual_nested`)."""
 
     def __init__(self, policies: ScopePolicies, scope_re, gspmd_regions: bool = False):
         self.policies = policies
@@ -391,7 +392,8 @@ class _IterationPolicy:
     def __call__(self, value):
         verdict = scan_pairs.value_verdict(value, self.op_verdict)
         if verdict is not Recompute and self._manual is not None and \
-                isinstance(value, ir.OpResult) and self._manual(value) and \
+                isinstance(value, ir.OpResult) and _in_loop_body(value.owner.operation) \
+                and self._manual(value) and \
                 value.owner.operation.name not in graph.SIDE_EFFECT_OPS - graph.COLLECTIVE_OPS:
             self.overridden.add(value)
             return Recompute
@@ -401,6 +403,16 @@ class _IterationPolicy:
         """Is `op` inside a checkpoint scope? (A scan loop there is re-run whole by the
         backward, as `jax.checkpoint` around a function with a scan does.)"""
         return bool(graph.scope_chain(op, self.scope_re))
+
+
+def _in_loop_body(op) -> bool:
+    """Is `op` nested in a `stablehlo.while` (at any depth)?"""
+    parent = op.parent
+    while parent is not None:
+        if parent.name == scan_pairs.WHILE:
+            return True
+        parent = parent.parent
+    return False
 
 
 def _explain(plan_report, a, vids, residuals, state) -> None:

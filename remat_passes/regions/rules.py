@@ -42,7 +42,7 @@ from remat_passes.analysis import scan_pairs
 from remat_passes.analysis.scan_pairs import WHILE
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
-from remat_passes.regions import case_rewrite, scan_rewrite, shard_map_rewrite
+from remat_passes.regions import case_nested, case_rewrite, scan_rewrite, shard_map_rewrite
 from remat_passes.regions.scan_nested import inner_saved, prestack
 from remat_passes.ir.graph import CASE
 from remat_passes.sharding.sdy import mesh_of
@@ -241,12 +241,11 @@ class ManualComputationRule:
             a.is_backward(graph.top_level(use.owner.operation, block.owner))
             for r in op.results for use in r.uses)]
         # (counted before the rewrite, which can move a body's loop into the recompute
-        # computation alone; a scan loop gets the policy per iteration)
+        # computation alone; a scan loop gets the policy per iteration, a case per branch)
         inner = sum(1 for op in readable if not shard_map_rewrite.body_side_effect(op)
                     for body_op in op.regions[0].blocks[0].operations
-                    if body_op.operation.name == CASE or (
-                        body_op.operation.name == WHILE
-                        and scan_pairs.analyse_forward(body_op) is None))
+                    if body_op.operation.name == WHILE
+                    and scan_pairs.analyse_forward(body_op) is None)
 
         def mark(clone):
             contract.set_recompute_group(clone, groups.n)
@@ -256,9 +255,11 @@ class ManualComputationRule:
             if op.name in graph.COLLECTIVE_OPS:    # (value_verdict would call it saved)
                 return policy.op_verdict(op)
             return policy(v)
-        for op in readable:      # scan loops in the bodies stack what the policy saves
-            if not shard_map_rewrite.body_side_effect(op):
-                _prestack_loops(op.regions[0].blocks[0], verdict)
+        for op in readable:      # scan loops in the bodies stack what the policy saves,
+            if not shard_map_rewrite.body_side_effect(op):   # cases return it
+                body = op.regions[0].blocks[0]
+                _prestack_loops(body, verdict)
+                case_nested.presave_nested(list(body.operations), verdict)
         self._rewritten, stats = shard_map_rewrite.rewrite_pairs(
             block, verdict, mark, groups.next, a)
         self._atomic = len(readable) - stats["pairs"]
@@ -300,9 +301,9 @@ class ManualComputationRule:
                        "atomic op: saved or recomputed whole (the policy does not see inside "
                        "it)")
         if self._inner:
-            out.append(f"@{analysis.name}: {self._inner} stablehlo.while/stablehlo.case op(s) in "
-                       "shard_map bodies are atomic there (the policy does not see inside "
-                       "them): saved or recomputed whole")
+            out.append(f"@{analysis.name}: {self._inner} stablehlo.while op(s) in shard_map "
+                       "bodies that are not scan loops are atomic there (the policy does not "
+                       "see inside them): saved or recomputed whole")
         return out
 
 

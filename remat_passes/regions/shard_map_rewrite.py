@@ -32,6 +32,10 @@ computation clones first stacks the body values the policy saves that its recomp
 needs (`scan_nested.inner_saved`, done by the rule before planning); those stacks are
 kept as residuals, and the clone reads them back per iteration instead of computing them
 (`loop_edit.reuse_saved_stacks`), as JAX's scan rule inside the shard_map rule keeps them.
+A case there (a `lax.cond` inside the shard_map) likewise first returns the branch values
+the policy saves (`case_nested.add_nested_saves`: a slot per type, zeros in the other
+branches, as JAX's cond rule makes them residuals); they are kept, and its clone reads
+them back (`case_nested.reuse_nested_saves`).
 
 The backward can also read a forward result directly: a primal output the
 derivative of a later op needs (`o * o`). It is served the same way, by the
@@ -46,6 +50,7 @@ from remat_passes.analysis.scan_pairs import WHILE, analyse_forward
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
+from remat_passes.regions import case_nested
 from remat_passes.regions.loop_edit import reuse_saved_stacks
 from remat_passes.sharding.sdy import (manual_axes, mesh_of, per_value_attr, residual_layout,
                                        shardings, varying_axes)
@@ -214,7 +219,7 @@ class ShardMapPairPlanner:
                     self.offloads.append((v, verdict))
             return None
         op = v.owner.operation
-        reads = graph.read_values(op) + saved_stacks(op, self.verdict)
+        reads = graph.read_values(op) + saved_results(op, self.verdict)
         pending = [u for u in reads if u not in self.memo]
         if pending:
             return pending
@@ -276,9 +281,13 @@ class ShardMapPairPlanner:
                                 self.verdict, recomputed)
 
 
-def saved_stacks(op, verdict) -> list:
-    """The results of `op`, where it is a forward scan loop, that stack a body value the
-    policy saves (a recomputation of the loop reads them back); else none."""
+def saved_results(op, verdict) -> list:
+    """The results of `op` that hold values of its regions the policy saves, which a
+    recomputation of it reads back instead of computing: those of a forward scan loop that
+    stack a body value, those of a case that return its branches' (`contract.case_saves`,
+    zeros in the other branches); else none."""
+    if op.name == graph.CASE:
+        return [op.results[k] for k in sorted(contract.case_saves(op))]
     loop = analyse_forward(op) if op.name == WHILE else None
     if loop is None:
         return []
@@ -411,7 +420,7 @@ def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc
     wanted: dict = {}                    # source -> None (ordered)
     cloned = {op_id(op) for op in plan.clones}
     for op in plan.clones:
-        for u in saved_stacks(op, plan.verdict):    # (a loop's own results, kept)
+        for u in saved_results(op, plan.verdict):   # (its own results, kept)
             wanted.setdefault(Kept(u), None)
         for u in graph.read_values(op):
             if isinstance(u, ir.BlockArgument) and u.owner == body:
@@ -452,9 +461,11 @@ def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc
         for u in graph.read_values(op):
             if u in value and value[u] != u:
                 graph.replace_reads(clone, u, value[u])
-        stacks = saved_stacks(op, plan.verdict)
-        if stacks:            # (a scan loop: its saved stacks read back, not computed)
-            clone = reuse_saved_stacks(clone, {s.result_number: value[s] for s in stacks})
+        saved = {s.result_number: value[s] for s in saved_results(op, plan.verdict)}
+        if saved and clone.name == graph.CASE:   # (saved branch values read back)
+            case_nested.reuse_nested_saves(clone, saved)
+        elif saved:           # (a scan loop: its saved stacks read back, not computed)
+            clone = reuse_saved_stacks(clone, saved)
         for a, b in zip(op.results, clone.results):
             value[a] = b
     results = []

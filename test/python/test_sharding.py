@@ -463,24 +463,41 @@ def test_sharded_transformer_step(partitioner):
         assert r["ours_compiled"] == r["jax_compiled"], (pol, r)
 
 
-def test_a_cond_in_a_shard_map_body_gets_a_remark():
-    """The policy applies per op of a shard_map body; an op with regions there (a cond's
-    case, a loop) is atomic, and a remark says so. The rewritten module verifies."""
+def test_a_while_in_a_shard_map_body_gets_a_remark_and_a_cond_does_not():
+    """The policy applies per op of a shard_map body; a `while` there that is not a scan
+    loop is atomic, and a remark says so. A cond's case there gets the policy per branch
+    (it was atomic, with the same remark). The rewritten modules verify."""
     import remat_passes as rp
     lit = os.path.join(HERE, "..", "lit", "remat-partial-eval-shard-map.mlir")
     text = "".join(line for line in open(lit) if not line.startswith("//"))
     marker = "      %5 = stablehlo.sine %4 : tensor<2x8xf32>\n"
     case = ('      %ci = stablehlo.constant dense<0> : tensor<i32>\n'
             '      %cs = "stablehlo.case"(%ci) ({\n'
-            '        stablehlo.return %5 : tensor<2x8xf32>\n'
+            '        %cb = stablehlo.cosine %5 : tensor<2x8xf32>\n'
+            '        stablehlo.return %cb : tensor<2x8xf32>\n'
             '      }) : (tensor<i32>) -> tensor<2x8xf32>\n')
+    loop = ('      %wi = stablehlo.constant dense<0> : tensor<i32>\n'
+            '      %w:2 = stablehlo.while(%wa = %wi, %wb = %5) : tensor<i32>, tensor<2x8xf32>\n'
+            '      cond {\n'
+            '        %wc = stablehlo.compare LT, %wa, %wa, SIGNED : '
+            '(tensor<i32>, tensor<i32>) -> tensor<i1>\n'
+            '        stablehlo.return %wc : tensor<i1>\n'
+            '      } do {\n'
+            '        %ws = stablehlo.sine %wb : tensor<2x8xf32>\n'
+            '        stablehlo.return %wa, %ws : tensor<i32>, tensor<2x8xf32>\n'
+            '      }\n')
     reader = "%8 = stablehlo.dot_general %5, %7"
     assert text.count(marker) == 1 and text.count(reader) == 1
-    text = text.replace(marker, marker + case).replace(reader, reader.replace("%5", "%cs"))
-    out = rp.remat(rp.Module.parse(text), "nothing_saveable")
-    assert any("stablehlo.case" in r and "shard_map bodies are atomic" in r
-               for r in out.remarks), out.remarks
-    rp.Module.parse(out.text())                  # verifies
+    remarks = {}
+    for name, inserted, result in (("case", case, "%cs"), ("while", loop, "%w#1")):
+        changed = text.replace(marker, marker + inserted).replace(
+            reader, reader.replace("%5", result))
+        out = rp.remat(rp.Module.parse(changed), "nothing_saveable")
+        rp.Module.parse(out.text())                  # verifies
+        remarks[name] = [r for r in out.remarks if "shard_map bodies" in r]
+    assert remarks["case"] == [], remarks
+    assert len(remarks["while"]) == 1 and "1 stablehlo.while op(s) in shard_map bodies " \
+        "that are not scan loops are atomic" in remarks["while"][0], remarks
     plain = rp.remat(rp.Module.parse("".join(line for line in open(lit)
                                              if not line.startswith("//"))), "nothing_saveable")
     assert not any("shard_map bodies" in r for r in plain.remarks), plain.remarks
@@ -990,6 +1007,30 @@ def sm_scan_loss(ws, x, policy=None):
     return loss(ws, x) if policy is None else jax.checkpoint(loss, policy=policy)(ws, x)
 out.update({f"scan in shard_map {pol}": r
             for pol, r in against_checkpoint(sm_scan_loss, ws, x).items()})
+# a cond inside a shard_map body, the gradient outside: the policy per branch, as
+# jax.checkpoint around the shard_mapped loss keeps the branch's values (a dot, a name)
+def sm_cond_loss(w, x, flag, policy=None):
+    def body(w, x, flag):
+        h = jnp.tanh(x @ w)
+        h = jax.lax.cond(flag > 0, lambda h: jnp.sin(rp.checkpoint_name(h @ w, "h")),
+                         lambda h: jnp.cos(h) * 2.0, h)
+        return jax.lax.pmean(jnp.mean(h ** 2), "data")
+    loss = shard_map(body, mesh=mesh, in_specs=(P(), P("data"), P()), out_specs=P())
+    return loss(w, x, flag) if policy is None else jax.checkpoint(loss, policy=policy)(w, x, flag)
+for flag in (1, 0):
+    cond_args = (ws[0], x, jnp.int32(flag))
+    out.update({f"cond in shard_map {flag} {pol}": r
+                for pol, r in against_checkpoint(sm_cond_loss, *cond_args).items()})
+    split_step = rp.jit(lambda *a: jax.value_and_grad(sm_cond_loss)(*a),
+                        policy="dots_saveable", mode="split")
+    out[f"cond in shard_map {flag} split"] = max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
+            jax.tree_util.tree_leaves(split_step(*cond_args)),
+            jax.tree_util.tree_leaves(jax.value_and_grad(sm_cond_loss)(*cond_args))))
+# auto at budget 0 keeps nothing there: the ops of the branches take the case's verdict
+out["cond in shard_map auto"] = sorted(r.type for r in rp.jit(
+    lambda *a: jax.value_and_grad(sm_cond_loss)(*a), policy="auto(budget=0)").lower(
+        *cond_args).residuals if not r.argument)
 # the split form on the mesh with a scalar argument the backward reads, given as an array on
 # no device, a Python float or a NumPy scalar: where the forward took it
 def scaled_step(w, x, scale):
@@ -1041,7 +1082,10 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     step (and one with the
     shard_map in its loss, joint and split) runs on the mesh's 8 devices, as under
     jax.jit, built once (it was JAX's "exported for 8 devices and is called in a context
-    with 1 devices"). The split form on the mesh with a scalar argument the backward
+    with 1 devices"). A cond inside a shard_map body gets the policy per branch:
+    jax.checkpoint's residuals under both partitioners, joint and split (it was atomic:
+    under dots_saveable one dot of two kept, under the names policy none); auto at budget 0
+    keeps nothing there. The split form on the mesh with a scalar argument the backward
     reads (an array on no device, a Python float, a NumPy scalar) runs (the backward was
     lowered with the argument's own device: "incompatible devices", or an AttributeError
     for a Python float)."""
@@ -1077,8 +1121,17 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
         if partitioner == "shardy":
             assert r["ours"] == r["jax"], (pol, r)
             assert not any("atomic" in m for m in r["remarks"]), (pol, r)
+    for flag in (1, 0):
+        for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
+            r = out[f"cond in shard_map {flag} {pol}"]
+            assert r["err"] < 1e-5 and r["ours"] == r["jax"], (flag, pol, r)
+            assert not any("atomic" in m or "recomputed, not kept" in m
+                           for m in r["remarks"]), (flag, pol, r)
+        assert out[f"cond in shard_map {flag} split"] < 1e-5, out
+    assert out["cond in shard_map auto"] == [], out["cond in shard_map auto"]
     for kind in ("array", "float", "numpy"):
         assert out[f"scalar split {kind}"] < 1e-5, (kind, out)
+    assert out["cond in shard_map 1 dots_saveable"]["ours"] == ["f32[32,8]", "f32[32,8]"]
     for key in ("host inside joint", "host outside joint", "host outside split"):
         r = out[key]
         assert r["err"] < 1e-5 and r["again"] < 1e-5 and r["devices"] == 8 and \
