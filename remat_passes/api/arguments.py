@@ -273,7 +273,8 @@ def named_mesh(fun, dynamic: tuple, n: int):
 
     def visit(value):
         if isinstance(value, jax.sharding.Mesh):
-            found.setdefault(tuple(d.id for d in value.devices.flat), value)
+            if value.axis_names:   # (not the empty mesh a nested jit's `ctx_mesh` holds)
+                found.setdefault(tuple(d.id for d in value.devices.flat), value)
         elif isinstance(value, jax.sharding.NamedSharding):
             visit(value.mesh)
         elif isinstance(value, (tuple, list)):

@@ -928,6 +928,17 @@ for name, fun, mode in (("inside", data_parallel(local_step), "joint"),
         "devices": min(len(a.sharding.device_set) for a in jax.tree_util.tree_leaves(got)),
         "again": float(np.max(np.abs(np.asarray(f(*host)[0]) - np.asarray(ref[0])))),
         "builds": f.builds}
+# host arrays, a body that calls a jitted function (`%`: its equation names the empty mesh
+# as its context): the shard_map's mesh is the one found
+def mod_step(params, x):
+    return jax.value_and_grad(lambda p, x: shard_map(
+        lambda p, x: jax.lax.pmean(jnp.mean(jnp.tanh(x @ p[0]) % 0.5), "data"), mesh=mesh,
+        in_specs=(P(), P("data")), out_specs=P())(p, x))(params, x)
+got = rp.jit(mod_step, policy="nothing_saveable")(*host)
+out["host nested jit"] = {"err": max(
+    float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
+        jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(jax.jit(mod_step)(*host)))),
+    "devices": min(len(a.sharding.device_set) for a in jax.tree_util.tree_leaves(got))}
 # device arrays of the same shapes in two shardings: a program for each, as jax.jit builds,
 # the later calls like an earlier one the short way (no look at the arguments: `_taken`)
 from remat_passes.api import jit as rp_jit
@@ -1088,7 +1099,9 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     keeps nothing there. The split form on the mesh with a scalar argument the backward
     reads (an array on no device, a Python float, a NumPy scalar) runs (the backward was
     lowered with the argument's own device: "incompatible devices", or an AttributeError
-    for a Python float)."""
+    for a Python float). Called with host arrays, a shard_map whose body calls a jitted
+    function (`%`) runs (the search for its mesh met the empty mesh that jit's equation
+    names as its context: an AttributeError)."""
     out = run_script(DATA_PARALLEL_SCRIPT, partitioner, HERE)
     for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
         r = out[pol]
@@ -1136,6 +1149,8 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
         r = out[key]
         assert r["err"] < 1e-5 and r["again"] < 1e-5 and r["devices"] == 8 and \
             r["builds"] == 1, (key, r)
+    assert out["host nested jit"]["err"] < 1e-5 and out["host nested jit"]["devices"] == 8, \
+        out["host nested jit"]
     assert out["shardings"] == {"err": out["shardings"]["err"], "builds": 2, "full": 2} and \
         out["shardings"]["err"] < 1e-5, out["shardings"]
     for key in ("host submesh joint", "host submesh split"):
