@@ -68,6 +68,8 @@ def saves_for_results(block, kept) -> list:
             saved.append(v)
             continue
         todo.extend(graph.read_values(op))
+        # (a case recomputed with the block reads back the branch values it returns)
+        todo.extend(op.results[k] for k in contract.case_saves(op))
     return sorted(saved, key=lambda v: (order[op_id(v.owner)], v.result_number))
 
 

@@ -58,6 +58,21 @@ def nested_saves_needed(op, verdict) -> list | None:
     return saved or None
 
 
+def cases_to_presave(op, verdict) -> list:
+    """[(case, values per branch)] for the cases in the body of a manual computation a
+    recomputation would clone whole that must first return the branch values the policy
+    saves (`case_nested.nested_saves_needed`): the body values it then saves include
+    them, as JAX's cond rule inside the shard_map rule keeps them; else []."""
+    op = op.operation
+    if op.name != MC or contract.manual_saves(op) or not op.results or \
+            body_side_effect(op) or mesh_of(op) is None or \
+            all(verdict(r) is not Recompute for r in op.results):
+        return []
+    found = ((c.operation, case_nested.nested_saves_needed(c, verdict))
+             for c in op.regions[0].blocks[0].operations)
+    return [(c, saved) for c, saved in found if saved is not None]
+
+
 def add_nested_saves(mc, saved: list):
     """Rebuild `mc` with a result for each value of `plan_nested_saves` (laid out as a
     shard_map residual), recorded in `remat.manual_saves`. Returns the new computation."""
@@ -79,8 +94,11 @@ def reuse_nested_saves(clone, values: dict):
         y = ret.operands[k]               # the value, or a scalar reshaped to one element
         made = y.owner.operands[0] if _reshaped_scalar(y) else y
         arg = body.add_argument(y.type, clone.location)
-        made.replace_all_uses_with(arg if arg.type == made.type else reshape(
-            arg, made.type, ir.InsertionPoint.at_block_begin(body), clone.location))
+        value = arg if arg.type == made.type else reshape(
+            arg, made.type, ir.InsertionPoint.at_block_begin(body), clone.location)
+        if made.owner.operation.name == graph.CASE:   # (its branch reads it back too)
+            case_nested.reuse_nested_saves(made.owner.operation, {made.result_number: value})
+        made.replace_all_uses_with(value)
     outs = shardings(clone, "out_shardings")
     new = new_manual(clone, list(clone.operands) + [values[k] for k in keys],
                      [r.type for r in clone.results],

@@ -309,12 +309,15 @@ class ManualComputationRule:
 
 def _prestack_loops(body, verdict) -> None:
     """Make each forward scan loop of a shard_map body stack the values the policy saves
-    that a recomputation of it needs (`scan_nested.inner_saved`): the shard_map rule keeps
-    those stacks, and its recompute computation reads them back (`shard_map_rewrite`)."""
+    that a recomputation of it needs (`scan_nested.inner_saved`; a case in its body first
+    returns those of its branches): the shard_map rule keeps those stacks, and its
+    recompute computation reads them back (`shard_map_rewrite`)."""
     for op in list(body.operations):
         loop = scan_pairs.analyse_forward(op)
         if loop is None:
             continue
+        if case_nested.presave_nested(list(loop.body.operations), verdict):
+            loop = scan_pairs.analyse_forward(op)     # (its cases were rebuilt)
         stacked = {st.value for st in loop.stacked.values()}
         new = [v for v in inner_saved(loop, verdict) if v not in stacked]
         if new:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from remat_passes.analysis import scan_pairs
 from remat_passes.analysis.scan_pairs import Pair, analyse_forward
-from remat_passes.ir import graph
+from remat_passes.ir import contract, graph
 from remat_passes.ir.graph import CASE
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Recompute
@@ -17,7 +17,8 @@ from remat_passes.regions import case_nested, loop_edit, manual_nested
 
 def inner_saved(loop, verdict) -> list:
     """Values of a nested forward loop's body that the policy saves and that its
-    backward needs through recomputation: what JAX's forward stacks per inner iteration."""
+    backward needs through recomputation: what JAX's forward stacks per inner iteration
+    (the branch values a case of the body returns, `contract.case_saves`, among them)."""
     body_ops = {op_id(op) for op in loop.body.operations}
     ret = graph.terminator(loop.body)
     todo = [s.value for s in loop.stacked.values()
@@ -42,6 +43,8 @@ def inner_saved(loop, verdict) -> list:
             out.append(v)
             continue
         todo.extend(graph.read_values(op))
+        # (a case recomputed with the body reads back the branch values it returns)
+        todo.extend(op.results[k] for k in contract.case_saves(op))
     return out
 
 
@@ -51,9 +54,14 @@ def plan_prestack(pair: Pair, verdict) -> list:
     [(nested case, values per branch)]: for each case there the policy recomputes, the
     branch values it saves (`case_nested.plan_nested_saves`); [(nested shard_map, values)]:
     for each manual computation there the policy recomputes, the body values it saves
-    (`manual_nested.plan_nested_saves`)."""
+    (`manual_nested.plan_nested_saves`), once the cases in its body return theirs
+    (`manual_nested.cases_to_presave`)."""
     out = []
     for op in pair.fwd.body.operations:
+        cases = manual_nested.cases_to_presave(op, verdict)
+        if cases:          # (first the cases in a shard_map's body return their values)
+            out.extend(cases)
+            continue
         if op.operation.name in (CASE, graph.MANUAL_COMPUTATION):
             saved = (case_nested if op.operation.name == CASE
                      else manual_nested).nested_saves_needed(op, verdict)

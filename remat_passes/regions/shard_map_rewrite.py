@@ -465,7 +465,7 @@ def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc
         if saved and clone.name == graph.CASE:   # (saved branch values read back)
             case_nested.reuse_nested_saves(clone, saved)
         elif saved:           # (a scan loop: its saved stacks read back, not computed)
-            clone = reuse_saved_stacks(clone, saved)
+            clone = reuse_saved_stacks(clone, saved, case_nested.reuse_nested_saves)
         for a, b in zip(op.results, clone.results):
             value[a] = b
     results = []
