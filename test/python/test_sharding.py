@@ -1122,10 +1122,10 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     under dots_saveable one dot of two kept, under the names policy none); auto at budget 0
     keeps nothing there. So does one in a scan body inside a shard_map body, and one in a
     shard_map body inside a scan body (under Shardy: jax.checkpoint's residuals, which were
-    one dot short under dots_saveable, the name not kept). The split form on the mesh with a scalar argument the backward
-    reads (an array on no device, a Python float, a NumPy scalar) runs (the backward was
-    lowered with the argument's own device: "incompatible devices", or an AttributeError
-    for a Python float). Called with host arrays, a shard_map whose body calls a jitted
+    one dot short under dots_saveable, the name not kept). The split form on the mesh
+    with a scalar argument the backward reads (an array on no device, a Python float, a
+    NumPy scalar) runs (the backward was lowered with the argument's own device:
+    "incompatible devices", or an AttributeError for a Python float). Called with host arrays, a shard_map whose body calls a jitted
     function (`%`) runs (the search for its mesh met the empty mesh that jit's equation
     names as its context: an AttributeError)."""
     out = run_script(DATA_PARALLEL_SCRIPT, partitioner, HERE)
