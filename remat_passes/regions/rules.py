@@ -241,11 +241,14 @@ class ManualComputationRule:
             a.is_backward(graph.top_level(use.owner.operation, block.owner))
             for r in op.results for use in r.uses)]
         # (counted before the rewrite, which can move a body's loop into the recompute
-        # computation alone; a scan loop gets the policy per iteration, a case per branch)
+        # computation alone; a scan loop gets the policy per iteration, a case per branch
+        # unless a collective or a side effect inside keeps it whole)
         inner = sum(1 for op in readable if not shard_map_rewrite.body_side_effect(op)
                     for body_op in op.regions[0].blocks[0].operations
-                    if body_op.operation.name == WHILE
-                    and scan_pairs.analyse_forward(body_op) is None)
+                    if (body_op.operation.name == WHILE
+                        and scan_pairs.analyse_forward(body_op) is None)
+                    or (body_op.operation.name == CASE
+                        and graph.is_side_effecting(body_op)))
 
         def mark(clone):
             contract.set_recompute_group(clone, groups.n)
@@ -301,9 +304,10 @@ class ManualComputationRule:
                        "atomic op: saved or recomputed whole (the policy does not see inside "
                        "it)")
         if self._inner:
-            out.append(f"@{analysis.name}: {self._inner} stablehlo.while op(s) in shard_map "
-                       "bodies that are not scan loops are atomic there (the policy does not "
-                       "see inside them): saved or recomputed whole")
+            out.append(f"@{analysis.name}: {self._inner} stablehlo.while op(s) that are not "
+                       "scan loops, or stablehlo.case op(s) with a collective or a side "
+                       "effect inside, in shard_map bodies are atomic there (the policy does "
+                       "not see inside them): saved or recomputed whole")
         return out
 
 
