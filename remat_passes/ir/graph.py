@@ -76,7 +76,7 @@ def is_side_effecting(op) -> bool:
     """Must this op (or anything nested in its regions) never be duplicated?"""
     op = op.operation
     manual = op.name == MANUAL_COMPUTATION
-    if not manual and _own_side_effect(op):
+    if not manual and _own_side_effect(op) and not _rerun_in_lockstep(op):
         return True
     if len(op.regions) == 0:
         return False
@@ -86,12 +86,29 @@ def is_side_effecting(op) -> bool:
         if manual and (inner.name in COLLECTIVE_OPS or inner.name in (
                 MANUAL_COMPUTATION, "sdy.return")):
             return ir.WalkResult.ADVANCE
-        if _own_side_effect(inner):
+        if _own_side_effect(inner) and not _rerun_in_lockstep(inner):
             found.append(inner)
             return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE
     op.walk(visit)
     return bool(found)
+
+
+def _rerun_in_lockstep(op) -> bool:
+    """Is `op` a collective of a manual computation's body (a shard_map's) that a
+    recomputation may run again, as every device runs the body again in lockstep: at its
+    top level or in a cond's branch there. (One in a loop body keeps the loop whole, as the
+    scan rules and segment-scans take such a loop.)"""
+    if op.name not in COLLECTIVE_OPS:
+        return False
+    parent = op.parent
+    while parent is not None:
+        if parent.name == MANUAL_COMPUTATION:
+            return True
+        if parent.name == "stablehlo.while":
+            return False
+        parent = parent.parent
+    return False
 
 
 def shape_rule(op) -> bool | None:

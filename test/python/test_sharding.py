@@ -1059,10 +1059,22 @@ def sm_scan_cond_loss(ws, x, policy=None):
         return jax.lax.pmean(jnp.mean(h ** 2), "data")
     loss = shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
     return loss(ws, x) if policy is None else jax.checkpoint(loss, policy=policy)(ws, x)
+# a cond whose branch runs a collective (every device runs it again in lockstep, in the
+# branch too): the policy per branch, the collective recomputed like the other ops
+def sm_cond_psum_loss(w, x, policy=None):
+    def body(w, x):
+        h = jnp.tanh(x @ w)
+        h = jax.lax.cond(jnp.sum(w) > -1e9, lambda h: jnp.sin(rp.checkpoint_name(
+            h @ w, "h")) * jax.lax.psum(jnp.sum(h), "data"), lambda h: h * 2.0, h)
+        return jax.lax.pmean(jnp.mean(h ** 2), "data")
+    loss = shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
+    return loss(w, x) if policy is None else jax.checkpoint(loss, policy=policy)(w, x)
 if sys.argv[1] == "shardy":
     for key, loss in (("scan shard_map cond", scan_sm_cond_loss),
                       ("shard_map scan cond", sm_scan_cond_loss)):
         out.update({f"{key} {pol}": r for pol, r in against_checkpoint(loss, ws, x).items()})
+out.update({f"cond psum in shard_map {pol}": r
+            for pol, r in against_checkpoint(sm_cond_psum_loss, ws[0], x).items()})
 # auto at budget 0 keeps nothing there: the ops of the branches take the case's verdict
 out["cond in shard_map auto"] = sorted(r.type for r in rp.jit(
     lambda *a: jax.value_and_grad(sm_cond_loss)(*a), policy="auto(budget=0)").lower(
@@ -1123,7 +1135,10 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
     under dots_saveable one dot of two kept, under the names policy none); auto at budget 0
     keeps nothing there. So does one in a scan body inside a shard_map body, and one in a
     shard_map body inside a scan body (under Shardy: jax.checkpoint's residuals, which were
-    one dot short under dots_saveable, the name not kept). The split form on the mesh
+    one dot short under dots_saveable, the name not kept), and one whose branch runs a
+    psum (a collective in a shard_map body is recomputed in a cond's branch too: the case
+    was saved whole, 7 residuals where JAX keeps none under nothing_saveable). The split form
+    on the mesh
     with a scalar argument the backward reads (an array on no device, a Python float, a
     NumPy scalar) runs (the backward was lowered with the argument's own device:
     "incompatible devices", or an AttributeError for a Python float). Called with host arrays, a shard_map whose body calls a jitted
@@ -1169,6 +1184,11 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
                            for m in r["remarks"]), (flag, pol, r)
         assert out[f"cond in shard_map {flag} split"] < 1e-5, out
     assert out["cond in shard_map auto"] == [], out["cond in shard_map auto"]
+    for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
+        r = out[f"cond psum in shard_map {pol}"]
+        assert r["err"] < 1e-5 and not any("atomic" in m for m in r["remarks"]), (pol, r)
+        if partitioner == "shardy":    # (GSPMD: the residuals in global shapes)
+            assert r["ours"] == r["jax"], (pol, r)
     for key in ("scan shard_map cond", "shard_map scan cond") * (partitioner == "shardy"):
         for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
             r = out[f"{key} {pol}"]
