@@ -22,7 +22,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Recompute, Saveable
 
-WHILE = "stablehlo.while"
+WHILE = graph.WHILE
 
 
 # ----------------------------------------------------------- small helpers --

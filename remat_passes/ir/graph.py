@@ -35,6 +35,7 @@ PURE_SDY_OPS = {"sdy.sharding_constraint", "sdy.reshard"}
 # is side-effecting only if its body has another side effect.
 MANUAL_COMPUTATION = "sdy.manual_computation"
 CASE = "stablehlo.case"
+WHILE = "stablehlo.while"
 COLLECTIVE_OPS = {
     "stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.all_to_all",
     "stablehlo.reduce_scatter", "stablehlo.collective_permute",
@@ -101,14 +102,8 @@ def _rerun_in_lockstep(op) -> bool:
     scan rules and segment-scans take such a loop.)"""
     if op.name not in COLLECTIVE_OPS:
         return False
-    parent = op.parent
-    while parent is not None:
-        if parent.name == MANUAL_COMPUTATION:
-            return True
-        if parent.name == "stablehlo.while":
-            return False
-        parent = parent.parent
-    return False
+    enclosing = (p.name for p in ancestors(op) if p.name in (MANUAL_COMPUTATION, WHILE))
+    return next(enclosing, None) == MANUAL_COMPUTATION
 
 
 def shape_rule(op) -> bool | None:
@@ -250,6 +245,14 @@ def post_order(root, memo: dict, step):
         else:
             stack.pop()
     return memo[root]
+
+
+def ancestors(op):
+    """The ops `op` is nested in, innermost first (its function and module last)."""
+    parent = op.parent
+    while parent is not None:
+        yield parent
+        parent = parent.parent
 
 
 def nested_ops(block):

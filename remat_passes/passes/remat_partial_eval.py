@@ -391,10 +391,11 @@ class _IterationPolicy:
 
     def __call__(self, value):
         verdict = scan_pairs.value_verdict(value, self.op_verdict)
-        if verdict is not Recompute and self._manual is not None and \
-                isinstance(value, ir.OpResult) and _in_loop_body(value.owner.operation) \
-                and self._manual(value) and \
-                value.owner.operation.name not in graph.SIDE_EFFECT_OPS - graph.COLLECTIVE_OPS:
+        if verdict is Recompute or self._manual is None or not isinstance(value, ir.OpResult):
+            return verdict
+        op = value.owner.operation
+        if any(p.name == graph.WHILE for p in graph.ancestors(op)) and self._manual(value) \
+                and op.name not in graph.SIDE_EFFECT_OPS - graph.COLLECTIVE_OPS:
             self.overridden.add(value)
             return Recompute
         return verdict
@@ -403,16 +404,6 @@ class _IterationPolicy:
         """Is `op` inside a checkpoint scope? (A scan loop there is re-run whole by the
         backward, as `jax.checkpoint` around a function with a scan does.)"""
         return bool(graph.scope_chain(op, self.scope_re))
-
-
-def _in_loop_body(op) -> bool:
-    """Is `op` nested in a `stablehlo.while` (at any depth)?"""
-    parent = op.parent
-    while parent is not None:
-        if parent.name == scan_pairs.WHILE:
-            return True
-        parent = parent.parent
-    return False
 
 
 def _explain(plan_report, a, vids, residuals, state) -> None:

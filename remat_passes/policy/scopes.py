@@ -58,12 +58,10 @@ def policy_verdict(policy, op):
         # an op in the regions of one the plan decided whole (a case in a loop or a
         # shard_map body, one op of the planning problem): that op's verdict, so that
         # what the rules keep of it is what the plan counted
-        parent = op.parent
-        while parent is not None:
+        for parent in graph.ancestors(op):
             v = policy.verdicts.get(op_id(parent))
             if v is not None:
                 return v
-            parent = parent.parent
         policy = policy.fallback
     info = op_info(op, policy.reads_attributes)
     try:
