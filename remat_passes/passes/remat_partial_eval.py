@@ -141,6 +141,7 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
                 kept0 = {}
                 for rule in rules.values():
                     kept0.update(rule.kept_whole(a0))
+                below = None
                 try:
                     reports = resolve(policies, a0, self.region_regex, set(kept0))
                 except BudgetBelowMinimum as e:   # scans in segments may still meet it
@@ -148,7 +149,9 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
                             scan_pairs.find_pairs_in_block(block, gspmd.round_trip_source)
                             or manual_crossing.find_manual_pairs(block)):
                         raise
-                    policies.module_policy = self._segments_below_the_minimum(e, module_op,
+                    below = e
+                if below:   # (out of the handler: an error raised here is not caused by it)
+                    policies.module_policy = self._segments_below_the_minimum(below, module_op,
                                                                               state)
                     reports = resolve(policies, a0, self.region_regex, set(kept0))
                 state.drop(self.func)
