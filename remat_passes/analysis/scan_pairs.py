@@ -412,6 +412,21 @@ def stacked_value(while_op, result_number: int):
     return loop.stacked[result_number].value
 
 
+def saved_results(op, verdict) -> list:
+    """The results of region op `op` that hold values of its regions the policy saves,
+    which a recomputation of it reads back instead of computing: those of a forward scan
+    loop that stack a body value the policy saves, those of a case or a shard_map that
+    return them (`contract.nested_saves`); else none."""
+    op = op.operation
+    if op.name != WHILE:
+        return [op.results[k] for k in sorted(contract.nested_saves(op))]
+    loop = analyse_forward(op)
+    if loop is None:
+        return []
+    return [op.results[k] for k, st in sorted(loop.stacked.items())
+            if isinstance(st.value, ir.OpResult) and verdict(op.results[k]) is not Recompute]
+
+
 def unrolled_parts(v):
     """For `concatenate` (dim 0) of `[1, ...]`-wrapped values (how JAX stacks the sub-steps of
     an unrolled scan step), the wrapped values; else None."""

@@ -5,6 +5,7 @@ rewrite shares.
 """
 from __future__ import annotations
 
+from remat_passes.analysis.scan_pairs import saved_results
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute, Saveable
@@ -45,14 +46,15 @@ def plan_nested_saves(case, verdict) -> list[list]:
     and that computing the branch's results needs, in program order. JAX's cond rule
     makes them residuals of the cond; empty lists: nothing to save."""
     return [saves_for_results(region.blocks[0], lambda v: graph.is_side_effecting(
-        v.owner.operation) or verdict(v) is not Recompute) for region in case.regions]
+        v.owner.operation) or verdict(v) is not Recompute, verdict) for region in case.regions]
 
 
-def saves_for_results(block, kept) -> list:
+def saves_for_results(block, kept, verdict) -> list:
     """The values of `block`'s ops that `kept(value)` says are saved and that computing
     what the block returns needs (through values it does not keep), in program order:
     what a region nested where a recomputation clones it whole must return (a case's
-    branch, a shard_map's body)."""
+    branch, a shard_map's body). A region op recomputed with the block reads back what
+    its own regions save (`scan_pairs.saved_results` under `verdict`)."""
     order = {op_id(op): n for n, op in enumerate(block.operations)}
     todo = list(graph.terminator(block).operands)
     seen, saved = set(), []
@@ -68,8 +70,8 @@ def saves_for_results(block, kept) -> list:
             saved.append(v)
             continue
         todo.extend(graph.read_values(op))
-        # (a case recomputed with the block reads back the branch values it returns)
-        todo.extend(op.results[k] for k in contract.case_saves(op))
+        # (a region op recomputed with the block reads back what its regions save)
+        todo.extend(saved_results(op, verdict))
     return sorted(saved, key=lambda v: (order[op_id(v.owner)], v.result_number))
 
 
@@ -112,19 +114,26 @@ def _placement(v, verdict):
     return placement if isinstance(placement, Offloadable) else Saveable
 
 
-def reuse_nested_saves(clone, values: dict) -> None:
+def reuse_nested_saves(clone, values: dict, reuse_inner) -> None:
     """A recompute clone of a case with `remat.case_saves`: wherever branch j computed the
     value it returns in saved result k, it uses `values[k]` (result k read back) instead;
-    what only computed those values goes."""
+    what only computed those values goes. A value a region op of the branch returned (a
+    case, a scan loop nested there, which saved it in turn) goes to `reuse_inner(op,
+    {result: value})` too, so that its regions read it back as well."""
     for region in clone.regions:
         block = region.blocks[0]
         mine = {op_id(op) for op in block.operations}
         ret = graph.terminator(block)
+        inner: dict = {}                    # region op of the branch -> {result: value}
         for k, new in values.items():
             v = ret.operands[k]
             if isinstance(v, ir.OpResult) and op_id(v.owner) in mine and \
                     v.owner.operation.name != "stablehlo.constant":
                 v.replace_all_uses_with(new)
+                if len(v.owner.operation.regions):
+                    inner.setdefault(v.owner.operation, {})[v.result_number] = new
+        for op, read in inner.items():
+            reuse_inner(op, read)
         graph.erase_unused_in_block(block)
 
 

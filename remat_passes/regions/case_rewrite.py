@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_passes.analysis.scan_pairs import inside
+from remat_passes.analysis.scan_pairs import inside, saved_results
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
-from remat_passes.regions.case_nested import presave_nested, rebuilt, reuse_nested_saves
+from remat_passes.regions import nested_saves
+from remat_passes.regions.case_nested import rebuilt
 from remat_passes.regions.loop_edit import zeros
 
 CASE = graph.CASE
@@ -155,7 +156,7 @@ class Recomputed:
 class BranchClone:
     op: object                  # the forward branch op to clone
     sources: dict               # value it reads -> source (an outer value, Slot or BranchMade)
-    saved: dict = None          # a nested case: saved result k -> its source (a Slot)
+    saved: dict = None          # a nested region op: saved result k -> its source (a Slot)
 
 
 @dataclasses.dataclass
@@ -211,7 +212,7 @@ class _BranchPlanner:
             self.pp.mark_offload(v)
             return None
         reads = graph.read_values(op)
-        saved = [op.results[k] for k in contract.case_saves(op)] if op.name == CASE else []
+        saved = saved_results(op, self.pp.verdict)    # (what its regions save, read back)
         pending = [u for u in reads + saved if u not in self.memo]
         if pending:
             return pending
@@ -441,7 +442,8 @@ def _build(clones: list, fwd_case, ip, mark_clone):
             if v != u:
                 graph.replace_reads(clone, u, v)
         if item.saved:
-            reuse_nested_saves(clone, {k: value_of(src) for k, src in item.saved.items()})
+            clone = nested_saves.reuse(clone, {k: value_of(src)
+                                               for k, src in item.saved.items()})
         mark_clone(clone)
         built.append(clone)
     return value_of
@@ -557,8 +559,9 @@ def rewrite_cases(block, verdict, mark_clone, next_group, is_backward) -> dict:
     Returns stats."""
     stats = {"pairs": 0, "recomputed": 0}
     for key, pair in enumerate(find_case_pairs(block, is_backward)):
-        for region in pair.fwd.regions:     # cases in its branches: what they save
-            presave_nested(list(region.blocks[0].operations), verdict)
+        for region in pair.fwd.regions:     # region ops in its branches: what they save
+            with pair.fwd.location:
+                nested_saves.presave(region.blocks[0], verdict)
         with pair.fwd.location:
             plan = plan_case(pair, verdict)
             stats["pairs"] += 1

@@ -223,17 +223,17 @@ __all__ = ["LoopEdit", "drop_unused_carries", "erase_unread", "read_stacks_direc
            "read_slot", "slice_part", "stack_value", "int_const", "zeros", "shape"]
 
 
-def reuse_saved_stacks(clone, outer: dict, reuse_case=None):
+def reuse_saved_stacks(clone, outer: dict, reuse_inner):
     """A clone of a forward scan loop made to recompute it (in an outer backward body, in a
-    shard_map's recompute computation): its stacked values that the policy saves come
-    from the stacks saved (`outer`: result k -> the saved stack); the clone reads them
-    back per iteration instead of computing them again. A stacked value that a case of the
-    body returns for a branch (`contract.case_saves`) goes to `reuse_case(case, {result:
-    value read})` too, so that the branch reads it instead of computing it. Returns the
-    rebuilt clone."""
+    shard_map's recompute computation, in a cond's branch): its stacked values that the
+    policy saves come from the stacks saved (`outer`: result k -> the saved stack); the
+    clone reads them back per iteration instead of computing them again. A stacked value
+    that a region op of the body returns (a case its branch value, a nested loop its
+    stack) goes to `reuse_inner(op, {result: value read})` too, so that its regions read
+    it instead of computing it. Returns the rebuilt clone."""
     new_loop = scan_pairs.analyse_forward(clone)
     edit = LoopEdit(clone)
-    cases: dict = {}                        # case op -> {its result number: value read}
+    inner: dict = {}                        # region op -> {its result number: value read}
     for k in outer:
         st = new_loop.stacked[k]
         arg = edit.add(outer[k], clone.location)
@@ -246,10 +246,10 @@ def reuse_saved_stacks(clone, outer: dict, reuse_case=None):
             if r == u:
                 edit.set_returned(j, read)
         edit.set_returned(k, new_loop.body.arguments[k])   # no need to stack it again
-        if reuse_case is not None and u.owner.operation.name == graph.CASE:
-            cases.setdefault(u.owner.operation, {})[u.result_number] = read
-    for case, values in cases.items():
-        reuse_case(case, values)
-    edit.flush_return()
+        if len(u.owner.operation.regions):
+            inner.setdefault(u.owner.operation, {})[u.result_number] = read
+    edit.flush_return()     # (first: the inner ops rebuilt then replace what it returns)
+    for op, values in inner.items():
+        reuse_inner(op, values)
     graph.erase_unused_in_block(new_loop.body)
     return edit.rebuild({k: k for k in range(len(clone.results))})

@@ -42,7 +42,8 @@ def plan_nested_saves(mc, verdict) -> list:
     its results needs, in program order (the body's arguments are its operands: the
     recomputation takes those anyway)."""
     return case_nested.saves_for_results(mc.regions[0].blocks[0],
-                                         lambda v: _verdict(v, verdict) is not Recompute)
+                                         lambda v: _verdict(v, verdict) is not Recompute,
+                                         verdict)
 
 
 def nested_saves_needed(op, verdict) -> list | None:
@@ -82,11 +83,12 @@ def add_nested_saves(mc, saved: list):
     return new
 
 
-def reuse_nested_saves(clone, values: dict):
+def reuse_nested_saves(clone, values: dict, reuse_inner):
     """A recompute clone of a manual computation with `remat.manual_saves`: each saved
     result k comes back as a new operand (`values[k]`, sharded as the result was), and the
-    body reads it where it computed the value; what only computed those values goes, and
-    so do those results. Returns the rebuilt clone (its results not read yet)."""
+    body reads it where it computed the value (a region op of the body that returned it
+    reads it back too: `reuse_inner(op, {result: value})`); what only computed those
+    values goes, and so do those results. Returns the rebuilt clone."""
     body = clone.regions[0].blocks[0]
     ret = graph.terminator(body)
     keys = sorted(values)
@@ -96,15 +98,17 @@ def reuse_nested_saves(clone, values: dict):
         arg = body.add_argument(y.type, clone.location)
         value = arg if arg.type == made.type else reshape(
             arg, made.type, ir.InsertionPoint.at_block_begin(body), clone.location)
-        if made.owner.operation.name == graph.CASE:   # (its branch reads it back too)
-            case_nested.reuse_nested_saves(made.owner.operation, {made.result_number: value})
         made.replace_all_uses_with(value)
+        if len(made.owner.operation.regions):
+            reuse_inner(made.owner.operation, {made.result_number: value})
     outs = shardings(clone, "out_shardings")
     new = new_manual(clone, list(clone.operands) + [values[k] for k in keys],
                      [r.type for r in clone.results],
                      shardings(clone, "in_shardings") + [outs[k] for k in keys], outs,
                      ir.InsertionPoint(clone), clone.location)
     body.append_to(new.regions[0])
+    for a, b in zip(clone.results, new.results):   # (a clone nested in another one's
+        a.replace_all_uses_with(b)                  # region is read already)
     clone.erase()
     return shrunk(new, [k for k in range(len(new.results)) if k not in values],
                   drop_unused_args=False)

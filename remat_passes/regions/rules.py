@@ -42,8 +42,7 @@ from remat_passes.analysis import scan_pairs
 from remat_passes.analysis.scan_pairs import WHILE
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
-from remat_passes.regions import case_nested, case_rewrite, scan_rewrite, shard_map_rewrite
-from remat_passes.regions.scan_nested import inner_saved, prestack
+from remat_passes.regions import case_rewrite, nested_saves, scan_rewrite, shard_map_rewrite
 from remat_passes.ir.graph import CASE
 from remat_passes.sharding.sdy import mesh_of
 
@@ -258,13 +257,12 @@ class ManualComputationRule:
             if op.name in graph.COLLECTIVE_OPS:    # (value_verdict would call it saved)
                 return policy.op_verdict(op)
             return policy(v)
-        for op in readable:      # scan loops in the bodies stack what the policy saves,
-            if not shard_map_rewrite.body_side_effect(op):   # cases return it
-                body = op.regions[0].blocks[0]
-                _prestack_loops(body, verdict)
-                case_nested.presave_nested(list(body.operations), verdict)
+        for op in readable:      # region ops in the bodies return what the policy saves
+            if not shard_map_rewrite.body_side_effect(op):     # inside them
+                with op.location:
+                    nested_saves.presave(op.regions[0].blocks[0], verdict)
         self._rewritten, stats = shard_map_rewrite.rewrite_pairs(
-            block, verdict, mark, groups.next, a)
+            block, verdict, mark, groups.next, a, nested_saves.reuse)
         self._atomic = len(readable) - stats["pairs"]
         self._inner = inner if stats["pairs"] else 0
         return stats
@@ -309,24 +307,6 @@ class ManualComputationRule:
                        "effect inside, in shard_map bodies are atomic there (the policy does "
                        "not see inside them): saved or recomputed whole")
         return out
-
-
-def _prestack_loops(body, verdict) -> None:
-    """Make each forward scan loop of a shard_map body stack the values the policy saves
-    that a recomputation of it needs (`scan_nested.inner_saved`; a case in its body first
-    returns those of its branches): the shard_map rule keeps those stacks, and its
-    recompute computation reads them back (`shard_map_rewrite`)."""
-    for op in list(body.operations):
-        loop = scan_pairs.analyse_forward(op)
-        if loop is None:
-            continue
-        if case_nested.presave_nested(list(loop.body.operations), verdict):
-            loop = scan_pairs.analyse_forward(op)     # (its cases were rebuilt)
-        stacked = {st.value for st in loop.stacked.values()}
-        new = [v for v in inner_saved(loop, verdict) if v not in stacked]
-        if new:
-            with loop.op.location:
-                prestack([(loop, new)], verdict)
 
 
 def result_placements(op) -> list:

@@ -24,7 +24,7 @@ the carries to add to both loops, and the bytes and ops it implies per
 iteration. `materialize_pair` then builds it with `loop_edit`.
 
 Nested scans: an inner forward loop first also stacks the inner values the
-policy saves (`plan_prestack` / `prestack`), so the outer forward saves them
+policy saves (`nested_saves.presave`), so the outer forward saves them
 `[outer, inner, ...]`; when the backward body recomputes the inner loop, the
 clone reads them back, and the rewrite then runs on the backward body, where
 the inner pair now sits in one block (`rewrite_pairs`).
@@ -44,9 +44,8 @@ from remat_passes.analysis.scan_pairs import (WHILE, Pair, PendingPairs, analyse
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
-from remat_passes.regions import case_nested, loop_edit, manual_nested
-from remat_passes.regions.scan_nested import inner_saved, plan_prestack, prestack
-from remat_passes.ir.graph import CASE
+from remat_passes.regions import loop_edit, nested_saves
+from remat_passes.regions.scan_nested import inner_saved, prestack
 
 
 # --------------------------------------------------------------- the plan --
@@ -475,15 +474,9 @@ def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats) -> None:
                 if new != old:
                     graph.replace_reads(clone, old, new)
             mark_clone(clone)
-            if item.saved and clone.name == CASE:
-                case_nested.reuse_nested_saves(clone, {k: value_of(s)
-                                                        for k, s in item.saved.items()})
-            elif item.saved and clone.name == graph.MANUAL_COMPUTATION:
-                clone = manual_nested.reuse_nested_saves(
-                    clone, {k: value_of(s) for k, s in item.saved.items()})
-            elif item.saved:
-                clone = loop_edit.reuse_saved_stacks(
-                    clone, {k: value_of(s) for k, s in item.saved.items()})
+            if item.saved:     # (what its regions save, read back)
+                clone = nested_saves.reuse(clone, {k: value_of(s)
+                                                   for k, s in item.saved.items()})
             built.append(clone)
         elif isinstance(item, ReadSlot):
             built.append(loop_edit.read_slot(value_of(item.carry), item.index, item.before,
@@ -613,7 +606,7 @@ def materialize_whole(plan: WholePlan, mark_clone, next_group, stats) -> tuple:
         same = next((b for b in pair.bwd.operands if scan_pairs.same_view(b, init)), None)
         if same is not None:
             clone.operands[j] = same
-    clone = loop_edit.reuse_saved_stacks(clone, {k: fwd.op.results[k] for k in plan.saved})
+    clone = nested_saves.reuse(clone, {k: fwd.op.results[k] for k in plan.saved})
     for m, k in plan.recompute.items():
         _redirect(pair.bwd, m, fwd.op.results[k], clone.results[k])
     stats["whole"] += 1
@@ -650,7 +643,7 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
             with p.fwd.op.location:
                 plan = plan_whole(p, verdict)
                 if plan.prestack:
-                    prestack([(p.fwd, plan.prestack)], verdict)
+                    prestack(p.fwd, plan.prestack)
                     pending = PendingPairs()    # the forward loop was rebuilt
                     continue
                 stats["pairs"] += 1
@@ -659,11 +652,10 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
             stats["scoped_loops"].add(op_id(rebuilt[0]))
             pending = pending.untouched(loops)
             continue
-        nested = plan_prestack(p, verdict)
+        with p.fwd.op.location:     # (the region ops of its body return what they save)
+            nested = nested_saves.presave(p.fwd.body, verdict)
         if nested:
-            with p.fwd.op.location:
-                prestack(nested, verdict)
-            pending = PendingPairs()    # the nested loops were rebuilt
+            pending = PendingPairs()    # the nested ops were rebuilt
             continue
         stats["pairs"] += 1
         with p.fwd.op.location:   # the default location (and context) of new ops and types

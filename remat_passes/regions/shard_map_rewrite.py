@@ -29,13 +29,11 @@ touching the IR; `materialize_pair` rewrites.
 
 A scan loop in the forward body (a scanned model inside the shard_map) that the recompute
 computation clones first stacks the body values the policy saves that its recomputation
-needs (`scan_nested.inner_saved`, done by the rule before planning); those stacks are
-kept as residuals, and the clone reads them back per iteration instead of computing them
-(`loop_edit.reuse_saved_stacks`), as JAX's scan rule inside the shard_map rule keeps them.
-A case there (a `lax.cond` inside the shard_map) likewise first returns the branch values
-the policy saves (`case_nested.add_nested_saves`: a slot per type, zeros in the other
-branches, as JAX's cond rule makes them residuals); they are kept, and its clone reads
-them back (`case_nested.reuse_nested_saves`).
+needs, and a case there (a `lax.cond` inside the shard_map) first returns the branch
+values the policy saves (`nested_saves.presave`, done by the rule before planning, as
+JAX's scan and cond rules inside the shard_map rule keep them); those results are kept as
+residuals, and the clone reads them back instead of computing them
+(`nested_saves.reuse`).
 
 The backward can also read a forward result directly: a primal output the
 derivative of a later op needs (`o * o`). It is served the same way, by the
@@ -46,12 +44,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from remat_passes.analysis.scan_pairs import WHILE, analyse_forward
+from remat_passes.analysis.scan_pairs import saved_results
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
-from remat_passes.regions import case_nested
-from remat_passes.regions.loop_edit import reuse_saved_stacks
 from remat_passes.sharding.sdy import (manual_axes, mesh_of, per_value_attr, residual_layout,
                                        shardings, varying_axes)
 
@@ -281,20 +277,6 @@ class ShardMapPairPlanner:
                                 self.verdict, recomputed)
 
 
-def saved_results(op, verdict) -> list:
-    """The results of `op` that hold values of its regions the policy saves, which a
-    recomputation of it reads back instead of computing: those of a forward scan loop that
-    stack a body value, those of a case that return its branches' (`contract.case_saves`,
-    zeros in the other branches); else none."""
-    if op.name == graph.CASE:
-        return [op.results[k] for k in sorted(contract.case_saves(op))]
-    loop = analyse_forward(op) if op.name == WHILE else None
-    if loop is None:
-        return []
-    return [op.results[k] for k, st in sorted(loop.stacked.items())
-            if isinstance(st.value, ir.OpResult) and verdict(op.results[k]) is not Recompute]
-
-
 def plan_pair(pair: ShardMapPair, verdict) -> ShardMapPairPlan:
     """Decide the pair (`verdict(body value)`: the policy's verdict)."""
     return ShardMapPairPlanner(pair, verdict).plan()
@@ -352,9 +334,10 @@ def reshape(v, t, ip, loc):
                                loc=loc).results[0]
 
 
-def materialize_pair(plan: ShardMapPairPlan, mark_clone, next_group):
+def materialize_pair(plan: ShardMapPairPlan, mark_clone, next_group, reuse_nested):
     """Apply a ShardMapPairPlan; returns the new forward computation and the recompute one (None
-    if nothing is recomputed)."""
+    if nothing is recomputed). `reuse_nested(clone, {result: value})`: a clone of a body op
+    reads back the values its regions save (`nested_saves.reuse`)."""
     pair = plan.pair
     old = pair.fwd
     loc = old.location
@@ -398,7 +381,8 @@ def materialize_pair(plan: ShardMapPairPlan, mark_clone, next_group):
     recompute = None
     if plan.r_results:
         next_group()
-        recompute = _recompute(plan, new, kept_result, layouts, ins, outs, loc)
+        recompute = _recompute(plan, new, kept_result, layouts, ins, outs, loc,
+                               reuse_nested)
         mark_clone(recompute)
     r_index = {k: n for n, k in enumerate(plan.r_results)}
     for user, number, src in plan.replace:
@@ -412,7 +396,8 @@ def materialize_pair(plan: ShardMapPairPlan, mark_clone, next_group):
     return new, recompute           # (the caller erases the old forward computation)
 
 
-def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc):
+def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc,
+               reuse_nested):
     pair = plan.pair
     body = new.regions[0].blocks[0]
     layout_of = dict(zip(plan.kept, layouts))
@@ -462,10 +447,8 @@ def _recompute(plan: ShardMapPairPlan, new, kept_result, layouts, ins, outs, loc
             if u in value and value[u] != u:
                 graph.replace_reads(clone, u, value[u])
         saved = {s.result_number: value[s] for s in saved_results(op, plan.verdict)}
-        if saved and clone.name == graph.CASE:   # (saved branch values read back)
-            case_nested.reuse_nested_saves(clone, saved)
-        elif saved:           # (a scan loop: its saved stacks read back, not computed)
-            clone = reuse_saved_stacks(clone, saved, case_nested.reuse_nested_saves)
+        if saved:     # (its saved branch values or stacks read back, not computed)
+            clone = reuse_nested(clone, saved)
         for a, b in zip(op.results, clone.results):
             value[a] = b
     results = []
@@ -486,9 +469,11 @@ class Rewritten:
     primal: int                 # how many of the forward's results are primal outputs
 
 
-def rewrite_pairs(block, verdict, mark_clone, next_group, analysis) -> tuple[list, dict]:
+def rewrite_pairs(block, verdict, mark_clone, next_group, analysis,
+                  reuse_nested) -> tuple[list, dict]:
     """Apply the per-body policy to every shard_map pair of `block` (`analysis`: of its
-    function; told of the ops inserted). Returns [Rewritten] and stats."""
+    function; told of the ops inserted; `reuse_nested`: see `materialize_pair`). Returns
+    [Rewritten] and stats."""
     stats = {"pairs": 0, "recomputed": 0}
     rewritten = []
     for pair in find_pairs(block, analysis.is_backward):
@@ -499,7 +484,7 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, analysis) -> tuple[lis
             if not (plan.rewrites or plan.offloads):
                 rewritten.append(Rewritten(pair.fwd, None, [], len(pair.fwd.results)))
                 continue
-            new, recompute = materialize_pair(plan, mark_clone, next_group)
+            new, recompute = materialize_pair(plan, mark_clone, next_group, reuse_nested)
             analysis.note_inserted(new, backward=False, before=pair.fwd)
             if recompute is not None:
                 analysis.note_inserted(recompute, backward=True, before=_r_position(plan))

@@ -23,6 +23,7 @@ Nothing is hard-coded: every expectation is computed from the installed JAX in t
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -613,6 +614,71 @@ def test_module_policy_on_a_scan_is_per_iteration(pol):
     m = rp.export_vjp(lambda Ws, x: jnp.sum(lax.scan(body, x, Ws)[0]), Ws, x)
     split = rp.remat(m, ours_policy(), mode="split")
     assert_same_residual_types(split.residuals, per_iteration, Ws, x, context=pol)
+
+
+def _nested(structure: str, ck):
+    """A loss whose layers nest `structure` ('cond>scan', 'scan>cond>cond', ...: the
+    outermost first); `ck(body)` wraps each scan body (JAX's side: `jax.checkpoint` with
+    the policy, what a module policy means per iteration)."""
+    def layer(c, W):
+        return jnp.sin(checkpoint_name(jnp.dot(W, jnp.tanh(c)), "a"))
+
+    def build(kinds):
+        if not kinds:
+            return layer
+        inner = build(kinds[1:])
+        if kinds[0] == "cond":
+            return lambda c, W: lax.cond(jnp.sum(c) > 0, inner,
+                                         lambda c, W: jnp.cos(c) * 2.0, c, W)
+        if kinds[0] == "scan":      # (no xs: an iota's would be a residual JAX keeps and
+            return lambda c, W: lax.scan(   # we recompute, a constant)
+                ck(lambda c, _: (inner(c, W), None)), c, None, length=2)[0]
+        return lambda c, W: lax.scan(ck(lambda c, Wi: (inner(c, Wi), None)), c, W)[0]
+    kinds = structure.split(">")
+    f = build(["layers" if kinds[0] == "scan" else kinds[0]] + kinds[1:])
+    return lambda Ws, x: jnp.sum(f(x, Ws if kinds[0] == "scan" else Ws[0]) ** 2)
+
+
+@pytest.mark.parametrize("pol", ["nothing", "dots", "names_a"])
+@pytest.mark.parametrize("structure", ["cond>scan", "cond>scan>cond", "scan>cond>scan",
+                                       "scan>scan>cond", "scan>cond>cond", "scan>scan>scan",
+                                       "cond>cond>scan", "scan>cond>scan>cond"])
+def test_module_policy_through_nested_regions(structure, pol):
+    """JAX's cond and scan rules nest: inside a cond's branch in a scan body, a scan in a
+    branch, at any depth, the policy applies op by op, and what it saves there becomes a
+    residual of the op around it. These kept nothing inside the inner op (recomputed it
+    whole: a dot_general more per inner dot under dots_saveable), or kept an inner loop
+    whole with a remark. Residuals (split form) equal JAX's for the module policy (the
+    whole function checkpointed unless it is a scan, each scan body checkpointed); as
+    many dot_generals as JAX's lowering of that; gradients, both branches taken."""
+    theirs_policy, ours_policy = _POLICIES[pol]
+    Ws, x = MATS
+
+    def theirs(Ws, x):
+        ck = functools.partial(jax.checkpoint, policy=theirs_policy())
+        f = _nested(structure, ck)
+        return (f if structure.startswith("scan") else ck(f))(Ws, x)
+    m = rp.export_vjp(_nested(structure, lambda body: body), Ws, x)
+    split = rp.remat(m, ours_policy(), mode="split")
+    assert_same_residual_types(split.residuals, theirs, Ws, x, context=structure)
+    assert not [r for r in split.remarks if "atomic" in r], split.remarks
+    joint = rp.remat(m, ours_policy())
+
+    def value_and_vjp(*a):
+        out, vjp = jax.vjp(theirs, *a)
+        return out, vjp(jnp.ones_like(out))
+    ours = _count(str(joint), "stablehlo.dot_general")
+    jaxs = _count(jax.jit(value_and_vjp).lower(Ws, x).as_text(), "stablehlo.dot_general")
+    # (nothing_saveable: a scan recomputed inside an op recomputed whole runs once here, and
+    # its backward reads what it stacks; JAX's checkpointed body runs it a second time)
+    assert ours == jaxs if pol != "nothing" else ours <= jaxs, (ours, jaxs)
+    for sign in (1.0, -1.0):       # (each branch of each cond taken, the first ones)
+        args = (Ws, sign * jnp.abs(x) + 0.5 * sign)
+        out, ct, grads = reference_vjp(_nested(structure, lambda body: body), args)
+        expected = leaves(out) + leaves(grads)
+        assert_trees_close(run_joint_cached(joint, args, ct), expected, what="joint")
+        got, _ = run_split_cached(split, args, ct, len(leaves(out)))
+        assert_trees_close(got, expected, what="split")
 
 
 def _excess_precision_hell():
