@@ -84,8 +84,10 @@ def is_side_effecting(op) -> bool:
     found = []
 
     def visit(inner):
-        if manual and (inner.name in COLLECTIVE_OPS or inner.name in (
-                MANUAL_COMPUTATION, "sdy.return")):
+        # (a shard_map nested in the op is a computation like any other: what its body
+        # runs decides; a collective there runs again in lockstep, `_rerun_in_lockstep`)
+        if inner.name in (MANUAL_COMPUTATION, "sdy.return") or (
+                manual and inner.name in COLLECTIVE_OPS):
             return ir.WalkResult.ADVANCE
         if _own_side_effect(inner) and not _rerun_in_lockstep(inner):
             found.append(inner)

@@ -236,7 +236,8 @@ class ManualComputationRule:
             return {}
         a = analysis()
         self._indirect = shard_map_rewrite.reached_indirectly(block, a.is_backward)
-        readable = [op for op in ops if not a.is_backward(op) and any(
+        readable = [op for op in ops if not a.is_backward(op)
+                    and not shard_map_rewrite.lays_out_only(op) and any(
             a.is_backward(graph.top_level(use.owner.operation, block.owner))
             for r in op.results for use in r.uses)]
         # (counted before the rewrite, which can move a body's loop into the recompute

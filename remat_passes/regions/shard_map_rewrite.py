@@ -73,7 +73,8 @@ def find_pairs(block, is_backward) -> list[ShardMapPair]:
     position = {op_id(op): i for i, op in enumerate(ops)}
     backward_after = graph.backward_starts(ops, is_backward)
     for op in ops:
-        if op.name != MC or is_backward(op) or body_side_effect(op) or mesh_of(op) is None:
+        if op.name != MC or is_backward(op) or body_side_effect(op) or mesh_of(op) is None \
+                or lays_out_only(op):
             continue
         reads: dict = {}
         outside: set = set()
@@ -92,6 +93,24 @@ def find_pairs(block, is_backward) -> list[ShardMapPair]:
             start = backward_after[position[op_id(op)]]
             pairs.append(ShardMapPair(op, order, reads, outside, start))
     return pairs
+
+
+def lays_out_only(op) -> bool:
+    """Does manual computation `op` compute nothing from its operands: return them as they
+    are, beside values built from constants alone (JAX's copy of a replicated value on each
+    device, hoisted out of a loop; under jax 0.10 with a broadcast constant beside it)? Then
+    it is an op like any other to the function-level plan, which recomputes it for free
+    (kept per pair, it was a residual: a copy of the value per device)."""
+    block = op.regions[0].blocks[0]
+    from_constants = set()           # (ops whose operands are all built from constants)
+    for inner in list(block.operations)[:-1]:
+        inner = inner.operation
+        if len(inner.regions) or graph.is_side_effecting(inner) or not all(
+                isinstance(x, ir.OpResult) and op_id(x.owner) in from_constants
+                for x in inner.operands):
+            return False
+        from_constants.add(op_id(inner))
+    return True
 
 
 def reached_indirectly(block, is_backward) -> int:
@@ -115,7 +134,7 @@ def reached_indirectly(block, is_backward) -> int:
     return sum(1 for i, op in enumerate(ops)     # (one without operands is a constant)
                if op.name == MC and feeds[i] and not direct[i] and len(op.operands)
                and not is_backward(op) and not body_side_effect(op)
-               and mesh_of(op) is not None)
+               and mesh_of(op) is not None and not lays_out_only(op))
 
 
 def body_side_effect(op) -> bool:

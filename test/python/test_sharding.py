@@ -1069,10 +1069,37 @@ def sm_cond_psum_loss(w, x, policy=None):
         return jax.lax.pmean(jnp.mean(h ** 2), "data")
     loss = shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
     return loss(w, x) if policy is None else jax.checkpoint(loss, policy=policy)(w, x)
+# deeper and other nestings: a shard_map ("sm") in a cond's branch, a cond or a scan in a
+# shard_map body, a scan in a scan there; the policy in each scan body (each checkpointed
+# on JAX's side) and in the whole function unless it is a scan
+def nested_loss(structure):
+    def build(kinds, ck):
+        if not kinds:
+            return lambda h, w: jnp.sin(rp.checkpoint_name(jnp.tanh(h) @ w, "h"))
+        inner, kind = build(kinds[1:], ck), kinds[0]
+        if kind == "cond":     # (on a replicated value: every device takes the same branch)
+            return lambda h, w: jax.lax.cond(jnp.sum(w) > -1e9, inner,
+                                             lambda h, w: jnp.cos(h) * 2.0, h, w)
+        if kind == "scan":
+            return lambda h, w: jax.lax.scan(ck(lambda c, _: (inner(c, w), None)), h, None,
+                                             length=2)[0]
+        return lambda h, w: shard_map(inner, mesh=mesh, in_specs=(P("data"), P()),
+                                      out_specs=P("data"))(h, w)
+    def loss(w, x, policy=None):
+        ck = (lambda f: f) if policy is None else partial(jax.checkpoint, policy=policy)
+        f = build(structure.split(">"), ck)
+        f = lambda w, x, f=f: jnp.mean(f(x, w) ** 2)
+        return (f if structure.startswith("scan") else ck(f))(w, x)
+    return loss
+NESTED = ("cond>sm", "cond>sm>cond", "sm>cond>scan", "sm>scan>scan", "scan>cond>sm",
+          "scan>sm>scan")
 if sys.argv[1] == "shardy":
     for key, loss in (("scan shard_map cond", scan_sm_cond_loss),
                       ("shard_map scan cond", sm_scan_cond_loss)):
         out.update({f"{key} {pol}": r for pol, r in against_checkpoint(loss, ws, x).items()})
+    for key in NESTED:
+        out.update({f"{key} {pol}": r
+                    for pol, r in against_checkpoint(nested_loss(key), ws[0], x).items()})
 out.update({f"cond psum in shard_map {pol}": r
             for pol, r in against_checkpoint(sm_cond_psum_loss, ws[0], x).items()})
 # auto at budget 0 keeps nothing there: the ops of the branches take the case's verdict
@@ -1195,6 +1222,16 @@ def test_rp_jit_of_a_data_parallel_step_with_its_backward_inside_shard_map(parti
             # (the scan's own index JAX keeps per iteration, we recompute from a constant)
             assert r["err"] < 1e-5 and r["ours"] == [
                 t for t in r["jax"] if t != "int32[3]"], (key, pol, r)
+            assert not any("atomic" in m for m in r["remarks"]), (key, pol, r)
+    # (a shard_map in a branch was side-effecting to the analysis, so its cond's results
+    # were kept; a scan in a branch or two region ops down kept nothing inside them; the
+    # per-device copy of the replicated weights JAX makes before the outer loop of
+    # scan>sm>scan, a shard_map that computes nothing, was kept: f32[64,8])
+    for key in ("cond>sm", "cond>sm>cond", "sm>cond>scan", "sm>scan>scan", "scan>cond>sm",
+                "scan>sm>scan") * (partitioner == "shardy"):
+        for pol in ("nothing_saveable", "dots_saveable", "save_only_these_names(h)"):
+            r = out[f"{key} {pol}"]
+            assert r["err"] < 1e-5 and r["ours"] == r["jax"], (key, pol, r)
             assert not any("atomic" in m for m in r["remarks"]), (key, pol, r)
     for kind in ("array", "float", "numpy"):
         assert out[f"scalar split {kind}"] < 1e-5, (kind, out)
