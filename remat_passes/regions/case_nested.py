@@ -146,16 +146,3 @@ def nested_saves_needed(op, verdict) -> list | None:
         return None
     saved = plan_nested_saves(op, verdict)
     return saved if any(saved) else None
-
-
-def presave_nested(block_ops, verdict) -> int:
-    """`add_nested_saves` for every case among `block_ops` that `nested_saves_needed`
-    names. Returns how many cases were rebuilt."""
-    n = 0
-    for op in block_ops:
-        saved = nested_saves_needed(op, verdict)
-        if saved is not None:
-            with op.location:
-                add_nested_saves(op.operation, saved, verdict)
-            n += 1
-    return n

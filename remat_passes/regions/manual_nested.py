@@ -59,21 +59,6 @@ def nested_saves_needed(op, verdict) -> list | None:
     return saved or None
 
 
-def cases_to_presave(op, verdict) -> list:
-    """[(case, values per branch)] for the cases in the body of a manual computation a
-    recomputation would clone whole that must first return the branch values the policy
-    saves (`case_nested.nested_saves_needed`): the body values it then saves include
-    them, as JAX's cond rule inside the shard_map rule keeps them; else []."""
-    op = op.operation
-    if op.name != MC or contract.manual_saves(op) or not op.results or \
-            body_side_effect(op) or mesh_of(op) is None or \
-            all(verdict(r) is not Recompute for r in op.results):
-        return []
-    found = ((c.operation, case_nested.nested_saves_needed(c, verdict))
-             for c in op.regions[0].blocks[0].operations)
-    return [(c, saved) for c, saved in found if saved is not None]
-
-
 def add_nested_saves(mc, saved: list):
     """Rebuild `mc` with a result for each value of `plan_nested_saves` (laid out as a
     shard_map residual), recorded in `remat.manual_saves`. Returns the new computation."""
