@@ -47,7 +47,7 @@ from remat_passes.analysis.scan_pairs import inside, saved_results
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
-from remat_passes.regions import nested_saves
+from remat_passes.regions import case_crossing, nested_saves
 from remat_passes.regions.case_nested import rebuilt
 from remat_passes.regions.loop_edit import zeros
 
@@ -359,9 +359,10 @@ def plan_case(pair: CasePair, verdict) -> CasePlan:
 
 
 # -------------------------------------------------------------- rewriting --
-def materialize_case(plan: CasePlan, mark_clone, next_group, key: int) -> None:
+def materialize_case(plan: CasePlan, mark_clone, next_group, key: int):
     """Apply a CasePlan: rebuild the forward case with the new result layout, build the
-    recompute case (`key` links the two), and redirect the backward's reads."""
+    recompute case (`key` links the two), and redirect the backward's reads. Returns the
+    recompute case (None: none needed)."""
     pair = plan.pair
     old = pair.fwd
     loc = old.location
@@ -415,6 +416,7 @@ def materialize_case(plan: CasePlan, mark_clone, next_group, key: int) -> None:
         if case is not None:
             for region in case.regions:
                 graph.erase_unused_in_block(region.blocks[0])
+    return recompute
 
 
 def _r_position(plan: CasePlan):
@@ -567,5 +569,8 @@ def rewrite_cases(block, verdict, mark_clone, next_group, is_backward) -> dict:
             stats["pairs"] += 1
             stats["recomputed"] += plan.recomputed
             if plan.rewrites or plan.offloads:
-                materialize_case(plan, mark_clone, next_group, key)
+                recompute = materialize_case(plan, mark_clone, next_group, key)
+                if recompute is not None:     # (its scans get the policy per iteration)
+                    case_crossing.rewrite(recompute, pair.bwds, verdict, mark_clone,
+                                          next_group)
     return stats

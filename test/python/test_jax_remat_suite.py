@@ -669,9 +669,11 @@ def test_module_policy_through_nested_regions(structure, pol):
         return out, vjp(jnp.ones_like(out))
     ours = _count(str(joint), "stablehlo.dot_general")
     jaxs = _count(jax.jit(value_and_vjp).lower(Ws, x).as_text(), "stablehlo.dot_general")
-    # (nothing_saveable: a scan recomputed inside an op recomputed whole runs once here, and
-    # its backward reads what it stacks; JAX's checkpointed body runs it a second time)
-    assert ours == jaxs if pol != "nothing" else ours <= jaxs, (ours, jaxs)
+    # (nothing_saveable: a scan two region ops down, inside an op recomputed whole, runs once
+    # here, and its backward reads what it stacks; JAX's checkpointed body runs it a second
+    # time. One in a cond's branch is recomputed per iteration, `case_crossing`)
+    rerun_whole = pol == "nothing" and structure not in ("cond>scan", "cond>scan>cond")
+    assert ours == jaxs if not rerun_whole else ours <= jaxs, (ours, jaxs)
     for sign in (1.0, -1.0):       # (each branch of each cond taken, the first ones)
         args = (Ws, sign * jnp.abs(x) + 0.5 * sign)
         out, ct, grads = reference_vjp(_nested(structure, lambda body: body), args)
