@@ -359,10 +359,11 @@ def plan_case(pair: CasePair, verdict) -> CasePlan:
 
 
 # -------------------------------------------------------------- rewriting --
-def materialize_case(plan: CasePlan, mark_clone, next_group, key: int):
+def materialize_case(plan: CasePlan, verdict, mark_clone, next_group, key: int):
     """Apply a CasePlan: rebuild the forward case with the new result layout, build the
     recompute case (`key` links the two), and redirect the backward's reads. Returns the
-    recompute case (None: none needed)."""
+    recompute case (None: none needed) and the verdicts its clones' nested ops inherit
+    (`_build`)."""
     pair = plan.pair
     old = pair.fwd
     loc = old.location
@@ -387,7 +388,7 @@ def materialize_case(plan: CasePlan, mark_clone, next_group, key: int):
                 user = use.owner.operation
                 if not any(inside(user, b) for b in pair.bwds):
                     user.operands[use.operand_number] = new.results[s]
-    recompute = None
+    recompute, inherited = None, {}
     if plan.r_types:
         next_group()
         recompute = ir.Operation.create(CASE, results=plan.r_types,
@@ -397,7 +398,8 @@ def materialize_case(plan: CasePlan, mark_clone, next_group, key: int):
         contract.set_twin(recompute, key, plan.twins_r)
         for j, clones in enumerate(plan.clones):
             block = recompute.regions[j].blocks.append()
-            value_of = _build(clones, new, ir.InsertionPoint(block), mark_clone)
+            value_of = _build(clones, new, ir.InsertionPoint(block), mark_clone,
+                              lambda o, c: inherited.update(_inherit(o, c, verdict)))
             values = [value_of(plan.r_yields[j][n]) if n in plan.r_yields[j] else None
                       for n in range(len(plan.r_types))]
             ip = ir.InsertionPoint(block)
@@ -416,7 +418,7 @@ def materialize_case(plan: CasePlan, mark_clone, next_group, key: int):
         if case is not None:
             for region in case.regions:
                 graph.erase_unused_in_block(region.blocks[0])
-    return recompute
+    return recompute, inherited
 
 
 def _r_position(plan: CasePlan):
@@ -427,8 +429,9 @@ def _r_position(plan: CasePlan):
     return plan.pair.bwds[0]
 
 
-def _build(clones: list, fwd_case, ip, mark_clone):
-    """Insert `clones` at `ip`; returns the function giving a source's value."""
+def _build(clones: list, fwd_case, ip, mark_clone, cloned):
+    """Insert `clones` at `ip` (`cloned(original, clone)` for each op with regions);
+    returns the function giving a source's value."""
     built = []
 
     def value_of(src):
@@ -439,6 +442,8 @@ def _build(clones: list, fwd_case, ip, mark_clone):
         return src
     for item in clones:
         clone = item.op.clone(ip=ip)
+        if len(clone.regions):
+            cloned(item.op, clone)
         for u, src in item.sources.items():
             v = value_of(src)
             if v != u:
@@ -449,6 +454,22 @@ def _build(clones: list, fwd_case, ip, mark_clone):
         mark_clone(clone)
         built.append(clone)
     return value_of
+
+
+def _inherit(original, clone, verdict) -> dict:
+    """{op id of an op nested in `clone`: (its name, the verdicts on the results of the op
+    of `original` it copies)}. A plan's verdicts (`auto`) are by op identity: a clone's
+    nested ops, new ops, would get the verdict of undecided ones (saved) where a rule
+    (`case_crossing`, for scan loops: none without one) asks for them."""
+    ops = list(zip(_nested(original), _nested(clone)))
+    if original.name != graph.WHILE and not any(o.name == graph.WHILE for o, _ in ops):
+        return {}
+    return {op_id(c): (c.name, [verdict(r) for r in o.results]) for o, c in ops}
+
+
+def _nested(op):
+    return (each for region in op.regions for block in region.blocks
+            for each in graph.nested_ops(block))
 
 
 def twins(analysis) -> dict:
@@ -569,8 +590,10 @@ def rewrite_cases(block, verdict, mark_clone, next_group, is_backward) -> dict:
             stats["pairs"] += 1
             stats["recomputed"] += plan.recomputed
             if plan.rewrites or plan.offloads:
-                recompute = materialize_case(plan, mark_clone, next_group, key)
+                recompute, inherited = materialize_case(plan, verdict, mark_clone,
+                                                        next_group, key)
                 if recompute is not None:     # (its scans get the policy per iteration)
-                    case_crossing.rewrite(recompute, pair.bwds, verdict, mark_clone,
-                                          next_group)
+                    case_crossing.rewrite(recompute, pair.bwds,
+                                          case_crossing.Inherited(verdict, inherited),
+                                          mark_clone, next_group)
     return stats

@@ -245,18 +245,23 @@ def _stack_in_a_branch(ck):
                                           lambda h, Ws: jnp.cos(h), x, Ws) ** 2)
 
 
-@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
-def test_a_scan_in_a_branch_is_recomputed_per_iteration(policy):
+@pytest.mark.parametrize("policy,jax_policy", [
+    ("nothing_saveable", "nothing_saveable"), ("dots_saveable", "dots_saveable"),
+    ("auto(budget=0)", "nothing_saveable")])
+def test_a_scan_in_a_branch_is_recomputed_per_iteration(policy, jax_policy):
     """The backward reruns the branch in a recompute case; a scan there is recomputed per
     iteration, its pair crossing into the backward case (`case_crossing`), as JAX's scan
     rule inside its cond rule does. It was rerun whole with all its stacks: XLA:CPU's temp
     of the split backward was 2.3x JAX's under nothing_saveable (3,670,648 vs 1,573,544 B
     for 16 layers of 256), one dot_general short. Now at most JAX's + 2%, the same count of
-    dot_generals as JAX's lowering, and jax.vjp's gradients with either branch taken."""
+    dot_generals as JAX's lowering, and jax.vjp's gradients with either branch taken.
+    `auto` at the least budget is nothing_saveable: the plan's verdicts are by op identity,
+    and the scan's ops in the recompute case, clones, took those of undecided ops (saved)
+    until they inherited their originals' (`case_rewrite._inherit`)."""
     from tools.benchmarks.xla_memory import jax_halves
     Ws = jax.random.normal(jax.random.PRNGKey(0), (8, 64, 64)) / 8
     x = jnp.abs(jax.random.normal(jax.random.PRNGKey(1), (32, 64)))
-    jp = getattr(JP, policy)
+    jp = getattr(JP, jax_policy)
 
     def theirs(Ws, x):
         ck = lambda f: jax.checkpoint(f, policy=jp)

@@ -964,8 +964,8 @@ def test_auto_counts_what_a_cond_keeps(name):
     "scan_in_branch", marks=pytest.mark.xfail(strict=True, reason=(
         "the plan's model of a cond (`case_model`) sees a scan in a branch as one op, "
         "recomputed whole with nothing kept inside; dots_saveable keeps its dots per "
-        "iteration (`nested_saves`): auto recomputes 122,377 FLOPs at its bytes, where "
-        "dots_saveable recomputes 107,017"))), "output_only"])
+        "iteration (`nested_saves`, `case_crossing`): auto recomputes 139,273 FLOPs at "
+        "its bytes, where dots_saveable recomputes 107,273"))), "output_only"])
 def test_auto_recomputes_no_more_than_dots_saveable_around_a_cond(name):
     """At what dots_saveable keeps, auto's plan recomputes no more FLOPs: its choices for a
     cond's branches include saving their dots. With one choice for all of their ops
