@@ -14,12 +14,14 @@ a new result of the recompute case, zeros in its other branches.
 
 Before, the loop was rerun whole with all its stacks: under `nothing_saveable` the
 backward held every iteration's residuals at once where JAX holds a carry per iteration.
-Only the cond at the function's top level has this rule; a scan two region ops down (a
-cond in a cond's branch, a cond in a scan body) is still rerun whole.
+A cond in a scan body is a recompute case in the backward loop's body as well, and
+`in_loop_bodies` gives a scan in its branch the same rewrite (scan>cond>scan). A scan in a
+cond in a cond's branch (cond>cond>scan) is still rerun whole: its pair would have to
+cross two levels of recompute case.
 """
 from __future__ import annotations
 
-from remat_passes.ir import graph
+from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions import nested_saves
 from remat_passes.regions.case_nested import rebuilt
@@ -70,6 +72,32 @@ def rewrite(recompute, bwds: list, verdict, mark_clone, next_group) -> int:
                 n += 1
     if n:
         _cross(recompute, bwds)
+    return n
+
+
+def in_loop_bodies(block, verdict, mark_clone, next_group) -> int:
+    """Cases that a backward loop's body reruns per iteration (a cond in a scan body: the
+    scan rule clones the forward case there, before the backward case on the same index)
+    are recompute cases too: a scan in a branch of one gets `rewrite` (scan>cond>scan).
+    Before, it ran whole and the backward loop's iteration held all of its stacks.
+    Returns how many pairs were rewritten."""
+    found = []
+    for loop in graph.nested_ops(block):
+        if loop.name != graph.WHILE:
+            continue
+        ops = [op.operation for op in loop.regions[1].blocks[0].operations]
+        for i, clone in enumerate(ops):
+            if clone.name != graph.CASE or not contract.is_recompute_clone(clone):
+                continue
+            bwds = [op for op in ops[i + 1:] if op.name == graph.CASE
+                    and not contract.is_recompute_clone(op)
+                    and op.operands[0] == clone.operands[0]]
+            if bwds:
+                found.append((clone, bwds))
+    n = 0
+    for clone, bwds in reversed(found):     # (innermost first)
+        with clone.location:
+            n += rewrite(clone, bwds, verdict, mark_clone, next_group)
     return n
 
 
