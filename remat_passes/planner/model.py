@@ -457,7 +457,7 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1,
         if results and all(facts.free_kind(r) is not None for r in results):
             b.free_ops.append(op)                   # invariant or re-sliced: never stacked
             continue
-        plain = not graph.is_side_effecting(op) and scan_pairs.analyse_forward(op) is None
+        plain = not graph.is_side_effecting(op)
         verdict = own(op)
         if verdict is Recompute and plain and not op.regions:
             read = list(dict.fromkeys(x for u in graph.read_values(op) for x in sources(u)))

@@ -30,21 +30,6 @@ from remat_passes.regions.scan_rewrite import materialize_pair, plan_pair
 from remat_passes.regions.scan_segments import pairs_across
 
 
-class Inherited:
-    """value -> verdict for the ops of a recompute case: an op nested in a clone gets the
-    verdicts its original had (`case_rewrite._inherit`, `inherited`), others `verdict`'s."""
-
-    def __init__(self, verdict, inherited: dict):
-        self.verdict, self.inherited = verdict, inherited
-
-    def __call__(self, value):
-        if isinstance(value, ir.OpResult):
-            name, verdicts = self.inherited.get(op_id(value.owner), (None, None))
-            if name == value.owner.name:
-                return verdicts[value.result_number]
-        return self.verdict(value)
-
-
 def rewrite(recompute, bwds: list, verdict, mark_clone, next_group) -> int:
     """Give every scan pair across `recompute` (a recompute case) and the backward cases
     `bwds` the policy per iteration. Returns how many pairs were rewritten."""

@@ -48,6 +48,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
 from remat_passes.regions import case_crossing, nested_saves
+from remat_passes.regions.clone_verdicts import Inherited, inherit
 from remat_passes.regions.case_nested import rebuilt
 from remat_passes.regions.loop_edit import zeros
 
@@ -399,7 +400,7 @@ def materialize_case(plan: CasePlan, verdict, mark_clone, next_group, key: int):
         for j, clones in enumerate(plan.clones):
             block = recompute.regions[j].blocks.append()
             value_of = _build(clones, new, ir.InsertionPoint(block), mark_clone,
-                              lambda o, c: inherited.update(_inherit(o, c, verdict)))
+                              lambda o, c: inherited.update(inherit(o, c, verdict)))
             values = [value_of(plan.r_yields[j][n]) if n in plan.r_yields[j] else None
                       for n in range(len(plan.r_types))]
             ip = ir.InsertionPoint(block)
@@ -454,22 +455,6 @@ def _build(clones: list, fwd_case, ip, mark_clone, cloned):
         mark_clone(clone)
         built.append(clone)
     return value_of
-
-
-def _inherit(original, clone, verdict) -> dict:
-    """{op id of an op nested in `clone`: (its name, the verdicts on the results of the op
-    of `original` it copies)}. A plan's verdicts (`auto`) are by op identity: a clone's
-    nested ops, new ops, would get the verdict of undecided ones (saved) where a rule
-    (`case_crossing`, for scan loops: none without one) asks for them."""
-    ops = list(zip(_nested(original), _nested(clone)))
-    if original.name != graph.WHILE and not any(o.name == graph.WHILE for o, _ in ops):
-        return {}
-    return {op_id(c): (c.name, [verdict(r) for r in o.results]) for o, c in ops}
-
-
-def _nested(op):
-    return (each for region in op.regions for block in region.blocks
-            for each in graph.nested_ops(block))
 
 
 def twins(analysis) -> dict:
@@ -594,6 +579,6 @@ def rewrite_cases(block, verdict, mark_clone, next_group, is_backward) -> dict:
                                                         next_group, key)
                 if recompute is not None:     # (its scans get the policy per iteration)
                     case_crossing.rewrite(recompute, pair.bwds,
-                                          case_crossing.Inherited(verdict, inherited),
+                                          Inherited(verdict, inherited),
                                           mark_clone, next_group)
     return stats

@@ -45,6 +45,7 @@ from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions import (case_crossing, case_rewrite, nested_saves, scan_rewrite,
                                   shard_map_rewrite)
 from remat_passes.ir.graph import CASE
+from remat_passes.regions.clone_verdicts import Inherited
 from remat_passes.sharding.sdy import mesh_of
 
 
@@ -84,7 +85,8 @@ class ScanPairRule:
         self._peeled = {op_id(op) for op in block.operations
                         if op.name == WHILE and _stacks_peeled_steps(op)}
         stats = scan_rewrite.rewrite_pairs(block, policy, mark, groups.next)
-        case_crossing.in_loop_bodies(block, policy, mark, groups.next)
+        case_crossing.in_loop_bodies(block, Inherited(policy, stats["inherited"]), mark,
+                                     groups.next)
         self._scoped = stats["scoped_loops"]
         return stats
 

@@ -45,6 +45,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
 from remat_passes.regions import loop_edit, nested_saves
+from remat_passes.regions.clone_verdicts import Inherited, inherit
 from remat_passes.regions.scan_nested import inner_saved, prestack
 
 
@@ -424,8 +425,10 @@ def plan_pair(pair: Pair, verdict) -> ScanPairPlan:
 
 
 # ------------------------------------------------------------ the rewrite --
-def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats) -> None:
-    """Apply a ScanPairPlan: new carries, the backward body's items, then rebuild both loops."""
+def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats,
+                     cloned=lambda original, clone: None) -> None:
+    """Apply a ScanPairPlan: new carries, the backward body's items, then rebuild both loops.
+    `cloned(original, clone)` is told of each clone of an op with regions."""
     pair, fwd = plan.pair, plan.pair.fwd
     for v, placement in plan.offloads:
         contract.set_offload(v.owner, placement)
@@ -469,6 +472,8 @@ def materialize_pair(plan: ScanPairPlan, mark_clone, next_group, stats) -> None:
             next_group()
         if isinstance(item, Clone):
             clone = item.op.clone(ip=ir.InsertionPoint(item.before))
+            if len(clone.regions):
+                cloned(item.op, clone)
             for old, src in item.sources.items():
                 new = value_of(src)
                 if new != old:
@@ -619,10 +624,15 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
     pair whose forward loop sits in a checkpoint scope is re-run whole (`plan_whole`).
 
     Returns stats: pairs rewritten, slot reads replaced by recomputation, buffers added,
-    loops re-run whole, and the op ids of the forward loops in a scope (`scoped_loops`).
+    loops re-run whole, the op ids of the forward loops in a scope (`scoped_loops`), and
+    the verdicts the clones' nested ops inherit (`inherited`, `clone_verdicts`: an inner
+    loop recomputed in a backward body gets the plan's verdicts on the loop it copies).
     """
     stats = stats if stats is not None else {"pairs": 0, "recomputed": 0, "stacked": 0,
-                                             "whole": 0, "scoped_loops": set()}
+                                             "whole": 0, "scoped_loops": set(),
+                                             "inherited": {}}
+    if not isinstance(verdict, Inherited):
+        verdict = Inherited(verdict, stats["inherited"])
     done = set()
     whole = set()       # loops of pairs in a checkpoint scope, done
     in_scope = getattr(verdict, "in_scope", None)
@@ -660,7 +670,8 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
         stats["pairs"] += 1
         with p.fwd.op.location:   # the default location (and context) of new ops and types
             plan = plan_pair(p, verdict)
-            materialize_pair(plan, mark_clone, next_group, stats)
+            materialize_pair(plan, mark_clone, next_group, stats, lambda o, c: stats[
+                "inherited"].update(inherit(o, c, verdict)))
         done.add((op_id(p.fwd.op), op_id(p.bwd)))
         if plan.rewrites:
             pending = pending.untouched(loops)

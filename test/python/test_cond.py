@@ -257,7 +257,7 @@ def test_a_scan_in_a_branch_is_recomputed_per_iteration(policy, jax_policy):
     dot_generals as JAX's lowering, and jax.vjp's gradients with either branch taken.
     `auto` at the least budget is nothing_saveable: the plan's verdicts are by op identity,
     and the scan's ops in the recompute case, clones, took those of undecided ops (saved)
-    until they inherited their originals' (`case_rewrite._inherit`)."""
+    until they inherited their originals' (`clone_verdicts.inherit`)."""
     from tools.benchmarks.xla_memory import jax_halves
     Ws = jax.random.normal(jax.random.PRNGKey(0), (8, 64, 64)) / 8
     x = jnp.abs(jax.random.normal(jax.random.PRNGKey(1), (32, 64)))
