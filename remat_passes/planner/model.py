@@ -1,7 +1,8 @@
 """The planning problem of `auto`: ops that may be recomputed, values that may be kept.
 
 See the package docstring for the model. `build_problem` makes a `Problem` from a
-function's analysis (scan loop pairs modelled per iteration, times the trip count);
+function's analysis (scan loop pairs modelled per iteration, times the trip count; a
+scan loop in a scan body too, op by op, rerun or kept whole: `_add_inner_loop`);
 `evaluate` gives what a choice of recomputed ops keeps and costs.
 """
 from __future__ import annotations
@@ -406,18 +407,43 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1,
     the backward re-runs whole (one in a checkpoint scope), `sources(vid)` of the
     function: its carries are not stacked, and the loop's initial carries are needed."""
     fwd = pair.fwd
-    n = fwd.trip_count
+
+    def outer(u) -> list:          # the nodes of a value outside the loop
+        vid = a.vid(u)
+        return [vid_node[vid]] if vid in vid_node else []
+
+    def carry_in(arg) -> int:      # a carry-in: stacked if needed
+        node = b.value(arg, -1, 0 if rerun else fwd.trip_count, copies=copies)
+        if rerun:
+            for n in rerun(a.vid(fwd.op.operands[arg.arg_number])):
+                b.needed[n] = True
+        return node
+    sources = _add_body(b, pair, fwd.trip_count, outer, carry_in, copies, own,
+                        nested=rerun is None)
+    for m, k in pair.links.items():    # the stacked values the backward loop reads
+        # (one re-derived from the invariants, or recomputed by its own policy, needs what
+        # that reads)
+        for node in sources(fwd.stacked[k].value):
+            b.needed[node] = True
+
+
+def _add_body(b: ProblemBuilder, pair, n: int, outer, carry_in, copies, own, nested: bool,
+              token=None):
+    """The ops and values of the body of loop `pair.fwd`, `n` times each (its trip count
+    times that of the loops around it). `outer(u)`: the nodes of a value outside the loop;
+    `carry_in(arg)`: the value node of a carry-in. `token`: the op nodes of a nested loop
+    read it, a value no plan keeps (`_add_inner_loop`). With `nested`, a scan loop in the
+    body is modelled op by op too. Returns `sources(u)`: the nodes a read of body value u
+    needs available."""
+    fwd = pair.fwd
     facts = ScanPairPlanner(pair, lambda v: Saveable)
     label = f"scan loop at {graph.source_position(fwd.op)[0] or 'top'}"
     body_ops = [op.operation for op in fwd.body.operations][:-1]
     node_of: dict = {}
     # the loop's invariant operands, by body argument: a recomputed body op that reads one
     # (directly or through free ops) needs it available
-    invariant_node = {}
-    for k in fwd.invariant:
-        vid = a.vid(fwd.op.operands[k])
-        if vid in vid_node:
-            invariant_node[fwd.body.arguments[k]] = vid_node[vid]
+    invariant_nodes = {fwd.body.arguments[k]: outer(fwd.op.operands[k])
+                       for k in fwd.invariant}
     invariants_of: dict = {}       # free value -> the invariant nodes it is computed from
 
     through: dict = {}             # value its own policy recomputes -> the nodes it reads
@@ -427,13 +453,15 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1,
             return [node_of[u]]
         if u in through:
             return through[u]
-        if facts.free_kind(u) is not None:
+        if facts.in_fwd(u) and facts.free_kind(u) is not None:
             return graph.post_order(u, invariants_of, step)
-        return []
+        return [] if facts.in_fwd(u) else outer(u)
 
     def step(u):                   # (graph.post_order: operands first, no recursion)
-        if u in invariant_node:
-            invariants_of[u] = {invariant_node[u]}
+        if u in invariant_nodes:
+            invariants_of[u] = set(invariant_nodes[u])
+        elif not facts.in_fwd(u):
+            invariants_of[u] = set(outer(u))
         elif not isinstance(u, ir.OpResult) or facts.free_kind(u) is None:
             invariants_of[u] = set()
         else:
@@ -448,15 +476,18 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1,
         k = arg.arg_number
         if k in fwd.invariant or k == fwd.counter or facts.free_kind(arg) is not None:
             continue
-        node_of[arg] = b.value(arg, -1, 0 if rerun else n, copies=copies)   # a carry-in:
-        if rerun:                                              # stacked if needed
-            for node in rerun(a.vid(fwd.op.operands[k])):
-                b.needed[node] = True
+        node_of[arg] = carry_in(arg)
     for op in body_ops:
         results = list(op.results)
         if results and all(facts.free_kind(r) is not None for r in results):
             b.free_ops.append(op)                   # invariant or re-sliced: never stacked
             continue
+        if nested and own(op) is None and not graph.is_side_effecting(op):
+            inner = _inner_loop(op, pair)
+            if inner is not None:
+                through.update(_add_inner_loop(b, inner, n, sources, node_of, copies, own,
+                                               token))
+                continue
         plain = not graph.is_side_effecting(op)
         verdict = own(op)
         if verdict is Recompute and plain and not op.regions:
@@ -469,11 +500,64 @@ def _add_pair(b: ProblemBuilder, pair, vid_node, a, copies: int = 1,
             node_of[r] = b.value(r, node, n, _used_beyond_stacking(r), copies=copies)
         for u in graph.read_values(op):
             b.reads[node].extend(sources(u))
-    for m, k in pair.links.items():    # the stacked values the backward loop reads
-        # (one re-derived from the invariants, or recomputed by its own policy, needs what
-        # that reads)
-        for node in sources(fwd.stacked[k].value):
-            b.needed[node] = True
+        if token is not None:
+            b.reads[node].append(token)
+    return sources
+
+
+def _inner_loop(op, pair):
+    """A scan pair's view of forward scan loop `op` in the body of `pair.fwd` (None: not
+    one, or one with unrolled steps, left to the fallback): the backward of `pair` reruns
+    it and its own backward loop there takes it per iteration (`scan_rewrite`)."""
+    loop = scan_pairs.analyse_forward(op)
+    if loop is None or not loop.stacked or any(
+            scan_pairs.unrolled_parts(s.value) is not None for s in loop.stacked.values()):
+        return None
+    return scan_pairs.Pair(loop, pair.bwd, {}, {})
+
+
+def _add_inner_loop(b: ProblemBuilder, inner, n: int, sources, node_of, copies, own,
+                    token) -> dict:
+    """Scan loop `inner.fwd` in a loop body that runs `n` times: one op node for the loop
+    (rerun in the backward body: its FLOPs, `n` times), which makes its carry-ins and its
+    final carries, and its body op by op, `n` times its trip count, each op reading a token
+    of the loop node, so recomputed only with it (the backward reruns the loop or keeps
+    all its stacks: `scan_rewrite`). Returns {result of the loop: the nodes of what it
+    stacks} for the results that stack a body value; its other carries are value nodes
+    of the loop node (`node_of`)."""
+    fwd = inner.fwd
+    op = fwd.op
+    label = f"scan loop at {graph.source_position(op)[0] or 'top'}"
+    loop = b.op(op, True, n, label)
+    for u in graph.read_values(op):
+        b.reads[loop].extend(sources(u))
+    if token is not None:
+        b.reads[loop].append(token)
+    mine = b.token(loop)
+    carries = {}
+
+    def carry_in(arg) -> int:
+        carries[arg] = b.value(arg, loop, n * fwd.trip_count, copies=copies)
+        return carries[arg]
+    inner_sources = _add_body(b, inner, n * fwd.trip_count, sources, carry_in, copies, own,
+                              nested=True, token=mine)
+    # a carry-in is the carry-out of the iteration before: the backward body's rerun of
+    # the loop makes it, unless the op that yields it is saved (`nested_saves.presave`
+    # then stacks that value), so its producer is that op
+    yields = graph.terminator(fwd.body).operands
+    for arg, node in carries.items():
+        made = inner_sources(yields[arg.arg_number])
+        if len(made) == 1 and b.value_producer[made[0]] >= 0:
+            b.value_producer[node] = b.value_producer[made[0]]
+    stacks = {}
+    for k, r in enumerate(op.results):
+        if k in fwd.stacked:
+            stacks[r] = inner_sources(fwd.stacked[k].value)
+        elif k in fwd.invariant:
+            stacks[r] = sources(op.operands[k])
+        elif k != fwd.counter:
+            node_of[r] = b.value(r, loop, n, _used_beyond_stacking(r), copies=copies)
+    return stacks
 
 
 def _add_manual(b: ProblemBuilder, pair, vid_node, a) -> list:
