@@ -24,6 +24,7 @@ from __future__ import annotations
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions import nested_saves
+from remat_passes.analysis.scan_pairs import inside
 from remat_passes.regions.case_nested import rebuilt
 from remat_passes.regions.loop_edit import zeros
 from remat_passes.regions.scan_rewrite import materialize_pair, plan_pair
@@ -56,6 +57,7 @@ def rewrite(recompute, bwds: list, verdict, mark_clone, next_group) -> int:
                     materialize_pair(plan_pair(p, verdict), mark_clone, next_group, stats)
                 n += 1
     if n:
+        _read_outside(recompute, bwds)
         _cross(recompute, bwds)
     return n
 
@@ -102,6 +104,30 @@ def _join(p, recompute, fblock) -> bool:
         ret.operands[links[m]] = zeros(recompute.results[links[m]].type,
                                        ir.InsertionPoint(ret))
     return True
+
+
+def _read_outside(recompute, bwds: list) -> None:
+    """An op of branch j of a backward case that reads a result of `recompute` whose branch
+    j returns a value from outside it (the weights of a scan in the branch, say) reads
+    that value itself. Else, once the rewrite threads that value into a backward loop for
+    its recomputation, the loop carries it twice, once as the case's copy (XLA of jaxlib
+    0.10 and 0.11 kept both: a second weight matrix live through the backward loop)."""
+    for j, region in enumerate(recompute.regions):
+        yields = graph.terminator(region.blocks[0]).operands
+        outside = {i: v for i, v in enumerate(yields) if not _defined_in(v, recompute)}
+        if not outside:
+            continue
+        for bwd in bwds:
+            for op in graph.nested_ops(bwd.regions[j].blocks[0]):
+                for number, x in enumerate(op.operands):
+                    if isinstance(x, ir.OpResult) and op_id(x.owner) == op_id(recompute) \
+                            and x.result_number in outside:
+                        op.operands[number] = outside[x.result_number]
+
+
+def _defined_in(v, op) -> bool:
+    owner = v.owner.owner if isinstance(v, ir.BlockArgument) else v.owner
+    return inside(owner, op)
 
 
 def _cross(recompute, bwds: list):
