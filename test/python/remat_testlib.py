@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 import numpy as np
 
+import remat_passes as rp
 from remat_passes.jax_compat import jax_saved_residuals as _jax_saved_residuals
 
 # f32 gradient comparisons: rtol 1e-5, and an absolute floor of 1e-6 times the
@@ -256,3 +257,12 @@ def layered_loss(checkpoint, inner):
 
 
 LAYERED_ARGS = ([jnp.ones((8, 8)) * 0.1 * (i + 1) for i in range(3)], jnp.ones((4, 8)))
+
+
+def split_temp_bytes(split, args) -> list:
+    """XLA's temp bytes of the compiled `main_fwd` and `main_bwd` of split-form `split`,
+    the backward fed the forward's residuals and a cotangent of ones."""
+    fwd = rp.compile(split, "main_fwd").lower(*args).compile()
+    res = fwd(*args)
+    bwd = rp.compile(split, "main_bwd").lower(*res[1:], jnp.ones_like(res[0])).compile()
+    return [int(c.memory_analysis().temp_size_in_bytes) for c in (fwd, bwd)]
