@@ -21,10 +21,10 @@ cross two levels of recompute case.
 """
 from __future__ import annotations
 
+from remat_passes.analysis.scan_pairs import inside
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions import nested_saves
-from remat_passes.analysis.scan_pairs import inside
 from remat_passes.regions.case_nested import rebuilt
 from remat_passes.regions.loop_edit import zeros
 from remat_passes.regions.scan_rewrite import materialize_pair, plan_pair
