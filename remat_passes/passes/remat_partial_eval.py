@@ -46,6 +46,7 @@ from remat_passes.passes.diagnostics import Remark
 from remat_passes.passes.base import ModulePass, PassState, option, parse_int_list, parse_regex
 from remat_passes.passes.trial_plans import TrialPlans
 from remat_passes.planner.resolve import BudgetBelowMinimum, has_auto, resolve
+from remat_passes.policy.auto import PlannedPolicy
 from remat_passes.policy.scopes import (BodyVerdicts, ScopePolicies, VerdictCache,
                                         recorded_scope_policies)
 from remat_passes.policy.policies import Policy, as_policy, nothing_saveable, parse_policy
@@ -402,6 +403,14 @@ class _IterationPolicy:
             self.overridden.add(value)
             return Recompute
         return verdict
+
+    def replaced(self, old: int, new) -> None:
+        """Op `new` replaces the op whose id was `old` (`nested_saves.replaced`): the plans
+        in force give it that op's verdict."""
+        p = self.policies
+        for policy in (p.module_policy, p.scope_policy, *p.recorded.values()):
+            if isinstance(policy, PlannedPolicy):
+                policy.replaced(old, new)
 
     def in_scope(self, op) -> bool:
         """Is `op` inside a checkpoint scope? (A scan loop there is re-run whole by the

@@ -13,6 +13,12 @@ before it keeps, reads what its recomputation reads, and costs what it recompute
 *token* of that step, a value too large to keep (`ProblemBuilder.token`). So every plan
 is one of the choices, and what it counts is what the rule keeps.
 
+A scan loop in a branch (or in such a loop's body) that a step recomputes is rerun per
+iteration, and what the step saves in its body is stacked per iteration and kept
+(`nested_saves.presave`): `_presaved_stacks` adds those stacks to the slots, and the step's
+cost counts the body ops it recomputes, per iteration. Such a body op whose step the plan
+does not take is saved (`ProblemBuilder.group`'s `held`), not recomputed with its loop.
+
 A primal output the backward needs (a later op's derivative reads it, or a recomputed
 op) is served by its *twin* (`case_rewrite`): free where the twin reads a slot the case
 keeps anyway, else the bytes of a slot of its own.
@@ -27,7 +33,7 @@ from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Recompute
 from remat_passes.policy.policies import dots_saveable, dots_with_no_batch_dims_saveable
 from remat_passes.policy.scopes import policy_verdict
-from remat_passes.regions import case_rewrite
+from remat_passes.regions import case_rewrite, scan_nested
 
 # the steps of the chain: (what recomputes the ops of the branches, how a report names them)
 STEPS = ((dots_saveable, "what dots_saveable recomputes"),
@@ -45,6 +51,7 @@ class CaseKept(NamedTuple):
                       # recomputation, reads directly
     results: list     # vids of its results, whose reads by the backward those stand for
     clones: list      # per branch, the ops its recompute case clones
+    verdict: object   # value -> verdict of the choice (what a cloned scan loop recomputes)
 
     def slots(self) -> set:
         return set(self.nodes) | set(self.twins)
@@ -56,13 +63,18 @@ def case_kept(a, pair, vid_node, op_verdict) -> CaseKept | None:
     result from a slot, a value outside or a recompute case, a primal output's direct
     reads too. None where the slots do not map onto its results (the model then counts
     every result the backward reads)."""
-    plan = case_rewrite.plan_case(pair, lambda v: scan_pairs.value_verdict(v, op_verdict))
+    def verdict(v):
+        return scan_pairs.value_verdict(v, op_verdict)
+    plan = case_rewrite.plan_case(pair, verdict)
+    presaved = _presaved_stacks(plan, verdict)
+    if presaved is None:
+        return None
     results = pair.fwd.results
     free = [r for k, r in enumerate(results) if k not in pair.outside]
     primal = [results[k] for k in sorted(pair.outside)]
     twin_only = _twin_only_slots(plan)
     nodes, twins = [], []
-    for s, t in enumerate(plan.layout):
+    for s, t in enumerate(_with_presaved(plan, presaved)):
         if isinstance(t, int):
             continue
         # a slot stands on a residual result of its type (one beyond JAX's residuals, on
@@ -83,7 +95,78 @@ def case_kept(a, pair, vid_node, op_verdict) -> CaseKept | None:
                 if isinstance(src, ir.Value)]
     return CaseKept(nodes, list(dict.fromkeys(twins)), [a.vid(v) for v in dict.fromkeys(outside)],
                     [a.vid(r) for r in results],
-                    [[clone.op for clone in branch] for branch in plan.clones])
+                    [[clone.op for clone in branch] for branch in plan.clones], verdict)
+
+
+def _presaved_stacks(plan, verdict) -> list | None:
+    """Per branch, the types of the stacks `nested_saves.presave` adds to the scan loops the
+    recompute case clones (the values of their bodies the policy saves, which the clone
+    reads back: the rule keeps them in slots of the forward case). None where it would
+    rebuild another region op (`_loop_stacks`: not modelled, the step joins the next)."""
+    out = []
+    for branch in plan.clones:
+        types = []
+        for clone in branch:
+            loop = scan_pairs.analyse_forward(clone.op)
+            if loop is not None:
+                mine = _loop_stacks(loop, verdict)
+                if mine is None:
+                    return None
+                types += mine
+        out.append(types)
+    return out
+
+
+def _loop_stacks(loop, verdict) -> list | None:
+    """The types of the stacks presave adds to forward loop `loop` the choice recomputes:
+    the values of its body it saves that it does not stack yet, and what each loop of its
+    body the choice recomputes stacks more, per iteration (presave rebuilds those first).
+    None where a case or shard_map in the body is recomputed while it saves inside."""
+    shapes = []
+    for op in loop.body.operations:
+        op = op.operation
+        if not op.regions or not any(verdict(r) is Recompute for r in op.results):
+            continue
+        inner = scan_pairs.analyse_forward(op)
+        if inner is None:
+            if _saves_inside(op, verdict):
+                return None
+            continue
+        more = _loop_stacks(inner, verdict)
+        if more is None:
+            return None
+        shapes += [(list(t.shape), t.element_type) for t in more]
+    stacked = {st.value for st in loop.stacked.values()}
+    shapes += [(list(ir.RankedTensorType(v.type).shape),
+                ir.RankedTensorType(v.type).element_type)
+               for v in scan_nested.inner_saved(loop, verdict) if v not in stacked]
+    return [ir.RankedTensorType.get([loop.trip_count] + shape, element, loc=loop.op.location)
+            for shape, element in shapes]
+
+
+def _saves_inside(op, verdict) -> bool:
+    """Is region op `op` recomputed while an op nested in it is saved?"""
+    op = op.operation
+    return any(verdict(r) is Recompute for r in op.results) and any(
+        verdict(r) is not Recompute for region in op.regions for block in region.blocks
+        for each in graph.nested_ops(block) if each.name != "stablehlo.constant"
+        for r in each.results)
+
+
+def _with_presaved(plan, presaved: list) -> list:
+    """`plan.layout` with the slots the presaved stacks take: each a residual slot of its
+    type its branch does not use, else a new one (`case_rewrite.slot_for`)."""
+    layout = list(plan.layout)
+    for j, types in enumerate(presaved):
+        used = set(plan.yields[j])
+        for t in types:
+            s = next((s for s, x in enumerate(layout)
+                      if not isinstance(x, int) and x == t and s not in used), None)
+            if s is None:
+                layout.append(t)
+                s = len(layout) - 1
+            used.add(s)
+    return layout
 
 
 def _twin_only_slots(plan) -> dict:
@@ -149,9 +232,10 @@ def _add_steps(b, a, pair, vid_node, sources, governed, scope_re, saved) -> None
                 or not set(after.nodes) <= set(before.nodes):
             continue        # (its ops join the next step's)
         cost = _recompute_cost(b, saved, after)
-        node = b.group(pair.fwd, [op for op in mine if op_id(op) in ids - taken],
-                       max(cost[0] - cost_before[0], 0.0), max(cost[1] - cost_before[1], 0.0),
-                       f"{name} in {where}")
+        ops = [op for op in mine if op_id(op) in ids - taken]
+        node = b.group(pair.fwd, ops, max(cost[0] - cost_before[0], 0.0),
+                       max(cost[1] - cost_before[1], 0.0), f"{name} in {where}",
+                       held=[op for op in ops if _in_loop(op, pair.fwd)])
         for n in before.slots() - after.slots():
             b.value_producer[n] = node
             b.pinned.add(n)
@@ -161,12 +245,50 @@ def _add_steps(b, a, pair, vid_node, sources, governed, scope_re, saved) -> None
         before, taken, cost_before, last = after, ids, cost, node
 
 
+def _in_loop(op, case) -> bool:
+    """Is `op` in the body of a scan loop of one of `case`'s branches, or of a loop in such
+    a loop's body? (What `case_kept` counts of a loop's body values it saves,
+    `_presaved_stacks`, is kept only if they are saved where the plan recomputes it.)"""
+    loops = 0
+    for parent in graph.ancestors(op):
+        if op_id(parent) == op_id(case):
+            return loops > 0
+        if parent.name != graph.WHILE:
+            return False
+        loops += 1
+    return False
+
+
 def _recompute_cost(b, saved: CaseKept, after: CaseKept) -> tuple:
     """(seconds, FLOPs) of what `after` recomputes beyond `saved`, in the costliest branch."""
     seconds, flop_count = 0.0, 0.0
-    for known, clones in zip(saved.clones, after.clones):
-        known = {op_id(op) for op in known}
-        extra = [op for op in clones if op_id(op) not in known]
-        seconds = max(seconds, sum(b.profile.op_seconds(op, b.cost_model) for op in extra))
-        flop_count = max(flop_count, sum(b.cost_model.op_flops(op) for op in extra))
+    for j in range(len(after.clones)):
+        mine, known = _branch_cost(b, after, j), _branch_cost(b, saved, j)
+        seconds = max(seconds, mine[0] - known[0])
+        flop_count = max(flop_count, mine[1] - known[1])
     return seconds, flop_count
+
+
+def _branch_cost(b, kept: CaseKept, j: int) -> tuple:
+    """(seconds, FLOPs) of the ops `kept`'s recompute case clones in branch j: a scan loop
+    its body's ops the choice recomputes, per iteration (what it saves is read back)."""
+    seconds, flop_count = 0.0, 0.0
+    for op in kept.clones[j]:
+        cost = _op_cost(b, op, kept.verdict)
+        seconds, flop_count = seconds + cost[0], flop_count + cost[1]
+    return seconds, flop_count
+
+
+def _op_cost(b, op, verdict) -> tuple:
+    """(seconds, FLOPs) of recomputing `op`: a scan loop, the ops of its body `verdict`
+    recomputes (a loop among them the same way), per iteration; else the op."""
+    loop = scan_pairs.analyse_forward(op)
+    if loop is None:
+        return b.profile.op_seconds(op, b.cost_model), b.cost_model.op_flops(op)
+    seconds, flop_count = 0.0, 0.0
+    for o in loop.body.operations:
+        o = o.operation
+        if any(verdict(r) is Recompute for r in o.results):
+            cost = _op_cost(b, o, verdict)
+            seconds, flop_count = seconds + cost[0], flop_count + cost[1]
+    return loop.trip_count * seconds, loop.trip_count * flop_count

@@ -60,6 +60,10 @@ class Problem:
     stands_for: dict = dataclasses.field(default_factory=dict)   # op node -> the ops its
                                           # verdict goes to, where not its own op alone
                                           # (a cond's branches, recomputed together)
+    held: dict = dataclasses.field(default_factory=dict)   # op node -> those of the ops it
+                                          # stands for that are saved, not left to the op
+                                          # they are nested in, where it is not recomputed
+                                          # (the body ops of a scan loop in a branch)
 
     @property
     def n_ops(self) -> int:
@@ -193,6 +197,7 @@ class ProblemBuilder:
         # inputs alone: never stacked); the plan recomputes them, as the model assumes
         self.free_ops: list = []
         self.stands_for: dict = {}     # op node -> the ops it stands for (`group`)
+        self.held: dict = {}           # op node -> those saved unless it is recomputed
         self.pinned: set = set()       # value nodes that cannot move to the host
         self.tokens: list = []         # value nodes no plan can keep (`token`)
 
@@ -211,13 +216,17 @@ class ProblemBuilder:
         self.reads.append([])
         return node
 
-    def group(self, op, ops: list, seconds: float, flops_: float, label: str) -> int:
+    def group(self, op, ops: list, seconds: float, flops_: float, label: str,
+              held: list = ()) -> int:
         """An op node that stands for `ops` recomputed together (`op` names it in
-        reports), at the cost given."""
+        reports), at the cost given; `held`: those of them that are saved where it is not
+        recomputed (else they take the verdict of the op they are nested in)."""
         node = self.op(op, False, 1, label)
         self.recomputable[node] = True
         self.op_cost[node], self.flops[node] = seconds, flops_
         self.stands_for[node] = list(ops)
+        if held:
+            self.held[node] = list(held)
         return node
 
     def token(self, producer: int) -> int:
@@ -278,7 +287,8 @@ class ProblemBuilder:
             offload_cost=self._offload_cost(vb) if self.offload else None,
             ops=self.ops, values=self.values, labels=self.labels,
             keep_cost=np.array(self.keep_cost, dtype=np.float64),
-            stands_for=dict(self.stands_for), markers=np.array(self.markers, dtype=bool),
+            stands_for=dict(self.stands_for), held=dict(self.held),
+            markers=np.array(self.markers, dtype=bool),
             through=np.array(self.through, dtype=bool),
             argument_bytes=np.array(self.argument_bytes, dtype=np.int64))
 

@@ -34,8 +34,10 @@ def _verdicts(p: Problem, sol: Solution, offload_kind) -> dict:
     offloaded_ops = set(int(prod[v]) for v in np.nonzero(sol.offloaded)[0] if prod[v] >= 0)
     for node, op in enumerate(p.ops):
         if node in p.stands_for:      # a choice for several ops: they are recomputed,
-            if sol.recompute[node]:   # else left to the fallback (saved)
+            if sol.recompute[node]:   # else left to the fallback (saved), those it holds
                 out.update((op_id(each), Recompute) for each in p.stands_for[node])
+            else:                     # saved where the op they are in is recomputed
+                out.update((op_id(each), Saveable) for each in p.held.get(node, ()))
             continue
         if sol.recompute[node]:
             out[op_id(op)] = Recompute

@@ -14,7 +14,7 @@ import math
 import re
 
 from remat_passes.cost.devices import PROFILES, DeviceProfile, default_device
-from remat_passes.ir.mlir import RematError
+from remat_passes.ir.mlir import RematError, op_id
 from remat_passes.policy.base import Policy
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -187,6 +187,11 @@ class PlannedPolicy(Policy):
         self.fallback = fallback      # for ops the planner did not decide
         self.report = report
         super().__init__(self._verdict, spec)
+
+    def replaced(self, old: int, new) -> None:
+        """Op `new` replaces the op whose id was `old`: it takes that op's verdict."""
+        if old in self.verdicts:
+            self.verdicts[op_id(new)] = self.verdicts[old]
 
     def _verdict(self, op):           # never called: see policy.scopes.policy_verdict
         raise AssertionError("PlannedPolicy is read by op identity")

@@ -26,6 +26,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions import nested_saves
 from remat_passes.regions.case_nested import rebuilt
+from remat_passes.regions.clone_verdicts import Inherited, inherit
 from remat_passes.regions.loop_edit import zeros
 from remat_passes.regions.scan_rewrite import materialize_pair, plan_pair
 from remat_passes.regions.scan_segments import pairs_across
@@ -54,7 +55,8 @@ def rewrite(recompute, bwds: list, verdict, mark_clone, next_group) -> int:
                     if not _join(p, recompute, fblock):
                         skipped.add(op_id(p.bwd))
                         continue
-                    materialize_pair(plan_pair(p, verdict), mark_clone, next_group, stats)
+                    materialize_pair(plan_pair(p, verdict), mark_clone, next_group, stats,
+                                     lambda o, c: _inherit(verdict, o, c))
                 n += 1
     if n:
         _read_outside(recompute, bwds)
@@ -86,6 +88,14 @@ def in_loop_bodies(block, verdict, mark_clone, next_group) -> int:
         with clone.location:
             n += rewrite(clone, bwds, verdict, mark_clone, next_group)
     return n
+
+
+def _inherit(verdict, original, clone) -> None:
+    """The ops nested in `clone` (a loop of the forward loop's body, cloned into the
+    backward one) take their originals' verdicts (`clone_verdicts`), where `verdict`
+    records them."""
+    if isinstance(verdict, Inherited):
+        verdict.inherited.update(inherit(original, clone, verdict))
 
 
 def _join(p, recompute, fblock) -> bool:

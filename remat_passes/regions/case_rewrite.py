@@ -48,7 +48,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
 from remat_passes.regions import case_crossing, nested_saves
-from remat_passes.regions.clone_verdicts import Inherited, inherit
+from remat_passes.regions.clone_verdicts import Inherited, inherit, moved
 from remat_passes.regions.case_nested import rebuilt
 from remat_passes.regions.loop_edit import zeros
 
@@ -400,7 +400,8 @@ def materialize_case(plan: CasePlan, verdict, mark_clone, next_group, key: int):
         for j, clones in enumerate(plan.clones):
             block = recompute.regions[j].blocks.append()
             value_of = _build(clones, new, ir.InsertionPoint(block), mark_clone,
-                              lambda o, c: inherited.update(inherit(o, c, verdict)))
+                              lambda o, c: inherited.update(inherit(o, c, verdict)),
+                              lambda old, new: moved(inherited, old, new))
             values = [value_of(plan.r_yields[j][n]) if n in plan.r_yields[j] else None
                       for n in range(len(plan.r_types))]
             ip = ir.InsertionPoint(block)
@@ -430,9 +431,10 @@ def _r_position(plan: CasePlan):
     return plan.pair.bwds[0]
 
 
-def _build(clones: list, fwd_case, ip, mark_clone, cloned):
-    """Insert `clones` at `ip` (`cloned(original, clone)` for each op with regions);
-    returns the function giving a source's value."""
+def _build(clones: list, fwd_case, ip, mark_clone, cloned, replaced):
+    """Insert `clones` at `ip` (`cloned(original, clone)` for each op with regions,
+    `replaced(old op id, new op)` for each op nested in one that is rebuilt to read back
+    what it saved); returns the function giving a source's value."""
     built = []
 
     def value_of(src):
@@ -451,7 +453,7 @@ def _build(clones: list, fwd_case, ip, mark_clone, cloned):
                 graph.replace_reads(clone, u, v)
         if item.saved:
             clone = nested_saves.reuse(clone, {k: value_of(src)
-                                               for k, src in item.saved.items()})
+                                               for k, src in item.saved.items()}, replaced)
         mark_clone(clone)
         built.append(clone)
     return value_of

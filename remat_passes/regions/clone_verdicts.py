@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from remat_passes.ir import graph
 from remat_passes.ir.mlir import ir, op_id
+from remat_passes.regions import nested_saves
 
 
 class Inherited:
@@ -25,9 +26,14 @@ class Inherited:
     def __call__(self, value):
         if isinstance(value, ir.OpResult):
             name, verdicts = self.inherited.get(op_id(value.owner), (None, None))
-            if name == value.owner.name:
+            if name == value.owner.name and value.result_number < len(verdicts):
                 return verdicts[value.result_number]
         return self.verdict(value)
+
+    def replaced(self, old: int, new) -> None:
+        """Op `new` replaces the op whose id was `old` (`nested_saves.replaced`)."""
+        moved(self.inherited, old, new)
+        nested_saves.replaced(self.verdict, old, new)
 
     def __getattr__(self, name):
         return getattr(self.verdict, name)
@@ -40,6 +46,12 @@ def inherit(original, clone, verdict) -> dict:
     if original.name != graph.WHILE and not any(o.name == graph.WHILE for o, _ in ops):
         return {}
     return {op_id(c): (c.name, [verdict(r) for r in o.results]) for o, c in ops}
+
+
+def moved(inherited: dict, old: int, new) -> None:
+    """Op `new` replaces the op whose id was `old` (rebuilt): it inherits what that one did."""
+    if old in inherited:
+        inherited[op_id(new)] = inherited[old]
 
 
 def _nested(op):

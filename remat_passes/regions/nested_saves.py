@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from remat_passes.analysis.scan_pairs import WHILE, analyse_forward
 from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import ir
+from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Recompute
 from remat_passes.regions import case_nested, loop_edit, manual_nested
 from remat_passes.regions.scan_nested import inner_saved, prestack
@@ -59,9 +59,18 @@ def presave(block, verdict) -> int:
             stacked = {st.value for st in loop.stacked.values()}
             new = [v for v in inner_saved(loop, verdict) if v not in stacked]
             if new:
-                prestack(loop, new)
+                replaced(verdict, op_id(op), prestack(loop, new))
                 n += 1
     return n
+
+
+def replaced(verdict, old: int, new) -> None:
+    """Tell `verdict` that op `new` replaces the op whose id was `old` (a loop rebuilt to
+    stack more): a plan's verdicts are by op identity (`PlannedPolicy`), and the new op
+    takes the old one's (else the fallback's: a loop the plan recomputes, saved)."""
+    hook = getattr(verdict, "replaced", None)
+    if hook is not None:
+        hook(old, new)
 
 
 def _recomputed(op, verdict) -> bool:
@@ -69,19 +78,26 @@ def _recomputed(op, verdict) -> bool:
     return any(verdict(r) is Recompute for r in op.results)
 
 
-def reuse(clone, values: dict):
+def reuse(clone, values: dict, replaced=lambda old, new: None):
     """A recompute clone of a region op that `presave` made return saved values: it reads
     `values[k]` back for result k instead of computing it, and so do the ops nested in it
-    that saved the value in turn. Returns the clone (rebuilt, for a loop or a shard_map)."""
+    that saved the value in turn. Returns the clone (rebuilt, for a loop or a shard_map);
+    `replaced(old op id, new op)` is told of each nested op rebuilt."""
+    def inner(op, read):
+        old = op_id(op)
+        new = reuse(op, read, replaced)
+        if new is not None and op_id(new) != old:
+            replaced(old, new)
+        return new
     if clone.name == CASE:
-        case_nested.reuse_nested_saves(clone, values, reuse)
+        case_nested.reuse_nested_saves(clone, values, inner)
         return clone
     if clone.name == MC:
         mine = {k: v for k, v in values.items() if k in contract.manual_saves(clone)}
-        return manual_nested.reuse_nested_saves(clone, mine, reuse) if mine else clone
+        return manual_nested.reuse_nested_saves(clone, mine, inner) if mine else clone
     loop = analyse_forward(clone) if clone.name == WHILE else None
     if loop is None:
         return clone
     mine = {k: v for k, v in values.items()        # (its stacks of body values)
             if k in loop.stacked and isinstance(loop.stacked[k].value, ir.OpResult)}
-    return loop_edit.reuse_saved_stacks(clone, mine, reuse) if mine else clone
+    return loop_edit.reuse_saved_stacks(clone, mine, inner) if mine else clone

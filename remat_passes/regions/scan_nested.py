@@ -45,11 +45,12 @@ def inner_saved(loop, verdict) -> list:
     return out
 
 
-def prestack(loop, values: list) -> None:
+def prestack(loop, values: list):
     """Make forward loop `loop` (`scan_pairs.ForwardLoop`) stack `values` of its body too
-    (an outer loop, a case or a shard_map around it keeps the stacks)."""
+    (an outer loop, a case or a shard_map around it keeps the stacks). Returns the new
+    loop op (its old results keep their numbers; the body's ops are the same ops)."""
     edit = loop_edit.LoopEdit(loop.op)
     with loop.op.location:
         for v in values:
             loop_edit.stack_value(loop, edit, v)
-    edit.rebuild({k: k for k in range(len(loop.op.results))})
+    return edit.rebuild({k: k for k in range(len(loop.op.results))})
