@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import sys
 
+from remat_passes.analysis import scan_pairs
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.policy.auto import PlannedPolicy
-from remat_passes.policy.policies import (OpInfo, Saveable, as_policy, everything_saveable,
-                                          nothing_saveable, parse_policy)
+from remat_passes.policy.policies import (OpInfo, Recompute, Saveable, as_policy,
+                                          everything_saveable, nothing_saveable, parse_policy)
 
 
 def op_info(op, with_attributes: bool = True) -> OpInfo:
@@ -62,6 +63,8 @@ def policy_verdict(policy, op):
             v = policy.verdicts.get(op_id(parent))
             if v is not None:
                 return v
+        if _made_in_a_clone(op):
+            return Recompute
         policy = policy.fallback
     info = op_info(op, policy.reads_attributes)
     try:
@@ -73,6 +76,17 @@ def policy_verdict(policy, op):
     if sys.getrefcount(info) > 2:   # our reference and getrefcount's own
         info.freeze()
     return verdict
+
+
+def _made_in_a_clone(op) -> bool:
+    """Is `op`, which no plan decided, one a rule made inside a recompute clone that only
+    moves data (reads a slot of a saved stack back, stacks a value, a constant index)? It
+    is recomputed, as the fixed policies do: saved, a loop around it would stack a copy of
+    what is saved already (the fallback, everything_saveable, would save it)."""
+    if not (scan_pairs.moves_data(op) or op.name in ("stablehlo.constant",
+                                                     "stablehlo.dynamic_update_slice")):
+        return False
+    return any(contract.is_recompute_clone(parent) for parent in graph.ancestors(op))
 
 
 def recorded_scope_policies(module_op, region_policies: dict) -> dict:
