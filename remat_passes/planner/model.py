@@ -17,7 +17,7 @@ from remat_passes.cost.devices import ROUNDING, DeviceProfile
 from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Recompute, Saveable
-from remat_passes.planner.case_model import add_case
+from remat_passes.planner.case_model import add_body_case, add_case
 from remat_passes.planner.scope_model import ScopeModel
 from remat_passes.regions import case_rewrite, shard_map_rewrite
 from remat_passes.regions.scan_rewrite import ScanPairPlanner
@@ -506,6 +506,8 @@ def _add_body(b: ProblemBuilder, pair, n: int, outer, carry_in, copies, own, nes
                 through[r] = read
             continue
         node = b.op(op, plain and verdict is None, n, label)
+        if op.name == graph.CASE and plain and verdict is None and token is None:
+            add_body_case(b, op, node, n, copies)
         for r in results:
             node_of[r] = b.value(r, node, n, _used_beyond_stacking(r), copies=copies)
         for u in graph.read_values(op):

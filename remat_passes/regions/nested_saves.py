@@ -39,7 +39,7 @@ def presave(block, verdict) -> int:
             saved = case_nested.nested_saves_needed(op, verdict)
             if saved is not None:
                 with op.location:
-                    case_nested.add_nested_saves(op, saved, verdict)
+                    replaced(verdict, op_id(op), case_nested.add_nested_saves(op, saved, verdict))
                 n += 1
         elif op.name == MC:
             if body_side_effect(op) or mesh_of(op) is None:
@@ -48,7 +48,7 @@ def presave(block, verdict) -> int:
             saved = manual_nested.nested_saves_needed(op, verdict)
             if saved is not None:
                 with op.location:
-                    manual_nested.add_nested_saves(op, saved)
+                    replaced(verdict, op_id(op), manual_nested.add_nested_saves(op, saved))
                 n += 1
         elif op.name == WHILE:
             loop = analyse_forward(op)
