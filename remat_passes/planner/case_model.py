@@ -13,11 +13,13 @@ before it keeps, reads what its recomputation reads, and costs what it recompute
 *token* of that step, a value too large to keep (`ProblemBuilder.token`). So every plan
 is one of the choices, and what it counts is what the rule keeps.
 
-A scan loop in a branch (or in such a loop's body) that a step recomputes is rerun per
-iteration, and what the step saves in its body is stacked per iteration and kept
-(`nested_saves.presave`): `_presaved_stacks` adds those stacks to the slots, and the step's
-cost counts the body ops it recomputes, per iteration. Such a body op whose step the plan
-does not take is saved (`ProblemBuilder.group`'s `held`), not recomputed with its loop.
+A region op in a branch (a scan loop, a case, at any depth through loops and cases) that a
+step recomputes is rerun by the rule, and what the step saves inside it is returned by it
+(stacked per iteration by a loop) and kept (`nested_saves.presave`): `_presaved_stacks`
+adds those to the slots, and the step's cost counts the ops inside it recomputes (a loop's
+per iteration). Such an op whose step the plan does not take is saved
+(`ProblemBuilder.group`'s `held`), not recomputed with the op it is in. A case in a scan
+body has its dots as a choice of their own the same way (`add_body_case`).
 
 A primal output the backward needs (a later op's derivative reads it, or a recomputed
 op) is served by its *twin* (`case_rewrite`): free where the twin reads a slot the case
@@ -99,40 +101,44 @@ def case_kept(a, pair, vid_node, op_verdict) -> CaseKept | None:
 
 
 def _presaved_stacks(plan, verdict) -> list | None:
-    """Per branch, the types of the stacks `nested_saves.presave` adds to the scan loops the
-    recompute case clones (the values of their bodies the policy saves, which the clone
-    reads back: the rule keeps them in slots of the forward case). None where it would
-    rebuild another region op (`_loop_stacks`: not modelled, the step joins the next)."""
+    """Per branch, the types of the results `nested_saves.presave` adds to the region ops the
+    recompute case clones (the values inside them the policy saves, which the clone reads
+    back: the rule keeps them in slots of the forward case). None where that is not
+    modelled (`_nested_saves`: the step joins the next)."""
     out = []
     for branch in plan.clones:
         types = []
         for clone in branch:
-            loop = scan_pairs.analyse_forward(clone.op)
-            if loop is not None:
-                mine = _loop_stacks(loop, verdict)
-                if mine is None:
-                    return None
-                types += mine
+            mine = _nested_saves(clone.op, verdict)
+            if mine is None:
+                return None
+            types += mine
         out.append(types)
     return out
 
 
+def _nested_saves(op, verdict) -> list | None:
+    """The types of the results presave adds to region op `op` where the choice recomputes
+    it: a scan loop's stacks (`_loop_stacks`), a case's slots (`_case_saves`); none for
+    other ops. None for another region op that saves a value inside."""
+    op = op.operation
+    if not op.regions or not any(verdict(r) is Recompute for r in op.results):
+        return []
+    loop = scan_pairs.analyse_forward(op)
+    if loop is not None:
+        return _loop_stacks(loop, verdict)
+    if op.name == graph.CASE:
+        return _case_saves(op, verdict)
+    return None if _saves_inside(op, verdict) else []
+
+
 def _loop_stacks(loop, verdict) -> list | None:
-    """The types of the stacks presave adds to forward loop `loop` the choice recomputes:
-    the values of its body it saves that it does not stack yet, and what each loop of its
-    body the choice recomputes stacks more, per iteration (presave rebuilds those first).
-    None where a case or shard_map in the body is recomputed while it saves inside."""
+    """The types of the stacks presave adds to forward loop `loop`: the values of its body
+    the choice saves that it does not stack yet, and what each region op of its body the
+    choice recomputes returns more, per iteration (presave rebuilds those first)."""
     shapes = []
     for op in loop.body.operations:
-        op = op.operation
-        if not op.regions or not any(verdict(r) is Recompute for r in op.results):
-            continue
-        inner = scan_pairs.analyse_forward(op)
-        if inner is None:
-            if _saves_inside(op, verdict):
-                return None
-            continue
-        more = _loop_stacks(inner, verdict)
+        more = _nested_saves(op, verdict)
         if more is None:
             return None
         shapes += [(list(t.shape), t.element_type) for t in more]
@@ -142,6 +148,29 @@ def _loop_stacks(loop, verdict) -> list | None:
                for v in scan_nested.inner_saved(loop, verdict) if v not in stacked]
     return [ir.RankedTensorType.get([loop.trip_count] + shape, element, loc=loop.op.location)
             for shape, element in shapes]
+
+
+def _case_saves(case, verdict) -> list | None:
+    """The types of the results presave adds to `case` (`case_nested.add_nested_saves`: a
+    slot per type a branch keeps, shared across branches): the values of a branch the
+    choice saves, and what each region op of the branch it recomputes returns more
+    (presave rebuilds those first)."""
+    kinds: list = []
+    for region, values in zip(case.regions, case_nested.plan_nested_saves(case, verdict)):
+        types = [v.type for v in values]
+        for op in region.blocks[0].operations:
+            more = _nested_saves(op, verdict)
+            if more is None:
+                return None
+            types += more
+        used: set = set()
+        for t in types:
+            s = next((s for s, k in enumerate(kinds) if k == t and s not in used), None)
+            if s is None:
+                kinds.append(t)
+                s = len(kinds) - 1
+            used.add(s)
+    return [ir.RankedTensorType(t) for t in kinds]
 
 
 def _saves_inside(op, verdict) -> bool:
@@ -235,7 +264,7 @@ def _add_steps(b, a, pair, vid_node, sources, governed, scope_re, saved) -> None
         ops = [op for op in mine if op_id(op) in ids - taken]
         node = b.group(pair.fwd, ops, max(cost[0] - cost_before[0], 0.0),
                        max(cost[1] - cost_before[1], 0.0), f"{name} in {where}",
-                       held=[op for op in ops if _in_loop(op, pair.fwd)])
+                       held=[op for op in ops if _nested(op, pair.fwd)])
         for n in before.slots() - after.slots():
             b.value_producer[n] = node
             b.pinned.add(n)
@@ -245,17 +274,17 @@ def _add_steps(b, a, pair, vid_node, sources, governed, scope_re, saved) -> None
         before, taken, cost_before, last = after, ids, cost, node
 
 
-def _in_loop(op, case) -> bool:
-    """Is `op` in the body of a scan loop of one of `case`'s branches, or of a loop in such
-    a loop's body? (What `case_kept` counts of a loop's body values it saves,
-    `_presaved_stacks`, is kept only if they are saved where the plan recomputes it.)"""
-    loops = 0
+def _nested(op, case) -> bool:
+    """Is `op` in a scan loop or a case in one of `case`'s branches, through loops and cases
+    alone? (What `case_kept` counts of the values saved in such an op, `_presaved_stacks`,
+    is kept only if they are saved where the plan recomputes the op.)"""
+    depth = 0
     for parent in graph.ancestors(op):
         if op_id(parent) == op_id(case):
-            return loops > 0
-        if parent.name != graph.WHILE:
+            return depth > 0
+        if parent.name not in (graph.WHILE, graph.CASE):
             return False
-        loops += 1
+        depth += 1
     return False
 
 
@@ -281,57 +310,50 @@ def _branch_cost(b, kept: CaseKept, j: int) -> tuple:
 
 def _op_cost(b, op, verdict) -> tuple:
     """(seconds, FLOPs) of recomputing `op`: a scan loop, the ops of its body `verdict`
-    recomputes (a loop among them the same way), per iteration; else the op."""
+    recomputes (a loop or a case among them the same way), per iteration; a case, those
+    of its costliest branch; else the op."""
     loop = scan_pairs.analyse_forward(op)
-    if loop is None:
+    if loop is None and op.name != graph.CASE:
         return b.profile.op_seconds(op, b.cost_model), b.cost_model.op_flops(op)
-    seconds, flop_count = 0.0, 0.0
-    for o in loop.body.operations:
-        o = o.operation
-        if any(verdict(r) is Recompute for r in o.results):
-            cost = _op_cost(b, o, verdict)
-            seconds, flop_count = seconds + cost[0], flop_count + cost[1]
-    return loop.trip_count * seconds, loop.trip_count * flop_count
+    blocks = [loop.body] if loop is not None else [r.blocks[0] for r in op.regions]
+    costs = []
+    for block in blocks:
+        seconds, flop_count = 0.0, 0.0
+        for o in block.operations:
+            o = o.operation
+            if any(verdict(r) is Recompute for r in o.results):
+                cost = _op_cost(b, o, verdict)
+                seconds, flop_count = seconds + cost[0], flop_count + cost[1]
+        costs.append((seconds, flop_count))
+    scale = loop.trip_count if loop is not None else 1
+    return (scale * max(c[0] for c in costs), scale * max(c[1] for c in costs))
 
 
 def add_body_case(b, case, node: int, n: int, copies: int = 1) -> None:
     """A case in a scan loop's body (a `lax.cond` per iteration), op node `node` of the
-    body (`n` times): where the plan recomputes it, the backward body reruns it, and its
-    dots are a choice of their own (a group node): recomputed with it, or kept, stacked
-    per iteration (what `nested_saves.presave` makes the case return: a slot per type
-    that a branch keeps, shared across branches), which the rerun reads back. Before, the
-    case was recomputed whole or not at all, so that auto at dots_saveable's bytes
-    recomputed 20% more FLOPs than it. Not modelled (the case stays one op): branches
-    with region or side-effecting ops, or no dots."""
-    ops = [op.operation for region in case.regions for block in region.blocks
-           for op in block.operations]
-    if any(op.regions or graph.is_side_effecting(op) for op in ops):
+    body (`n` times): where the plan recomputes it, the backward body reruns it, and the
+    dots in its branches (in loops and cases there too) are a choice of their own (a group
+    node): recomputed with it, or kept per iteration (what `nested_saves.presave` makes
+    the case return, `_case_saves`), which the rerun reads back. Before, the case was
+    recomputed whole or not at all, so that auto at dots_saveable's bytes recomputed 20%
+    more FLOPs than it. Not modelled (the case stays one op): branches with side-effecting
+    ops, or with no dots."""
+    ops = [op for region in case.regions for block in region.blocks
+           for op in graph.nested_ops(block)]
+    if any(graph.is_side_effecting(op) for op in ops):
         return
-    dots = [op for op in ops if policy_verdict(dots_saveable, op) is not Recompute]
+    dots = [op for op in ops
+            if not op.regions and policy_verdict(dots_saveable, op) is not Recompute]
     ids = {op_id(op) for op in dots}
-    if not dots:
+
+    def kept(v):                      # the dots saved, the rest recomputed
+        return scan_pairs.value_verdict(v, lambda op: Saveable if op_id(op) in ids
+                                        else Recompute)
+    slots = _case_saves(case, kept) if dots else None
+    if not slots:
         return
-    saved = case_nested.plan_nested_saves(
-        case, lambda v: Saveable if op_id(v.owner) in ids else Recompute)
-    kinds, slots = [], []              # per slot: its type, the value standing for it
-    for values in saved:
-        used: set = set()
-        for v in values:
-            s = next((s for s, t in enumerate(kinds) if t == str(v.type) and s not in used),
-                     None)
-            if s is None:
-                kinds.append(str(v.type))
-                slots.append(v)
-                s = len(kinds) - 1
-            used.add(s)
-    rest, total = (0.0, 0.0), (0.0, 0.0)   # (seconds, FLOPs) of the costliest branch
-    for region in case.regions:
-        mine = [op.operation for block in region.blocks for op in block.operations]
-        cost = [(b.profile.op_seconds(op, b.cost_model), b.cost_model.op_flops(op))
-                for op in mine]
-        rest = max(rest, (sum(c[0] for op, c in zip(mine, cost) if op_id(op) not in ids),
-                          sum(c[1] for op, c in zip(mine, cost) if op_id(op) not in ids)))
-        total = max(total, (sum(c[0] for c in cost), sum(c[1] for c in cost)))
+    rest = _op_cost(b, case, kept)
+    total = _op_cost(b, case, lambda v: Recompute)
     b.op_cost[node], b.flops[node] = rest[0] * n, rest[1] * n
     line = graph.source_position(case)[0]
     group = b.group(case, dots, max(total[0] - rest[0], 0.0) * n,
@@ -339,7 +361,7 @@ def add_body_case(b, case, node: int, n: int, copies: int = 1) -> None:
                     "the dots in the branches of the cond" + (f" at {line}" if line else ""),
                     held=dots)
     b.reads[group].append(b.token(node))
-    for v in slots:
-        kept = b.value(v, group, n, copies=copies)
-        b.pinned.add(kept)
-        b.reads[node].append(kept)
+    for t in slots:
+        value = b.slot(t, group, n, copies=copies)
+        b.pinned.add(value)
+        b.reads[node].append(value)

@@ -41,7 +41,7 @@ class Problem:
                                       # (no offload)
     ops: list                     # per op node, the ir.Operation
     values: list                  # per value node, the ir.Value (None: a token,
-                                  # `ProblemBuilder.token`)
+                                  # `ProblemBuilder.token`, or a slot, `.slot`)
     labels: list                  # per op node: "top", the scan loop it is in, or what
                                   # it stands for (`stands_for`)
     keep_cost: np.ndarray | None = None   # seconds per value node when it is kept (saved or
@@ -242,6 +242,18 @@ class ProblemBuilder:
         self.needed.append(False)
         self.tokens.append(node)
         self.pinned.add(node)
+        return node
+
+    def slot(self, t, producer: int, scale: int, copies: int = 1) -> int:
+        """A value node of type `t` that no value of the module stands for (a residual
+        slot a rule will add: `case_model.add_body_case`)."""
+        node = len(self.values)
+        self.values.append(None)
+        self.value_bytes.append(graph.type_bytes(t) * scale * copies)
+        self.argument_bytes.append(0)
+        self.keep_cost.append(0.0)
+        self.value_producer.append(producer)
+        self.needed.append(False)
         return node
 
     def value(self, v, producer: int, scale: int, forward_use: bool = False,

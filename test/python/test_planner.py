@@ -970,8 +970,8 @@ def test_auto_counts_what_a_cond_keeps(name):
     assert hi == device_bytes(rp.remat(m, P.everything_saveable, mode="split"))
 
 
-@pytest.mark.parametrize("name", ["basic", "switch", "scan_in_branch", "scans_in_branch",
-                                  "output_only"])
+@pytest.mark.parametrize("name", ["basic", "switch", "nested", "scan_in_branch",
+                                  "scans_in_branch", "output_only"])
 def test_auto_recomputes_no_more_than_dots_saveable_around_a_cond(name):
     """At what dots_saveable keeps, auto's plan recomputes no more FLOPs: its choices for a
     cond's branches include saving their dots. With one choice for all of their ops
@@ -980,8 +980,8 @@ def test_auto_recomputes_no_more_than_dots_saveable_around_a_cond(name):
     its body saves, a loop nested in its body too (`case_model._presaved_stacks`):
     before, the model saw the loop as one op recomputed whole, and auto recomputed 139,273
     FLOPs at dots_saveable's bytes where dots_saveable recomputes 107,273 (228,897 against
-    164,385 with a scan in the scan's body). A cond nested in a branch is still all or
-    nothing for the dots of its own branches."""
+    164,385 with a scan in the scan's body). So does a cond nested in a branch (its slots,
+    `case_model._case_saves`): it was all or nothing, 87,937 FLOPs against 80,385."""
     f = _conds()[name]
     args = layers_and_batch(seed=6, layers=4)
     m = rp.export_vjp(f, *args)
@@ -1022,6 +1022,48 @@ def test_auto_at_dots_saveables_bytes_is_its_program_for_scans_in_a_branch():
     out_ref, ct, grads = reference_vjp(f, args)
     assert_trees_close(run_split(auto, args, ct, len(leaves(out_ref)))[0],
                        leaves(out_ref) + leaves(grads))
+
+
+def _nestings():
+    """Three region ops deep around a layer of two 16x16 dots, between two such layers."""
+    def lay(h, w):
+        return jnp.tanh(jnp.sin(h @ w) @ w)
+
+    def cond(f):
+        return lambda h, w: jax.lax.cond(jnp.sum(h) > 0, f, lambda h, w: jnp.cos(h @ w), h, w)
+
+    def scan(f):
+        return lambda h, w: jax.lax.scan(lambda c, i: (f(c, w * (1.0 + i)), None), h,
+                                         jnp.arange(2, dtype=jnp.float32))[0]
+    return {"cond>cond>scan": cond(cond(scan(lay))), "cond>scan>cond": cond(scan(cond(lay))),
+            "cond>cond>cond": cond(cond(cond(lay))), "scan>cond>cond": scan(cond(cond(lay))),
+            "scan>cond>scan": scan(cond(scan(lay)))}
+
+
+@pytest.mark.parametrize("name", list(_nestings()))
+def test_auto_plans_the_dots_inside_nested_region_ops(name):
+    """What presave keeps of a region op nested in a cond's branch, at any depth (a loop's
+    stacks, a case's slots), is what the plan counts for the choice that recomputes it
+    (`case_model._nested_saves`), and a cond in a scan body has its dots as a choice
+    through the loops and cases in its branches: at dots_saveable's bytes auto recomputes
+    no more. Before, such a nested op was recomputed whole or not at all: at those bytes
+    auto recomputed 124,941 FLOPs against dots_saveable's 109,581 (cond>cond>scan), 143,887
+    against 111,629 (cond>scan>cond), 88,959 against 81,151 (cond>cond>cond), 125,195
+    against 110,091 (scan>cond>cond) and 233,259 against 167,463 (scan>cond>scan)."""
+    g = _nestings()[name]
+    W = jax.random.normal(jax.random.PRNGKey(0), (16, 16)) / 4
+    x = jnp.abs(jax.random.normal(jax.random.PRNGKey(1), (8, 16)))
+
+    def f(W, x):
+        h = g(jnp.tanh(jnp.sin(x @ W) @ W), W)
+        return jnp.sum(jnp.tanh(jnp.sin(h @ W) @ W) ** 2)
+    m = rp.export_vjp(f, W, x)
+    dots = rp.remat(m, P.dots_saveable, mode="split")
+    auto = rp.remat(m, P.auto(budget=device_bytes(dots)), mode="split")
+    assert device_bytes(auto) <= device_bytes(dots)
+    assert recompute_flops(auto) <= recompute_flops(dots)
+    lo, hi = bounds(m)
+    assert_auto_counts_what_it_keeps(m, f, (W, x), (lo, (lo + hi) // 2, device_bytes(dots), hi))
 
 
 def test_auto_plans_the_dots_of_a_cond_in_a_scan_body():
