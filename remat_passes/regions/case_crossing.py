@@ -7,8 +7,9 @@ the backward case's branches read. A scan loop in the branch is then a forward l
 branch j of the recompute case whose stacks a backward loop in branch j of the backward
 case reads. JAX's scan rule inside its cond rule applies the policy per iteration there,
 so `rewrite` does too: each such pair gets the per-iteration rewrite of a scan pair
-(`scan_rewrite.plan_pair`, `materialize_pair`), the backward loop first reading the
-forward loop's stacks directly; then each value of the recompute case's branch that the
+(`scan_rewrite.plan_pair`, `materialize_pair`, then `rewrite_pairs` for the pairs in its
+backward body: a scan in the scan's body), the backward loop first reading the forward
+loop's stacks directly; then each value of the recompute case's branch that the
 backward branch now reads (the stacks of what an iteration keeps, the carries) crosses as
 a new result of the recompute case, zeros in its other branches.
 
@@ -28,7 +29,7 @@ from remat_passes.regions import nested_saves
 from remat_passes.regions.case_nested import rebuilt
 from remat_passes.regions.clone_verdicts import Inherited, inherit
 from remat_passes.regions.loop_edit import zeros
-from remat_passes.regions.scan_rewrite import materialize_pair, plan_pair
+from remat_passes.regions.scan_rewrite import materialize_pair, plan_pair, rewrite_pairs
 from remat_passes.regions.scan_segments import pairs_across
 
 
@@ -55,8 +56,13 @@ def rewrite(recompute, bwds: list, verdict, mark_clone, next_group) -> int:
                     if not _join(p, recompute, fblock):
                         skipped.add(op_id(p.bwd))
                         continue
-                    materialize_pair(plan_pair(p, verdict), mark_clone, next_group, stats,
+                    plan = plan_pair(p, verdict)
+                    materialize_pair(plan, mark_clone, next_group, stats,
                                      lambda o, c: _inherit(verdict, o, c))
+                    if plan.rewrites:        # (the pairs in its backward body, per iteration)
+                        rewrite_pairs(p.bwd_body, verdict, mark_clone, next_group, {
+                            **stats, "whole": 0, "scoped_loops": set(),
+                            "inherited": getattr(verdict, "inherited", {})})
                 n += 1
     if n:
         _read_outside(recompute, bwds)
