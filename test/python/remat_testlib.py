@@ -14,6 +14,7 @@ computed from JAX at test time.
 """
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 import threading
@@ -205,17 +206,31 @@ def run_split(module, args, ct, n_out):
 _RUNS: dict = {}
 
 
+def _inputs_key(*trees) -> str:
+    """A digest of the inputs' values (dtype, shape, bytes of every leaf). The caches used
+    `id(args)`, which a later tuple can take once the first is freed: a run of the same
+    program on other inputs (two policies giving the same program, the other branch's
+    arguments) answered with the first run's results."""
+    digest = hashlib.sha256()
+    for leaf in leaves(trees):
+        a = np.asarray(leaf)
+        digest.update(f"{a.dtype}{a.shape}".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
 def run_joint_cached(module, args, ct):
-    """run_joint, compiled once per program text (tests rewrite the same module often)."""
-    key = ("joint", str(module), id(args))
+    """run_joint, compiled once per program text and inputs (tests rewrite the same module
+    often)."""
+    key = ("joint", str(module), _inputs_key(args, ct))
     if key not in _RUNS:
         _RUNS[key] = run_joint(module, args, ct)
     return _RUNS[key]
 
 
 def run_split_cached(module, args, ct, n_out):
-    """run_split, compiled once per program text."""
-    key = ("split", str(module), id(args))
+    """run_split, compiled once per program text and inputs."""
+    key = ("split", str(module), _inputs_key(args, ct), n_out)
     if key not in _RUNS:
         _RUNS[key] = run_split(module, args, ct, n_out)
     return _RUNS[key]
