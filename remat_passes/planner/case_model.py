@@ -136,18 +136,17 @@ def _loop_stacks(loop, verdict) -> list | None:
     """The types of the stacks presave adds to forward loop `loop`: the values of its body
     the choice saves that it does not stack yet, and what each region op of its body the
     choice recomputes returns more, per iteration (presave rebuilds those first)."""
-    shapes = []
+    types = []
     for op in loop.body.operations:
         more = _nested_saves(op, verdict)
         if more is None:
             return None
-        shapes += [(list(t.shape), t.element_type) for t in more]
+        types += more
     stacked = {st.value for st in loop.stacked.values()}
-    shapes += [(list(ir.RankedTensorType(v.type).shape),
-                ir.RankedTensorType(v.type).element_type)
-               for v in scan_nested.inner_saved(loop, verdict) if v not in stacked]
-    return [ir.RankedTensorType.get([loop.trip_count] + shape, element, loc=loop.op.location)
-            for shape, element in shapes]
+    types += [v.type for v in scan_nested.inner_saved(loop, verdict) if v not in stacked]
+    return [ir.RankedTensorType.get([loop.trip_count] + list(ir.RankedTensorType(t).shape),
+                                    ir.RankedTensorType(t).element_type, loc=loop.op.location)
+            for t in types]
 
 
 def _case_saves(case, verdict) -> list | None:
@@ -165,12 +164,8 @@ def _case_saves(case, verdict) -> list | None:
             types += more
         used: set = set()
         for t in types:
-            s = next((s for s, k in enumerate(kinds) if k == t and s not in used), None)
-            if s is None:
-                kinds.append(t)
-                s = len(kinds) - 1
-            used.add(s)
-    return [ir.RankedTensorType(t) for t in kinds]
+            used.add(case_rewrite.merged_slot(kinds, used, t))
+    return kinds
 
 
 def _saves_inside(op, verdict) -> bool:
@@ -189,12 +184,8 @@ def _with_presaved(plan, presaved: list) -> list:
     for j, types in enumerate(presaved):
         used = set(plan.yields[j])
         for t in types:
-            s = next((s for s, x in enumerate(layout)
-                      if not isinstance(x, int) and x == t and s not in used), None)
-            if s is None:
-                layout.append(t)
-                s = len(layout) - 1
-            used.add(s)
+            used.add(case_rewrite.merged_slot(layout, used, t,
+                                              lambda s: not isinstance(layout[s], int)))
     return layout
 
 

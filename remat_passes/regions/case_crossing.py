@@ -27,7 +27,6 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.regions import nested_saves
 from remat_passes.regions.case_nested import rebuilt
-from remat_passes.regions.clone_verdicts import Inherited, inherit
 from remat_passes.regions.loop_edit import zeros
 from remat_passes.regions.scan_rewrite import materialize_pair, plan_pair, rewrite_pairs
 from remat_passes.regions.scan_segments import pairs_across
@@ -35,7 +34,8 @@ from remat_passes.regions.scan_segments import pairs_across
 
 def rewrite(recompute, bwds: list, verdict, mark_clone, next_group) -> int:
     """Give every scan pair across `recompute` (a recompute case) and the backward cases
-    `bwds` the policy per iteration. Returns how many pairs were rewritten."""
+    `bwds` the policy per iteration (`verdict`: a `clone_verdicts.Inherited`, which records
+    the clones' verdicts). Returns how many pairs were rewritten."""
     n = 0
     stats = {"pairs": 0, "recomputed": 0, "stacked": 0}
     for j, region in enumerate(recompute.regions):
@@ -57,12 +57,9 @@ def rewrite(recompute, bwds: list, verdict, mark_clone, next_group) -> int:
                         skipped.add(op_id(p.bwd))
                         continue
                     plan = plan_pair(p, verdict)
-                    materialize_pair(plan, mark_clone, next_group, stats,
-                                     lambda o, c: _inherit(verdict, o, c))
+                    materialize_pair(plan, mark_clone, next_group, stats, verdict.record)
                     if plan.rewrites:        # (the pairs in its backward body, per iteration)
-                        rewrite_pairs(p.bwd_body, verdict, mark_clone, next_group, {
-                            **stats, "whole": 0, "scoped_loops": set(),
-                            "inherited": getattr(verdict, "inherited", {})})
+                        rewrite_pairs(p.bwd_body, verdict, mark_clone, next_group)
                 n += 1
     if n:
         _read_outside(recompute, bwds)
@@ -94,14 +91,6 @@ def in_loop_bodies(block, verdict, mark_clone, next_group) -> int:
         with clone.location:
             n += rewrite(clone, bwds, verdict, mark_clone, next_group)
     return n
-
-
-def _inherit(verdict, original, clone) -> None:
-    """The ops nested in `clone` (a loop of the forward loop's body, cloned into the
-    backward one) take their originals' verdicts (`clone_verdicts`), where `verdict`
-    records them."""
-    if isinstance(verdict, Inherited):
-        verdict.inherited.update(inherit(original, clone, verdict))
 
 
 def _join(p, recompute, fblock) -> bool:

@@ -268,7 +268,7 @@ class _PairPlanner:
         mine = self.assigned[j]
         if v in mine:
             return Slot(mine[v])
-        mine[v] = _merged_slot(self.slot_types, set(mine.values()), v.type,
+        mine[v] = merged_slot(self.slot_types, set(mine.values()), v.type,
                                lambda s: self.slot_origin[s] is None)
         if mine[v] == len(self.slot_origin):
             self.slot_origin.append(None)
@@ -310,7 +310,7 @@ class _PairPlanner:
                 src = bp.source(bp.yields[k])
                 if isinstance(src, BranchMade):
                     if src not in taken[j]:
-                        taken[j][src] = _merged_slot(
+                        taken[j][src] = merged_slot(
                             r_types, set(taken[j].values()), pair.fwd.results[k].type,
                             lambda s: True)
                         r_yields[j][taken[j][src]] = src
@@ -345,11 +345,12 @@ class _PairPlanner:
                         r_yields, twins_f, twins_r, replace, self.offloads, recomputed)
 
 
-def _merged_slot(types: list, used: set, t, shareable) -> int:
+def merged_slot(types: list, used: set, t, shareable=lambda s: True) -> int:
     """A slot of type `t` among `types` not in `used` (and `shareable`), else a new one
-    appended to `types`."""
+    appended to `types` (how a case shares its slots across branches; the planner's
+    model of it, `case_model`, counts them the same way)."""
     for s, ts in enumerate(types):
-        if ts == t and s not in used and shareable(s):
+        if shareable(s) and s not in used and ts == t:
             return s
     types.append(t)
     return len(types) - 1

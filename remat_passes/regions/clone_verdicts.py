@@ -30,6 +30,11 @@ class Inherited:
                 return verdicts[value.result_number]
         return self.verdict(value)
 
+    def record(self, original, clone) -> None:
+        """The ops nested in `clone`, a clone of `original` just made, answer with the
+        verdicts their originals have (`inherit`)."""
+        self.inherited.update(inherit(original, clone, self))
+
     def replaced(self, old: int, new) -> None:
         """Op `new` replaces the op whose id was `old` (`nested_saves.replaced`)."""
         moved(self.inherited, old, new)

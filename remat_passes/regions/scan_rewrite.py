@@ -45,7 +45,7 @@ from remat_passes.ir import contract, graph
 from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
 from remat_passes.regions import loop_edit, nested_saves
-from remat_passes.regions.clone_verdicts import Inherited, inherit
+from remat_passes.regions.clone_verdicts import Inherited
 from remat_passes.regions.scan_nested import inner_saved, prestack
 
 
@@ -670,8 +670,7 @@ def rewrite_pairs(block, verdict, mark_clone, next_group, stats=None) -> dict:
         stats["pairs"] += 1
         with p.fwd.op.location:   # the default location (and context) of new ops and types
             plan = plan_pair(p, verdict)
-            materialize_pair(plan, mark_clone, next_group, stats, lambda o, c: stats[
-                "inherited"].update(inherit(o, c, verdict)))
+            materialize_pair(plan, mark_clone, next_group, stats, verdict.record)
         done.add((op_id(p.fwd.op), op_id(p.bwd)))
         if plan.rewrites:
             pending = pending.untouched(loops)
