@@ -164,7 +164,7 @@ def _case_saves(case, verdict) -> list | None:
             types += more
         used: set = set()
         for t in types:
-            used.add(case_rewrite.merged_slot(kinds, used, t))
+            used.add(case_nested.merged_slot(kinds, used, t))
     return kinds
 
 
@@ -184,7 +184,7 @@ def _with_presaved(plan, presaved: list) -> list:
     for j, types in enumerate(presaved):
         used = set(plan.yields[j])
         for t in types:
-            used.add(case_rewrite.merged_slot(layout, used, t,
+            used.add(case_nested.merged_slot(layout, used, t,
                                               lambda s: not isinstance(layout[s], int)))
     return layout
 

@@ -40,6 +40,33 @@ def rebuilt(old, types, yields_of, ip):
     return new
 
 
+def merged_slot(types: list, used: set, t, shareable=lambda s: True) -> int:
+    """A slot of type `t` among `types` not in `used` (and `shareable`), else a new one
+    appended to `types` (how a case shares its slots across branches; the planner's
+    model of it, `case_model`, counts them the same way)."""
+    for s, ts in enumerate(types):
+        if shareable(s) and s not in used and ts == t:
+            return s
+    types.append(t)
+    return len(types) - 1
+
+
+def shrunk(op, keep: list):
+    """Replace case `op` by one with only the results `keep` (None: erased, nothing kept)."""
+    if not keep:
+        op.erase()
+        return None
+    types = [op.results[i].type for i in keep]
+    new = rebuilt(op, types, lambda j, before, ip: [before[i] for i in keep],
+                  ir.InsertionPoint(op))
+    for n, i in enumerate(keep):
+        op.results[i].replace_all_uses_with(new.results[n])
+    op.erase()
+    for region in new.regions:
+        graph.erase_unused_in_block(region.blocks[0])
+    return new
+
+
 def plan_nested_saves(case, verdict) -> list[list]:
     """Per branch of `case` (nested in a scan body or in another case's branch, where a
     recomputation clones it whole): the values inside the branch that the policy saves
@@ -83,11 +110,7 @@ def add_nested_saves(case, saved: list, verdict):
     for values in saved:
         used, mine = set(), {}
         for v in values:
-            kind = (str(v.type), _placement(v, verdict))
-            s = next((n for n, kd in enumerate(kinds) if kd == kind and n not in used), None)
-            if s is None:
-                kinds.append(kind)
-                s = len(kinds) - 1
+            s = merged_slot(kinds, used, (str(v.type), _placement(v, verdict)))
             used.add(s)
             mine[s] = v
         per_branch.append(mine)

@@ -49,7 +49,7 @@ from remat_passes.ir.mlir import ir, op_id
 from remat_passes.ir.verdicts import Offloadable, Recompute
 from remat_passes.regions import case_crossing, nested_saves
 from remat_passes.regions.clone_verdicts import Inherited, inherit, moved
-from remat_passes.regions.case_nested import rebuilt
+from remat_passes.regions.case_nested import merged_slot, rebuilt, shrunk
 from remat_passes.regions.loop_edit import zeros
 
 CASE = graph.CASE
@@ -345,17 +345,6 @@ class _PairPlanner:
                         r_yields, twins_f, twins_r, replace, self.offloads, recomputed)
 
 
-def merged_slot(types: list, used: set, t, shareable=lambda s: True) -> int:
-    """A slot of type `t` among `types` not in `used` (and `shareable`), else a new one
-    appended to `types` (how a case shares its slots across branches; the planner's
-    model of it, `case_model`, counts them the same way)."""
-    for s, ts in enumerate(types):
-        if shareable(s) and s not in used and ts == t:
-            return s
-    types.append(t)
-    return len(types) - 1
-
-
 def plan_case(pair: CasePair, verdict) -> CasePlan:
     return _PairPlanner(pair, verdict).plan()
 
@@ -507,7 +496,7 @@ def tidy(analysis, twins_read: set) -> bool:
         if len(keep) == len(op.results):
             continue
         changed = True
-        new = _shrunk(op, keep)
+        new = shrunk(op, keep)
         if new is None:
             continue
         renumbered[op_id(new)] = {old: n for n, old in enumerate(keep)}
@@ -532,22 +521,6 @@ def tidy(analysis, twins_read: set) -> bool:
                                     if k in fmap and r in rmap])
     _move_recompute_cases(block)
     return True
-
-
-def _shrunk(op, keep: list):
-    """Replace case `op` by one with only the results `keep` (None: erased, nothing kept)."""
-    if not keep:
-        op.erase()
-        return None
-    types = [op.results[i].type for i in keep]
-    new = rebuilt(op, types, lambda j, before, ip: [before[i] for i in keep],
-                   ir.InsertionPoint(op))
-    for n, i in enumerate(keep):
-        op.results[i].replace_all_uses_with(new.results[n])
-    op.erase()
-    for region in new.regions:
-        graph.erase_unused_in_block(region.blocks[0])
-    return new
 
 
 def _move_recompute_cases(block) -> None:
