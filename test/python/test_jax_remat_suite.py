@@ -642,7 +642,8 @@ def _nested(structure: str, ck):
 @pytest.mark.parametrize("pol", ["nothing", "dots", "names_a"])
 @pytest.mark.parametrize("structure", ["cond>scan", "cond>scan>cond", "scan>cond>scan",
                                        "scan>scan>cond", "scan>cond>cond", "scan>scan>scan",
-                                       "cond>cond>scan", "scan>cond>scan>cond"])
+                                       "cond>cond>scan", "scan>cond>scan>cond",
+                                       "cond>cond>cond>scan", "scan>cond>cond>scan"])
 def test_module_policy_through_nested_regions(structure, pol):
     """JAX's cond and scan rules nest: inside a cond's branch in a scan body, a scan in a
     branch, at any depth, the policy applies op by op, and what it saves there becomes a
@@ -669,12 +670,7 @@ def test_module_policy_through_nested_regions(structure, pol):
         return out, vjp(jnp.ones_like(out))
     ours = _count(str(joint), "stablehlo.dot_general")
     jaxs = _count(jax.jit(value_and_vjp).lower(Ws, x).as_text(), "stablehlo.dot_general")
-    # (nothing_saveable: a scan in a cond in a cond's branch, inside an op recomputed whole,
-    # runs once here, and its backward reads what it stacks; JAX's checkpointed body runs it
-    # a second time. One in a cond's branch, at the top or in a scan body, is recomputed per
-    # iteration, `case_crossing`)
-    rerun_whole = pol == "nothing" and structure == "cond>cond>scan"
-    assert ours == jaxs if not rerun_whole else ours <= jaxs, (ours, jaxs)
+    assert ours == jaxs, (ours, jaxs)
     for sign in (1.0, -1.0):       # (each branch of each cond taken, the first ones)
         args = (Ws, sign * jnp.abs(x) + 0.5 * sign)
         out, ct, grads = reference_vjp(_nested(structure, lambda body: body), args)
@@ -723,6 +719,34 @@ def test_a_scan_in_a_scan_in_a_branch_is_recomputed_per_iteration(pol):
     def theirs(Ws, x):
         ck = functools.partial(jax.checkpoint, policy=theirs_policy())
         return ck(_nested(structure, ck))(Ws, x)
+    split = rp.remat(rp.export_vjp(_nested(structure, lambda body: body), Ws, x),
+                     ours_policy(), mode="split")
+    ours = split_temp_bytes(split, (Ws, x))
+    jaxs = [h["temp"] for h in jax_halves(theirs, (Ws, x))]
+    assert all(o <= j * 1.02 for o, j in zip(ours, jaxs)), (ours, jaxs)
+
+
+@pytest.mark.parametrize("structure,pol", [
+    ("cond>cond>scan", "nothing"), ("cond>cond>scan", "dots"),
+    ("cond>cond>cond>scan", "nothing"), ("scan>cond>cond>scan", "nothing")])
+def test_a_scan_in_a_cond_in_a_branch_is_recomputed_per_iteration(structure, pol):
+    """A cond in a recomputed branch is cloned whole into the recompute case, its backward
+    case sits in the backward case's branch: the pair of a scan in its branch crosses both
+    (`case_crossing._nested_cases`) and is recomputed per iteration, as JAX's scan rule
+    inside its cond rules does. It ran whole and the backward held all of its stacks:
+    XLA:CPU temp of the split backward 279,608 B against JAX's 230,376 B (cond>cond>scan,
+    nothing_saveable and dots_saveable alike, 4 layers of 128x128; 279,936 against
+    230,704 one cond deeper, 312,496 against 296,104 in a scan body). Now both halves at
+    most JAX's + 2%."""
+    from tools.benchmarks.xla_memory import jax_halves
+    Ws = jax.random.normal(jax.random.PRNGKey(0), (4, 128, 128)) / 12
+    x = jax.random.normal(jax.random.PRNGKey(1), (128, 32))
+    theirs_policy, ours_policy = _POLICIES[pol]
+
+    def theirs(Ws, x):
+        ck = functools.partial(jax.checkpoint, policy=theirs_policy())
+        f = _nested(structure, ck)
+        return (f if structure.startswith("scan") else ck(f))(Ws, x)
     split = rp.remat(rp.export_vjp(_nested(structure, lambda body: body), Ws, x),
                      ours_policy(), mode="split")
     ours = split_temp_bytes(split, (Ws, x))
