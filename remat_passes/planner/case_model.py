@@ -300,24 +300,48 @@ def _branch_cost(b, kept: CaseKept, j: int) -> tuple:
 
 
 def _op_cost(b, op, verdict) -> tuple:
-    """(seconds, FLOPs) of recomputing `op`: a scan loop, the ops of its body `verdict`
-    recomputes (a loop or a case among them the same way), per iteration; a case, those
-    of its costliest branch; else the op."""
+    """(seconds, FLOPs) of recomputing `op`: a scan loop, per iteration, the ops of its body
+    `verdict` recomputes that compute the next carries (the rerun of the loop) and, again,
+    those that compute what an iteration stacks (its backward iteration reruns them: the
+    per-iteration rewrite, `case_crossing`), a loop or a case among them the same way; a
+    case, those of its costliest branch; else the op."""
     loop = scan_pairs.analyse_forward(op)
-    if loop is None and op.name != graph.CASE:
+    if loop is not None:
+        ret = graph.terminator(loop.body)
+        carries = [v for k, v in enumerate(ret.operands) if k not in loop.stacked
+                   and k not in loop.invariant and k != loop.counter]
+        stacked = [st.value for st in loop.stacked.values()]
+        rerun = _closure_cost(b, loop.body, carries, verdict)
+        again = _closure_cost(b, loop.body, stacked, verdict)
+        return (loop.trip_count * (rerun[0] + again[0]),
+                loop.trip_count * (rerun[1] + again[1]))
+    if op.name != graph.CASE:
         return b.profile.op_seconds(op, b.cost_model), b.cost_model.op_flops(op)
-    blocks = [loop.body] if loop is not None else [r.blocks[0] for r in op.regions]
-    costs = []
-    for block in blocks:
-        seconds, flop_count = 0.0, 0.0
-        for o in block.operations:
-            o = o.operation
-            if any(verdict(r) is Recompute for r in o.results):
-                cost = _op_cost(b, o, verdict)
-                seconds, flop_count = seconds + cost[0], flop_count + cost[1]
-        costs.append((seconds, flop_count))
-    scale = loop.trip_count if loop is not None else 1
-    return (scale * max(c[0] for c in costs), scale * max(c[1] for c in costs))
+    costs = [_closure_cost(b, region.blocks[0],
+                           list(graph.terminator(region.blocks[0]).operands), verdict)
+             for region in op.regions]
+    return max(c[0] for c in costs), max(c[1] for c in costs)
+
+
+def _closure_cost(b, block, roots: list, verdict) -> tuple:
+    """(seconds, FLOPs) of the ops of `block` that computing `roots` recomputes: through
+    values `verdict` recomputes, each op once (what it saves is read back)."""
+    mine = {op_id(op) for op in block.operations}
+    seen, todo = set(), list(roots)
+    seconds, flop_count = 0.0, 0.0
+    while todo:
+        v = todo.pop()
+        if not isinstance(v, ir.OpResult) or op_id(v.owner) not in mine or \
+                verdict(v) is not Recompute:
+            continue
+        o = v.owner.operation
+        if op_id(o) in seen:
+            continue
+        seen.add(op_id(o))
+        cost = _op_cost(b, o, verdict)
+        seconds, flop_count = seconds + cost[0], flop_count + cost[1]
+        todo.extend(graph.read_values(o))
+    return seconds, flop_count
 
 
 def add_body_case(b, case, node: int, n: int, copies: int = 1) -> None:
