@@ -112,17 +112,25 @@ def our_joint(module, policy, args, ct, each=None) -> dict:
     return m
 
 
-def our_halves(split, args) -> list[dict]:
-    """XLA's memory of each half of `split` as rp.jit runs them: the residuals that are
-    arguments of the function taken out of the forward's results (`drop_passthrough`, so
-    that XLA does not copy them into new buffers) and given to the backward as they are."""
-    est = estimate_memory(split, model="xla")
-    order = estimate_memory(split)
+def as_run(split) -> tuple:
+    """`split` as rp.jit runs it: a copy whose forward does not return the residuals that
+    are arguments of the function (`drop_passthrough`, so that XLA does not copy them into
+    new buffers; the backward is given them as they are). (the copy, how many results of
+    the forward are outputs, {residual: forward argument})."""
     with split.op.context:
         entries = contract.all_entries(graph.find_func(split.op, "main_fwd"), "res_attrs")
     n_out = sum(1 for e in entries if contract.RESIDUAL not in e)
     run = split.clone()
-    passthrough = drop_passthrough(run.op, n_out)       # {residual: forward argument}
+    return run, n_out, drop_passthrough(run.op, n_out)
+
+
+def our_halves(split, args) -> list[dict]:
+    """XLA's memory of each half of `split` as rp.jit runs them (`as_run`), and the
+    estimates of the same halves, marked `arguments_to_backward` (rows measured before
+    e1ee82f handed the arguments through the forward, and are estimated so)."""
+    run, n_out, passthrough = as_run(split)
+    est = estimate_memory(run, model="xla")
+    order = estimate_memory(run)
     fwd_c = rp.compile(run, "main_fwd").lower(*args).compile()
     res = fwd_c(*args)
     res = list(res) if isinstance(res, (tuple, list)) else [res]   # (one result: the output)
@@ -135,6 +143,7 @@ def our_halves(split, args) -> list[dict]:
         m = common.xla_memory(compiled)
         m["estimate"] = int(est[name].peak_bytes)
         m["estimate_program_order"] = int(order[name].peak_bytes)
+        m["arguments_to_backward"] = True
         halves.append(m)
     return halves
 
@@ -516,6 +525,17 @@ def _provenance_text(data: dict) -> str:
         text += (f" {which} were measured before rp.jit rounded, on a GPU, the f32 residuals "
                  "the backward only reads back (`round_read_back`, as jax.checkpoint does); "
                  "the next run on the device measures that.")
+    models = list(dict.fromkeys(r["model"] for r in data["rows"]))
+    run = [m for m in models if all(r["ours"][0].get("arguments_to_backward")
+                                    for r in data["rows"] if r["model"] == m)]
+    if run:
+        rest = [m for m in models if m not in run]
+        text += (f" The split halves of {', '.join(run)} are measured as rp.jit runs them: "
+                 "the forward does not return the residuals that are the function's own "
+                 "arguments, and the backward is given them as they are (JAX's forward "
+                 "returns them, so its footprint counts them among its outputs as well as "
+                 "its arguments)" + (f"; those of {', '.join(rest)} were measured before "
+                                     "(e1ee82f), with them returned" if rest else "") + ".")
     changed = ((_old_offload_program,
                 "The offload rows of {} were measured before annotate-host-offload made the "
                 "copy back to the device after the optimization barrier that holds the host "
@@ -599,6 +619,8 @@ def reestimate(data: dict, log=print) -> dict:
                              barrier_groups=r["ours"][0].get("barriers", "per-use"),
                              round_read_back=r["ours"][0].get("round_read_back", False),
                              fence_chains=r["ours"][0].get("fence_chains", False))
+            if r["ours"][0].get("arguments_to_backward"):
+                split = as_run(split)[0]          # (as measured: see our_halves)
             est = estimate_memory(split, model="xla", backend=backend)
             order = estimate_memory(split)
             for half, name in zip(r["ours"], ("main_fwd", "main_bwd")):
