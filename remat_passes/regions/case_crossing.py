@@ -92,6 +92,8 @@ def _nested_cases(recompute, bwds: list, verdict, mark_clone, next_group) -> lis
             for clone, back in _case_pairs(fblock, bwd.regions[j].blocks[0], crossed):
                 found.setdefault(op_id(clone), (clone, []))[1].append(back)
         for clone, backs in found.values():
+            # (what branch j returns changes as each clone is rewritten: read it again)
+            crossed = _through(recompute, j, {r: r for r in recompute.results})
             if not any(_has_pairs(clone, back, crossed) for back in backs):
                 continue
             for back in backs:
