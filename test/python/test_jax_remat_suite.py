@@ -639,6 +639,29 @@ def _nested(structure: str, ck):
     return lambda Ws, x: jnp.sum(f(x, Ws if kinds[0] == "scan" else Ws[0]) ** 2)
 
 
+def _module_policy_loss(structure: str, theirs_policy):
+    """JAX's side of a module policy on `_nested(structure)`: each scan body checkpointed
+    with the policy, and the whole function too unless it is a scan (per iteration)."""
+    ck = functools.partial(jax.checkpoint, policy=theirs_policy())
+    f = _nested(structure, ck)
+    return f if structure.startswith("scan") else ck(f)
+
+
+def _assert_split_temps_within_jaxs(structure: str, pol: str) -> None:
+    """XLA:CPU temp of both split halves of `_nested(structure)` (4 layers of 128x128) under
+    module policy `pol` at most JAX's + 2%."""
+    from tools.benchmarks.xla_memory import jax_halves
+    Ws = jax.random.normal(jax.random.PRNGKey(0), (4, 128, 128)) / 12
+    x = jax.random.normal(jax.random.PRNGKey(1), (128, 32))
+    theirs_policy, ours_policy = _POLICIES[pol]
+    split = rp.remat(rp.export_vjp(_nested(structure, lambda body: body), Ws, x),
+                     ours_policy(), mode="split")
+    ours = split_temp_bytes(split, (Ws, x))
+    jaxs = [h["temp"] for h in jax_halves(_module_policy_loss(structure, theirs_policy),
+                                          (Ws, x))]
+    assert all(o <= j * 1.02 for o, j in zip(ours, jaxs)), (ours, jaxs)
+
+
 @pytest.mark.parametrize("pol", ["nothing", "dots", "names_a"])
 @pytest.mark.parametrize("structure", ["cond>scan", "cond>scan>cond", "scan>cond>scan",
                                        "scan>scan>cond", "scan>cond>cond", "scan>scan>scan",
@@ -654,11 +677,7 @@ def test_module_policy_through_nested_regions(structure, pol):
     many dot_generals as JAX's lowering of that; gradients, both branches taken."""
     theirs_policy, ours_policy = _POLICIES[pol]
     Ws, x = MATS
-
-    def theirs(Ws, x):
-        ck = functools.partial(jax.checkpoint, policy=theirs_policy())
-        f = _nested(structure, ck)
-        return (f if structure.startswith("scan") else ck(f))(Ws, x)
+    theirs = _module_policy_loss(structure, theirs_policy)
     m = rp.export_vjp(_nested(structure, lambda body: body), Ws, x)
     split = rp.remat(m, ours_policy(), mode="split")
     assert_same_residual_types(split.residuals, theirs, Ws, x, context=structure)
@@ -688,19 +707,8 @@ def test_a_scan_in_a_cond_in_a_scan_body_is_recomputed_per_iteration(structure):
     scan rule inside its cond rule inside its checkpointed layer does. It ran whole: XLA:CPU
     temp of the split backward 1,377,144 B against JAX's 1,180,456 B (4 layers of 256x256,
     nothing_saveable), one dot_general short. Now both halves at most JAX's + 2%."""
-    from tools.benchmarks.xla_memory import jax_halves
-    Ws = jax.random.normal(jax.random.PRNGKey(0), (4, 128, 128)) / 12
-    x = jax.random.normal(jax.random.PRNGKey(1), (128, 32))
-    theirs_policy, ours_policy = _POLICIES["nothing"]
+    _assert_split_temps_within_jaxs(structure, "nothing")
 
-    def theirs(Ws, x):
-        return _nested(structure, functools.partial(jax.checkpoint, policy=theirs_policy()))(
-            Ws, x)
-    split = rp.remat(rp.export_vjp(_nested(structure, lambda body: body), Ws, x),
-                     ours_policy(), mode="split")
-    ours = split_temp_bytes(split, (Ws, x))
-    jaxs = [h["temp"] for h in jax_halves(theirs, (Ws, x))]
-    assert all(o <= j * 1.02 for o, j in zip(ours, jaxs)), (ours, jaxs)
 
 @pytest.mark.parametrize("pol", ["nothing", "dots"])
 def test_a_scan_in_a_scan_in_a_branch_is_recomputed_per_iteration(pol):
@@ -710,20 +718,7 @@ def test_a_scan_in_a_scan_in_a_branch_is_recomputed_per_iteration(pol):
     inner loop whole: XLA:CPU temp of the split backward 377,784 B against JAX's 328,552 B
     (nothing_saveable; 361,328 B under dots_saveable), 4 layers of 128x128. Now both
     halves at most JAX's + 2%."""
-    from tools.benchmarks.xla_memory import jax_halves
-    Ws = jax.random.normal(jax.random.PRNGKey(0), (4, 128, 128)) / 12
-    x = jax.random.normal(jax.random.PRNGKey(1), (128, 32))
-    theirs_policy, ours_policy = _POLICIES[pol]
-    structure = "cond>scan>scan"
-
-    def theirs(Ws, x):
-        ck = functools.partial(jax.checkpoint, policy=theirs_policy())
-        return ck(_nested(structure, ck))(Ws, x)
-    split = rp.remat(rp.export_vjp(_nested(structure, lambda body: body), Ws, x),
-                     ours_policy(), mode="split")
-    ours = split_temp_bytes(split, (Ws, x))
-    jaxs = [h["temp"] for h in jax_halves(theirs, (Ws, x))]
-    assert all(o <= j * 1.02 for o, j in zip(ours, jaxs)), (ours, jaxs)
+    _assert_split_temps_within_jaxs("cond>scan>scan", pol)
 
 
 @pytest.mark.parametrize("structure,pol", [
@@ -738,20 +733,7 @@ def test_a_scan_in_a_cond_in_a_branch_is_recomputed_per_iteration(structure, pol
     nothing_saveable and dots_saveable alike, 4 layers of 128x128; 279,936 against
     230,704 one cond deeper, 312,496 against 296,104 in a scan body). Now both halves at
     most JAX's + 2%."""
-    from tools.benchmarks.xla_memory import jax_halves
-    Ws = jax.random.normal(jax.random.PRNGKey(0), (4, 128, 128)) / 12
-    x = jax.random.normal(jax.random.PRNGKey(1), (128, 32))
-    theirs_policy, ours_policy = _POLICIES[pol]
-
-    def theirs(Ws, x):
-        ck = functools.partial(jax.checkpoint, policy=theirs_policy())
-        f = _nested(structure, ck)
-        return (f if structure.startswith("scan") else ck(f))(Ws, x)
-    split = rp.remat(rp.export_vjp(_nested(structure, lambda body: body), Ws, x),
-                     ours_policy(), mode="split")
-    ours = split_temp_bytes(split, (Ws, x))
-    jaxs = [h["temp"] for h in jax_halves(theirs, (Ws, x))]
-    assert all(o <= j * 1.02 for o, j in zip(ours, jaxs)), (ours, jaxs)
+    _assert_split_temps_within_jaxs(structure, pol)
 
 
 @pytest.mark.parametrize("pol", ["nothing", "dots"])
