@@ -731,7 +731,7 @@ def test_a_scan_in_a_cond_in_a_branch_is_recomputed_per_iteration(structure, pol
     inside its cond rules does. It ran whole and the backward held all of its stacks:
     XLA:CPU temp of the split backward 279,608 B against JAX's 230,376 B (cond>cond>scan,
     nothing_saveable and dots_saveable alike, 4 layers of 128x128; 279,936 against
-    230,704 one cond deeper, 312,496 against 296,104 in a scan body). Now both halves at
+    230,704 one cond deeper, 345,336 against 296,104 in a scan body). Now both halves at
     most JAX's + 2%."""
     _assert_split_temps_within_jaxs(structure, pol)
 
