@@ -227,6 +227,8 @@ class CostModel:
         if name == "stablehlo.while":
             body = self.block_flops(op.regions[1].blocks[0])
             return (trip_count(op) or 1) * body
+        if name == "sdy.manual_computation":     # (a Shardy shard_map: its body, per device)
+            return sum(self.block_flops(b) for r in op.regions for b in r.blocks)
         if name in ("stablehlo.case", "stablehlo.if"):
             return max((sum(self.block_flops(b) for b in r.blocks) for r in op.regions),
                        default=0.0)

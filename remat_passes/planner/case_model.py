@@ -19,7 +19,8 @@ step recomputes is rerun by the rule, and what the step saves inside it is retur
 adds those to the slots, and the step's cost counts the ops inside it recomputes (a loop's
 per iteration). Such an op whose step the plan does not take is saved
 (`ProblemBuilder.group`'s `held`), not recomputed with the op it is in. A case in a scan
-body has its dots as a choice of their own the same way (`add_body_case`).
+body (or a shard_map body) has its dots as a choice of their own the same way
+(`add_body_case`).
 
 A primal output the backward needs (a later op's derivative reads it, or a recomputed
 op) is served by its *twin* (`case_rewrite`): free where the twin reads a slot the case
@@ -345,8 +346,9 @@ def _closure_cost(b, block, roots: list, verdict) -> tuple:
 
 
 def add_body_case(b, case, node: int, n: int, copies: int = 1) -> None:
-    """A case in a scan loop's body (a `lax.cond` per iteration), op node `node` of the
-    body (`n` times): where the plan recomputes it, the backward body reruns it, and the
+    """A case in a scan loop's body (a `lax.cond` per iteration) or in a Shardy shard_map
+    body (`copies`: the devices' copies of a value it keeps), op node `node` of the body
+    (`n` times): where the plan recomputes it, the backward body reruns it, and the
     dots in its branches (in loops and cases there too) are a choice of their own (a group
     node): recomputed with it, or kept per iteration (what `nested_saves.presave` makes
     the case return, `_case_saves`), which the rerun reads back. Before, the case was

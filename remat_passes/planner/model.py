@@ -617,7 +617,11 @@ def _add_manual(b: ProblemBuilder, pair, vid_node, a) -> list:
     for op in [o.operation for o in body.operations]:
         if op == ret.operation:
             break
-        node = b.op(op, not shard_map_rewrite.body_side_effect(op), 1, label)
+        plain = not shard_map_rewrite.body_side_effect(op)
+        node = b.op(op, plain, 1, label)
+        if op.name == graph.CASE and plain:      # (its dots a choice of their own)
+            add_body_case(b, op, node, 1, residual_factor(every, found[1])
+                          if found is not None else 1)
         for r in op.results:
             forward_use = any(u.owner.operation != ret.operation for u in r.uses)
             node_of[r] = b.value(r, node, 1, forward_use, copies=copies(r))

@@ -262,6 +262,8 @@ class ManualComputationRule:
             if op.name in graph.COLLECTIVE_OPS:    # (value_verdict would call it saved)
                 return policy.op_verdict(op)
             return policy(v)
+        # (a region op presave rebuilds keeps the plan's verdict: `nested_saves.replaced`)
+        verdict.replaced = lambda old, new: nested_saves.replaced(policy, old, new)
         for op in readable:      # region ops in the bodies return what the policy saves
             if not shard_map_rewrite.body_side_effect(op):     # inside them
                 with op.location:
