@@ -149,9 +149,8 @@ def _uncross(recompute, j: int, clone, back, bwds: list) -> None:
                 if isinstance(v, ir.OpResult) and op_id(v.owner) == op_id(clone):
                     op.operands[number] = v
                     redirected.add(x.result_number)
-    twins = {r for _, r in (contract.twin_of(recompute) or (None, []))[1]}
     in_branch = _ops_in_branches(bwds)
-    for i in redirected - twins:     # (a twin: the function-level plan may read it later)
+    for i in redirected - _twin_results(recompute):     # (a twin: the function-level plan may read it later)
         r = recompute.results[i]
         readers = _branches_reading(r, in_branch)
         if readers is not None and j not in readers:
@@ -248,8 +247,9 @@ def _cross(recompute, bwds: list):
         return recompute
     n_old = len(recompute.results)
     key, twins = contract.twin_of(recompute) or (None, [])
+    kept = _twin_results(recompute)     # (the function-level plan may read them later)
     in_branch = _ops_in_branches(bwds)
-    readers = [_branches_reading(r, in_branch) if i not in {t for _, t in twins} else None
+    readers = [_branches_reading(r, in_branch) if i not in kept else None
                for i, r in enumerate(recompute.results)]
     types = [r.type for r in recompute.results]
     fills = [dict() for _ in recompute.regions]   # per branch: {result: value}
@@ -271,11 +271,16 @@ def _cross(recompute, bwds: list):
             op.operands[number] = new.results[i]
     recompute.erase()
     keep = [i for i, r in enumerate(new.results)       # (less what nothing reads now)
-            if next(iter(r.uses), None) is not None or i in {t for _, t in twins}]
+            if next(iter(r.uses), None) is not None or i in kept]
     if len(keep) < len(types):
         new = shrunk(new, keep)
         contract.set_twin(new, key, [(k, keep.index(t)) for k, t in twins])
     return new
+
+
+def _twin_results(case) -> set:
+    """The results of recompute case `case` that are twins of primal outputs."""
+    return {r for _, r in (contract.twin_of(case) or (None, []))[1]}
 
 
 def _ops_in_branches(bwds: list) -> list:
