@@ -102,7 +102,7 @@ from remat_passes.ir.mlir import ir, op_id
 # fusions off: XLA does not count the buffers YNNPACK uses inside them (ynn_probe.py).
 MEASURED = {"cpu": (162, 162, "2 CPUs, jaxlib 0.10", ", YNNPACK fusions off"),
             "cpu, jaxlib >= 0.11": (162, 162, "2 CPUs, jaxlib 0.12", ", YNNPACK fusions off"),
-            "gpu": (122, 162, "an H200", "")}
+            "gpu": (109, 162, "an H200", "")}
 
 
 def measured_key(backend: str) -> str:

@@ -423,10 +423,11 @@ def render(page=PAGE, plot_path=PLOT, pareto_path=PARETO) -> str:
     if calls is not None:
         from tools.benchmarks import dispatch
         parts.append(dispatch.render(calls))
-    trained = common.read_json("train")      # (optional: python -m tools.benchmarks train)
-    if trained is not None:
-        from tools.benchmarks import train
-        parts.append(train.render(trained))
+    for name in ("train", "train_gpu"):     # (optional: ... train; train_gpu: on the device)
+        trained = common.read_json(name)
+        if trained is not None:
+            from tools.benchmarks import train
+            parts.append(train.render(trained))
     libraries_steps = common.read_json("libraries")   # (optional: ... libraries)
     if libraries_steps is not None:
         from tools.benchmarks import libraries
