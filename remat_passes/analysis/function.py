@@ -411,6 +411,16 @@ class FunctionAnalysis:
         starts, flat = self._forward_consumers
         return flat[starts[pos]:starts[pos + 1]]
 
+    def backward_only(self, pos) -> bool:
+        """Whether only backward ops read the results of forward op `pos` (no forward op,
+        not the return): the forward computes it only for the backward to keep, as a
+        cosine for a sine's derivative. Recomputed, it moves into the backward: its
+        forward copy is left unread and erased, so it costs no more than without remat
+        (the planner's cost and `recomputation_seconds` count it free)."""
+        n = len(self.ops)
+        users = [u for vid in self.results(pos) for u in self.users(vid)]
+        return bool(users) and all(u < n and self.backward[u] for u in users)
+
     # ---------------------------------------------------- ordering, edits --
     def position_key(self, op) -> float:
         """A sort key in program order, also for ops a pass reported with `note_inserted`."""

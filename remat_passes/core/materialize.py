@@ -4,7 +4,9 @@ For each serve of the plan, in program order, its clones are created right
 before its consumer (the insertion point is always that op, passed
 explicitly), marked with the serve's recompute group, and wired to their
 sources; then the consumer reads what the plan says. Forward ops left without
-users (a cosine only the backward needed) are erased in one reverse sweep.
+users (a cosine only the backward needed) are erased in one reverse sweep; the
+first clone of such an op only the backward read is marked as moved (it costs
+nothing over no remat).
 Offloadable residuals get their placement recorded on the producer.
 
 It returns an `Edit`: the function as it is now, described from what was made
@@ -47,6 +49,7 @@ def materialize(plan: RematPlan) -> Edit:
     n = len(a.ops)
     made: list = [None] * plan.num_clones
     placed, replaced = {}, {}    # consumer position -> [(clone number, Clone)], {vid: source}
+    backward_only = {c.op for c in plan.clones() if a.backward_only(c.op)}   # (before edits)
 
     def value(src):
         if src < 0:
@@ -82,7 +85,19 @@ def materialize(plan: RematPlan) -> Edit:
             contract.set_offload(a.ops[pos], placement)
     # the analysed ops left without uses (pure ones only; clones are always used)
     erased = set(graph.erase_unused(a.ops, lambda pos: a.side_effect[pos]))
+    _mark_moved(plan, made, erased & backward_only)
     return _describe(a, made, erased, placed, replaced)
+
+
+def _mark_moved(plan: RematPlan, made: list, moved: set[int]) -> None:
+    """Mark the first clone of each op in `moved` (erased forward ops that only the
+    backward read): it moved into the backward and costs nothing more
+    (`FunctionAnalysis.backward_only`)."""
+    seen = set()
+    for k, c in enumerate(plan.clones()):
+        if made[k] is not None and c.op in moved and c.op not in seen:
+            seen.add(c.op)
+            contract.set_moved(made[k])
 
 
 def _describe(a, made: list, erased: set[int], placed: dict, replaced: dict) -> Edit:

@@ -131,7 +131,8 @@ def roundings_in(funcs) -> set:
 def recomputation_seconds(funcs, profile: DeviceProfile, cost_model,
                           old_roundings=frozenset()) -> float:
     """What the recomputation in rewritten functions costs in `profile`'s model: each
-    recompute clone remat-partial-eval made, and each reduce_precision op not in
+    recompute clone remat-partial-eval made (but one that moved: its forward op only
+    the backward read, now gone, `contract.is_moved`), and each reduce_precision op not in
     `old_roundings` (the ones insert-reduce-precision added on what is kept), loop bodies
     times their trip count: what `auto` minimises."""
     total = 0.0
@@ -139,7 +140,8 @@ def recomputation_seconds(funcs, profile: DeviceProfile, cost_model,
     def add(o, n):
         nonlocal total
         if contract.is_recompute_clone(o):
-            total += profile.op_seconds(o, cost_model) * n
+            if not contract.is_moved(o):
+                total += profile.op_seconds(o, cost_model) * n
         elif o.name == ROUNDING and op_id(o) not in old_roundings:
             total += profile.rounding_seconds(graph.type_elements(o.results[0].type)) * n
         elif len(o.regions):

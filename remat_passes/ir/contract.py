@@ -10,6 +10,9 @@ name                        where                      value
 `remat.cotangent`           function argument          unit: a cotangent input
 `remat.gradient`            function result            unit: a gradient output
 `remat.recompute`           op                         i64 recompute group (a clone)
+`remat.moved`               op                         unit: a clone whose forward op
+                                                       only the backward read, erased
+                                                       (it moved: no extra cost)
 `remat.offload`             op / _fwd result /         "src:dst": an Offloadable
                             _bwd argument              residual
 `remat.residual`            `<f>_fwd` result           how JAX would describe it
@@ -52,6 +55,7 @@ from remat_passes.ir.verdicts import Offloadable, Saveable
 COTANGENT = "remat.cotangent"
 GRADIENT = "remat.gradient"
 RECOMPUTE = "remat.recompute"
+MOVED = "remat.moved"       # a clone of a forward op only the backward read, now erased
 OFFLOAD = "remat.offload"
 RESIDUAL = "remat.residual"
 BARRIER = "remat.barrier"
@@ -69,7 +73,7 @@ LEVELS = "remat.levels"     # on a function: recomputation in two levels (core/l
 PRIMITIVE = "remat.primitive"
 
 # The op attributes a finished pipeline removes (strip-checkpoint-names).
-BOOKKEEPING_OP_ATTRS = (RECOMPUTE, OFFLOAD, BARRIER, CASE_KEY, TWIN, CASE_SAVES,
+BOOKKEEPING_OP_ATTRS = (RECOMPUTE, MOVED, OFFLOAD, BARRIER, CASE_KEY, TWIN, CASE_SAVES,
                         MANUAL_SAVES, LEVELS, PRIMITIVE)
 
 # Host offload, as JAX emits it for offload policies on GPU/TPU.
@@ -133,6 +137,16 @@ def is_recompute_clone(op) -> bool:
 
 def set_recompute_group(op, group: int) -> None:
     op.operation.attributes[RECOMPUTE] = _i64(group)
+
+
+def is_moved(op) -> bool:
+    """A clone of a forward op that only the backward read, whose forward copy is gone:
+    the op moved into the backward (`FunctionAnalysis.backward_only`)."""
+    return MOVED in op.operation.attributes
+
+
+def set_moved(op) -> None:
+    op.operation.attributes[MOVED] = ir.UnitAttr.get()
 
 
 def recompute_levels(func_op) -> int:

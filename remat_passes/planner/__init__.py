@@ -12,7 +12,10 @@ regions with their own policies are never recomputed by it.
 The model, per op p and value v (`Problem`):
 
 * r_p = 1: p is recomputed, at cost c_p (a roofline of its FLOPs and bytes
-  on the device profile, `DeviceProfile.op_seconds`);
+  on the device profile, `DeviceProfile.op_seconds`); c_p = 0 where only the
+  backward reads p's results (a cosine for a sine's derivative): the forward
+  computed p only to keep it, so recomputed it moves into the backward, its
+  forward copy erased, and costs no more than without remat;
 * a_v = 1: v is available in the backward; if p = producer(v) is not
   recomputed, v is saved (b_v bytes on the device) or offloaded (2 b_v over
   the host link);

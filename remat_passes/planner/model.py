@@ -370,6 +370,8 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         # (a shard_map's computation itself is not recomputed whole: its body is planned
         # op by op where the backward reads it, `_add_manual`)
         node = b.op(op, rec, 1, "top")
+        if rec and a.backward_only(pos):     # (recomputed, it moves: no extra cost)
+            b.op_cost[node] = b.flops[node] = 0.0
         for vid in a.results(pos):
             if vid not in stacked:
                 forward_use = any(u < len(a.ops) and not a.backward[u] for u in a.users(vid))

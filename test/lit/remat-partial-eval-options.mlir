@@ -40,7 +40,7 @@
 // FUNC-LABEL: func.func @other(
 // FUNC: stablehlo.sine %arg0 :
 // FUNC-NOT: stablehlo.cosine %arg0 :
-// FUNC: stablehlo.cosine %arg0 {remat.recompute = {{[0-9]+}} : i64}
+// FUNC: stablehlo.cosine %arg0 {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 
 func.func @main(%w: tensor<4xf32> loc("w"), %x: tensor<4xf32> loc("x"), %b: tensor<4xf32> loc("b"), %ct: tensor<4xf32> loc("ct")) -> (tensor<4xf32>, tensor<4xf32>) {
   %m = stablehlo.multiply %w, %x : tensor<4xf32>

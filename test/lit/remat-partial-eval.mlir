@@ -53,12 +53,12 @@ module @everything_saveable {
 // NOTHING-NEXT: %[[A:.*]] = stablehlo.custom_call @remat.name(%[[S]]) {backend_config = "a"} :
 // NOTHING-NEXT: %[[D2:.*]] = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0] {remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[C2:.*]] = stablehlo.cosine %[[D2]] {remat.recompute = {{[0-9]+}} : i64}
-// NOTHING-NEXT: %[[B2:.*]] = stablehlo.custom_call @remat.name(%[[C2]]) {backend_config = "b", remat.recompute = {{[0-9]+}} : i64}
+// NOTHING-NEXT: %[[B2:.*]] = stablehlo.custom_call @remat.name(%[[C2]]) {backend_config = "b", remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[G1:.*]] = stablehlo.multiply %arg2, %[[B2]]
 // NOTHING-NEXT: %[[S2:.*]] = stablehlo.sine %[[D2]] {remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[A2:.*]] = stablehlo.custom_call @remat.name(%[[S2]]) {backend_config = "a", remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G1]], %[[A2]]
-// NOTHING-NEXT: %[[E2:.*]] = stablehlo.exponential %[[A2]] {remat.recompute = {{[0-9]+}} : i64}
+// NOTHING-NEXT: %[[E2:.*]] = stablehlo.exponential %[[A2]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[G3:.*]] = stablehlo.multiply %[[G2]], %[[E2]]
 // NOTHING-NEXT: return %[[A]], %[[G3]]
 module @nothing_saveable {
@@ -87,9 +87,9 @@ module @nothing_saveable {
 // DOTS-NOT: stablehlo.dot_general
 // DOTS: %[[T:.*]] = stablehlo.tanh %[[D]] {remat.recompute = {{[0-9]+}} : i64}
 // DOTS-NEXT: %[[A:.*]] = stablehlo.custom_call @remat.name(%[[T]]) {backend_config = "a", remat.recompute = {{[0-9]+}} : i64}
-// DOTS-NEXT: %[[C:.*]] = stablehlo.cosine %[[A]] {remat.recompute = {{[0-9]+}} : i64}
+// DOTS-NEXT: %[[C:.*]] = stablehlo.cosine %[[A]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // DOTS-NEXT: stablehlo.multiply %arg4, %[[C]]
-// DOTS-NEXT: %[[BC:.*]] = stablehlo.cosine %[[BD]] {remat.recompute = {{[0-9]+}} : i64}
+// DOTS-NEXT: %[[BC:.*]] = stablehlo.cosine %[[BD]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // DOTS-NEXT: stablehlo.multiply %arg5, %[[BC]]
 // DOTS-NEXT: return
 module @dots_saveable {
@@ -117,10 +117,10 @@ module @dots_saveable {
 // NOBATCH-LABEL: module @dots_with_no_batch_dims_saveable
 // NOBATCH: %[[D:.*]] = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0] :
 // NOBATCH: %[[BD:.*]] = stablehlo.dot_general %arg2, %arg3, batching_dims = [0] x [0], contracting_dims = [2] x [1] :
-// NOBATCH: %[[C:.*]] = stablehlo.cosine %[[D]] {remat.recompute = {{[0-9]+}} : i64}
+// NOBATCH: %[[C:.*]] = stablehlo.cosine %[[D]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // NOBATCH-NEXT: %[[G:.*]] = stablehlo.multiply %arg4, %[[C]]
 // NOBATCH-NEXT: %[[BD2:.*]] = stablehlo.dot_general %arg2, %arg3, batching_dims = [0] x [0], contracting_dims = [2] x [1] {remat.recompute = {{[0-9]+}} : i64}
-// NOBATCH-NEXT: %[[BC:.*]] = stablehlo.cosine %[[BD2]] {remat.recompute = {{[0-9]+}} : i64}
+// NOBATCH-NEXT: %[[BC:.*]] = stablehlo.cosine %[[BD2]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // NOBATCH-NEXT: %[[BG:.*]] = stablehlo.multiply %arg5, %[[BC]]
 // NOBATCH-NEXT: return
 module @dots_with_no_batch_dims_saveable {
@@ -243,7 +243,7 @@ module @save_anything_except_these_names {
 // BOTH-NEXT: %[[S:.*]] = stablehlo.sine %[[A]] :
 // BOTH-NOT: stablehlo.dot_general
 // BOTH-NOT: @remat.name
-// BOTH: %[[C:.*]] = stablehlo.cosine %[[A]] {remat.recompute = {{[0-9]+}} : i64}
+// BOTH: %[[C:.*]] = stablehlo.cosine %[[A]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // BOTH-NEXT: %[[G1:.*]] = stablehlo.multiply %arg2, %[[C]]
 // BOTH-NEXT: %[[T2:.*]] = stablehlo.tanh %[[D]] {remat.recompute = {{[0-9]+}} : i64}
 // BOTH-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G1]], %[[T2]]
@@ -270,10 +270,10 @@ module @save_from_both_policies {
 // OFFLOAD-LABEL: module @offload_dot_with_no_batch_dims
 // OFFLOAD: %[[D:.*]] = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0] {remat.offload = "device:pinned_host"} :
 // OFFLOAD: %[[BD:.*]] = stablehlo.dot_general %arg2, %arg3, batching_dims = [0] x [0], contracting_dims = [2] x [1] :
-// OFFLOAD: %[[C:.*]] = stablehlo.cosine %[[D]] {remat.recompute = {{[0-9]+}} : i64}
+// OFFLOAD: %[[C:.*]] = stablehlo.cosine %[[D]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // OFFLOAD-NEXT: stablehlo.multiply %arg4, %[[C]]
 // OFFLOAD-NEXT: %[[BD2:.*]] = stablehlo.dot_general %arg2, %arg3, batching_dims = [0] x [0], contracting_dims = [2] x [1] {remat.recompute = {{[0-9]+}} : i64}
-// OFFLOAD-NEXT: %[[BC:.*]] = stablehlo.cosine %[[BD2]] {remat.recompute = {{[0-9]+}} : i64}
+// OFFLOAD-NEXT: %[[BC:.*]] = stablehlo.cosine %[[BD2]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // OFFLOAD-NEXT: stablehlo.multiply %arg5, %[[BC]]
 // OFFLOAD-NEXT: return
 module @offload_dot_with_no_batch_dims {
@@ -325,16 +325,18 @@ module @save_and_offload_only_these_names {
 
 // Just-in-time placement: each recomputation sits right before the first
 // backward op that needs it, after the backward ops before that one; none is
-// hoisted to the start of the backward pass.
+// hoisted to the start of the backward pass. Only the backward read the cosine
+// and the exponential: their forward copies go, and their clones are marked as
+// moved (no extra cost), while the sine, a primal output, stays in the forward.
 // NOTHING-LABEL: module @just_in_time
 // NOTHING: %[[S:.*]] = stablehlo.sine %arg0 :
 // NOTHING-NOT: stablehlo.cosine
 // NOTHING-NOT: stablehlo.exponential
 // NOTHING: %[[G1:.*]] = stablehlo.multiply %arg1, %arg1
-// NOTHING-NEXT: %[[C:.*]] = stablehlo.cosine %arg0 {remat.recompute = {{[0-9]+}} : i64}
+// NOTHING-NEXT: %[[C:.*]] = stablehlo.cosine %arg0 {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G1]], %[[C]]
 // NOTHING-NEXT: %[[G3:.*]] = stablehlo.add %[[G2]], %[[G1]]
-// NOTHING-NEXT: %[[E:.*]] = stablehlo.exponential %arg0 {remat.recompute = {{[0-9]+}} : i64}
+// NOTHING-NEXT: %[[E:.*]] = stablehlo.exponential %arg0 {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[G4:.*]] = stablehlo.multiply %[[G3]], %[[E]]
 // NOTHING-NEXT: return %[[S]], %[[G4]]
 module @just_in_time {
@@ -359,7 +361,7 @@ module @just_in_time {
 // EVERY-NEXT: %[[M:.*]] = stablehlo.multiply %arg0, %[[K]]
 // EVERY-NEXT: %[[K2:.*]] = stablehlo.constant {remat.recompute = {{[0-9]+}} : i64} dense<2.000000e+00>
 // EVERY-NEXT: %[[G1:.*]] = stablehlo.multiply %arg1, %[[K2]]
-// EVERY-NEXT: %[[I:.*]] = stablehlo.iota dim = 0 {remat.recompute = {{[0-9]+}} : i64}
+// EVERY-NEXT: %[[I:.*]] = stablehlo.iota dim = 0 {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // EVERY-NEXT: %[[G2:.*]] = stablehlo.add %[[G1]], %[[I]]
 // EVERY-NEXT: return %[[M]], %[[G2]]
 module @constants {
@@ -382,7 +384,7 @@ module @constants {
 // NOTHING-COUNT-1: %[[R:.*]] = stablehlo.custom_call @effect(%arg0) {has_side_effect = true}
 // NOTHING-NOT: @effect
 // NOTHING: %[[S:.*]] = stablehlo.sine %[[R]] {remat.recompute = {{[0-9]+}} : i64}
-// NOTHING-NEXT: %[[C:.*]] = stablehlo.cosine %[[S]] {remat.recompute = {{[0-9]+}} : i64}
+// NOTHING-NEXT: %[[C:.*]] = stablehlo.cosine %[[S]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: stablehlo.multiply %arg1, %[[C]]
 // NOTHING-NOT: @effect
 module @side_effect {
@@ -409,9 +411,9 @@ module @side_effect {
 // EVERY-NEXT: %[[E:.*]] = stablehlo.exponential %[[B]] :
 // EVERY-NEXT: %[[G1:.*]] = stablehlo.multiply %arg1, %[[E]]
 // EVERY-NEXT: %[[A2:.*]] = stablehlo.sine %[[Y]] {remat.recompute = {{[0-9]+}} : i64}
-// EVERY-NEXT: %[[CA:.*]] = stablehlo.cosine %[[A2]] {remat.recompute = {{[0-9]+}} : i64}
+// EVERY-NEXT: %[[CA:.*]] = stablehlo.cosine %[[A2]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // EVERY-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G1]], %[[CA]]
-// EVERY-NEXT: %[[CY:.*]] = stablehlo.cosine %[[Y]] {remat.recompute = {{[0-9]+}} : i64}
+// EVERY-NEXT: %[[CY:.*]] = stablehlo.cosine %[[Y]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // EVERY-NEXT: %[[G3:.*]] = stablehlo.multiply %[[G2]], %[[CY]]
 // EVERY-NEXT: %[[G4:.*]] = stablehlo.multiply %[[G3]], %[[Y]]
 // EVERY-NEXT: return %[[E]], %[[G4]]
@@ -427,7 +429,7 @@ module @side_effect {
 // NOTHING-NEXT: %[[E2:.*]] = stablehlo.exponential %[[B2]] {remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: stablehlo.multiply %arg1, %[[E2]]
 // NOTHING-NOT: stablehlo.exponential %arg0
-// NOTHING: stablehlo.cosine %[[Y]] {remat.recompute = {{[0-9]+}} : i64}
+// NOTHING: stablehlo.cosine %[[Y]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NOT: stablehlo.exponential %arg0
 // NOTHING: return
 module @region attributes {remat.regions = {"remat[1]" = "nothing_saveable"}} {
@@ -457,7 +459,7 @@ module @region attributes {remat.regions = {"remat[1]" = "nothing_saveable"}} {
 // EVERY-NEXT: %[[T:.*]] = stablehlo.tanh %[[A]] :
 // EVERY-NEXT: %[[T2:.*]] = stablehlo.tanh %[[A]] {remat.recompute = {{[0-9]+}} : i64}
 // EVERY-NEXT: %[[G1:.*]] = stablehlo.multiply %arg1, %[[T2]]
-// EVERY-NEXT: %[[C:.*]] = stablehlo.cosine %[[A]] {remat.recompute = {{[0-9]+}} : i64}
+// EVERY-NEXT: %[[C:.*]] = stablehlo.cosine %[[A]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // EVERY-NEXT: %[[G2:.*]] = stablehlo.multiply %[[G1]], %[[C]]
 // EVERY-NEXT: return %[[T]], %[[G2]]
 module @region_recorded_policy attributes {remat.regions = {"remat[2]" = "save_only_these_names('a')"}} {
@@ -486,7 +488,7 @@ module @region_recorded_policy attributes {remat.regions = {"remat[2]" = "save_o
 // NOTHING-NEXT: %[[SQ:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf32>
 // NOTHING-NEXT: %[[ONE:.*]] = stablehlo.constant dense<1.000000e+00>
 // NOTHING-NEXT: %[[M2:.*]] = stablehlo.multiply %arg0, %arg1 {remat.recompute = {{[0-9]+}} : i64}
-// NOTHING-NEXT: %[[C:.*]] = stablehlo.cosine %[[M2]] {remat.recompute = {{[0-9]+}} : i64}
+// NOTHING-NEXT: %[[C:.*]] = stablehlo.cosine %[[M2]] {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // NOTHING-NEXT: %[[G1:.*]] = stablehlo.multiply %[[ONE]], %[[C]]
 // NOTHING-NEXT: %[[GW:.*]] = stablehlo.multiply %[[G1]], %arg1
 // NOTHING-NEXT: %[[NEW:.*]] = stablehlo.subtract %[[GW]], %[[SQ]]
@@ -518,7 +520,7 @@ module @transpose_name_stacks {
 // SPLIT-NEXT: %[[S:.*]] = stablehlo.sine %[[D]] :
 // SPLIT-NEXT: return %[[S]], %arg1, %[[D]] :
 // SPLIT: func.func @main_bwd(%arg0: tensor<4xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xf32> {remat.cotangent}) -> tensor<4x4xf32>
-// SPLIT-NEXT: %[[C:.*]] = stablehlo.cosine %arg1 {remat.recompute = {{[0-9]+}} : i64}
+// SPLIT-NEXT: %[[C:.*]] = stablehlo.cosine %arg1 {remat.moved, remat.recompute = {{[0-9]+}} : i64}
 // SPLIT-NEXT: %[[GC:.*]] = stablehlo.multiply %arg2, %[[C]]
 // SPLIT-NEXT: %[[GW:.*]] = stablehlo.dot_general %[[GC]], %arg0, contracting_dims = [] x [] :
 // SPLIT-NEXT: return %[[GW]] :
@@ -543,7 +545,7 @@ module @split {
 // NOTHING: %[[D:.*]] = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0] {remat.recompute = [[G:[0-9]+]] : i64}
 // NOTHING-NEXT: %[[Z:.*]] = stablehlo.constant {remat.recompute = [[G]] : i64}
 // NOTHING-NEXT: %[[R:.*]] = stablehlo.maximum %[[D]], %[[Z]] {remat.recompute = [[G]] : i64}
-// NOTHING-NEXT: %[[M:.*]] = stablehlo.compare GT, %[[D]], %[[Z]] {remat.recompute = [[G]] : i64}
+// NOTHING-NEXT: %[[M:.*]] = stablehlo.compare GT, %[[D]], %[[Z]] {remat.moved, remat.recompute = [[G]] : i64}
 // NOTHING-NEXT: %[[G1:.*]] = stablehlo.multiply %arg2, %[[R]]
 // NOTHING-NEXT: stablehlo.select %[[M]], %[[G1]], %[[Z]]
 module @narrowing_made_early {

@@ -1090,6 +1090,41 @@ def test_auto_prices_a_recomputed_scan_for_its_rerun_and_its_backward(name):
         assert abs(counted - emitted) <= 0.1 * emitted, (budget, counted, emitted)
 
 
+def test_an_op_only_the_backward_reads_moves_into_it_for_free():
+    """An op whose results only the backward reads (a sine's cosine, the `2 h` of `h ** 2`)
+    is computed by the forward only to be kept; recomputed, its forward copy is erased, so
+    it moves into the backward and the program computes it once, as without remat. `auto`
+    prices it so (`FunctionAnalysis.backward_only`), and `rp.recompute_seconds` counts its
+    clone, marked `remat.moved`, free: what auto counts is what the program computes over
+    the one without remat, to the FLOP, and the measure agrees. Before, both charged
+    the clone: auto counted 13,184, 1,280 and 384 FLOPs at the three budgets for the
+    12,672, 768 and 256 its programs computed more."""
+    def f(Ws, x):
+        h = x
+        for W in Ws:
+            h = jnp.sin(h @ W)
+        return jnp.sum(h ** 2)
+    Ws = [jax.random.normal(jax.random.PRNGKey(i), (16, 16)) / 4 for i in range(3)]
+    x = jax.random.normal(jax.random.PRNGKey(9), (8, 16))
+    m = rp.export_vjp(f, Ws, x)
+    no_remat = rp.remat(m, P.everything_saveable, mode="split")
+    base = recompute_flops(no_remat)
+    lo, hi = bounds(m)
+    for budget in (lo, (lo + hi) // 2, hi - 1):
+        policy = P.auto(budget=budget, device="flops")
+        out = rp.remat(m, policy, mode="split")
+        counted = out.plan_reports[0].solution.cost
+        assert counted == recompute_flops(out) - base, (budget, counted)
+        assert recompute_seconds(m, policy, device="flops", mode="split", levels="1") == counted
+        if budget == lo:     # (ops moved out of the forward: what the test is about)
+            assert flops.function_flops(out, "main_fwd") < \
+                flops.function_flops(no_remat, "main_fwd")
+    for policy in (P.nothing_saveable, P.dots_saveable):
+        out = rp.remat(m, policy, mode="split")
+        assert recompute_seconds(m, policy, device="flops", mode="split") == \
+            recompute_flops(out) - base, policy
+
+
 def test_auto_plans_the_dots_of_a_cond_in_a_scan_body():
     """A cond in a scan body is an op of the body whose dots are a choice of their own
     (`case_model.add_body_case`): recomputed with it, or kept per iteration, which the
