@@ -128,14 +128,19 @@ def test_training_equals_jax_jit(reference, policy, mode):
 def test_objective_peak_checks_its_plan_inside_rp_jit(reference):
     """auto(objective=peak) in rp.jit: the trial plans, and the compile of the plan chosen
     that holds it to the budget as XLA allocates it, run inside rp.jit's build; the step
-    trains as jax.jit's does."""
-    jitted = rp.jit(step, policy="auto(99%, objective=peak)", mode="joint")
+    trains as jax.jit's does. The budget is one XLA can meet: on this small step no plan
+    compiles below no remat's footprint (598,596 B with jax 0.12, 99.0% of its estimate:
+    at 99% the build took the least of the plans compiled, above the budget, or, where no
+    plan's estimate fit either, refused the budget)."""
+    jitted = rp.jit(step, policy="auto(99.5%, objective=peak)", mode="joint")
     params, state, _, losses = train(jitted, n=5)
     np.testing.assert_allclose(losses, reference[3][:5], rtol=2e-5)
     assert jitted.builds == 1
     lowered = jitted.lower(params, state, next(batches(1)))
-    assert any("auto(budget=99%, objective=peak) (residual budget" in r
+    assert any("auto(budget=99.5%, objective=peak) (residual budget" in r
                for r in lowered.remarks), lowered.remarks
+    assert not any("above the budget" in r or "none within the budget" in r
+                   for r in lowered.remarks), lowered.remarks
 
 
 def test_split_saves_what_the_policy_saves():
