@@ -25,7 +25,9 @@
 #   tools.benchmarks` runs on the CPU unless told otherwise, and 2026-11-30 a bare barriers
 #   run on the device measured XLA:CPU)
 #   (one after another on an H200, 2026-11-27: about 13 minutes in all, GPT alone more than
-#   4.5; with --parallel all of it took 341 s: use that where the lend is 15 minutes)
+#   4.5; with --parallel all of it took 341 s: use that where the lend is 15 minutes.
+#   2026-12-04, with MONOTONE=larger PEAK=1 RUN_LIMIT=465 and step none: 436 s, then the
+#   train step 280 s, of a 15-minute lend)
 # $OUT gets xla_gpu.json (tools/benchmarks/results/, copied after each step; with
 # --parallel instead xla_gpu_parts.tgz and xla_logs.tgz, a log per model), dumps.txt
 # (what xla_dump printed) and dumps.tgz (the scheduled HLO and buffer assignments it read).
@@ -122,11 +124,15 @@ for step in "${steps[@]}"; do
     dumps)   # (the machine hands back a few files: all dumps go into one archive)
       : > "$OUT/dumps.txt"
       mkdir -p /tmp/dumps
-      # (the joint forms: objective=peak's lowest budgets, where the GPU's estimate missed
+      # (first the split forwards whose temp is above JAX's on an H200 since our halves run
+      # as rp.jit runs them, 2026-12-04: XLA:GPU keeps in scratch what JAX's forward holds
+      # as outputs, 2 MiB of the scanned MLP's stacked weights, 256 KiB in the MLP; then
+      # the joint forms: objective=peak's lowest budgets, where the GPU's estimate missed
       # most on an H200, 2026-11-28: the GPT and Equinox recomputing everything, the conv
       # net keeping everything)
-      for program in "gpt auto=0 --joint" "equinox auto=0 --joint" "convnet all --joint" \
-                     "mlp-scan off_dots" "equinox only" "gpt off_dots"; do
+      for program in "mlp-scan off_dots" "mlp nothing" "gpt auto=0 --joint" \
+                     "equinox auto=0 --joint" "convnet all --joint" "equinox only" \
+                     "gpt off_dots"; do
         set -- $program
         dir="/tmp/dumps/$1_${2//=/_}${3:+_joint}"
         rm -rf "$dir"
