@@ -126,11 +126,15 @@ for step in "${steps[@]}"; do
       mkdir -p /tmp/dumps
       # (first the split forwards whose temp is above JAX's on an H200 since our halves run
       # as rp.jit runs them, 2026-12-04: XLA:GPU keeps in scratch what JAX's forward holds
-      # as outputs, 2 MiB of the scanned MLP's stacked weights, 256 KiB in the MLP; then
+      # as outputs, 2 MiB of the scanned MLP's stacked weights, 256 KiB in the MLP; and
+      # Equinox's joint form under save_from_both_policies, 2,910,080 B at 2110709 and
+      # 3,630,976 B at 933aac5 (JAX 3,368,820 B; its products now folded with their
+      # transposes, fold-dot-transposes); then
       # the joint forms: objective=peak's lowest budgets, where the GPU's estimate missed
       # most on an H200, 2026-11-28: the GPT and Equinox recomputing everything, the conv
       # net keeping everything)
-      for program in "mlp-scan off_dots" "mlp nothing" "gpt auto=0 --joint" \
+      for program in "mlp-scan off_dots" "mlp nothing" "equinox both --joint" \
+                     "gpt auto=0 --joint" \
                      "equinox auto=0 --joint" "convnet all --joint" "equinox only" \
                      "gpt off_dots"; do
         set -- $program
