@@ -64,6 +64,11 @@ class Problem:
                                           # stands for that are saved, not left to the op
                                           # they are nested in, where it is not recomputed
                                           # (the body ops of a scan loop in a branch)
+    moved_cost: np.ndarray | None = None  # seconds per op node: what an op that moves
+                                          # into the backward when recomputed (priced 0:
+                                          # `FunctionAnalysis.backward_only`) would cost
+                                          # else; 0 for the others. Only the integer
+                                          # program reads it, to break ties (solvers)
 
     @property
     def n_ops(self) -> int:
@@ -91,6 +96,8 @@ class Problem:
             self.markers = np.zeros(self.n_ops, bool)
         if self.through is None:
             self.through = self.markers.copy()
+        if self.moved_cost is None:
+            self.moved_cost = np.zeros(self.n_ops)
         lengths = np.array([len(r) for r in self.reads], dtype=np.int64)
         self.read_rows = np.repeat(np.arange(self.n_ops), lengths)   # op node per read
         self.read_flat = np.concatenate(self.reads) if self.reads else np.zeros(0, np.int64)
@@ -197,6 +204,7 @@ class ProblemBuilder:
         # inputs alone: never stacked); the plan recomputes them, as the model assumes
         self.free_ops: list = []
         self.stands_for: dict = {}     # op node -> the ops it stands for (`group`)
+        self.moved: dict = {}          # op node -> its cost, where recomputing moves it
         self.held: dict = {}           # op node -> those saved unless it is recomputed
         self.pinned: set = set()       # value nodes that cannot move to the host
         self.tokens: list = []         # value nodes no plan can keep (`token`)
@@ -302,7 +310,8 @@ class ProblemBuilder:
             stands_for=dict(self.stands_for), held=dict(self.held),
             markers=np.array(self.markers, dtype=bool),
             through=np.array(self.through, dtype=bool),
-            argument_bytes=np.array(self.argument_bytes, dtype=np.int64))
+            argument_bytes=np.array(self.argument_bytes, dtype=np.int64),
+            moved_cost=np.array([self.moved.get(n, 0.0) for n in range(len(self.ops))]))
 
 
 def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool,
@@ -371,6 +380,7 @@ def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool
         # op by op where the backward reads it, `_add_manual`)
         node = b.op(op, rec, 1, "top")
         if rec and a.backward_only(pos):     # (recomputed, it moves: no extra cost)
+            b.moved[node] = b.op_cost[node]
             b.op_cost[node] = b.flops[node] = 0.0
         for vid in a.results(pos):
             if vid not in stacked:
