@@ -114,8 +114,9 @@ class TrialPlans:
         # each plan in the joint forms rp.jit compiles and runs the smaller of (barriers per
         # use and per region where barriers decide the fusions: the conv net's plan for
         # residual budget 0, jaxlib 0.12, peaks at 3,239,872 B per use, 2,387,584 B per
-        # region); recomputing nothing, also with JAX's one barrier where barriers decide,
-        # else with its residuals rounded (api/variants)
+        # region); recomputing nothing, where barriers do not decide (jaxlib 0.10), also
+        # with its residuals rounded (api/variants; where they decide, per region is
+        # already among the forms: JAX's one barrier)
         forms = [dict(groups=groups, rounded=False, tie=tie)
                  for tie, groups in compiled_forms("joint")]
         unrecomputed = dict(groups="per-use" if one_grouping else "per-region",

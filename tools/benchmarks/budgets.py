@@ -304,8 +304,13 @@ def checks(data) -> list[str]:
                 bad.append(f"{key}: sweep {r['budget']} B gradient error")
             if r["exact"] and r["lagrangian"]["cost"] > r["exact"]["cost"] * 1.02 + 1e-15:
                 bad.append(f"{key}: lagrangian gap > 2% at {r['budget']} B")
-        if any(b > a * (1 + 1e-6) for a, b in zip(costs, costs[1:])):
-            bad.append(f"{key}: cost rises with the budget: {costs}")
+        rises = [(b / a - 1, a, b, r["budget"]) for a, b, r in
+                 zip(costs, costs[1:], m["sweep"][1:]) if b > a * (1 + 1e-6)]
+        if rises:
+            worst = max(rises)
+            bad.append(f"{key}: cost rises with the budget at {len(rises)} of "
+                       f"{len(costs) - 1} steps, by up to {worst[0]:.2%} ({worst[1]:.4g} -> "
+                       f"{worst[2]:.4g} s at {worst[3]:,} B)")
         for r in m["peak"]:
             if "error" in r or r["peak"] > r["budget"]:
                 bad.append(f"{key}: objective=peak at {r['budget']} B: "
