@@ -73,6 +73,21 @@ def compiled_forms(mode: str, backend: str | None = None) -> list[tuple[bool, st
     return [(tie, groups) for tie in ties for groups in groupings]
 
 
+def peak_forms(recomputes: bool, backend: str | None = None) -> list[dict]:
+    """The joint forms objective=peak weighs a plan in, at the lowest of their peaks (the
+    benchmarks' budgets page measures the same), as rp-remat options: `groups`, `rounded`
+    (round_read_back), `tie`. Those rp.jit compiles (`compiled_forms`; on jaxlib 0.12 the
+    conv net's plan for residual budget 0 peaks at 3,239,872 B per use, 2,387,584 B per
+    region), and for a plan that recomputes nothing where barriers do not decide (XLA:CPU
+    of jaxlib 0.10), with its residuals rounded too (rp.jit builds that one then:
+    api/variants; where they decide, per region, JAX's one barrier, is among them)."""
+    forms = [dict(groups=groups, rounded=False, tie=tie)
+             for tie, groups in compiled_forms("joint", backend)]
+    if not recomputes and len(forms) == 1:
+        forms.append(dict(groups="per-use", rounded=True, tie=True))
+    return forms
+
+
 def bfs_order(ops: list, passes_through, arguments, copied=lambda op: (),
               copies_after: dict | None = None) -> list:
     """`ops` (a block's top-level ops, its terminator last) in XLA:CPU's breadth-first

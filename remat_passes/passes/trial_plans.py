@@ -10,7 +10,6 @@ plans are `planner.resolve`'s, the memo of plans made is `planner.trials`.
 """
 from __future__ import annotations
 
-from remat_passes import jax_compat
 from remat_passes.core import residuals as report
 from remat_passes.ir import graph, mlir
 from remat_passes.ir.mlir import RematError
@@ -102,7 +101,7 @@ class TrialPlans:
         remat-opt), the choice is checked against XLA's footprint of it compiled
         (`for_peak`'s `check`)."""
         from remat_passes.cost.memory import estimate_memory
-        from remat_passes.cost.xla_schedule import compiled_forms, deletes_barriers
+        from remat_passes.cost.xla_schedule import peak_forms
         compiled = policy.score == "xla"
         if compiled:
             self._can_compile(policy, state, state.compiled_memory)
@@ -110,22 +109,12 @@ class TrialPlans:
                                    state.region_policies, self.region_policy)
         memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
                           _is_loop_body(state, self.func), policy)
-        one_grouping = deletes_barriers() and jax_compat.xla_cpu_fuses_across_barriers()
-        # each plan in the joint forms rp.jit compiles and runs the smaller of (barriers per
-        # use and per region where barriers decide the fusions: the conv net's plan for
-        # residual budget 0, jaxlib 0.12, peaks at 3,239,872 B per use, 2,387,584 B per
-        # region); recomputing nothing, where barriers do not decide (jaxlib 0.10), also
-        # with its residuals rounded (api/variants; where they decide, per region is
-        # already among the forms: JAX's one barrier)
-        forms = [dict(groups=groups, rounded=False, tie=tie)
-                 for tie, groups in compiled_forms("joint")]
-        unrecomputed = dict(groups="per-use" if one_grouping else "per-region",
-                            rounded=one_grouping, tie=True)
 
         def measured(candidates, compile_it):
             # each plan's (peak, cost) in the default pipeline, joint form (barriers split
-            # fusions), its lowest peak of those forms. Compiled, each plan is made while
-            # those before it compile (side by side: state.compiled_memory)
+            # fusions), its lowest peak of the forms rp.jit builds (`peak_forms`). Compiled,
+            # each plan is made while those before it compile (side by side:
+            # state.compiled_memory)
             by_budget = {c.budget.resolve(0): c for c in candidates}
 
             def made_all(rbs):
@@ -135,8 +124,7 @@ class TrialPlans:
                     for rb in rbs:     # (planned once, the rest of the pipeline per form)
                         planned, st = self._trial(by_budget[rb], module_op, state, [])
                         costs[rb] = st.plan_reports[self.func][0].solution.cost
-                        wanted = forms + ([unrecomputed] if not costs[rb]
-                                          and unrecomputed not in forms else [])
+                        wanted = peak_forms(bool(costs[rb]))
                         copies = [(mlir.clone(planned), st.fork()) for _ in wanted[1:]]
                         for form, (copy, s) in zip(wanted, [(planned, st)] + copies):
                             for step in self._rest_of_pipeline(**form):

@@ -34,7 +34,7 @@ from remat_passes.api.sweeps import bounds, problem_for, recompute_seconds
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.devices import PROFILES
 from remat_passes.cost.memory import estimate_memory
-from remat_passes.cost.xla_schedule import compiled_forms
+from remat_passes.cost.xla_schedule import peak_forms
 from remat_passes.planner.solvers import minimum_bytes, solve, solve_exact, solve_lagrangian
 from remat_passes.policy.auto import AutoPolicy, auto
 from tools.benchmarks import common
@@ -71,17 +71,13 @@ def joint_form(module, policy, groups="per-use", tie=True, rounded=False):
 
 def joint_peak(module, policy) -> tuple[int, object]:
     """(joint peak estimate, joint form) of `policy`'s plan, weighed as objective=peak
-    weighs its trial plans (`trial_plans`): built in each joint form rp.jit compiles and
-    runs the smaller of (barriers per use and per region where barriers decide the
-    fusions), and where nothing is recomputed and barriers do not decide (jaxlib 0.10),
-    with its residuals rounded too; the lowest estimate is the plan's peak. (With barriers
-    per use alone, the conv net's plan that recomputes nothing is estimated at 3,239,552 B
-    on jaxlib 0.12, per region at 2,453,120 B: objective=peak chose it for a budget between
-    the two, and the page measured the other program.)"""
-    built = [joint_form(module, policy, groups=groups, tie=tie)
-             for tie, groups in compiled_forms("joint")]
-    if len(built) == 1 and recomputes_nothing(module, built[0]):
-        built.append(joint_form(module, policy, rounded=True))
+    weighs its trial plans: built in each of `peak_forms`, the lowest estimate. (With
+    barriers per use alone, the conv net's plan that recomputes nothing is estimated at
+    3,239,552 B on jaxlib 0.12, per region at 2,453,120 B: objective=peak chose it for a
+    budget between the two, and the page measured the other program.)"""
+    built = [joint_form(module, policy, **form) for form in peak_forms(True)]
+    if recomputes_nothing(module, built[0]):
+        built += [joint_form(module, policy, **form) for form in peak_forms(False)[len(built):]]
     return min((int(estimate_memory(out, model=PEAK_MODEL).peak_bytes), k, out)
                for k, out in enumerate(built))[::2]
 
