@@ -20,8 +20,10 @@ on each saved floating-point residual that the forward also reads and that
 reads %r. In joint form the residuals are the forward values the backward reads;
 in split form the results `@<f>_fwd` returns as residuals (a recomputation reads
 the matching argument of `@<f>_bwd`). Inside scan loop pairs, the stacked
-per-iteration values the forward body also uses are rounded where the backward
-loop recomputes (split form: where a backward loop of `@<f>_bwd` does).
+per-iteration values the forward body also uses are rounded where a recomputation
+in the backward loop reads their slots (split form: in a backward loop of `@<f>_bwd`);
+a loop's free ops (re-slicing its inputs, index constants) read no stack, so recomputing
+them rounds none.
 
 A residual offloaded to another memory is not rounded either: the backward reads the
 copy written there, never what the forward computed (JAX rounds the residuals the
@@ -115,6 +117,14 @@ def _has_recompute(op) -> bool:
     return bool(found)
 
 
+def _has_recompute_cached(op, recomputes_inside: dict) -> bool:
+    """`_has_recompute`, walked once per op (`recomputes_inside`: {op_id: answer})."""
+    key = op_id(op)
+    if key not in recomputes_inside:
+        recomputes_inside[key] = _has_recompute(op)
+    return recomputes_inside[key]
+
+
 def read_by_recomputation(v, recomputes_inside: dict) -> bool:
     """Does a recomputation read `v` (through markers, data movement and barriers)?
     `recomputes_inside`: {op_id: _has_recompute} of the region ops seen so far (each
@@ -131,10 +141,7 @@ def read_by_recomputation(v, recomputes_inside: dict) -> bool:
                     return True
                 follow = list(op.results)
             elif len(op.regions):
-                key = op_id(op)
-                if key not in recomputes_inside:
-                    recomputes_inside[key] = _has_recompute(op)
-                if recomputes_inside[key]:
+                if _has_recompute_cached(op, recomputes_inside):
                     return True
                 continue
             else:
@@ -161,10 +168,11 @@ def _offloaded(v) -> bool:
         _moved(result_placements(v.owner.operation)[v.result_number])
 
 
-def round_stacked(loop) -> None:
-    """Round each stacked per-iteration value the forward body also uses itself (not one
-    offloaded to another memory)."""
-    for s in loop.stacked.values():
+def round_stacked(loop, carries) -> None:
+    """Round the stacked per-iteration values of `carries` that the forward body also uses
+    itself (not one offloaded to another memory)."""
+    for k in carries:
+        s = loop.stacked[k]
         v, bits = s.value, contract.own_rounding(s.value.type)
         wrap = s.dus.operands[1].owner.operation
         if not bits or isinstance(v, ir.BlockArgument) or _offloaded(v):
@@ -173,13 +181,25 @@ def round_stacked(loop) -> None:
             round_value(v, bits, loop.body)
 
 
-def round_loops(pairs) -> None:
-    """Joint form: inside scan loop pairs whose backward body recomputes, round the
-    stacked values (JAX rounds what jax.checkpoint saves inside a scan the same way)."""
+def _recomputed_from(reads, backward_loops, recomputes_inside: dict) -> bool:
+    """Is a stack recomputed from: does a recomputation read one of its slot `reads` (a
+    list of `scan_pairs.Read`; None where the backward reads the stack otherwise: then
+    wherever one of `backward_loops` recomputes anything)?"""
+    if reads is None:
+        return any(_has_recompute_cached(w, recomputes_inside) for w in backward_loops)
+    return any(read_by_recomputation(r.value, recomputes_inside) for r in reads)
+
+
+def round_loops(pairs, recomputes_inside: dict) -> None:
+    """Joint form: inside scan loop pairs, round the stacked values a recomputation in the
+    backward body reads (JAX rounds what jax.checkpoint saves inside a scan the same
+    way; a stack the backward only reads back, or reads to re-slice the loop's inputs, is
+    not rounded, as at the top level)."""
     for pair in pairs:
-        if _has_recompute(pair.bwd):
-            round_stacked(pair.fwd)
-        round_loops(scan_pairs.find_pairs_in_block(pair.bwd_body))
+        reads = {k: pair.reads[m] for m, k in pair.links.items()}
+        round_stacked(pair.fwd, [k for k in pair.fwd.stacked if _recomputed_from(
+            reads.get(k), [pair.bwd], recomputes_inside)])
+        round_loops(scan_pairs.find_pairs_in_block(pair.bwd_body), recomputes_inside)
 
 
 @dataclasses.dataclass
@@ -233,7 +253,7 @@ class InsertReducePrecision(ModulePass):
                     op = round_value(v, contract.own_rounding(v.type), a.block)
                     if op is not None:
                         a.note_inserted(op, backward=False, after=v.owner)
-            round_loops(a.scan_pairs)
+            round_loops(a.scan_pairs, recomputes_inside)
             a.loops_changed()
 
     def _round_split(self, state, fwd, bwd) -> None:
@@ -255,11 +275,18 @@ class InsertReducePrecision(ModulePass):
                 op = round_value(v, contract.own_rounding(v.type), a.block)
                 if op is not None:
                     a.note_inserted(op, backward=False, after=v.owner)
-        if not any(recomputes_inside.get(op_id(op.operation)) or _has_recompute(op.operation)
-                   for op in graph.body_block(bwd).operations
-                   if op.operation.name == scan_pairs.WHILE):
-            return
-        for pair_fwd in (scan_pairs.analyse_forward(op) for op in a.ops
-                         if op.name == scan_pairs.WHILE):
-            if pair_fwd is not None:   # the forward halves of scan loop pairs
-                round_stacked(pair_fwd)
+        # the stacks of the forward's scan loops it returns, by what the backward does
+        # with each: rounded where a recomputation reads it
+        backward_loops = [op.operation for op in graph.body_block(bwd).operations
+                          if op.operation.name == scan_pairs.WHILE]
+        rounded: dict = {}      # forward loop op id -> (loop, [stacked carry])
+        for k, i in enumerate(contract.residual_results(fwd)):
+            found = scan_pairs.loop_source(ret.operands[i])
+            if found is None:
+                continue
+            loop, carry = found
+            if _recomputed_from(scan_pairs.slot_reads(bwd_args[k]), backward_loops,
+                                recomputes_inside):
+                rounded.setdefault(op_id(loop.op), (loop, set()))[1].add(carry)
+        for loop, carries in rounded.values():
+            round_stacked(loop, sorted(carries))

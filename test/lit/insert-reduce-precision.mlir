@@ -577,6 +577,68 @@ module @scan_pair {
 
 // -----
 
+// Per stack: the backward body recomputes an exponential from the stacked sine %s
+// (remat.recompute) and only reads back the stacked cosine %c; both are values the
+// forward body also uses. %s is rounded in the forward body, %c is not: a stack is
+// rounded where a recomputation reads it, not wherever the backward loop recomputes
+// something (the index constant it recomputes reads no stack).
+// CHECK-LABEL: module @scan_stacks
+// CHECK: stablehlo.while
+// CHECK: %[[S:.*]] = stablehlo.sine
+// CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[S]], format = e8m23
+// CHECK-NEXT: %[[C:.*]] = stablehlo.cosine
+// CHECK-NEXT: stablehlo.multiply %[[R]], %[[C]]
+// CHECK-NOT: reduce_precision
+// CHECK: stablehlo.reshape %[[R]]
+// CHECK-NOT: reduce_precision
+// CHECK: stablehlo.reshape %[[C]]
+// CHECK-NOT: reduce_precision
+// CHECK: return
+module @scan_stacks {
+  func.func @main(%x: tensor<2x4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %c1 = stablehlo.constant dense<1> : tensor<i32>
+    %c3 = stablehlo.constant dense<3> : tensor<i32>
+    %zs = stablehlo.constant dense<0.000000e+00> : tensor<3x2x4xf32>
+    %fw:4 = stablehlo.while(%i = %c0, %xi = %x, %s1 = %zs, %s2 = %zs) : tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>
+    cond {
+      %p = stablehlo.compare LT, %i, %c3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %s = stablehlo.sine %xi : tensor<2x4xf32>
+      %c = stablehlo.cosine %xi : tensor<2x4xf32>
+      %y = stablehlo.multiply %s, %c : tensor<2x4xf32>
+      %u1 = stablehlo.reshape %s : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n1 = stablehlo.dynamic_update_slice %s1, %u1, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %u2 = stablehlo.reshape %c : (tensor<2x4xf32>) -> tensor<1x2x4xf32>
+      %n2 = stablehlo.dynamic_update_slice %s2, %u2, %i, %c0, %c0 : (tensor<3x2x4xf32>, tensor<1x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<3x2x4xf32>
+      %i1 = stablehlo.add %i, %c1 : tensor<i32>
+      stablehlo.return %i1, %y, %n1, %n2 : tensor<i32>, tensor<2x4xf32>, tensor<3x2x4xf32>, tensor<3x2x4xf32>
+    }
+    %bw:4 = stablehlo.while(%b1 = %fw#2, %b2 = %fw#3, %j = %c0, %g = %ct) : tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>
+    cond {
+      %p = stablehlo.compare LT, %j, %c3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %k0 = stablehlo.constant {remat.recompute = 1 : i64} dense<0> : tensor<i32>
+      %t = stablehlo.subtract %c3, %j : tensor<i32>
+      %k = stablehlo.subtract %t, %c1 : tensor<i32>
+      %r1 = stablehlo.dynamic_slice %b1, %k, %k0, %k0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %sk = stablehlo.reshape %r1 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %r2 = stablehlo.dynamic_slice %b2, %k, %k0, %k0, sizes = [1, 2, 4] : (tensor<3x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x2x4xf32>
+      %ck = stablehlo.reshape %r2 : (tensor<1x2x4xf32>) -> tensor<2x4xf32>
+      %e = stablehlo.exponential %sk {remat.recompute = 1 : i64} : tensor<2x4xf32>
+      %ge = stablehlo.multiply %g, %e : tensor<2x4xf32>
+      %gx = stablehlo.multiply %ge, %ck : tensor<2x4xf32>
+      %j1 = stablehlo.add %j, %c1 : tensor<i32>
+      stablehlo.return %b1, %b2, %j1, %gx : tensor<3x2x4xf32>, tensor<3x2x4xf32>, tensor<i32>, tensor<2x4xf32>
+    }
+    return %fw#1, %bw#3 : tensor<2x4xf32>, tensor<2x4xf32>
+  }
+}
+
+// -----
+
 // round-read-back=true also rounds the residuals the backward only reads back where
 // rounding is exact, as jax.checkpoint does: the f32 %a, which the forward also uses.
 // Not the bf16 %b (rounding would change what the forward computes from it), nor the f32

@@ -140,6 +140,38 @@ def test_budget_below_the_minimum_names_it():
     rp.remat(m, P.auto(budget=lo))   # the minimum itself is fine
 
 
+def test_free_loop_recomputation_rounds_no_stack():
+    """A scan body's free ops (the slices of its per-layer parameters, their broadcasts,
+    index constants) are recomputed in the backward loop by every plan, and the model
+    counts them as nothing; insert-reduce-precision rounds a stack only where a
+    recomputation reads it, so those leave every stack as it is. Before, any recompute
+    clone in the backward loop rounded every stack the forward body also uses: the plan
+    that keeps everything measured 3.84e-10 s of roundings where auto counted 0, and
+    rounded a value nothing recomputes from."""
+    def scanned_scaled(params, x):
+        def layer(h, p):
+            w, g = p
+            return jnp.tanh(jnp.sin(h @ w) * g[None]), None
+        return jnp.sum(jax.lax.scan(layer, x, params)[0])
+    k = jax.random.split(jax.random.PRNGKey(2), 3)
+    args = ((jax.random.normal(k[0], (6, 16, 16)) * 0.2, jax.random.normal(k[1], (6, 16))),
+            jax.random.normal(k[2], (4, 16)))
+    fun_out, ct, grads = reference_vjp(scanned_scaled, args)
+    m = rp.export_vjp(scanned_scaled, *args)
+    lo, hi = bounds(m)
+    for budget in (lo, (lo + hi) // 2, hi):
+        policy = P.auto(budget=budget)
+        out = rp.remat(m, policy, mode="split")
+        planned = out.plan_reports[0].solution.cost
+        measured = recompute_seconds(m, policy, mode="split", levels="1")
+        assert measured == pytest.approx(planned, rel=1e-6, abs=1e-15), (budget, planned)
+        got, _ = run_split(out, args, ct, len(leaves(fun_out)))
+        assert_trees_close(got, leaves(fun_out) + leaves(grads), what=f"split at {budget} B")
+    assert "reduce_precision" not in str(rp.remat(m, P.auto(budget=hi), mode="split").op)
+    joint = rp.remat(m, P.auto(budget=hi))
+    assert "reduce_precision" not in str(joint.op)
+
+
 # ---------------------------------------------------------------- sweeps --
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlp", "block", "scan"])
