@@ -60,13 +60,16 @@ def run_models(argv) -> None:
 
 def run_budgets(argv) -> None:
     from tools.benchmarks import budgets, common
-    from tools.benchmarks.models import MODELS
     ap = argparse.ArgumentParser(prog="python -m tools.benchmarks budgets")
-    ap.add_argument("--models", default=",".join(MODELS),
-                    help=f"comma-separated subset of {','.join(MODELS)}")
+    known = budgets.PAGE_MODELS
+    ap.add_argument("--models", default=",".join(known),
+                    help=f"comma-separated subset of {','.join(known)}")
     ap.add_argument("--sizes", default="40,400",
                     help="transformer depths for the large-module solves (default 40,400: "
                          "about 10k and 100k ops; empty: none)")
+    ap.add_argument("--merge", action="store_true",
+                    help="replace only these models' results (and, with --sizes, the "
+                         "large-module solves) in the stored ones")
     ap.add_argument("--peaks-only", action="store_true",
                     help="measure only the joint peak figures again (the no-remat peak, the "
                          "sweeps', objective=peak's) into the stored results: for a change "
@@ -79,11 +82,16 @@ def run_budgets(argv) -> None:
             _log(f"check failed: {line}")
         return
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
-    unknown = [k for k in keys if k not in MODELS]
+    unknown = [k for k in keys if k not in known]
     if unknown:
-        ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+        ap.error(f"unknown model(s) {unknown}; known: {', '.join(known)}")
     sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
+    stored = common.read_json("budgets") if args.merge else None
+    if args.merge and stored is None:
+        ap.error("--merge: no stored results budgets.json to merge into")
     data = budgets.measure(keys, _log, sizes)
+    if stored is not None:
+        data = budgets.merge(stored, data)
     _log(f"wrote {common.write_json('budgets', data)}")
     for line in budgets.checks(data):
         _log(f"check failed: {line}")

@@ -41,7 +41,9 @@ from tools.benchmarks import common
 from tools.benchmarks.cases import cases_for
 from tools.benchmarks.knapsack import knapsack_solver
 from tools.benchmarks.measure import run_joint_form, run_split_form
-from tools.benchmarks.models import MODELS, Model, _identity
+from tools.benchmarks.models import HELD_OUT, MODELS, Model, _identity
+
+PAGE_MODELS = {**MODELS, **HELD_OUT}   # the benchmark models, then the held-out decoder
 
 DEVICE = "cpu"          # the planner's cost profile in every run here (stated in the page)
 SWEEP = 20
@@ -212,7 +214,7 @@ def refresh_peaks(data: dict, progress=print) -> dict:
     change to the peak estimate alone. The commit they were measured at is in
     machine["peaks_commit"]."""
     for key, out in data["models"].items():
-        model = MODELS[key]()
+        model = PAGE_MODELS[key]()
         module = rp.export_vjp(model.build(_identity), *model.args)
         progress(f"{key}: joint peaks")
         out["base_peak"] = joint_peak(module, None)[0]
@@ -260,12 +262,31 @@ def scale(sizes=(40, 400), progress=print) -> list:
     return rows
 
 
-def measure(keys=tuple(MODELS), progress=print, sizes=(40, 400)) -> dict:
+def measure(keys=tuple(PAGE_MODELS), progress=print, sizes=(40, 400)) -> dict:
     models = {}
     for key in keys:
-        models[key] = measure_model(MODELS[key](), progress)
+        models[key] = measure_model(PAGE_MODELS[key](), progress)
     return {"machine": common.machine(), "device": DEVICE, "models": models,
             "scale": scale(sizes, progress) if sizes else []}
+
+
+def merge(stored: dict, new: dict) -> dict:
+    """`new`'s models (and its large-module solves, where it has them) in place of the
+    stored ones, each model's commit and date kept beside it (`machine["measured"]`)."""
+    out = dict(stored, models=dict(stored["models"]))
+    measured = dict(stored["machine"].get("measured", {}))
+    for key in stored["models"]:
+        measured.setdefault(key, {"commit": stored["machine"]["commit"],
+                                  "date": stored["machine"]["date"]})
+    for key, value in new["models"].items():
+        out["models"][key] = value
+        measured[key] = {"commit": new["machine"]["commit"], "date": new["machine"]["date"]}
+    if new["scale"]:
+        out["scale"] = new["scale"]
+        measured["scale"] = {"commit": new["machine"]["commit"], "date": new["machine"]["date"]}
+    out["models"] = {k: out["models"][k] for k in PAGE_MODELS if k in out["models"]}
+    out["machine"] = dict(stored["machine"], measured=measured)
+    return out
 
 
 def checks(data) -> list[str]:
@@ -340,6 +361,18 @@ def _against_fewest(bad, key, m, r, which, label, fewest_key, cost, tolerance) -
         bad.append(f"{key}: {label} at {r['short']}: gradient error {got['err']:.2g}")
 
 
+def _commits(machine: dict) -> str:
+    """The commit measured at, or, for results merged from several runs, each part's."""
+    measured = machine.get("measured")
+    if not measured or len({v["commit"] for v in measured.values()}) == 1:
+        return machine["commit"]
+    by_commit: dict = {}
+    for key, v in measured.items():
+        by_commit.setdefault((v["commit"], v["date"]), []).append(
+            "the large-module solves" if key == "scale" else key)
+    return "; ".join(f"{c} ({d}) for {', '.join(keys)}" for (c, d), keys in by_commit.items())
+
+
 def relative(x: float, base: float) -> float:
     return (x - base) / base * 100 if base else 0.0
 
@@ -359,8 +392,10 @@ def render(data, png_rel: str) -> str:
     n_sweep = sum(len(v["sweep"]) for v in models.values())
     L = ["## The memory-budget planner: `auto(budget=...)`", "",
          f"Measured with `python -m tools.benchmarks budgets` ({m['date']}, {m['cpu']}, "
-         f"{m['cpus']} cpus, jax {m['jax']}, remat_passes at {m['commit']}), on the models "
-         "above. The planner runs with its `cpu` cost profile (`device=cpu`: dots and "
+         f"{m['cpus']} cpus, jax {m['jax']}, remat_passes at {_commits(m)}), on the models "
+         "above and a held-out decoder (`decoder`: rotary positions, grouped-query "
+         "attention, SwiGLU, names `ctx` and `act`; `models.make_decoder`), which no "
+         "change to the planner was tuned on. The planner runs with its `cpu` cost profile (`device=cpu`: dots and "
          "elementwise arithmetic at the same FLOP rate, so what it minimises is close to a "
          "FLOP count). **extra FLOPs**: as in the tables above, XLA's cost analysis of the "
          "compiled split forward + backward over the no-remat split (`remat_passes.flops` "

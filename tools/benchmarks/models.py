@@ -345,8 +345,79 @@ def make_equinox(batch=8, seq=32, d=64, heads=4, blocks=2, mlp=256) -> Model:
         jax_layer_wrap=eqx.filter_checkpoint)
 
 
+# ------------------------------------------------------ held-out decoder --
+def make_decoder(batch=4, seq=64, d=128, heads=4, kv_heads=2, layers=4, mlp=384,
+                 vocab=256) -> Model:
+    """A decoder the planner was never tuned on (`HELD_OUT`: the budgets page checks `auto`
+    on it beside the benchmark models, not in the other pages): rotary positions,
+    grouped-query attention, SwiGLU, two checkpoint names per layer, `ctx` (the attention
+    context before its output projection) and `act` (the gated MLP activation)."""
+    keys = iter(jax.random.split(jax.random.PRNGKey(7), 8 * layers + 4))
+    std = 0.02
+    dh = d // heads
+    params = {
+        "embed": _normal(next(keys), (vocab, d), std),
+        "layers": [{
+            "ln1": jnp.ones(d), "ln2": jnp.ones(d),
+            "wq": _normal(next(keys), (d, heads * dh), std),
+            "wkv": _normal(next(keys), (d, 2 * kv_heads * dh), std),
+            "wo": _normal(next(keys), (heads * dh, d), std),
+            "wg": _normal(next(keys), (d, mlp), std), "wu": _normal(next(keys), (d, mlp), std),
+            "wd": _normal(next(keys), (mlp, d), std),
+        } for _ in range(layers)],
+        "lnf": jnp.ones(d), "head": _normal(next(keys), (d, vocab), std),
+    }
+    tokens = jax.random.randint(next(keys), (batch, seq + 1), 0, vocab, jnp.int32)
+
+    def rmsnorm(x, scale):
+        return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+    def rotary(x):                       # x: (B, T, H, dh)
+        T = x.shape[1]
+        inv = 1.0 / (10000.0 ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+        ang = jnp.arange(T, dtype=jnp.float32)[:, None] * inv[None]
+        cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).reshape(x.shape)
+
+    def block(lp, h):
+        B, T, _ = h.shape
+        a = rmsnorm(h, lp["ln1"])
+        q = rotary((a @ lp["wq"]).reshape(B, T, heads, dh))
+        k, v = jnp.split((a @ lp["wkv"]).reshape(B, T, 2 * kv_heads, dh), 2, axis=2)
+        k = jnp.repeat(rotary(k), heads // kv_heads, axis=2)
+        v = jnp.repeat(v, heads // kv_heads, axis=2)
+        s = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(dh)
+        s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -1e9)
+        ctx = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, axis=-1), v)
+        h = h + checkpoint_name(ctx.reshape(B, T, heads * dh), "ctx") @ lp["wo"]
+        m = rmsnorm(h, lp["ln2"])
+        act = checkpoint_name(jax.nn.silu(m @ lp["wg"]) * (m @ lp["wu"]), "act")
+        return h + act @ lp["wd"]
+
+    def build(wrap):
+        def decoder(params, tokens):
+            inputs, targets = tokens[:, :-1], tokens[:, 1:]
+            h = jnp.take(params["embed"], inputs, axis=0)
+            for lp in params["layers"]:
+                h = wrap(block)(lp, h)
+            logp = jax.nn.log_softmax(rmsnorm(h, params["lnf"]) @ params["head"])
+            return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+        return decoder
+
+    return Model(
+        "decoder", "Held-out decoder",
+        f"{layers} pre-norm decoder layers (d_model {d}, {heads} query and {kv_heads} key/value "
+        f"heads, rotary positions, SwiGLU MLP {mlp}, RMSNorm), vocab {vocab}, untied head, "
+        f"batch {batch} x seq {seq}, next-token cross-entropy; the attention context named "
+        "`ctx`, the gated MLP activation `act`; not used to tune the planner",
+        build, (params, tokens),
+        names=dict(only=("ctx", "act"), but=("act",), keep=("ctx",), offload=("act",)))
+
+
 MODELS = {"mlp": make_mlp, "convnet": make_convnet, "gpt": make_gpt, "equinox": make_equinox,
           "mlp-scan": make_mlp_scan, "gpt-scan": make_gpt_scan}
+HELD_OUT = {"decoder": make_decoder}     # the budgets page only (see make_decoder)
 
 
 # ------------------------------------------------------- static memory figures --
