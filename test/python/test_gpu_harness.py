@@ -482,3 +482,25 @@ def test_re_estimate_makes_the_stored_estimates_again():
     other = dict(mlp, meta=dict(mlp["meta"], jax="0.0.1"))
     with pytest.raises(SystemExit, match="measured with jax 0.0.1"):
         xla_memory.reestimate(other, log=lambda *_: None)
+
+
+def test_budgets_benchmark_merges_a_model_measured_alone():
+    """`python -m tools.benchmarks budgets --models decoder --merge`: the model measured
+    replaces its entry (or joins, in the page's model order), the others and the
+    large-module solves are kept, and the page says which commit measured which."""
+    from tools.benchmarks import budgets
+
+    def run(commit, models, scale=()):
+        return {"machine": {"commit": commit, "date": "2026-12-04"},
+                "models": {m: {"title": m, "by": commit} for m in models},
+                "scale": list(scale)}
+    stored = run("aaa", ["decoder", "mlp", "gpt"], scale=["solves"])
+    merged = budgets.merge(stored, run("bbb", ["decoder"]))
+    assert list(merged["models"]) == ["mlp", "gpt", "decoder"]     # PAGE_MODELS' order
+    assert [v["by"] for v in merged["models"].values()] == ["aaa", "aaa", "bbb"]
+    assert merged["scale"] == ["solves"]
+    assert budgets._commits(merged["machine"]) == \
+        "aaa (2026-12-04) for mlp, gpt, the large-module solves; bbb (2026-12-04) for decoder"
+    again = budgets.merge(merged, run("ccc", ["mlp", "gpt", "decoder"], scale=["new"]))
+    assert budgets._commits(again["machine"]) == "ccc" and again["scale"] == ["new"]
+    assert stored["models"]["decoder"]["by"] == "aaa"        # (the stored results untouched)

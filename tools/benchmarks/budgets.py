@@ -275,7 +275,7 @@ def merge(stored: dict, new: dict) -> dict:
     stored ones, each model's commit and date kept beside it (`machine["measured"]`)."""
     out = dict(stored, models=dict(stored["models"]))
     measured = dict(stored["machine"].get("measured", {}))
-    for key in stored["models"]:
+    for key in list(stored["models"]) + (["scale"] if stored["scale"] else []):
         measured.setdefault(key, {"commit": stored["machine"]["commit"],
                                   "date": stored["machine"]["date"]})
     for key, value in new["models"].items():
@@ -364,10 +364,14 @@ def _against_fewest(bad, key, m, r, which, label, fewest_key, cost, tolerance) -
 def _commits(machine: dict) -> str:
     """The commit measured at, or, for results merged from several runs, each part's."""
     measured = machine.get("measured")
-    if not measured or len({v["commit"] for v in measured.values()}) == 1:
+    if not measured:
         return machine["commit"]
+    if len({v["commit"] for v in measured.values()}) == 1:
+        return next(iter(measured.values()))["commit"]
     by_commit: dict = {}
-    for key, v in measured.items():
+    order = [k for k in PAGE_MODELS if k in measured] + [k for k in measured
+                                                         if k not in PAGE_MODELS]
+    for key, v in ((k, measured[k]) for k in order):
         by_commit.setdefault((v["commit"], v["date"]), []).append(
             "the large-module solves" if key == "scale" else key)
     return "; ".join(f"{c} ({d}) for {', '.join(keys)}" for (c, d), keys in by_commit.items())
