@@ -780,3 +780,31 @@ def test_remat_opt_remat_flag_output_verifies(mlp_module, tmp_path, options):
     api = rp.remat(mlp_module, P.parse_policy(opts["policy"]), mode=opts.get("mode", "joint"),
                    prevent_cse=opts.get("prevent-cse", "true") == "true")
     assert text == str(api)
+
+
+def test_the_roundings_probe_takes_out_the_exact_roundings_alone():
+    """`tools/benchmarks/roundings.py` compiles plans without the roundings of f32 and f64
+    residuals (the identity: XLA computes those types in their own precision) to show what
+    they cost in XLA:CPU's count. It takes out those and no other (a bf16 residual's
+    rounding stays), and the split form then gives the same outputs and gradients."""
+    from tools.benchmarks.roundings import without_exact_roundings
+
+    def f(W, x, V, y):
+        return jnp.sum(jnp.sin(jnp.tanh(x @ W) @ W)) + \
+            jnp.sum(jnp.sin(jnp.tanh(y @ V) @ V).astype(jnp.float32))
+    W = jnp.linspace(-1.0, 1.0, 64, dtype=jnp.float32).reshape(8, 8)
+    args = (W, jnp.ones((4, 8), jnp.float32), W.astype(jnp.bfloat16),
+            jnp.ones((4, 8), jnp.bfloat16))
+    out = rp.remat(rp.export_vjp(f, *args), "dots_saveable", mode="split")
+    before, _ = run_split(out, args, jnp.float32(1.0), 1)
+
+    def rounded():
+        _, ops, _ = func_ops(out.op, "main_fwd")
+        return sorted(str(op.results[0].type) for op in ops
+                      if op.name == "stablehlo.reduce_precision")
+    assert rounded() == ["tensor<4x8xbf16>"] * 2 + ["tensor<4x8xf32>"] * 2   # the 2 dots
+    assert without_exact_roundings(out) == 2
+    assert rounded() == ["tensor<4x8xbf16>"] * 2
+    after, _ = run_split(out, args, jnp.float32(1.0), 1)
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
