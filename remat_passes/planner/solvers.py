@@ -19,8 +19,9 @@ of objective=peak at 16,832,175 B fitted, its plan made again peaked at 17,676,8
 The integer program's plan counts as proven ("exact") when HiGHS has shown that no plan
 costs half the cheapest op's time less (`PROOF_GAP`, beside its relative gap of 1e-6). The
 ops' costs are multiples of the cheapest one's but for a few (2,040 of the 2,041 costed ops
-of the 10k-op transformer), so that is the optimum; on that transformer at 3/4 of its
-budget range HiGHS found it in 1.7 s and took 34 s more to close the last 0.4 of that op.
+of the 10k-op transformer): where all are, plans differ in cost by whole multiples, so the
+plan is the optimum; otherwise it costs at most half that op more. On that transformer at
+3/4 of its budget range HiGHS found it in 1.7 s and took 34 s more to close the last 0.4.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ AUTO_EXACT_WORK = 1_000_000 # before the Lagrangian solve is tried too, at most 
                             # nodes times the problem's size (about 1 s on a core)
 AUTO_EXACT_SECONDS = 2.5    # and its clock: stopped by it, its plan is not used
 PROOF_GAP = 0.5             # the integer program's plan is proven when no plan can cost
-                            # this much less, in units of the cheapest op (costs are on
-                            # that op's grid but for a few: then it is the optimum)
+                            # this much less, in units of the cheapest op (where every cost
+                            # is on that op's grid, as all but a few are, the optimum)
 MOVE_TIE = 1e-6             # the integer program's tie-breaker toward moving ops: a
                             # fraction of what each would cost were it not moved
 WINDOW_NODES = 200          # nodes per window of the neighbourhood search
