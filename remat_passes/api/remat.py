@@ -21,7 +21,8 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
           barrier_groups: str = "per-use", scan_segments: int | str = 0,
           scan_segments_offload: str | None = None, func: str = "main",
           cotangent_args=None, region_regex=None, region_policy=None, levels: str = "auto",
-          round_read_back: bool = False, fence_chains: bool = False, verify: bool = True):
+          round_read_back: bool = False, round_exact: bool = True, fence_chains: bool = False,
+          verify: bool = True):
     """Run the default remat pipeline on a copy of `module`; return the new Module.
 
     inline -> remat-partial-eval (policy, mode) -> insert-reduce-precision ->
@@ -44,6 +45,10 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     `round_read_back`: also round the f32/f64 residuals the backward only reads back, as
     jax.checkpoint does (exact: the values do not change; see insert-reduce-precision):
     XLA:GPU needs less scratch for such a split forward (rp.jit sets it there).
+    `round_exact=False`: round no f32/f64 residual at all (the identity for them), so that
+    XLA:CPU does not compute a kept elementwise value twice, for its rounding and again
+    inside the fusions that read it; `auto` then prices no such rounding (see
+    insert-reduce-precision's round-exact).
     `fence_chains`: give a backward value XLA would compute again inside several readers a
     barrier of its own, so XLA computes it once (place-optimization-barriers' fence-chains;
     rp.jit sets it for XLA:CPU of jaxlib >= 0.11).
@@ -59,7 +64,8 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
                        scan_segments=scan_segments, scan_segments_offload=scan_segments_offload,
                        func=func, cotangent_args=cotangent_args, region_regex=region_regex,
                        region_policy=region_policy, levels=levels,
-                       round_read_back=round_read_back, fence_chains=fence_chains)
+                       round_read_back=round_read_back, round_exact=round_exact,
+                       fence_chains=fence_chains)
     return _run(module, options, (Barriers(options["barrier_groups"],
                                            options["tie_to_cotangent"]),), verify)[0]
 
@@ -67,7 +73,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
 def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_cotangent,
              barrier_groups, scan_segments, scan_segments_offload, func, cotangent_args,
              region_regex, region_policy, levels, round_read_back=False,
-             fence_chains=False) -> dict:
+             round_exact=True, fence_chains=False) -> dict:
     """rp.remat's arguments checked and read, as the options of the `remat` pipeline."""
     expect_module(module, "rp.remat")
     if mode not in ("joint", "split"):
@@ -84,8 +90,11 @@ def _options(module, policy, *, mode, prevent_cse, prevent_cse_in_loops, tie_to_
     options = dict(policy=policy, mode=mode, func=func, prevent_cse=prevent_cse,
                    prevent_cse_in_loops=prevent_cse_in_loops,
                    tie_to_cotangent=tie_to_cotangent, cotangent_args=cotangent_args,
-                   round_read_back=bool(round_read_back), fence_chains=bool(fence_chains),
-                   **parsed)
+                   round_read_back=bool(round_read_back), round_exact=bool(round_exact),
+                   fence_chains=bool(fence_chains), **parsed)
+    if options["round_read_back"] and not options["round_exact"]:
+        raise RematError("error: round_read_back=True rounds f32 and f64 residuals, which "
+                         "round_exact=False leaves unrounded: give one of them")
     if region_regex is not None:
         try:
             options["region_regex"] = parse_regex(region_regex) \

@@ -29,23 +29,24 @@ from remat_passes.policy.auto import AutoPolicy, auto
 
 
 def recompute_seconds(module, policy, func: str = "main", device: str | None = None,
-                      mode: str = "joint", levels: str = "auto") -> float:
+                      mode: str = "joint", levels: str = "auto",
+                      round_exact: bool = True) -> float:
     """What the recomputation of `policy`'s plan for `module` costs in the planner's model,
     to compare any policy with auto on the same scale: the ops remat-partial-eval clones
     and the reduce_precision ops insert-reduce-precision then adds on what is kept (what
     `auto` minimises counts both), loop bodies times their trip count. `mode="split"`:
     of the split form. `levels` as `rp.remat`'s: with "1" it is the cost `auto`'s solver
-    reports; two levels add what they recompute twice."""
+    reports; two levels add what they recompute twice. `round_exact` as `rp.remat`'s."""
     expect_module(module, "rp.recompute_seconds")
     profile = PROFILES[device or default_device()]
     out = module.clone()
-    run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func,
-                                                              mode=mode, levels=levels)],
+    run_pipeline(out.op, [Inline(), RematPartialEval(policy=policy, func=func, mode=mode,
+                                                     levels=levels, round_exact=round_exact)],
                  pass_state(module, out))
     funcs = [graph.find_func(out.op, name).operation
              for name in ([func] if mode == "joint" else [f"{func}_fwd", f"{func}_bwd"])]
     existing = roundings_in(funcs)
-    run_pipeline(out.op, [InsertReducePrecision(func=func)])
+    run_pipeline(out.op, [InsertReducePrecision(func=func, round_exact=round_exact)])
     with out.op.context:
         return recomputation_seconds(funcs, profile, flops.CostModel(out.op), existing)
 

@@ -120,6 +120,13 @@ def own_rounding(t) -> tuple[int, int] | None:
     return FLOAT_FORMATS[elem] if elem in EXACT_ROUNDING else None
 
 
+def rounding_is_identity(t) -> bool:
+    """Is rounding a value of tensor type `t` to its own type the identity wherever it
+    stands (f32, f64: XLA computes them in their own type, never in a wider one inside a
+    fusion, so no value of theirs has more precision than its type holds)?"""
+    return own_rounding(t) in (FLOAT_FORMATS["f32"], FLOAT_FORMATS["f64"])
+
+
 # ------------------------------------------------------------ op attributes --
 def _i64(value: int):
     return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)

@@ -59,7 +59,7 @@ import re
 
 from remat_passes.analysis import scan_pairs
 from remat_passes.ir import contract, graph
-from remat_passes.ir.mlir import ir, op_id, stablehlo
+from remat_passes.ir.mlir import RematError, ir, op_id, stablehlo
 from remat_passes.passes.base import ModulePass, option, parse_bool, parse_regex
 from remat_passes.regions.rules import result_placements
 
@@ -74,11 +74,13 @@ def _is_same_rounding(v, bits) -> bool:
             ir.IntegerAttr(attrs["mantissa_bits"]).value) == bits
 
 
-def _exact(t) -> bool:
-    """Is rounding a value of type `t` to its own format exact (XLA computes it in its own
-    type: f32 and f64; narrower floats it may keep in f32 inside a fusion)?"""
-    return contract.own_rounding(t) in (contract.FLOAT_FORMATS["f32"],
-                                        contract.FLOAT_FORMATS["f64"])
+def rounding_bits(t, exact: bool = True):
+    """The bits that round a value of type `t` to its own type, where the pass rounds it:
+    None for a type it does not round, and with `exact=False` (round-exact=false) for f32
+    and f64, whose rounding is the identity (`contract.rounding_is_identity`)."""
+    if not exact and contract.rounding_is_identity(t):
+        return None
+    return contract.own_rounding(t)
 
 
 def round_value(v, bits, block):
@@ -168,12 +170,12 @@ def _offloaded(v) -> bool:
         _moved(result_placements(v.owner.operation)[v.result_number])
 
 
-def round_stacked(loop, carries) -> None:
+def round_stacked(loop, carries, exact: bool = True) -> None:
     """Round the stacked per-iteration values of `carries` that the forward body also uses
-    itself (not one offloaded to another memory)."""
+    itself (not one offloaded to another memory; `exact`: as `rounding_bits`)."""
     for k in carries:
         s = loop.stacked[k]
-        v, bits = s.value, contract.own_rounding(s.value.type)
+        v, bits = s.value, rounding_bits(s.value.type, exact)
         wrap = s.dus.operands[1].owner.operation
         if not bits or isinstance(v, ir.BlockArgument) or _offloaded(v):
             continue
@@ -190,7 +192,7 @@ def _recomputed_from(reads, backward_loops, recomputes_inside: dict) -> bool:
     return any(read_by_recomputation(r.value, recomputes_inside) for r in reads)
 
 
-def round_loops(pairs, recomputes_inside: dict) -> None:
+def round_loops(pairs, recomputes_inside: dict, exact: bool = True) -> None:
     """Joint form: inside scan loop pairs, round the stacked values a recomputation in the
     backward body reads (JAX rounds what jax.checkpoint saves inside a scan the same
     way; a stack the backward only reads back, or reads to re-slice the loop's inputs, is
@@ -198,8 +200,8 @@ def round_loops(pairs, recomputes_inside: dict) -> None:
     for pair in pairs:
         reads = {k: pair.reads[m] for m, k in pair.links.items()}
         round_stacked(pair.fwd, [k for k in pair.fwd.stacked if _recomputed_from(
-            reads.get(k), [pair.bwd], recomputes_inside)])
-        round_loops(scan_pairs.find_pairs_in_block(pair.bwd_body), recomputes_inside)
+            reads.get(k), [pair.bwd], recomputes_inside)], exact)
+        round_loops(scan_pairs.find_pairs_in_block(pair.bwd_body), recomputes_inside, exact)
 
 
 @dataclasses.dataclass
@@ -217,13 +219,20 @@ class InsertReducePrecision(ModulePass):
     round_read_back: bool = option(
         False, "also round the residuals the backward only reads back where that is exact "
         "(f32, f64), as jax.checkpoint does (for XLA:GPU's split form)", parse_bool)
+    round_exact: bool = option(
+        True, "round f32 and f64 residuals too, as jax.checkpoint does (their rounding is the "
+        "identity; false: none of them, so XLA:CPU computes no kept elementwise value twice, "
+        "for the rounding and again in the fusions that read it)", parse_bool)
+
+    def _bits(self, t):
+        return rounding_bits(t, self.round_exact)
 
     def _wanted(self, v, forward_uses, read_by, recomputes_inside: dict) -> bool:
         """Round residual `v` (producer an op), read by `forward_uses` in the forward and,
         in the backward, by `read_by` (a value: v itself, or the argument of <f>_bwd)?"""
-        if not forward_uses or not contract.own_rounding(v.type):
+        if not forward_uses or not self._bits(v.type):
             return False
-        if self.round_read_back and _exact(v.type):
+        if self.round_read_back and contract.rounding_is_identity(v.type):
             return True
         inner = _scopes(v.owner, self.region_regex)
         if inner and any(inner[-1] in _scopes(u.owner, self.region_regex) for u in forward_uses):
@@ -231,6 +240,10 @@ class InsertReducePrecision(ModulePass):
         return read_by_recomputation(read_by, recomputes_inside)
 
     def apply(self, module_op, state) -> None:
+        if self.round_read_back and not self.round_exact:
+            raise RematError("error: insert-reduce-precision: round-read-back=true rounds "
+                             "f32 and f64 residuals, which round-exact=false leaves "
+                             "unrounded: give one of them")
         name = self.func
         with module_op.context:
             if graph.is_split(module_op, name):
@@ -250,10 +263,10 @@ class InsertReducePrecision(ModulePass):
                 if _offloaded(v):
                     continue
                 if self._wanted(v, forward_uses, v, recomputes_inside):
-                    op = round_value(v, contract.own_rounding(v.type), a.block)
+                    op = round_value(v, self._bits(v.type), a.block)
                     if op is not None:
                         a.note_inserted(op, backward=False, after=v.owner)
-            round_loops(a.scan_pairs, recomputes_inside)
+            round_loops(a.scan_pairs, recomputes_inside, self.round_exact)
             a.loops_changed()
 
     def _round_split(self, state, fwd, bwd) -> None:
@@ -272,7 +285,7 @@ class InsertReducePrecision(ModulePass):
                 continue
             uses = [u for u in v.uses if op_id(u.owner) != op_id(ret)]
             if self._wanted(v, uses, bwd_args[k], recomputes_inside):
-                op = round_value(v, contract.own_rounding(v.type), a.block)
+                op = round_value(v, self._bits(v.type), a.block)
                 if op is not None:
                     a.note_inserted(op, backward=False, after=v.owner)
         # the stacks of the forward's scan loops it returns, by what the backward does
@@ -289,4 +302,4 @@ class InsertReducePrecision(ModulePass):
                                 recomputes_inside):
                 rounded.setdefault(op_id(loop.op), (loop, set()))[1].add(carry)
         for loop, carries in rounded.values():
-            round_stacked(loop, sorted(carries))
+            round_stacked(loop, sorted(carries), self.round_exact)

@@ -6,7 +6,7 @@
     outline-loop-backwards{func mode}                (a backward inside loop bodies: the
                                                       steps below run on each body)
     remat-partial-eval{policy mode cotangent-args func region-regex region-policy}
-    insert-reduce-precision{func region-regex round-read-back}
+    insert-reduce-precision{func region-regex round-read-back round-exact}
     segment-scans{segments func offload}             (scan-segments=k; loops rp.scan marked;
                                                       under auto, the segments it needs)
     sink-loop-constants{func}                        (loop-invariant constants, a mask:
@@ -81,7 +81,8 @@ class Remat(PartialEvalOptions, PipelinePass):
         steps = [Inline(), OutlineLoopBackwards(func=self.func, mode=self.mode),
                  RematPartialEval(**self.partial_eval_options()),
                  InsertReducePrecision(func=self.func, region_regex=self.region_regex,
-                                       round_read_back=self.round_read_back)]
+                                       round_read_back=self.round_read_back,
+                                       round_exact=self.round_exact)]
         # (with scan-segments=0: the loops rp.scan marked, and under auto the segments its
         # budget needs; a module without loops costs it nothing)
         steps.append(SegmentScans(segments=self.scan_segments, func=self.func,

@@ -43,7 +43,8 @@ from remat_passes.ir.mlir import RematError, ir, op_id
 from remat_passes.ir.symbolic import DimNames
 from remat_passes.ir.verdicts import Recompute
 from remat_passes.passes.diagnostics import Remark
-from remat_passes.passes.base import ModulePass, PassState, option, parse_int_list, parse_regex
+from remat_passes.passes.base import (ModulePass, PassState, option, parse_bool, parse_int_list,
+                                     parse_regex)
 from remat_passes.passes.trial_plans import TrialPlans
 from remat_passes.planner.resolve import BudgetBelowMinimum, has_auto, resolve
 from remat_passes.policy.auto import PlannedPolicy
@@ -101,6 +102,10 @@ class PartialEvalOptions:
         "recomputes each segment again before its backward, where that lowers the peak "
         "estimate by 15%; auto: 2 under an auto policy, else 1",
         parse_levels)
+    round_exact: bool = option(
+        True, "the pipeline rounds the f32 and f64 residuals a recomputation reads "
+        "(insert-reduce-precision round-exact=): auto prices those roundings; false: they "
+        "are not made, and not priced", parse_bool)
 
     def __post_init__(self):
         """Policies given as specs, JAX policies or callables: normalised here, once."""
@@ -144,7 +149,8 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
                     kept0.update(rule.kept_whole(a0))
                 below = None
                 try:
-                    reports = resolve(policies, a0, self.region_regex, set(kept0))
+                    reports = resolve(policies, a0, self.region_regex, set(kept0),
+                                      round_exact=self.round_exact)
                 except BudgetBelowMinimum as e:   # scans in segments may still meet it
                     if e.policy is not policies.module_policy or not (
                             scan_pairs.find_pairs_in_block(block, gspmd.round_trip_source)
@@ -154,7 +160,8 @@ class RematPartialEval(PartialEvalOptions, TrialPlans, ModulePass):
                 if below:   # (out of the handler: an error raised here is not caused by it)
                     policies.module_policy = self._segments_below_the_minimum(below, module_op,
                                                                               state)
-                    reports = resolve(policies, a0, self.region_regex, set(kept0))
+                    reports = resolve(policies, a0, self.region_regex, set(kept0),
+                                      round_exact=self.round_exact)
                 state.drop(self.func)
             groups = Groups()
             iteration_policy = _IterationPolicy(

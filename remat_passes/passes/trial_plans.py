@@ -74,7 +74,8 @@ class TrialPlans:
         """The default pipeline's passes after this one, as rp.jit runs them: where XLA
         deletes barriers (CPU), the recomputation tied to the cotangent if `tie` (and, where
         it keeps them through fusion, duplicated chains fenced); barriers `groups`,
-        residuals `rounded` (round_read_back). For trial plans measured as they will run."""
+        residuals `rounded` (round_read_back; none with round-exact=false, which leaves f32
+        and f64 unrounded). For trial plans measured as they will run."""
         from remat_passes.cost.xla_schedule import deletes_barriers, fences_chains
         from remat_passes.passes.annotate_host_offload import AnnotateHostOffload
         from remat_passes.passes.fold_dot_transposes import FoldDotTransposes
@@ -83,7 +84,8 @@ class TrialPlans:
         from remat_passes.passes.segment_scans import SegmentScans
         from remat_passes.passes.sink_loop_constants import SinkLoopConstants
         return [InsertReducePrecision(func=self.func, region_regex=self.region_regex,
-                                      round_read_back=rounded),
+                                      round_read_back=rounded and self.round_exact,
+                                      round_exact=self.round_exact),
                 SegmentScans(func=self.func), SinkLoopConstants(func=self.func),
                 PlaceOptimizationBarriers(func=self.func,
                                           tie_to_cotangent=deletes_barriers() and tie,
@@ -320,7 +322,8 @@ class TrialPlans:
 
         def trial(candidate):
             copy, st = self._trial(candidate, module_op, state, [
-                InsertReducePrecision(func=self.func, region_regex=self.region_regex),
+                InsertReducePrecision(func=self.func, region_regex=self.region_regex,
+                                      round_exact=self.round_exact),
                 SegmentScans(func=self.func), PlaceOptimizationBarriers(func=self.func),
                 AnnotateHostOffload(func=self.func), StripCheckpointNames(),
                 FoldDotTransposes(func=self.func)], mode="split")

@@ -188,11 +188,13 @@ def feasible(p: Problem, recompute: np.ndarray) -> bool:
 
 
 class ProblemBuilder:
-    """Collects op and value nodes."""
+    """Collects op and value nodes. `round_exact`: insert-reduce-precision rounds f32 and
+    f64 values too (its round-exact=)."""
 
-    def __init__(self, profile: DeviceProfile, offload: bool):
+    def __init__(self, profile: DeviceProfile, offload: bool, round_exact: bool = True):
         self.profile = profile
         self.offload = offload
+        self.round_exact = round_exact
         self.cost_model = flops.CostModel()
         self.ops, self.values, self.labels = [], [], []
         self.op_cost, self.recomputable, self.reads = [], [], []
@@ -277,7 +279,8 @@ class ProblemBuilder:
         self.argument_bytes.append(nbytes if argument else 0)
         elem = str(getattr(v.type, "element_type", ""))
         rounded = (producer >= 0 and forward_use and elem.startswith(("f", "bf"))
-                   and v.owner.operation.name != ROUNDING)
+                   and v.owner.operation.name != ROUNDING
+                   and (self.round_exact or not contract.rounding_is_identity(v.type)))
         self.keep_cost.append(self.profile.rounding_seconds(
             graph.type_elements(v.type) * scale) if rounded else 0.0)
         self.value_producer.append(producer)
@@ -315,14 +318,15 @@ class ProblemBuilder:
 
 
 def build_problem(a, scope_re, kept_whole, profile: DeviceProfile, offload: bool,
-                  governed) -> tuple[Problem, ProblemBuilder]:
+                  governed, round_exact: bool = True) -> tuple[Problem, ProblemBuilder]:
     """The planning problem of function analysis `a` for the ops `governed(pos)` selects
     (those under the auto policy: a `resolve.Governed`); every other forward op keeps the
     verdict its own policy gives it (`ScopeModel`): modelled as saved where the backward
     needs it, except where that policy recomputes it (a checkpoint region's
     `nothing_saveable`, say): then it is no node of its own, and what reads it reads
-    what its recomputation reads."""
-    b = ProblemBuilder(profile, offload)
+    what its recomputation reads. `round_exact`: insert-reduce-precision rounds f32 and f64
+    residuals (its round-exact=), so keeping one that a recomputation reads costs that."""
+    b = ProblemBuilder(profile, offload, round_exact)
     chains = a.scope_chains(scope_re)
     through = {}     # vid of a value its region recomputes -> the nodes that recomputation reads
 

@@ -57,12 +57,12 @@ class BudgetBelowMinimum(RematError):
 
 
 def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
-              compare_exact=False) -> tuple[dict, PlanReport]:
+              compare_exact=False, round_exact=True) -> tuple[dict, PlanReport]:
     """Solve `policy` for analysis `a`: ({op_id: verdict}, report). `governed`: the ops
     it decides (a `Governed`, which knows the others' verdicts)."""
     profile = policy.profile
     p, b = build_problem(a, scope_re, kept_whole, profile, policy.offload is not None,
-                         governed)
+                         governed, round_exact=round_exact)
     no_remat = p.no_remat_bytes()
     budget = policy.budget.resolve(no_remat)
     minimum = minimum_bytes(p)
@@ -140,22 +140,24 @@ class Governed:
         return bool(chain) and graph.scope_key(chain[0]) == self.key
 
 
-def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False):
+def resolve(policies, a, scope_re, kept_whole, *, compare_exact=False, round_exact=True):
     """Replace the auto policies of a ScopePolicies by their solutions (PlannedPolicy).
-    Returns the reports."""
+    Returns the reports. `round_exact`: does the pipeline round f32 and f64 residuals
+    (insert-reduce-precision round-exact=; priced where it does)?"""
     reports = []
     if isinstance(policies.module_policy, AutoPolicy):
         auto_policy = policies.module_policy
         fixed = fixed_verdicts(a, policies, scope_re)
         verdicts, report = plan_auto(auto_policy, a, scope_re, kept_whole, Governed(fixed),
-                                     compare_exact=compare_exact)
+                                     compare_exact=compare_exact, round_exact=round_exact)
         policies.module_policy = PlannedPolicy(auto_policy.spec, verdicts, _SAVE, report)
         reports.append(report)
     for key, pol in list(policies.recorded.items()):
         if isinstance(pol, AutoPolicy):
             fixed = fixed_verdicts(a, policies, scope_re)   # (with the plans made so far)
             verdicts, report = plan_auto(pol, a, scope_re, kept_whole, Governed(fixed, key),
-                                         compare_exact=compare_exact)
+                                         compare_exact=compare_exact,
+                                         round_exact=round_exact)
             policies.recorded[key] = PlannedPolicy(pol.spec, verdicts, _SAVE, report)
             reports.append(report)
     if isinstance(policies.scope_policy, AutoPolicy):

@@ -3,6 +3,9 @@
 // RUN: sed -n '/^module @func_option/,/^}/p' %s | remat-opt --insert-reduce-precision=func=step | filecheck %s --check-prefix=STEP
 // The round-read-back case alone, with the option (and without it, in the first RUN):
 // RUN: sed -n '/^module @round_read_back/,/^}/p' %s | remat-opt --insert-reduce-precision=round-read-back=true | filecheck %s --check-prefix=READBACK
+// round-exact=false: the f32 case rounds nothing, the bf16 case still rounds:
+// RUN: sed -n '/^module @f32/,/^}/p' %s | remat-opt --insert-reduce-precision=round-exact=false | filecheck %s --check-prefix=NOEXACT
+// RUN: sed -n '/^module @bf16/,/^}/p' %s | remat-opt --insert-reduce-precision=round-exact=false | filecheck %s --check-prefix=NOEXACT-BF16
 // The scan loop pair, through remat-partial-eval first (its input is the raw export):
 // RUN: sed -n '/^module @scan_pair/,/^}/p' %s | remat-opt --remat-partial-eval='policy=save_only_these_names(h)' --insert-reduce-precision | filecheck %s --check-prefix=SCAN
 
@@ -56,7 +59,13 @@ module @f16 {
 // -----
 
 // f32: e8m23 (a no-op on the value, but it pins the forward use to the
-// rounded value, as JAX does for every inexact dtype).
+// rounded value, as JAX does for every inexact dtype). With round-exact=false
+// nothing is rounded: the rounding is the identity.
+// NOEXACT-LABEL: module @f32
+// NOEXACT-NOT: reduce_precision
+// NOEXACT: return
+// NOEXACT-BF16-LABEL: module @bf16
+// NOEXACT-BF16: stablehlo.reduce_precision %{{.*}}, format = e8m7
 // CHECK-LABEL: module @f32
 // CHECK: %[[P:.*]] = stablehlo.multiply %arg0, %arg0 : tensor<4xf32>
 // CHECK-NEXT: %[[R:.*]] = stablehlo.reduce_precision %[[P]], format = e8m23 : tensor<4xf32>

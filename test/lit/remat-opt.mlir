@@ -161,6 +161,7 @@
 // LIST-NEXT: func
 // LIST-NEXT: region-regex {{.*}}checkpoint regions
 // LIST-NEXT: round-read-back {{.*}}jax.checkpoint{{.*}}(default: False)
+// LIST-NEXT: round-exact {{.*}}identity{{.*}}(default: True)
 // LIST-NEXT: outline-loop-backwards {{.*}}gradient accumulation
 // LIST-NEXT: func
 // LIST-NEXT: mode {{.*}}(default: joint)
@@ -189,6 +190,7 @@
 // LIST-NEXT: region-regex
 // LIST-NEXT: region-policy {{.*}}(default: nothing_saveable)
 // LIST-NEXT: levels {{.*}}(default: auto)
+// LIST-NEXT: round-exact {{.*}}priced{{.*}}(default: True)
 // LIST-NEXT: segment-scans {{.*}}every k iterations
 // LIST-NEXT: segments {{.*}}(default: 0)
 // LIST-NEXT: func {{.*}}(default: main)

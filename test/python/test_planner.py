@@ -172,6 +172,36 @@ def test_free_loop_recomputation_rounds_no_stack():
     assert "reduce_precision" not in str(joint.op)
 
 
+def test_round_exact_false_rounds_no_f32_and_auto_prices_none():
+    """rp.remat(round_exact=False) rounds no f32 residual (the identity: XLA computes f32
+    in f32), so XLA:CPU does not compute a kept elementwise value twice, for its rounding
+    and again in the fusions that read it. auto then prices no such rounding: its plan
+    costs what `rp.recompute_seconds(round_exact=False)` measures, no more than it does
+    with the roundings, and the gradients are jax.vjp's. A fixed policy's outputs are the
+    same bit for bit either way. round_read_back, which rounds f32, is refused with it."""
+    fun, args, m = case("mlp")
+    out_ref, ct, grads = reference_vjp(fun, args)
+    lo, hi = bounds(m)
+    budget = (lo + hi) // 2
+    costs = {}
+    for exact in (True, False):
+        out = rp.remat(m, P.auto(budget=budget), mode="split", round_exact=exact)
+        costs[exact] = out.plan_reports[0].solution.cost
+        measured = recompute_seconds(m, P.auto(budget=budget), mode="split", levels="1",
+                                     round_exact=exact)
+        assert measured == pytest.approx(costs[exact], rel=1e-6, abs=1e-15), exact
+        assert ("reduce_precision" in str(out.op)) == exact
+        got, _ = run_split(out, args, ct, len(leaves(out_ref)))
+        assert_trees_close(got, leaves(out_ref) + leaves(grads), what=f"round_exact={exact}")
+    assert costs[False] < costs[True]       # (the plan recomputes from kept f32 values)
+    both = [run_split(rp.remat(m, P.dots_saveable, mode="split", round_exact=exact), args,
+                      ct, len(leaves(out_ref)))[0] for exact in (True, False)]
+    for a, b in zip(*both):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(rp.RematError, match="round_exact=False leaves"):
+        rp.remat(m, P.dots_saveable, mode="split", round_read_back=True, round_exact=False)
+
+
 # ---------------------------------------------------------------- sweeps --
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlp", "block", "scan"])
