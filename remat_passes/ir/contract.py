@@ -127,6 +127,15 @@ def rounding_is_identity(t) -> bool:
     return own_rounding(t) in (FLOAT_FORMATS["f32"], FLOAT_FORMATS["f64"])
 
 
+def residual_rounding(t, exact: bool = True) -> tuple[int, int] | None:
+    """The bits insert-reduce-precision rounds a residual of type `t` to, None for a type it
+    leaves alone: `own_rounding`, and with `exact=False` (its round-exact=false) none for
+    f32 and f64, whose rounding is the identity. The planner prices the same roundings."""
+    if not exact and rounding_is_identity(t):
+        return None
+    return own_rounding(t)
+
+
 # ------------------------------------------------------------ op attributes --
 def _i64(value: int):
     return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)

@@ -74,15 +74,6 @@ def _is_same_rounding(v, bits) -> bool:
             ir.IntegerAttr(attrs["mantissa_bits"]).value) == bits
 
 
-def rounding_bits(t, exact: bool = True):
-    """The bits that round a value of type `t` to its own type, where the pass rounds it:
-    None for a type it does not round, and with `exact=False` (round-exact=false) for f32
-    and f64, whose rounding is the identity (`contract.rounding_is_identity`)."""
-    if not exact and contract.rounding_is_identity(t):
-        return None
-    return contract.own_rounding(t)
-
-
 def round_value(v, bits, block):
     """Insert reduce_precision after v's producer; every use of v reads it. Returns the
     rounding op, or None if nothing was needed."""
@@ -172,10 +163,10 @@ def _offloaded(v) -> bool:
 
 def round_stacked(loop, carries, exact: bool = True) -> None:
     """Round the stacked per-iteration values of `carries` that the forward body also uses
-    itself (not one offloaded to another memory; `exact`: as `rounding_bits`)."""
+    itself (not one offloaded to another memory; `exact`: as `contract.residual_rounding`)."""
     for k in carries:
         s = loop.stacked[k]
-        v, bits = s.value, rounding_bits(s.value.type, exact)
+        v, bits = s.value, contract.residual_rounding(s.value.type, exact)
         wrap = s.dus.operands[1].owner.operation
         if not bits or isinstance(v, ir.BlockArgument) or _offloaded(v):
             continue
@@ -225,7 +216,7 @@ class InsertReducePrecision(ModulePass):
         "for the rounding and again in the fusions that read it)", parse_bool)
 
     def _bits(self, t):
-        return rounding_bits(t, self.round_exact)
+        return contract.residual_rounding(t, self.round_exact)
 
     def _wanted(self, v, forward_uses, read_by, recomputes_inside: dict) -> bool:
         """Round residual `v` (producer an op), read by `forward_uses` in the forward and,

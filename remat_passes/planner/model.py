@@ -277,10 +277,9 @@ class ProblemBuilder:
         nbytes = graph.type_bytes(v.type) * scale * copies
         self.value_bytes.append(0 if argument else nbytes)
         self.argument_bytes.append(nbytes if argument else 0)
-        elem = str(getattr(v.type, "element_type", ""))
-        rounded = (producer >= 0 and forward_use and elem.startswith(("f", "bf"))
-                   and v.owner.operation.name != ROUNDING
-                   and (self.round_exact or not contract.rounding_is_identity(v.type)))
+        rounded = (producer >= 0 and forward_use
+                   and contract.residual_rounding(v.type, self.round_exact) is not None
+                   and v.owner.operation.name != ROUNDING)
         self.keep_cost.append(self.profile.rounding_seconds(
             graph.type_elements(v.type) * scale) if rounded else 0.0)
         self.value_producer.append(producer)
