@@ -273,17 +273,16 @@ def measure(keys=tuple(PAGE_MODELS), progress=print, sizes=(40, 400)) -> dict:
 def merge(stored: dict, new: dict) -> dict:
     """`new`'s models (and its large-module solves, where it has them) in place of the
     stored ones, each model's commit and date kept beside it (`machine["measured"]`)."""
-    out = dict(stored, models=dict(stored["models"]))
-    measured = dict(stored["machine"].get("measured", {}))
-    for key in list(stored["models"]) + (["scale"] if stored["scale"] else []):
-        measured.setdefault(key, {"commit": stored["machine"]["commit"],
-                                  "date": stored["machine"]["date"]})
-    for key, value in new["models"].items():
-        out["models"][key] = value
-        measured[key] = {"commit": new["machine"]["commit"], "date": new["machine"]["date"]}
+    def stamp(data):
+        return {"commit": data["machine"]["commit"], "date": data["machine"]["date"]}
+    out = dict(stored, models={**stored["models"], **new["models"]})
+    measured = {key: stamp(stored)
+                for key in list(stored["models"]) + (["scale"] if stored["scale"] else [])}
+    measured.update(stored["machine"].get("measured", {}))
+    measured.update({key: stamp(new) for key in new["models"]})
     if new["scale"]:
         out["scale"] = new["scale"]
-        measured["scale"] = {"commit": new["machine"]["commit"], "date": new["machine"]["date"]}
+        measured["scale"] = stamp(new)
     out["models"] = {k: out["models"][k] for k in PAGE_MODELS if k in out["models"]}
     out["machine"] = dict(stored["machine"], measured=measured)
     return out

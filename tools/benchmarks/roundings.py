@@ -25,12 +25,11 @@ def without_exact_roundings(split) -> int:
     from jaxlib.mlir import ir
 
     from remat_passes.ir import contract, graph
-    exact = {contract.FLOAT_FORMATS["f32"], contract.FLOAT_FORMATS["f64"]}
     found = []
 
     def visit(op):
         if op.name == "stablehlo.reduce_precision" and \
-                contract.own_rounding(op.results[0].type) in exact:
+                contract.rounding_is_identity(op.results[0].type):
             found.append(op)
         return ir.WalkResult.ADVANCE
     with split.op.context:
@@ -42,25 +41,15 @@ def without_exact_roundings(split) -> int:
     return len(found)
 
 
-def compiled_cost(model, split) -> float:
-    """XLA's compiled FLOPs + transcendentals of the split forward and backward."""
-    import jax.numpy as jnp
-
-    import remat_passes as rp
-    from tools.benchmarks.measure import xla_cost
-    fwd = rp.compile(split, "main_fwd").lower(*model.args).compile()
-    res = fwd(*model.args)
-    bwd = rp.compile(split, "main_bwd").lower(*res[1:], jnp.ones_like(res[0])).compile()
-    return xla_cost(fwd) + xla_cost(bwd)
-
-
 def probe(keys, log=print) -> list[dict]:
     import remat_passes as rp
     from remat_passes.policy.auto import auto
     from tools.benchmarks import common
     from tools.benchmarks.budgets import DEVICE, LEVELS, PAGE_MODELS
     from tools.benchmarks.cases import cases_for
+    from tools.benchmarks.measure import run_split_form
     from tools.benchmarks.models import _identity
+    import jax
     stored = common.read_json("budgets")
     rows = []
     for key in keys:
@@ -75,15 +64,25 @@ def probe(keys, log=print) -> list[dict]:
             continue
         model = PAGE_MODELS[key]()
         module = rp.export_vjp(model.build(_identity), *model.args)
+        ref = jax.jit(jax.grad(model.build(_identity), argnums=(0, 1), allow_int=True))(
+            *model.args)
+
+        def compiled_cost(split) -> float:
+            """XLA's compiled count of both halves (`run_split_form`), the gradients
+            checked: taking the roundings out must change none."""
+            cost, err = run_split_form(model, split, ref)
+            if err > 1e-4:
+                raise AssertionError(f"{key}: gradient error {err:.1e}")
+            return cost
         policies = {c.short: c.our_policy for c in cases_for(model)}
         for r in above:
             row = {"model": key, "budget": r["short"], "fixed_policy": r["cheapest_compiled"]}
             for who, policy in (("auto", auto(r["budget"], device=DEVICE)),
                                 ("fixed", policies[r["cheapest_compiled"]])):
                 split = rp.remat(module, policy, mode="split", levels=LEVELS)
-                row[who] = compiled_cost(model, split)
+                row[who] = compiled_cost(split)
                 row[f"{who}_roundings"] = without_exact_roundings(split)
-                row[f"{who}_without"] = compiled_cost(model, split)
+                row[f"{who}_without"] = compiled_cost(split)
             log(f"{key} at {r['short']}: auto {row['auto']:,.0f} / {row['auto_without']:,.0f}, "
                 f"{row['fixed_policy']} {row['fixed']:,.0f} / {row['fixed_without']:,.0f}")
             rows.append(row)
