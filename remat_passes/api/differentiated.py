@@ -45,7 +45,7 @@ import jax.numpy as jnp
 
 from remat_passes import jax_compat
 from remat_passes.api import arguments, cache
-from remat_passes.api.variants import recomputes_nothing
+from remat_passes.api.variants import recomputes_nothing, rounding
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax import run as jax_run
 from remat_passes.jax.bridge import export_vjp
@@ -107,7 +107,8 @@ def build(jitted, call_, specs) -> Callable:
     inexact = [jnp.issubdtype(x.dtype, jnp.inexact) for x in out_leaves]
     module = export_vjp(fun, *specs, jax_checkpoint=jitted.jax_checkpoint)
     options = jitted.remat_options("split")
-    options.pop("round_read_back", None)     # (one program, as the joint form)
+    options.pop("round_read_back", None)     # (one program: rounded as the joint form)
+    options.update(rounding("joint"))
     variants = jitted._variants("split")     # (on CPU tied to the cotangent and not)
     made = []
     for m, _ in jitted._remat(module, "split", name, variants, options=options):

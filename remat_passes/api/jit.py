@@ -129,7 +129,7 @@ from remat_passes.api.lowered import Lowered, shape_key
 from remat_passes.api.remat import remat_variants
 from remat_passes.api.variants import (BARRIER_GROUPS, barrier_variants, fences_chains,
                                        needs_tie, recomputes_nothing, report,
-                                       rounds_read_back, smaller, ties)
+                                       rounding, smaller, ties)
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax.bridge import JAX_CHECKPOINT, export
 from remat_passes.jax import run as jax_run
@@ -361,7 +361,8 @@ class Jitted:
             jobs.append((module, dict(from_cache=hit, barrier_groups=v.groups,
                                       tied=v.tie and ties(module) > own)))  # (placed)
             used.append(v)
-        if mode == "joint" and self.prevent_cse and not rounds_read_back(mode) and \
+        if mode == "joint" and self.prevent_cse and \
+                not rounding(mode).get("round_read_back") and \
                 recomputes_nothing(exported, jobs[0][0]) and \
                 not all(r.argument for r in jobs[0][0].residuals or ()):
             # nothing recomputed: each also with the residuals rounded (module docstring;
@@ -501,8 +502,7 @@ class Jitted:
         options = dict(policy=self.policy, mode=mode, prevent_cse=self.prevent_cse,
                        tie_to_cotangent=needs_tie() if tie is None else tie,
                        levels=self.levels)
-        if round_read_back or rounds_read_back(mode):
-            options["round_read_back"] = True
+        options.update(rounding(mode, round_read_back))
         if self.prevent_cse and (fences_chains() if self.fence_chains is None
                                  else self.fence_chains):
             options["fence_chains"] = True

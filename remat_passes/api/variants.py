@@ -32,6 +32,25 @@ def rounds_read_back(mode: str, backend: str | None = None) -> bool:
     return mode == "split" and (backend or jax.default_backend()) == "gpu"
 
 
+def rounds_exact(backend: str | None = None) -> bool:
+    """Does rp.jit round the f32/f64 residuals a recomputation reads to their own type
+    (rp.remat's `round_exact`)? Not on XLA:CPU: there the rounding is the identity (XLA:CPU
+    computes f32 in f32) and only makes XLA compute a kept elementwise value twice, for its
+    rounding and again inside each fusion that reads it (insert-reduce-precision). On other
+    backends they stay, as jax.checkpoint rounds them, until one has measured them."""
+    return (backend or jax.default_backend()) != "cpu"
+
+
+def rounding(mode: str, read_back: bool = False, backend: str | None = None) -> dict:
+    """rp.remat's rounding options as rp.jit sets them for `mode` (`read_back`: the variant
+    with every residual rounded, where nothing is recomputed): `round_read_back` where it
+    rounds those too (`rounds_read_back`), `round_exact=False` where it rounds no f32/f64
+    residual (`rounds_exact`), else none (rp.remat's defaults)."""
+    if read_back or rounds_read_back(mode, backend):
+        return {"round_read_back": True}
+    return {} if rounds_exact(backend) else {"round_exact": False}
+
+
 def barrier_variants(mode: str, tie_to_cotangent: bool | None = None,
                      barrier_groups: str | None = None, prevent_cse: bool = True) -> tuple:
     """The barrier variants rp.jit builds, compiles and runs the smallest of (rp.jit's

@@ -18,7 +18,7 @@ import pytest
 
 import remat_passes as rp
 from remat_passes import jax_compat
-from remat_passes.api import jit as rp_jit
+from remat_passes.api import jit as rp_jit, variants as jit_variants
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.ir.mlir import RematError
 from remat_passes.jax import run as jax_run
@@ -357,17 +357,42 @@ def test_split_rounds_read_back_residuals_where_the_backend_is_a_gpu(monkeypatch
     as jax.checkpoint does (rp.remat's round_read_back: exact, and XLA:GPU needs less scratch
     for that forward). Not on CPU, and not in joint form. Here the GPU answer is faked: the
     module rounds, and it trains as jax.jit does."""
-    assert rp_jit.rounds_read_back("split", "gpu")
-    assert not rp_jit.rounds_read_back("split", "cpu")
-    assert not rp_jit.rounds_read_back("joint", "gpu")
+    assert jit_variants.rounds_read_back("split", "gpu")
+    assert not jit_variants.rounds_read_back("split", "cpu")
+    assert not jit_variants.rounds_read_back("joint", "gpu")
     params = init(jax.random.key(0))
     sample = (params, OPT.init(params), next(batches(1)))
     here = rp.jit(step, policy="everything_saveable", mode="split").lower(*sample)
     assert "stablehlo.reduce_precision" not in here.module.text()
-    monkeypatch.setattr(rp_jit, "rounds_read_back", lambda mode, backend=None: mode == "split")
+    monkeypatch.setattr(jit_variants, "rounds_read_back",
+                        lambda mode, backend=None: mode == "split")
     jitted = rp.jit(step, policy="everything_saveable", mode="split", cache_dir=False)
     assert "stablehlo.reduce_precision" in jitted.lower(*sample).module.text()
     assert_trained_alike(train(jitted), reference, atol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rule for XLA:CPU")
+@pytest.mark.parametrize("mode", ["joint", "split"])
+def test_cpu_rounds_no_f32_residual_a_recomputation_reads(monkeypatch, reference, mode):
+    """On XLA:CPU rp.jit rounds no f32 residual (rp.remat's round_exact=False): the
+    rounding is the identity there and makes XLA compute a kept elementwise value twice.
+    Other backends keep them, as jax.checkpoint does (the GPU answer faked here: the module
+    rounds what a recomputation reads). Either way it trains as jax.jit does; bf16 is
+    rounded on every backend (the rule: `contract.residual_rounding`)."""
+    assert jit_variants.rounding(mode, backend="cpu") == {"round_exact": False}
+    assert jit_variants.rounding("joint", backend="gpu") == {}
+    assert jit_variants.rounding("split", backend="gpu") == {"round_read_back": True}
+    assert jit_variants.rounding("joint", read_back=True, backend="cpu") == \
+        {"round_read_back": True}       # (the variant where nothing is recomputed)
+    params = init(jax.random.key(0))
+    sample = (params, OPT.init(params), next(batches(1)))
+    here = rp.jit(step, policy="dots_saveable", mode=mode, cache_dir=False)
+    assert "stablehlo.reduce_precision" not in here.lower(*sample).module.text()
+    assert_trained_alike(train(here), reference, atol=1e-5)
+    monkeypatch.setattr(jit_variants, "rounds_exact", lambda backend=None: True)
+    there = rp.jit(step, policy="dots_saveable", mode=mode, cache_dir=False)
+    assert "stablehlo.reduce_precision" in there.lower(*sample).module.text()
+    assert_trained_alike(train(there), reference, atol=1e-5)
 
 
 def test_joint_recomputing_nothing_is_also_built_rounded_and_the_smaller_runs(monkeypatch,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 
 import remat_passes as rp
-from remat_passes.api.variants import fences_chains, needs_tie, recomputes_nothing
+from remat_passes.api.variants import fences_chains, needs_tie, recomputes_nothing, rounding
 from remat_passes.api.sweeps import bounds, problem_for, recompute_seconds
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.cost.devices import PROFILES
@@ -64,11 +64,12 @@ def joint_form(module, policy, groups="per-use", tie=True, rounded=False):
     """The joint form whose peak this page gives: as rp.jit builds it (where XLA deletes
     optimization barriers, on CPU, the recomputation tied to the cotangent; untied, the
     estimate has XLA:CPU run it as early as it can, as XLA does; where XLA keeps barriers
-    through fusion, duplicated chains fenced), with barriers `groups`, residuals
-    `rounded` (rp.remat's round_read_back)."""
+    through fusion, duplicated chains fenced; the residuals rounded as there,
+    `rounding`), with barriers `groups`, residuals all `rounded` (rp.remat's
+    round_read_back)."""
     return rp.remat(module, policy, mode="joint", levels=LEVELS, barrier_groups=groups,
                     tie_to_cotangent=needs_tie() and tie, fence_chains=fences_chains(),
-                    round_read_back=rounded)
+                    **rounding("joint", read_back=rounded))
 
 
 def joint_peak(module, policy) -> tuple[int, object]:
@@ -85,9 +86,11 @@ def joint_peak(module, policy) -> tuple[int, object]:
 
 
 def point(model: Model, module, policy, ref, joint=False) -> dict:
-    """One policy on one model: bytes, cost, model seconds, grads (split; joint too)."""
+    """One policy on one model: bytes, cost, model seconds, grads (split, its residuals
+    rounded as rp.jit rounds them on this backend: `rounding`; joint too)."""
+    rounds = rounding("split")
     t = time.perf_counter()
-    split = rp.remat(module, policy, mode="split", levels=LEVELS)
+    split = rp.remat(module, policy, mode="split", levels=LEVELS, **rounds)
     pass_s = time.perf_counter() - t
     dev, host = device_bytes(split)
     planned: dict = {}
@@ -95,7 +98,8 @@ def point(model: Model, module, policy, ref, joint=False) -> dict:
     row = {"dev": dev, "host": host, "cost": cost, "cost_lowered": planned["cost"],
            "err": err, "pass_s": pass_s,
            "model_s": recompute_seconds(module, policy, device=DEVICE, mode="split",
-                                        levels=LEVELS)}
+                                        levels=LEVELS,
+                                        round_exact=rounds.get("round_exact", True))}
     # with the transfers of what it offloads: what auto(offload=...) minimises
     row["total_s"] = row["model_s"] + PROFILES[DEVICE].offload_seconds(host)
     kept = [r.split(". Kept ", 1)[1] for r in split.remarks if "score=xla" in str(r)

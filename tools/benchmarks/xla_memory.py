@@ -33,7 +33,7 @@ import remat_passes as rp
 from remat_passes import jax_compat
 from remat_passes.ir import contract, graph
 from remat_passes.api.variants import (barrier_variants, fences_chains, needs_tie,
-                                       recomputes_nothing, rounds_read_back)
+                                       recomputes_nothing, rounding)
 from remat_passes.core.residuals import activation_bytes
 from remat_passes.core.split import drop_passthrough
 from remat_passes.cost.memory import estimate_memory
@@ -77,7 +77,7 @@ def rounded_joint(module, policy, joint, tie: bool, groups: str):
     if not recomputes_nothing(module, joint):
         return None
     return rp.remat(module, policy, tie_to_cotangent=tie, barrier_groups=groups,
-                    fence_chains=fences_chains(), round_read_back=True)
+                    fence_chains=fences_chains(), **rounding("joint", read_back=True))
 
 
 def our_joint(module, policy, args, ct, each=None) -> dict:
@@ -89,7 +89,7 @@ def our_joint(module, policy, args, ct, each=None) -> dict:
     best = None
     for v in barrier_variants("joint"):
         joint = rp.remat(module, policy, tie_to_cotangent=v.tie, barrier_groups=v.groups,
-                         fence_chains=fences_chains())
+                         fence_chains=fences_chains(), **rounding("joint"))
         m = _joint(rp.compile(joint, "main").lower(*args, ct).compile())
         if each:
             each(joint, m)
@@ -104,6 +104,8 @@ def our_joint(module, policy, args, ct, each=None) -> dict:
             m["round_read_back"] = True
             best = (rounded, m, best[2])
     joint, m, v = best
+    if not m.get("round_read_back"):
+        m.update(rounding("joint"))       # (as rp.remat's options)
     m["barriers"], m["rounding_considered"] = v.groups, True
     m["loop_constants_inside"] = True     # (sink-loop-constants, 58d8aa4 on)
     m["fence_chains"] = fences_chains()
@@ -159,15 +161,14 @@ def our_split(module, policy, args, each=None, levels="auto") -> tuple:
     best = None
     for v in barrier_variants("split"):
         split = rp.remat(module, policy, mode="split", tie_to_cotangent=v.tie, levels=levels,
-                         fence_chains=fences_chains(),
-                         barrier_groups=v.groups, round_read_back=rounds_read_back("split"))
+                         fence_chains=fences_chains(), barrier_groups=v.groups,
+                         **rounding("split"))
         halves = our_halves(split, args)
         if each is not None:
             each(split)
         for half in halves:
             half["barriers"] = v.groups
-            if rounds_read_back("split"):
-                half["round_read_back"] = True
+            half.update(rounding("split"))      # (as rp.remat's options)
             half["host_copy_after_barrier"] = True    # (annotate-host-offload, c195506 on)
             half["loop_constants_inside"] = True      # (sink-loop-constants, 58d8aa4 on)
             half["fence_chains"] = fences_chains()
@@ -178,7 +179,7 @@ def our_split(module, policy, args, each=None, levels="auto") -> tuple:
         split, halves, v = best
         unfenced = rp.remat(module, policy, mode="split", tie_to_cotangent=v.tie,
                             levels=levels, barrier_groups=v.groups,
-                            round_read_back=rounds_read_back("split"))
+                            **rounding("split"))
         again = our_halves(unfenced, args)
         if each is not None:
             each(unfenced)
@@ -276,7 +277,8 @@ def measure_peak(data: dict, keys, log=print, compiled: bool = False) -> dict:
         lo, hi = rp.bounds(module)
 
         def estimate(policy):
-            joint = rp.remat(module, policy, tie_to_cotangent=tie, fence_chains=fences_chains())
+            joint = rp.remat(module, policy, tie_to_cotangent=tie, fence_chains=fences_chains(),
+                             **rounding("joint"))
             return int(estimate_memory(joint, model="xla")["main"].peak_bytes)
         low = min(estimate(rp.policies.auto(int(lo + (hi - lo) * k / 12))) for k in range(13))
         high = estimate(None)
@@ -618,6 +620,7 @@ def reestimate(data: dict, log=print) -> dict:
             split = rp.remat(module, policy, mode="split", tie_to_cotangent=r["split_tied"],
                              barrier_groups=r["ours"][0].get("barriers", "per-use"),
                              round_read_back=r["ours"][0].get("round_read_back", False),
+                             round_exact=r["ours"][0].get("round_exact", True),
                              fence_chains=r["ours"][0].get("fence_chains", False))
             if r["ours"][0].get("arguments_to_backward"):
                 split = as_run(split)[0]          # (as measured: see our_halves)
@@ -629,6 +632,7 @@ def reestimate(data: dict, log=print) -> dict:
             joint = rp.remat(module, policy, tie_to_cotangent=needs_tie(backend),
                              barrier_groups=r["joint_ours"].get("barriers", "per-use"),
                              round_read_back=r["joint_ours"].get("round_read_back", False),
+                             round_exact=r["joint_ours"].get("round_exact", True),
                              fence_chains=r["joint_ours"].get("fence_chains", False))
             r["joint_ours"]["estimate"] = int(
                 estimate_memory(joint, model="xla", backend=backend)["main"].peak_bytes)
