@@ -34,15 +34,28 @@ _STORES_OPERANDS = frozenset({
 _FENCE_DEPTH = 3   # ops along a producer chain XLA would fuse into the backward
 
 
+def _unmarked(v):
+    """`v`, or the value the checkpoint-name markers that make it mark: they are identities,
+    gone before XLA sees the program (a saved `dot + bias` named `h` is the sum's)."""
+    while isinstance(v, ir.OpResult) and contract.checkpoint_name(v.owner) is not None:
+        v = v.owner.operands[0]
+    return v
+
+
 def _made_from_dropped(v, kept: set) -> bool:
     """Is forward value `v` made by a short chain of cheap elementwise ops (which XLA
     computes again inside each reader) from a stored value the backward does not read
-    (`kept`: what it reads), such as the dot output under `dot + bias`?"""
+    (`kept`: what it reads), such as the dot output under `dot + bias`? (Checkpoint-name
+    markers along the chain are looked through.)"""
+    v = _unmarked(v)
     frontier = [v] if isinstance(v, ir.OpResult) and v.owner.name in _DUPLICATED else []
     for _ in range(_FENCE_DEPTH):
         chain = []
         for w in frontier:
             for u in w.owner.operands:
+                if u in kept:
+                    continue
+                u = _unmarked(u)
                 if not isinstance(u, ir.OpResult) or u in kept or is_literal(u):
                     continue
                 if u.owner.name in _DUPLICATED:
@@ -57,7 +70,7 @@ def fence_residual_producers(a, block, is_shape, note=None) -> int:
     """Joint form: a saved value XLA stores anyway (a dot, a barrier or the return reads
     it) but whose cheap producer XLA could fuse again into its backward readers gets read
     by those through one barrier, at the first of them. Left alone, XLA (GPU; XLA:CPU from
-    jaxlib 0.11) computes `reduce_precision(dot + bias)` once for the forward and again
+    jaxlib 0.11) computes `dot + bias` (rounded, named or not) once for the forward and again
     inside backward fusions, so the dot output stays live into the backward beside the
     saved value (measured, XLA:CPU of jaxlib 0.12, the GPT joint under `auto` at 2/9 of its
     budget range: 15,856,516 B without, 12,972,932 B with it, estimated 12,963,356 B;

@@ -710,6 +710,35 @@ module @fused_producer {
 
 // -----
 
+// The same with the saved sum named (`checkpoint_name`, still marked when the pass runs): the
+// marker is an identity, looked through, so the named value gets the same fence (none before).
+// CHECK-LABEL: module @named_producer
+// CHECK: %[[S:.*]] = stablehlo.add %{{.*}}, %{{.*}} : tensor<2x4xf32>
+// CHECK: %[[H:.*]] = stablehlo.custom_call @remat.name(%[[S]])
+// CHECK: %[[F:.*]] = stablehlo.optimization_barrier {remat.barrier} %[[H]] : tensor<2x4xf32>
+// CHECK-NEXT: %[[G0:.*]] = stablehlo.multiply %arg3, %[[F]]
+// CHECK-NEXT: %[[B:.*]]:2 = stablehlo.optimization_barrier {remat.barrier} %[[H]], %[[G0]]
+// CHECK-NEXT: %[[T:.*]] = stablehlo.tanh %[[B]]#0 {remat.recompute = 1 : i64}
+// CHECK-NEXT: %[[G1:.*]] = stablehlo.multiply %[[G0]], %[[T]]
+// CHECK-NEXT: %[[G2:.*]] = stablehlo.add %[[G1]], %[[F]]
+// CHECK-NEXT: return
+module @named_producer {
+  func.func @main(%x: tensor<2x4xf32>, %w: tensor<4x4xf32>, %b: tensor<4xf32>, %ct: tensor<2x4xf32> {remat.cotangent}) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+    %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    %bb = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<4xf32>) -> tensor<2x4xf32>
+    %s = stablehlo.add %d, %bb : tensor<2x4xf32>
+    %h = stablehlo.custom_call @remat.name(%s) {backend_config = "h"} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %y = stablehlo.tanh %h : tensor<2x4xf32>
+    %g0 = stablehlo.multiply %ct, %h : tensor<2x4xf32>
+    %t = stablehlo.tanh %h {remat.recompute = 1 : i64} : tensor<2x4xf32>
+    %g1 = stablehlo.multiply %g0, %t : tensor<2x4xf32>
+    %g2 = stablehlo.add %g1, %h : tensor<2x4xf32>
+    return %y, %g2 : tensor<2x4xf32>, tensor<2x4xf32>
+  }
+}
+
+// -----
+
 // The same value with no reader that stores it (the recomputation starts from %x): XLA may
 // compute %h inside its readers and never store it, so no barrier but the group's.
 // CHECK-LABEL: module @producer_not_stored
