@@ -48,7 +48,7 @@ def remat(module, policy=None, *, mode: str = "joint", prevent_cse: bool = True,
     `round_exact=False`: round no f32/f64 residual at all (the identity for them), so that
     XLA:CPU does not compute a kept elementwise value twice, for its rounding and again
     inside the fusions that read it; `auto` then prices no such rounding (see
-    insert-reduce-precision's round-exact).
+    insert-reduce-precision's round-exact; rp.jit sets it on XLA:CPU).
     `fence_chains`: give a backward value XLA would compute again inside several readers a
     barrier of its own, so XLA computes it once (place-optimization-barriers' fence-chains;
     rp.jit sets it for XLA:CPU of jaxlib >= 0.11).

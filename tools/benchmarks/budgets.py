@@ -124,6 +124,7 @@ def measure_model(model: Model, progress) -> dict:
     lo, hi = bounds(module, policy=AutoPolicy(0, device=DEVICE))
     base = point(model, module, None, ref, joint=True)
     out = {"title": model.title, "n_ops": common.count_ops(module), "min": lo, "no_remat": hi,
+           "rounding": rounding("split"),   # (rp.remat's options: how residuals are rounded)
            "base_cost": base["cost"], "base_cost_lowered": base["cost_lowered"],
            "base_peak": base["peak"], "fixed": [], "at_fixed": [],
            "sweep": [], "peak": []}
@@ -364,6 +365,25 @@ def _against_fewest(bad, key, m, r, which, label, fewest_key, cost, tolerance) -
         bad.append(f"{key}: {label} at {r['short']}: gradient error {got['err']:.2g}")
 
 
+def _rounding_text(models: dict) -> str:
+    """The page's sentence on how each model's residuals were rounded (models measured
+    before 8d13fe1 record nothing: rp.remat's defaults, f32 rounded)."""
+    unrounded = [k for k, v in models.items() if v.get("rounding", {}).get("round_exact") is False]
+    rounded = [k for k in models if k not in unrounded]
+    text = ""
+    if unrounded:
+        text += (f"{', '.join(unrounded)}: no f32 residual rounded (`round_exact=False`, "
+                 "rp.jit's choice on XLA:CPU since 8d13fe1), so neither `auto` nor a fixed "
+                 "policy pays XLA:CPU's second computation of a rounded value (see "
+                 "[passes.md](passes.md#insert-reduce-precision)).")
+    if rounded:
+        text += (" " if text else "") + (
+            f"{', '.join(rounded)}: every saved float residual a recomputation reads rounded "
+            "to its own type, as jax.checkpoint does (measured before rp.jit left the f32 "
+            "ones out on XLA:CPU).")
+    return text
+
+
 def _commits(machine: dict) -> str:
     """The commit measured at, or, for results merged from several runs, each part's."""
     measured = machine.get("measured")
@@ -408,7 +428,9 @@ def render(data, png_rel: str) -> str:
          "compiled split forward + backward over the no-remat split (`remat_passes.flops` "
          "with loop trip counts for the scanned models). **residuals**: device bytes the split "
          "form's `main_fwd` keeps for `main_bwd` beyond the function's own arguments (the "
-         "activations), which is what the budget bounds.", "",
+         "activations), which is what the budget bounds. Every program is built as `rp.jit` "
+         "builds it on this backend, its residuals rounded as there (`variants.rounding`): "
+         + _rounding_text(models) + "", "",
          "These figures are of plans with one level of recomputation (`levels=1`). Since 2026-11-26 "
          "(`core/levels.py`), `auto` recomputes in two levels where that lowers the peak "
          "estimate by 15%: on these models, at budget 0 (GPT, Equinox, conv net; and the conv "
