@@ -538,6 +538,18 @@ def _provenance_text(data: dict) -> str:
                  "returns them, so its footprint counts them among its outputs as well as "
                  "its arguments)" + (f"; those of {', '.join(rest)} were measured before "
                                      "(e1ee82f), with them returned" if rest else "") + ".")
+    if meta["backend"] == "cpu":
+        unrounded = [m for m in models if all(r["ours"][0].get("round_exact") is False
+                                              for r in data["rows"] if r["model"] == m)]
+        rest = [m for m in models if m not in unrounded]
+        if unrounded:
+            text += (f" {', '.join(unrounded)}: no f32 residual rounded, as rp.jit builds on "
+                     "XLA:CPU since 8d13fe1 (`round_exact=False`)" + (
+                         f"; {', '.join(rest)} measured before, with them rounded"
+                         if rest else "") + ".")
+        else:
+            text += (" Measured before rp.jit stopped rounding f32 residuals on XLA:CPU "
+                     "(8d13fe1): with them rounded.")
     changed = ((_old_offload_program,
                 "The offload rows of {} were measured before annotate-host-offload made the "
                 "copy back to the device after the optimization barrier that holds the host "
