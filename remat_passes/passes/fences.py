@@ -35,8 +35,8 @@ _FENCE_DEPTH = 3   # ops along a producer chain XLA would fuse into the backward
 
 
 def _unmarked(v):
-    """`v`, or the value the checkpoint-name markers that make it mark: they are identities,
-    gone before XLA sees the program (a saved `dot + bias` named `h` is the sum's)."""
+    """`v` with the checkpoint-name markers that make it looked through: they are identities,
+    gone before XLA sees the program (a saved `dot + bias` named `h` is the sum)."""
     while isinstance(v, ir.OpResult) and contract.checkpoint_name(v.owner) is not None:
         v = v.owner.operands[0]
     return v

@@ -26,6 +26,7 @@ Results: `results/budgets.json`.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import remat_passes as rp
@@ -125,6 +126,7 @@ def measure_model(model: Model, progress) -> dict:
     base = point(model, module, None, ref, joint=True)
     out = {"title": model.title, "n_ops": common.count_ops(module), "min": lo, "no_remat": hi,
            "rounding": rounding("split"),   # (rp.remat's options: how residuals are rounded)
+           "xla_flags": os.environ.get("XLA_FLAGS", ""),
            "base_cost": base["cost"], "base_cost_lowered": base["cost_lowered"],
            "base_peak": base["peak"], "fixed": [], "at_fixed": [],
            "sweep": [], "peak": []}
@@ -384,6 +386,18 @@ def _rounding_text(models: dict) -> str:
     return text
 
 
+def _flags_text(models: dict) -> str:
+    """The page's sentence on the XLA flags each model was measured with (models measured
+    before 2026-12-05 record none: XLA's defaults, YNNPACK fusions on where XLA:CPU has
+    them)."""
+    by_flags: dict = {}
+    for key, m in models.items():
+        by_flags.setdefault(m.get("xla_flags") or "", []).append(key)
+    return " ".join(f"XLA flags for {', '.join(keys)}: " + (f"`{flags}`." if flags else
+                                                             "XLA's defaults.")
+                    for flags, keys in by_flags.items())
+
+
 def _commits(machine: dict) -> str:
     """The commit measured at, or, for results merged from several runs, each part's."""
     measured = machine.get("measured")
@@ -430,7 +444,7 @@ def render(data, png_rel: str) -> str:
          "form's `main_fwd` keeps for `main_bwd` beyond the function's own arguments (the "
          "activations), which is what the budget bounds. Every program is built as `rp.jit` "
          "builds it on this backend, its residuals rounded as there (`variants.rounding`): "
-         + _rounding_text(models) + "", "",
+         + _rounding_text(models) + " " + _flags_text(models), "",
          "These figures are of plans with one level of recomputation (`levels=1`). Since 2026-11-26 "
          "(`core/levels.py`), `auto` recomputes in two levels where that lowers the peak "
          "estimate by 15%: on these models, at budget 0 (GPT, Equinox, conv net; and the conv "
