@@ -448,8 +448,8 @@ def render(data, png_rel: str) -> str:
          "These figures are of plans with one level of recomputation (`levels=1`). Since 2026-11-26 "
          "(`core/levels.py`), `auto` recomputes in two levels where that lowers the peak "
          "estimate by 15%: on these models, at budget 0 (GPT, Equinox, conv net; and the conv "
-         "net at 0.15 MB), where it costs +63.1%, +54.3% and +36.4% extra FLOPs instead of "
-         "+33.4% for a lower XLA footprint (see [passes.md](passes.md#two-levels-of-recomputation) and the sweeps of "
+         "net at 0.15 MB), where at budget 0 it costs +60.5%, +53.9% and +36.5% extra FLOPs "
+         "instead of +33.3%, +34.1% and +33.6% (jaxlib 0.12, at 56a5832) for a lower XLA footprint (see [passes.md](passes.md#two-levels-of-recomputation) and the sweeps of "
          "[Memory as XLA allocates it](#memory-as-xla-allocates-it)); `levels=1` gives the "
          "plans measured here.", "",
          "What is checked (recomputed from the results by `tools/benchmarks/budgets.py:checks` "
