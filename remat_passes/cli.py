@@ -162,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "budget whose plan would peak above a larger budget's takes that "
                         "larger budget's plan (larger, the default) or the cheapest smaller "
                         "budget's plan that peaks no higher (smaller)")
+    p.add_argument("--pareto-round-exact", choices=["true", "false"], default="true",
+                   help="false: plan, build and count the --print-pareto plans without "
+                        "roundings of f32/f64 residuals (as rp.jit builds on XLA:CPU; "
+                        "insert-reduce-precision{round-exact=false}); default true, as "
+                        "jax.checkpoint rounds them")
     p.add_argument("--list-passes", action="store_true", help="list the passes and their options")
     p.add_argument("--version", action="version", version=f"remat-opt {__version__}")
     group = p.add_argument_group("passes (run in command-line order)")
@@ -247,7 +252,8 @@ def _process(data: bytes, steps: list, args, filename: str, remarks_to=None) -> 
         if args.pareto_points < 1:
             raise RematError("error: --pareto-points must be at least 1")
         points = pareto(module, points=args.pareto_points, offload=args.pareto_offload,
-                        device=args.pareto_device, monotone=args.pareto_monotone)
+                        device=args.pareto_device, monotone=args.pareto_monotone,
+                        round_exact=args.pareto_round_exact == "true")
         report += format_pareto(points) + "\n"
     if remarks_to is not None:
         remarks_to.extend(state.remarks)

@@ -83,11 +83,13 @@ def bounds(module, func: str = "main", policy: AutoPolicy | None = None, *,
     return minimum_bytes(p), p.no_remat_bytes()
 
 
-def problem_for(module, func: str = "main", policy: AutoPolicy | None = None) -> Problem:
+def problem_for(module, func: str = "main", policy: AutoPolicy | None = None, *,
+                round_exact: bool = True) -> Problem:
     """The planning problem `auto` as the module policy solves for `func` of a copy of
     `module` (inlined; `planning_problem`), for the solvers and benchmarks to work on
-    directly."""
-    return planning_problem(module, func, policy)
+    directly. `round_exact` as `rp.remat`'s: False prices no rounding of an f32/f64
+    residual, as rp.jit plans on XLA:CPU (`variants.rounding`)."""
+    return planning_problem(module, func, policy, round_exact=round_exact)
 
 
 @dataclasses.dataclass
@@ -122,10 +124,12 @@ FIXED_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_
 
 class _Measure:
     """Activation bytes, host bytes, extra FLOPs and the joint peak of a policy's plan, the
-    same way for every plan of a sweep (FLOPs over the no-remat split form's)."""
+    same way for every plan of a sweep (FLOPs over the no-remat split form's), each built
+    with rp.remat's `round_exact`."""
 
-    def __init__(self, module, func: str, levels: str = "auto"):
+    def __init__(self, module, func: str, levels: str = "auto", round_exact: bool = True):
         self.module, self.func, self.levels = module, func, levels
+        self.round_exact = round_exact
         self.base = self._flops(remat(module, None, mode="split", func=func))
 
     def _flops(self, split) -> float:
@@ -134,10 +138,11 @@ class _Measure:
 
     def __call__(self, policy) -> tuple:
         """(split module, activation bytes, host bytes, extra FLOPs, extra %, joint peak)."""
-        split = remat(self.module, policy, mode="split", func=self.func, levels=self.levels)
+        split = remat(self.module, policy, mode="split", func=self.func, levels=self.levels,
+                      round_exact=self.round_exact)
         # the joint form as rp.jit builds it: where XLA deletes barriers (CPU), tied
         joint = remat(self.module, policy, mode="joint", func=self.func, levels=self.levels,
-                      tie_to_cotangent=deletes_barriers())
+                      tie_to_cotangent=deletes_barriers(), round_exact=self.round_exact)
         extra = self._flops(split) - self.base
         host = sum(r.bytes for r in split.residuals if r.offload is not None and
                    r.offload.dst in contract.HOST_KINDS)
@@ -148,7 +153,7 @@ class _Measure:
 
 def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
            func: str = "main", solver: str = "auto", levels: str = "auto",
-           monotone=False) -> list[ParetoPoint]:
+           monotone=False, round_exact: bool = True) -> list[ParetoPoint]:
     """Budget -> activation bytes, extra FLOPs, joint peak and solve time, for a sweep of
     budgets (by default `points` from the minimum to no remat). A larger budget never
     costs more: a point whose plan costs more than the plan of a smaller budget takes
@@ -157,6 +162,8 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
     levels can cost more FLOPs than a larger budget's plan, for a lower peak). `monotone`
     as `auto`'s (True or 'larger', 'smaller'): a budget whose plan would peak above a
     larger budget's takes another plan (its trial plans are made once for the whole sweep).
+    `round_exact` as `rp.remat`'s: False plans, builds and counts each plan without
+    roundings of f32/f64 residuals, as rp.jit builds on XLA:CPU (`variants.rounding`).
     """
     if budgets is None and (isinstance(points, bool) or not isinstance(points, int)
                             or points < 1):
@@ -164,7 +171,7 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
                          f"1, got {points!r}")
     lo, hi = bounds(module, func, AutoPolicy(0, offload=offload, device=device),
                     what="rp.pareto")
-    measure = _Measure(module, func, levels)
+    measure = _Measure(module, func, levels, round_exact)
     if budgets is None:
         budgets = sorted({int(lo + (hi - lo) * k / max(points - 1, 1)) for k in range(points)})
     out = []
@@ -184,12 +191,14 @@ def pareto(module, budgets=None, *, points: int = 20, offload=None, device=None,
     return out
 
 
-def policy_points(module, policies=FIXED_POLICIES, func: str = "main") -> list[PolicyPoint]:
+def policy_points(module, policies=FIXED_POLICIES, func: str = "main", *,
+                  round_exact: bool = True) -> list[PolicyPoint]:
     """Each fixed policy (specs, or policies of `rp.policies` / JAX) measured as `pareto`
-    measures its plans: where the hand-picked choices sit beside the sweep."""
+    measures its plans (`round_exact` as its): where the hand-picked choices sit beside the
+    sweep."""
     from remat_passes.policy.policies import as_policy
     _own_backward(module, func, "rp.policy_points")
-    measure = _Measure(module, func)
+    measure = _Measure(module, func, round_exact=round_exact)
     out = []
     for policy in policies:
         _, dev, host, extra, pct, peak = measure(policy)
@@ -198,10 +207,11 @@ def policy_points(module, policies=FIXED_POLICIES, func: str = "main") -> list[P
 
 
 def plot_pareto(points: list[ParetoPoint], fixed: list[PolicyPoint] | None = None, *,
-                module=None, func: str = "main", ax=None, path: str | None = None):
+                module=None, func: str = "main", ax=None, path: str | None = None,
+                round_exact: bool = True):
     """Extra FLOPs (% over no remat) against the activation bytes kept: the sweep as a
     step line, and the fixed policies as labelled points (`fixed`, or measured on `module`
-    with `policy_points`). Returns matplotlib's Axes; `path` also saves the figure there.
+    with `policy_points`, `round_exact` as the sweep's). Returns matplotlib's Axes; `path` also saves the figure there.
     Needs matplotlib (`pip install "remat_passes[plot]"`)."""
     try:
         import matplotlib
@@ -212,7 +222,7 @@ def plot_pareto(points: list[ParetoPoint], fixed: list[PolicyPoint] | None = Non
         raise ImportError("plot_pareto needs matplotlib: pip install \"remat_passes[plot]\" "
                           "(or pip install matplotlib)") from None
     if fixed is None and module is not None:
-        fixed = policy_points(module, func=func)
+        fixed = policy_points(module, func=func, round_exact=round_exact)
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 4.2))
     xs = [q.activation_bytes for q in points]

@@ -412,14 +412,15 @@ class TrialPlans:
 
 
 def planning_problem(module, func: str = "main", policy=None, scope_re=None,
-                     region_policies=None, region_policy=None):
+                     region_policies=None, region_policy=None, round_exact: bool = True):
     """The planning problem `auto` as the module policy solves for `func` of a copy of
     `module` (an ir.Module or a Module; inlined), for the solvers, `bounds` and benchmarks
     to work on directly. As in remat-partial-eval, the ops inside checkpoint regions (and
     scopes `scope_re` makes, under `region_policy`) keep their region's own verdicts:
     saved where the backward needs them, or recomputed from what their region saves;
     they are not the plan's to recompute. `region_policies`: the Python policies of
-    regions (a Module's own, where `module` is one)."""
+    regions (a Module's own, where `module` is one). `round_exact` as remat-partial-eval's:
+    False prices no rounding of an f32/f64 residual (rp.jit's choice on XLA:CPU)."""
     policy = policy or AutoPolicy(0)
     if region_policies is None:
         region_policies = getattr(module, "region_policies", {})
@@ -436,7 +437,7 @@ def planning_problem(module, func: str = "main", policy=None, scope_re=None,
                                  region_policy)
         fixed = fixed_verdicts(a, policies, scope_re)
         p, _ = build_problem(a, scope_re, set(kept), policy.profile, policy.offload is not None,
-                             Governed(fixed))
+                             Governed(fixed), round_exact=round_exact)
     p.module = copy      # the ops and values it names live in this copy (an ir.Module)
     return p
 

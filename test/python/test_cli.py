@@ -484,6 +484,38 @@ def test_short_runs_do_not_import_jax(files, tmp_path):
     assert proc.stdout.splitlines()[-1] == "imported: []", proc.stdout[-2000:]
 
 
+def test_pareto_round_exact_false_sweeps_as_rp_jit_builds_on_cpu(tmp_path, capsys):
+    """--pareto-round-exact=false: the sweep as rp.jit builds on XLA:CPU (no f32 residual
+    rounded), so no budget's extra FLOPs exceed the default sweep's, and some are lower
+    (a kept product a recomputed tanh reads is not rounded); a bad value is an error that
+    names the flag, with no output file."""
+    def mlp(Ws, x):
+        for w in Ws:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x)
+    src = tmp_path / "mlp.mlir"
+    rp.export_vjp(mlp, tuple(jnp.ones((16, 16)) * 0.1 for _ in range(3)),
+                  jnp.ones((8, 16))).save(str(src))
+
+    def extra(flag):
+        out = tmp_path / f"p{len(flag)}.mlir"
+        assert cli.main([str(src), "--print-pareto", "--pareto-points=4", *flag,
+                         "-o", str(out)]) == 0
+        text = capsys.readouterr().out
+        rows = text.split("---|---|---|---|---|---\n", 1)[1].split("\n\n", 1)[0]
+        return [float(r.split(" | ")[3].split("(")[1].split("%")[0])
+                for r in rows.splitlines() if " | " in r]
+    exact, not_exact = extra([]), extra(["--pareto-round-exact=false"])
+    assert len(exact) == len(not_exact) >= 3, (exact, not_exact)
+    assert all(b <= a for a, b in zip(exact, not_exact)), (exact, not_exact)
+    assert any(b < a for a, b in zip(exact, not_exact)), (exact, not_exact)
+    bad = tmp_path / "bad.mlir"
+    with pytest.raises(SystemExit) as e:
+        cli.main([str(src), "--print-pareto", "--pareto-round-exact=no", "-o", str(bad)])
+    assert e.value.code != 0 and "--pareto-round-exact" in capsys.readouterr().err
+    assert not bad.exists()
+
+
 def test_memory_backend_chooses_the_backend_the_xla_model_models(files, tmp_path, capsys):
     """--memory-backend=gpu estimates a GPU's memory wherever remat-opt runs: the report's
     first line names that backend and the model's measured error there."""

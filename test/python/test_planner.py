@@ -682,6 +682,28 @@ def test_pareto_is_monotone():
             pareto(m, points=bad)
 
 
+def test_pareto_round_exact_false_counts_plans_as_rp_jit_builds_them_on_cpu():
+    """`round_exact=False` (rp.jit's choice on XLA:CPU): the sweep, the fixed policies and
+    the planning problem leave out the roundings of f32 residuals, so each costs no more
+    FLOPs than with them, and less where a plan keeps a value a recomputation reads."""
+    _, _, m = case("block")
+    exact, not_exact = pareto(m, points=4), pareto(m, points=4, round_exact=False)
+    assert [q.budget for q in exact] == [q.budget for q in not_exact]
+    for a, b in zip(exact, not_exact):
+        assert b.extra_flops <= a.extra_flops + 1e-6, (a, b)
+    assert any(b.extra_flops < a.extra_flops for a, b in zip(exact, not_exact))
+    fixed = {q.policy: q for q in rp.policy_points(m, ["dots_saveable"])}
+    fixed_ne = {q.policy: q for q in rp.policy_points(m, ["dots_saveable"],
+                                                     round_exact=False)}
+    for k in fixed:      # (the same plan: a fixed policy's verdicts do not weigh costs)
+        assert fixed_ne[k].activation_bytes == fixed[k].activation_bytes
+        assert fixed_ne[k].extra_flops < fixed[k].extra_flops, (fixed[k], fixed_ne[k])
+    # the planner's problem prices what the pipeline then emits: keeping costs no rounding
+    p, q = rp_sweeps.problem_for(m), rp_sweeps.problem_for(m, round_exact=False)
+    assert q.no_remat_bytes() == p.no_remat_bytes()
+    assert sum(q.keep_cost) < sum(p.keep_cost), (sum(q.keep_cost), sum(p.keep_cost))
+
+
 def test_monotone_peak_decides_from_the_largest_budget_down():
     """`monotone_peak` on made-up trials: a grid budget's plan stands where its peak is
     within 2% of the lowest peak chosen above it; else, by the rule 'larger', the plan

@@ -168,7 +168,9 @@ def measure_model(model: Model, progress) -> dict:
             row["cheapest_compiled"] = min(fits, key=lambda g: (g["cost"], g["dev"]))["short"]
         out["at_fixed"].append(row)
     # --------------------------------------------------------------------- sweep --
-    problem = problem_for(module, policy=AutoPolicy(0, device=DEVICE))
+    # (priced as the plans `point` builds: the residuals rounded as rp.jit rounds them here)
+    problem = problem_for(module, policy=AutoPolicy(0, device=DEVICE),
+                          round_exact=rounding("split").get("round_exact", True))
     budgets = sorted({int(lo + (hi - lo) * k / (SWEEP - 1)) for k in range(SWEEP)})
     for b in budgets:
         progress(f"{model.key}: sweep {b} B")
