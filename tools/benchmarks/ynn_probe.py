@@ -85,7 +85,9 @@ def turn_off() -> bool:
     YNN_OFF to XLA_FLAGS (before XLA's CPU client starts). Returns whether it did."""
     if not supported():
         return False
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + YNN_OFF).strip()
+    flags = os.environ.get("XLA_FLAGS", "")
+    if YNN_OFF not in flags.split():      # (set already: said once on the page)
+        os.environ["XLA_FLAGS"] = (flags + " " + YNN_OFF).strip()
     return True
 
 
