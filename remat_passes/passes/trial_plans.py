@@ -248,13 +248,14 @@ class TrialPlans:
                 def funcs():
                     return [graph.find_func(copy, name).operation for name in names]
                 before = roundings_in(funcs())
-                *rest, strip = self._rest_of_pipeline(groups=groups, tie=tie)
-                for step in rest:
+                cost = None
+                for step in self._rest_of_pipeline(groups=groups, tie=tie):
+                    if isinstance(step, StripCheckpointNames):
+                        # (priced before it drops the clones' marks, which the price reads)
+                        cost = recomputation_seconds(funcs(), policy.profile,
+                                                     flops.CostModel(copy), before)
                     step.apply(copy, st)
                     st.drop()
-                cost = recomputation_seconds(funcs(), policy.profile, flops.CostModel(copy),
-                                             before)   # (before the clones' marks go)
-                strip.apply(copy, st)
             measured = names[1:] if fwd is not None and len(names) > 1 else names
             estimate = estimate_memory(copy, measured, dim_symbols=st.dim_symbols,
                                        model="xla")

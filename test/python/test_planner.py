@@ -791,17 +791,30 @@ def test_monotone_holds_the_conv_nets_peak_to_a_larger_budgets():
     assert cheapest > larger * 1.02, (cheapest, larger)      # the case monotone is for
     seconds = recompute_seconds(m, P.auto(budget), mode="split", levels="1")
 
+    def priced(remark):
+        # the remark's recomputation in us, the plan's own -> the one kept instead, as the
+        # trials priced them (each plan's clones and roundings as built in the form the
+        # trial weighed, so within 1% of recompute_seconds' figure, not to the digit)
+        return [float(t) for t in re.search(r"recomputation (\S+) us -> (\S+) us on cpu",
+                                            remark).groups()]
+
     split, held, remarks = measured(P.auto(budget, monotone=True))
     assert len(remarks) == 1 and "B over the budget)" in remarks[0], remarks
     assert activation_bytes(split.residuals) > budget
     assert held <= larger * 1.02, (held, larger)
-    assert recompute_seconds(m, P.auto(budget, monotone=True), mode="split",
-                             levels="1") <= seconds
+    larger_seconds = recompute_seconds(m, P.auto(budget, monotone=True), mode="split",
+                                       levels="1")
+    assert larger_seconds <= seconds
+    assert priced(remarks[0]) == pytest.approx([seconds * 1e6, larger_seconds * 1e6], rel=0.01)
 
     split, held, remarks = measured(P.auto(budget, monotone="smaller"))
     assert activation_bytes(split.residuals) < activation_bytes(plain.residuals)
     assert len(remarks) == 1 and "planned at residual budget" in remarks[0], remarks
     assert held <= larger * 1.02, (held, larger)
+    smaller_seconds = recompute_seconds(m, P.auto(budget, monotone="smaller"), mode="split",
+                                        levels="1")
+    assert smaller_seconds > seconds     # within the budget, the lower peak costs more
+    assert priced(remarks[0]) == pytest.approx([seconds * 1e6, smaller_seconds * 1e6], rel=0.01)
 
 
 def test_pareto_says_where_a_larger_budget_peaks_lower():
