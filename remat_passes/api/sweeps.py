@@ -211,8 +211,8 @@ def plot_pareto(points: list[ParetoPoint], fixed: list[PolicyPoint] | None = Non
                 round_exact: bool = True):
     """Extra FLOPs (% over no remat) against the activation bytes kept: the sweep as a
     step line, and the fixed policies as labelled points (`fixed`, or measured on `module`
-    with `policy_points`, `round_exact` as the sweep's). Returns matplotlib's Axes; `path` also saves the figure there.
-    Needs matplotlib (`pip install "remat_passes[plot]"`)."""
+    with `policy_points`, `round_exact` as the sweep's). Returns matplotlib's Axes; `path`
+    also saves the figure there. Needs matplotlib (`pip install "remat_passes[plot]"`)."""
     try:
         import matplotlib
         if ax is None and path is not None:
