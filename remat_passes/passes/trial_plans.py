@@ -19,8 +19,9 @@ from remat_passes.passes.strip_checkpoint_names import StripCheckpointNames
 from remat_passes.planner import trials
 from remat_passes.planner.model import build_problem
 from remat_passes.planner.resolve import (BudgetBelowMinimum, Trial, by_compiled_cost, for_peak,
-                                          Governed, fixed_verdicts, monotone_peak)
-from remat_passes.planner.solvers import minimum_bytes
+                                          Governed, fixed_verdicts, monotone_grid,
+                                          monotone_peak)
+from remat_passes.planner.solvers import minimum_bytes, solve_all
 from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, recorded_scope_policies
 from remat_passes.regions.rules import new_rules
@@ -69,6 +70,13 @@ class TrialPlans:
             st.drop()
         return copy, st
 
+    def _solve_ahead(self, problem, state, budgets, solver) -> None:
+        """The planning problem (`planning_problem`, as the trial plans' pass builds it)
+        solved at the trial residual budgets `budgets` side by side (`solvers.solve_all`):
+        the trial plans, made one by one next, find their solutions in the solvers' memo."""
+        if not _is_loop_body(state, self.func):     # (a loop body is planned uninlined)
+            solve_all(problem, budgets, solver)
+
     def _rest_of_pipeline(self, groups: str = "per-use", rounded: bool = False,
                           tie: bool = True) -> list:
         """The default pipeline's passes after this one, as rp.jit runs them: where XLA
@@ -108,7 +116,8 @@ class TrialPlans:
         if compiled:
             self._can_compile(policy, state, state.compiled_memory)
         problem = planning_problem(module_op, self.func, policy, self.region_regex,
-                                   state.region_policies, self.region_policy)
+                                   state.region_policies, self.region_policy,
+                                   round_exact=self.round_exact)
         memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
                           _is_loop_body(state, self.func), policy)
 
@@ -121,6 +130,7 @@ class TrialPlans:
 
             def made_all(rbs):
                 costs, owners = {}, []
+                self._solve_ahead(problem, state, rbs, policy.solver)
 
                 def plans():
                     for rb in rbs:     # (planned once, the rest of the pipeline per form)
@@ -223,16 +233,20 @@ class TrialPlans:
         from remat_passes.cost.xla_schedule import compiled_forms
         from remat_passes.planner.report import format_flop, format_seconds
         from remat_passes.policy.auto import auto
-        problem = planning_problem(module_op, self.func, policy, self.region_regex,
-                                   state.region_policies, self.region_policy)
+        def candidate(rb):
+            return auto(rb, offload=policy.offload, device=policy.device,
+                        solver=policy.solver, monotone=False)
+
+        problem = planning_problem(module_op, self.func, candidate(0), self.region_regex,
+                                   state.region_policies, self.region_policy,
+                                   round_exact=self.round_exact)
         lo, hi = minimum_bytes(problem), problem.no_remat_bytes()
         budget = policy.budget.resolve(hi)
         if not lo <= budget < hi:      # below the minimum: an error or scans in segments;
             return policy              # at no remat: nothing recomputed, nothing to weigh
-
-        def candidate(rb):
-            return auto(rb, offload=policy.offload, device=policy.device,
-                        solver=policy.solver, monotone=False)
+        # (the budgets below this one are planned only where rule 'smaller' needs them)
+        self._solve_ahead(problem, state, [budget] + [
+            g for g in monotone_grid(lo, hi) if g > budget], policy.solver)
 
         memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
                           _is_loop_body(state, self.func), policy)

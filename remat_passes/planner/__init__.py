@@ -45,7 +45,7 @@ exactly like any other policy.
 
 Modules: `model` (the problem and `build_problem` from an analysis; `scope_model`,
 how the ops under another policy, a checkpoint region's own, enter it; `case_model`,
-how a cond does), `solvers`,
+how a cond does), `solvers` (`highs`: SciPy's `milp`, quiet),
 `resolve` (the auto policies in force to plans), `report` (what a plan says). The
 planner reads an analysis and never runs a pass: what needs whole pipelines (the
 peak objective's trials, `bounds`, `pareto`) drives it from above.

@@ -321,6 +321,11 @@ class Monotone:
         return self.lower is not None and self.own.peak > self.lower.peak * MONOTONE_SLACK
 
 
+def monotone_grid(lo: int, hi: int) -> list[int]:
+    """`monotone_peak`'s trial residual budgets: `lo` to `hi` in `MONOTONE_GRID` steps."""
+    return sorted({int(lo + (hi - lo) * k / MONOTONE_GRID) for k in range(MONOTONE_GRID + 1)})
+
+
 def monotone_peak(budget: int, lo: int, hi: int, trial, rule: str = "larger") -> Monotone:
     """A smaller budget must not need a larger peak: the planner minimises recompute cost
     within the budget, and what it recomputes is held at once in the backward, so a plan
@@ -342,7 +347,7 @@ def monotone_peak(budget: int, lo: int, hi: int, trial, rule: str = "larger") ->
     where rule 'smaller' looks for a plan."""
     if rule not in ("larger", "smaller"):
         raise ValueError(f"rule must be larger or smaller, got {rule!r}")
-    grid = sorted({int(lo + (hi - lo) * k / MONOTONE_GRID) for k in range(MONOTONE_GRID + 1)})
+    grid = monotone_grid(lo, hi)
     made: dict = {}
 
     def at(rb) -> Trial:

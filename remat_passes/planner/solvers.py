@@ -1,7 +1,8 @@
 """The solvers of the planning problem: exact (an integer program, SciPy's `milp`, HiGHS)
 and lagrangian (minimum cuts, igraph's max-flow, over a bisection of the multiplier).
 
-`solve(problem, budget, solver)` picks one; `minimum_bytes` is the least a plan can keep.
+`solve(problem, budget, solver)` picks one (`solve_all`: several budgets, side by side, into
+its memo); `minimum_bytes` is the least a plan can keep.
 
 What `auto` returns does not depend on a clock: its searches stop on work done
 (branch-and-bound nodes for HiGHS, windows for the neighbourhood search), and HiGHS is
@@ -26,17 +27,14 @@ plan is the optimum; otherwise it costs at most half that op more. On that trans
 from __future__ import annotations
 
 import collections
-import contextlib
-import ctypes
 import hashlib
 import math
 import os
-import sys
 import time
-import warnings
 
 import numpy as np
 
+from remat_passes.planner import highs
 from remat_passes.planner.model import Problem, Solution, evaluate
 from remat_passes.planner.trials import kept
 
@@ -56,46 +54,6 @@ SAFETY_SECONDS = 20.0       # a search still running after this long stops anywa
 SOLVED: collections.OrderedDict = collections.OrderedDict()   # (problem, budget, ...) ->
 SOLVED_MEMO = 128           # its solutions, for the process (the oldest go first; at
                             # 100k ops one holds about 0.3 MB)
-
-
-def _milp(*args, **kwargs):
-    """SciPy's `milp`, with what HiGHS prints to the process's stdout although asked for
-    no output (a `transformNewIntegerFeasibleSolution` line, seen on the Equinox model)
-    thrown away: remat-opt writes its module to stdout. HiGHS options SciPy does not name
-    (`mip_abs_gap`) it hands to HiGHS as they are, with a warning that is not for users."""
-    from scipy.optimize import milp
-    with _c_stdout_discarded(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Unrecognized options detected",
-                                category=RuntimeWarning)
-        return milp(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def _c_stdout_discarded():
-    """File descriptor 1 points to the null device inside; C's buffers are flushed before
-    it points back, so nothing written inside comes out after."""
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-    except (OSError, ValueError, AttributeError):   # no descriptor 1: nothing to protect
-        yield
-        return
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 1)
-        yield
-    finally:
-        _flush_c_streams()
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(null)
-
-
-def _flush_c_streams() -> None:
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):     # no C library to ask (not on POSIX)
-        pass
 
 
 def _mins(p: Problem, lam: float) -> np.ndarray:
@@ -282,7 +240,7 @@ def _merge_components(p: Problem, rec: np.ndarray, fewer: np.ndarray, budget: in
         cost.append(e[3] - base[3])
     if len(chains) > 5000 or max(freed) <= 0:
         return rec
-    res = _milp(np.array(cost) + 1e-30, integrality=np.ones(len(chains)),
+    res = highs.milp(np.array(cost) + 1e-30, integrality=np.ones(len(chains)),
                bounds=Bounds(0, 1),
                constraints=[LinearConstraint(np.array([freed], float), need, np.inf)],
                options={"node_limit": AUTO_EXACT_NODES, "time_limit": SAFETY_SECONDS})
@@ -494,7 +452,7 @@ class _Milp:
         options = {"time_limit": time_limit, "mip_rel_gap": 1e-6, "mip_abs_gap": PROOF_GAP}
         if nodes is not None:
             options["node_limit"] = nodes
-        res = _milp(self.c, integrality=self.integrality, bounds=Bounds(lower, upper),
+        res = highs.milp(self.c, integrality=self.integrality, bounds=Bounds(lower, upper),
                    constraints=self.constraints, options=options)
         # status 1: the time limit; 4: here, the node limit (SciPy has no code of its own)
         if res.x is None or not (res.status == 0 or incumbent and res.status in (1, 4)):
@@ -576,10 +534,49 @@ def solve(p: Problem, budget: int, solver="auto", exact_limit: float = 60.0,
     baselines."""
     if callable(solver):                 # (a function may keep state: solved each time)
         return _solve(p, budget, solver, exact_limit, compare_exact)
-    key = (_fingerprint(p), budget, solver, exact_limit, compare_exact, AUTO_EXACT_NODES,
-           AUTO_EXACT_WORK, AUTO_EXACT_SECONDS, WINDOW_NODES, LNS_WINDOWS, LNS_NODES_PER_WINDOW)
-    return kept(SOLVED, SOLVED_MEMO, key,
+    return kept(SOLVED, SOLVED_MEMO,
+                _memo_key(_fingerprint(p), budget, solver, exact_limit, compare_exact),
                 lambda: _solve(p, budget, solver, exact_limit, compare_exact))
+
+
+SIDE_BY_SIDE_MAX = 8        # solve_all's threads, at most (and no more than the cores)
+
+
+def solve_all(p: Problem, budgets, solver="auto") -> None:
+    """`solve(p, b, solver)` for each budget of `budgets` not solved yet, in threads on the
+    cores this process may use (HiGHS runs without the GIL), into `solve`'s memo: the plans
+    solved one by one (module docstring), for the trial plans of objective=peak and monotone
+    (the benchmark Equinox's 11 trial budgets on 2 cores: 10.5 s -> 5.5 s)."""
+    if callable(solver):
+        return
+    fingerprint = _fingerprint(p)
+    key = {b: _memo_key(fingerprint, b, solver, 60.0, False) for b in dict.fromkeys(budgets)}
+    todo = [b for b, k in key.items() if k not in SOLVED]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = min(len(todo), cores or 1, SIDE_BY_SIDE_MAX)
+    if workers < 2:
+        return
+    def one(b):
+        try:
+            return _solve(p, b, solver, 60.0, False)
+        except Exception:    # (left to `solve` to raise where it would)
+            return None
+    from concurrent.futures import ThreadPoolExecutor
+    with highs.quiet(), ThreadPoolExecutor(workers, "remat-passes-solve") as pool:
+        highs.side_by_side = True
+        try:
+            solved = list(pool.map(one, todo))
+        finally:
+            highs.side_by_side = False
+    for b, out in zip(todo, solved):
+        if out is not None:
+            kept(SOLVED, SOLVED_MEMO, key[b], lambda out=out: out)
+
+
+def _memo_key(fingerprint: str, budget: int, solver, exact_limit: float, compare_exact: bool):
+    """`solve`'s memo key: the problem (`_fingerprint`), the budget, what the solve reads."""
+    return (fingerprint, budget, solver, exact_limit, compare_exact, AUTO_EXACT_NODES,
+            AUTO_EXACT_WORK, AUTO_EXACT_SECONDS, WINDOW_NODES, LNS_WINDOWS, LNS_NODES_PER_WINDOW)
 
 
 def _fingerprint(p: Problem) -> str:

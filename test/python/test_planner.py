@@ -1621,7 +1621,7 @@ def test_what_highs_prints_to_stdout_is_thrown_away(capfd, monkeypatch):
     import os
 
     import scipy.optimize
-    from remat_passes.planner import solvers
+    from remat_passes.planner import highs
 
     def noisy(*args, **kwargs):
         ctypes.CDLL(None).printf(b"buffered C noise\n")
@@ -1629,10 +1629,57 @@ def test_what_highs_prints_to_stdout_is_thrown_away(capfd, monkeypatch):
         return "solved"
     monkeypatch.setattr(scipy.optimize, "milp", noisy)
     print("before", flush=True)
-    assert solvers._milp() == "solved"
+    assert highs.milp() == "solved"
     print("after", flush=True)
     out = capfd.readouterr().out
     assert "noise" not in out and out.split() == ["before", "after"]
+
+
+def test_trial_budgets_solved_side_by_side_are_the_plans_solved_one_by_one(monkeypatch,
+                                                                            capfd):
+    """objective=peak and monotone solve their trial budgets ahead, in threads
+    (`solvers.solve_all`: HiGHS runs without the GIL): each solution is the one a solve
+    alone gives, the trial plans find them in the memo (no solve of their own), what HiGHS
+    prints stays off stdout, and stdout works after."""
+    import ctypes
+    import os
+
+    import scipy.optimize
+    from remat_passes.planner import highs, solvers
+    from remat_passes.passes.trial_plans import planning_problem
+    _, _, m = case("block")
+    p = planning_problem(m, "main", P.auto(0))
+    lo, hi = solvers.minimum_bytes(p), p.no_remat_bytes()
+    budgets = [lo + (hi - lo) * k // 6 for k in range(1, 6)]
+    alone = [solvers._solve(p, b, "auto", 60.0, False)[0] for b in budgets]
+    monkeypatch.setattr(solvers, "SOLVED", collections.OrderedDict())
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    real_milp = scipy.optimize.milp
+
+    def noisy(*args, **kwargs):
+        ctypes.CDLL(None).printf(b"buffered C noise\n")
+        os.write(1, b"raw noise\n")
+        return real_milp(*args, **kwargs)
+    monkeypatch.setattr(scipy.optimize, "milp", noisy)
+    print("before", flush=True)
+    solvers.solve_all(p, budgets)
+    print("after", flush=True)
+    out = capfd.readouterr().out
+    assert "noise" not in out and out.split() == ["before", "after"]
+    assert not highs.side_by_side
+    real_solve, solved = solvers._solve, []
+    monkeypatch.setattr(solvers, "_solve", lambda *a: solved.append(a) or pytest.fail())
+    for b, one in zip(budgets, alone):
+        side = solvers.solve(p, b, "auto")[0]
+        assert (side.recompute == one.recompute).all() and side.cost == one.cost
+    assert not solved
+
+    # monotone's trial plans find their solutions made side by side, none solved alone
+    monkeypatch.setattr(trials, "TRIALS", collections.OrderedDict())
+    monkeypatch.setattr(solvers, "_solve", lambda *a: solved.append(
+        highs.side_by_side) or real_solve(*a))
+    rp.remat(m, P.auto(lo + (hi - lo) // 3 + 1, monotone=True), mode="split")
+    assert len(solved) > 2 and all(solved), solved
 
 
 def test_objective_peak_plans_its_trial_budgets_once_per_module(monkeypatch):
