@@ -92,7 +92,7 @@ def _policies_help() -> str:
             "  Names take bare words: save_only_these_names(a,b); policies nest:\n"
             "  save_from_both_policies(dots_saveable,save_only_these_names(a)).\n"
             "  auto(BUDGET[, offload=pinned_host][, device=cpu|h100|...][, objective=peak]\n"
-            "       [, monotone=larger|smaller][, check=false])\n"
+            "       [, monotone=larger|smaller][, check=false][, ties=peak|later|earlier|none])\n"
             "  plans the cheapest recomputation within BUDGET: bytes (1000000), with a unit\n"
             "  (512MiB, 2GiB, 1.5GB) or a percentage of what no remat keeps (50%).\n"
             "  e.g. remat-opt model.mlir --remat='policy=auto(12MiB) mode=split'")

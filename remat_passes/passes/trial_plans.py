@@ -26,6 +26,9 @@ from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, recorded_scope_policies
 from remat_passes.regions.rules import new_rules
 
+LARGEST_WEIGHED = 5000    # ops of the largest function whose equal-cost plans are weighed (each
+                          # weighed plan runs the rest of the pipeline in every compiled form)
+
 
 class TrialPlans:
     """remat-partial-eval's trial plans (its options: `partial_eval_options`, `func`,
@@ -36,8 +39,11 @@ class TrialPlans:
         """The policy to plan with: `policy`, or where it is an auto policy that plans trial
         budgets first (objective=peak, score=xla, monotone), the candidate they choose. A
         progress bar counts the trial plans on a terminal where they take over a second."""
-        if not isinstance(policy, AutoPolicy) or not (
-                policy.objective == "peak" or policy.score == "xla" or policy.monotone):
+        if not isinstance(policy, AutoPolicy):
+            return policy
+        if _weighs_ties(policy) and not policy.monotone:
+            return self._equal_cost_peak(policy, module_op, state)
+        if not (policy.objective == "peak" or policy.score == "xla" or policy.monotone):
             return policy
         with Progress(None, f"@{self.func}: {policy.spec}: trial plans") as state.progress:
             try:
@@ -218,6 +224,58 @@ class TrialPlans:
                              "pipeline was given no compiler: run it through rp.remat, rp.jit "
                              "or remat-opt")
 
+    def _equal_cost_peak(self, policy, module_op, state):
+        """auto(ties=peak), the default: where other plans within the budget cost what the
+        cheapest costs (`working_set.equal_cost_plan`: those recomputing ops toward the end
+        of the forward pass and toward its start), weigh each distinct one (`_weigh`: on a
+        copy of the module, with the rest of the pipeline) and plan with the one whose
+        estimated peak is lowest (the integer program's first on a tie). Nothing is built
+        where there is no other plan."""
+        from remat_passes.planner.solvers import solve
+        from remat_passes.planner.working_set import TOWARD, equal_cost_plan
+        from remat_passes.policy.auto import auto
+
+        def candidate(ties):
+            return auto(policy.budget, offload=policy.offload, device=policy.device,
+                        solver=policy.solver, ties=ties)
+        if _is_loop_body(state, self.func):     # (planned uninlined)
+            return policy
+        with module_op.context:       # (a large function is solved by the Lagrangian)
+            block = graph.body_block(graph.find_func(module_op, self.func))
+            if sum(1 for _ in graph.nested_ops(block)) > LARGEST_WEIGHED:
+                return policy
+        problem = planning_problem(module_op, self.func, candidate("none"), self.region_regex,
+                                   state.region_policies, self.region_policy,
+                                   round_exact=self.round_exact)
+        lo, hi = minimum_bytes(problem), problem.no_remat_bytes()
+        budget = policy.budget.resolve(hi)
+        if not lo <= budget < hi:      # below the minimum: an error or scans in segments;
+            return policy              # at no remat: nothing recomputed, nothing to weigh
+        first = solve(problem, budget, policy.solver)[0]
+        others, seen = [], [first.recompute]
+        for toward in TOWARD:
+            other = equal_cost_plan(problem, budget, first, toward, policy.solver)
+            if other is not None and not any((other.recompute == s).all() for s in seen):
+                others.append(toward)
+                seen.append(other.recompute)
+        if not others:
+            return policy
+        weighed = [("none", self._weigh(candidate("none"), budget, module_op, state))] + [
+            (toward, self._weigh(candidate(toward), budget, module_op, state))
+            for toward in others]
+        ties, best = min(weighed, key=lambda w: w[1].peak)      # (the first of equals)
+        if ties == "none":
+            return policy
+        peaks = ", ".join(f"{'the integer program' if t == 'none' else t}'s {w.peak} B"
+                          for t, w in weighed)
+        state.remarks.append(
+            f"@{self.func}: {policy.spec}: {len(weighed)} plans cost the same "
+            f"({format_cost(policy.profile, best.cost)}) and would peak at {peaks} "
+            f"(estimate_memory's xla model): kept {ties}'s")
+        chosen = candidate(ties)
+        chosen.spec = policy.spec
+        return chosen
+
     def _monotone_peak(self, policy, module_op, state):
         """auto(monotone=larger|smaller): plan trial residual budgets on copies of the
         module, in this pass's form with the rest of the pipeline as rp.jit runs it, and
@@ -227,15 +285,11 @@ class TrialPlans:
         where the plan for the budget
         peaks above a larger budget's, `monotone_peak` names the plan kept instead (of a
         larger budget or of a smaller one, as the rule says)."""
-        from remat_passes.cost import flops
-        from remat_passes.cost.devices import recomputation_seconds, roundings_in
-        from remat_passes.cost.memory import estimate_memory
-        from remat_passes.cost.xla_schedule import compiled_forms
         from remat_passes.planner.report import format_flop, format_seconds
         from remat_passes.policy.auto import auto
-        def candidate(rb):
+        def candidate(rb, ties="none"):
             return auto(rb, offload=policy.offload, device=policy.device,
-                        solver=policy.solver, monotone=False)
+                        solver=policy.solver, monotone=False, ties=ties)
 
         problem = planning_problem(module_op, self.func, candidate(0), self.region_regex,
                                    state.region_policies, self.region_policy,
@@ -251,45 +305,24 @@ class TrialPlans:
         memo = trials.key(module_op, self.partial_eval_options(), state.region_policies,
                           _is_loop_body(state, self.func), policy)
 
-        names = [self.func] if self.mode == "joint" else \
-            [f"{self.func}_fwd", f"{self.func}_bwd"]
-        forms = compiled_forms(self.mode)
+        # the plan for the budget itself as ties=peak would choose it
+        own = "none"
+        if _weighs_ties(policy):
+            plain = candidate(budget, "peak")
+            own = getattr(self._equal_cost_peak(plain, module_op, state), "ties", "none")
+            own = "none" if own == "peak" else own
 
-        def made_with(rb, copy, st, tie, groups, fwd=None):
-            # (`fwd`: the forward half's peak, one for all forms: they differ in the
-            # backward's barriers only)
-            with copy.context:
-                def funcs():
-                    return [graph.find_func(copy, name).operation for name in names]
-                before = roundings_in(funcs())
-                cost = None
-                for step in self._rest_of_pipeline(groups=groups, tie=tie):
-                    if isinstance(step, StripCheckpointNames):
-                        # (priced before it drops the clones' marks, which the price reads)
-                        cost = recomputation_seconds(funcs(), policy.profile,
-                                                     flops.CostModel(copy), before)
-                    step.apply(copy, st)
-                    st.drop()
-            measured = names[1:] if fwd is not None and len(names) > 1 else names
-            estimate = estimate_memory(copy, measured, dim_symbols=st.dim_symbols,
-                                       model="xla")
-            peaks = {names[0]: fwd, **{n: estimate[n].peak_bytes for n in measured}}
-            return Trial(rb, report.activation_bytes(st.residuals[self.func]),
-                         max(peaks.values()), cost), peaks[names[0]]
-
-        def made(rb):
-            copy, st = self._trial(candidate(rb), module_op, state, [], mode=self.mode)
-            copies = [(copy, st)] + [(mlir.clone(copy), st.fork()) for _ in forms[1:]]
-            tried, fwd = [], None
-            for (c, s), form in zip(copies, forms):
-                trial, fwd = made_with(rb, c, s, *form, fwd=fwd)
-                tried.append(trial)
-            return min(tried, key=lambda t: t.peak)
-        m = monotone_peak(budget, lo, hi,
-                          lambda rb: trials.remembered(memo, "monotone", rb, lambda: made(rb)),
-                          policy.monotone)
+        def trial(rb):
+            ties = own if rb == budget else "none"
+            return trials.remembered(memo, f"monotone, ties={ties}", rb, lambda: self._weigh(
+                candidate(rb, ties), rb, module_op, state))
+        m = monotone_peak(budget, lo, hi, trial, policy.monotone)
         if not m.rises:
-            return policy
+            if own == "none":
+                return policy
+            chosen = candidate(budget, own)
+            chosen.spec = policy.spec
+            return chosen
         planned = "" if m.lower.budget == m.lower_for else \
             f" (that of residual budget {m.lower.budget} B)"
         above = (f"its plan would peak at {m.own.peak} B (estimate_memory's xla model), above "
@@ -312,6 +345,50 @@ class TrialPlans:
             f"{m.chosen.peak} B, recomputation {price(m.own.cost)} -> {price(m.chosen.cost)} "
             f"on {profile.name} (of {m.trials} plans tried)")
         return chosen
+
+    def _weigh(self, candidate, rb: int, module_op, state) -> Trial:
+        """The trial plan of `candidate` (planned at residual budget `rb`) on a copy of the
+        module, in this pass's form with the rest of the pipeline as rp.jit runs it: its
+        peak (`estimate_memory`'s xla model; of the split form, its larger half; the lowest
+        of `compiled_forms`, as rp.jit runs the smallest) and its recompute cost (clones and
+        roundings, as `rp.recompute_seconds` counts them)."""
+        from remat_passes.cost import flops
+        from remat_passes.cost.devices import recomputation_seconds, roundings_in
+        from remat_passes.cost.memory import estimate_memory
+        from remat_passes.cost.xla_schedule import compiled_forms
+        names = [self.func] if self.mode == "joint" else \
+            [f"{self.func}_fwd", f"{self.func}_bwd"]
+        forms = compiled_forms(self.mode)
+
+        def made_with(copy, st, tie, groups, fwd=None):
+            # (`fwd`: the forward half's peak, one for all forms: they differ in the
+            # backward's barriers only)
+            with copy.context:
+                def funcs():
+                    return [graph.find_func(copy, name).operation for name in names]
+                before = roundings_in(funcs())
+                cost = None
+                for step in self._rest_of_pipeline(groups=groups, tie=tie):
+                    if isinstance(step, StripCheckpointNames):
+                        # (priced before it drops the clones' marks, which the price reads)
+                        cost = recomputation_seconds(funcs(), candidate.profile,
+                                                     flops.CostModel(copy), before)
+                    step.apply(copy, st)
+                    st.drop()
+            measured = names[1:] if fwd is not None and len(names) > 1 else names
+            estimate = estimate_memory(copy, measured, dim_symbols=st.dim_symbols,
+                                       model="xla")
+            peaks = {names[0]: fwd, **{n: estimate[n].peak_bytes for n in measured}}
+            return Trial(rb, report.activation_bytes(st.residuals[self.func]),
+                         max(peaks.values()), cost), peaks[names[0]]
+
+        copy, st = self._trial(candidate, module_op, state, [], mode=self.mode)
+        copies = [(copy, st)] + [(mlir.clone(copy), st.fork()) for _ in forms[1:]]
+        tried, fwd = [], None
+        for (c, s), form in zip(copies, forms):
+            trial, fwd = made_with(c, s, *form, fwd=fwd)
+            tried.append(trial)
+        return min(tried, key=lambda t: t.peak)
 
     def _by_compiled_cost(self, policy, module_op, state):
         """auto(score=xla): plan each candidate (`by_compiled_cost` names them) on a copy of
@@ -386,7 +463,7 @@ class TrialPlans:
 
         def trial(rb, levels):
             candidate = auto(rb, offload=policy.offload, device=policy.device,
-                             solver=policy.solver, monotone=False)
+                             solver=policy.solver, monotone=False, ties="none")
             _, st = self._trial(candidate, module_op, state,
                                 [SegmentScans(segments=levels, func=self.func)])
             kept = report.activation_bytes(st.residuals[self.func],
@@ -460,3 +537,19 @@ def planning_problem(module, func: str = "main", policy=None, scope_re=None,
 def _is_loop_body(state, func: str) -> bool:
     """Is `func` a loop body outline-loop-backwards made a function of?"""
     return any(func in bodies for bodies in state.loop_bodies.values())
+
+
+def _weighs_ties(policy) -> bool:
+    """Does `policy` weigh equal-cost plans by their peaks (`_equal_cost_peak`)? auto's
+    default (ties=peak) with objective=residuals and score=model, no offload (its cost is
+    the host link's) and a solver of ours that proves its plan. With monotone, the plan
+    for the budget itself is the one weighed (`_monotone_peak`)."""
+    return (policy.ties == "peak" and policy.objective == "residuals"
+            and policy.score == "model" and policy.offload is None
+            and not callable(policy.solver) and policy.solver != "lagrangian")
+
+
+def format_cost(profile, seconds: float) -> str:
+    """A plan's recompute cost as its remarks give it: FLOPs on the `flops` profile."""
+    from remat_passes.planner.report import format_flop, format_seconds
+    return (format_flop if profile.name == "flops" else format_seconds)(seconds)

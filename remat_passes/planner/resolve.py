@@ -20,6 +20,7 @@ from remat_passes.ir.verdicts import Offloadable, Recompute, Saveable
 from remat_passes.planner.model import Problem, Solution, build_problem
 from remat_passes.planner.report import PlanReport
 from remat_passes.planner.solvers import minimum_bytes, solve
+from remat_passes.planner.working_set import TOWARD, equal_cost_plan
 from remat_passes.policy.auto import AutoPolicy, PlannedPolicy, auto
 from remat_passes.policy.policies import (dots_saveable, dots_with_no_batch_dims_saveable,
                                           everything_saveable, nothing_saveable)
@@ -79,6 +80,8 @@ def plan_auto(policy: AutoPolicy, a, scope_re, kept_whole, governed, *,
             + f"; the function's arguments are not counted); without remat it keeps "
             f"{no_remat} B", policy, budget, minimum, no_remat)
     sol, exact = solve(p, budget, policy.solver, compare_exact=compare_exact)
+    if policy.ties in TOWARD:        # (what ties=peak chose, where it kept that plan)
+        sol = equal_cost_plan(p, budget, sol, policy.ties, policy.solver) or sol
     verdicts = _verdicts(p, sol, policy.offload)
     for op in b.free_ops:      # (the fallback, save, would stack what the model never does)
         verdicts.setdefault(op_id(op), Recompute)
@@ -221,7 +224,7 @@ def for_peak(policy: AutoPolicy, lo: int, hi: int, trial, check=None) -> PeakCho
     def measure(rbs):
         new = [rb for rb in dict.fromkeys(rbs) if rb not in trials]
         candidates = [auto(rb, offload=policy.offload, device=policy.device,
-                           solver=policy.solver, monotone=False) for rb in new]
+                           solver=policy.solver, monotone=False, ties="none") for rb in new]
         for rb, candidate in zip(new, candidates):
             candidate.spec = f"{policy.spec} (residual budget {rb} B)"
         for rb, candidate, result in zip(new, candidates, trial(candidates) if new else ()):
@@ -407,7 +410,8 @@ def by_compiled_cost(policy: AutoPolicy, trial) -> tuple[object, list[Scored], i
     Returns (the chosen policy, every candidate scored, the budget); ties keep the
     planner's solution."""
     def planned(budget, device, label):
-        candidate = auto(budget, device=device, solver=policy.solver, monotone=False)
+        candidate = auto(budget, device=device, solver=policy.solver, monotone=False,
+                         ties="none")
         candidate.spec = policy.spec if label == "plan" else f"{policy.spec} ({label})"
         return candidate
     first = planned(policy.budget, policy.device, "plan")

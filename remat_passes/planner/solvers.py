@@ -459,6 +459,7 @@ class _Milp:
             return None
         self.proven = res.status == 0
         self.stopped = {0: None, 1: "time limit"}.get(res.status, "node limit")
+        self.objective = float(res.fun)      # (working_set bounds a second program by it)
         x = np.round(res.x).astype(bool)
         offload_ok = x[self.o0:self.o0 + self.p.n_values] if self.p.offload_cost is not None \
             else None

@@ -71,7 +71,7 @@ def parse_budget(value) -> Budget:
 
 class AutoPolicy(Policy):
     """`auto(budget=..., offload=None, device=None, objective='residuals', solver='auto',
-    score='model', monotone=False, check=True)`.
+    score='model', monotone=False, check=True, ties='peak')`.
 
     Not an op-by-op policy: remat-partial-eval replaces it by the solution of the
     planner before it decides anything (`resolve`). `score='xla'`: among the planner's
@@ -86,10 +86,16 @@ class AutoPolicy(Policy):
     more (where there is none, the plan for the budget stands). `check` (objective=peak,
     score=model): compile the plan the estimate chooses and hold it to the budget as XLA
     allocates it, where the pipeline has a compiler (`planner.resolve.for_peak`); False:
-    the estimate's plan, nothing compiled."""
+    the estimate's plan, nothing compiled. `ties`: plans can cost the same and hold
+    different bytes at once in the backward; 'peak' (the default, with objective=residuals
+    and score=model, monotone off) plans the cheapest plan and, among the plans that cost
+    the same, those that recompute ops toward the end of the forward pass or toward its
+    start (`planner.working_set`), and keeps the one that peaks lowest (`estimate_memory`'s
+    xla model; the integer program's first on a tie); 'later' or 'earlier' keeps that one
+    without weighing, 'none' the integer program's first."""
 
     def __init__(self, budget, offload=None, device=None, objective="residuals",
-                 solver="auto", score="model", monotone=False, check=True):
+                 solver="auto", score="model", monotone=False, check=True, ties="peak"):
         self.budget = parse_budget(budget)
         if offload not in (None, "pinned_host", "unpinned_host"):
             raise ValueError(f"offload must be pinned_host or unpinned_host, got {offload!r}")
@@ -115,7 +121,11 @@ class AutoPolicy(Policy):
             raise ValueError("check=false leaves objective=peak's plan as estimated, not "
                              "compiled: it goes with objective=peak (and score=model, which "
                              "is the default; score=xla compiles every plan)")
+        ties = str(ties).strip().lower()
+        if ties not in ("peak", "later", "earlier", "none"):
+            raise ValueError(f"ties must be peak, later, earlier or none, got {ties!r}")
         self.offload, self.device, self.objective, self.solver = offload, device, objective, solver
+        self.ties = ties
         self.score = score
         self.check = check
         self.monotone = monotone    # '' (off), 'larger' or 'smaller'
@@ -134,6 +144,8 @@ class AutoPolicy(Policy):
             parts.append(f"monotone={self.monotone}")
         if not check:
             parts.append("check=false")
+        if ties != "peak":
+            parts.append(f"ties={ties}")
         super().__init__(self._unresolved, f"auto({', '.join(parts)})")
 
     def _unresolved(self, op):
@@ -171,10 +183,11 @@ def _monotone_rule(value) -> str:
 
 
 def auto(budget, offload=None, device=None, objective="residuals", solver="auto",
-         score="model", monotone=False, check=True):
+         score="model", monotone=False, check=True, ties="peak"):
     """The memory-budget planner as a policy: see remat_passes.planner."""
     try:
-        return AutoPolicy(budget, offload, device, objective, solver, score, monotone, check)
+        return AutoPolicy(budget, offload, device, objective, solver, score, monotone, check,
+                          ties)
     except ValueError as e:
         raise RematError(f"error: {e}") from None
 

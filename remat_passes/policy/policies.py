@@ -500,7 +500,7 @@ def as_policy(policy) -> Policy:
 
 
 # ------------------------------------------------------------- spec parsing --
-_AUTO_VALUE = re.compile(r"\b(budget|offload|device|objective|solver|score|monotone|check)\s*=\s*([^,()'\"]+)")
+_AUTO_VALUE = re.compile(r"\b(budget|offload|device|objective|solver|score|monotone|check|ties)\s*=\s*([^,()'\"]+)")
 _AUTO_BUDGET = re.compile(r"\bauto\(\s*([^,()'\"=]+?)\s*(?=[,)])")
 
 
