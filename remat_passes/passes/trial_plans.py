@@ -224,6 +224,18 @@ class TrialPlans:
                              "pipeline was given no compiler: run it through rp.remat, rp.jit "
                              "or remat-opt")
 
+    def _within_range(self, policy, candidate, module_op, state):
+        """(the planning problem of `candidate` as the trial plans' pass builds it, the least
+        a plan keeps, what no remat keeps, `policy`'s budget in bytes); None where the
+        budget is below the least (an error, or scans in segments) or at no remat (nothing
+        recomputed, nothing to weigh)."""
+        problem = planning_problem(module_op, self.func, candidate, self.region_regex,
+                                   state.region_policies, self.region_policy,
+                                   round_exact=self.round_exact)
+        lo, hi = minimum_bytes(problem), problem.no_remat_bytes()
+        budget = policy.budget.resolve(hi)
+        return (problem, lo, hi, budget) if lo <= budget < hi else None
+
     def _equal_cost_peak(self, policy, module_op, state):
         """auto(ties=peak), the default: where other plans within the budget cost what the
         cheapest costs (`working_set.equal_cost_plan`: those recomputing ops toward the end
@@ -244,13 +256,10 @@ class TrialPlans:
             block = graph.body_block(graph.find_func(module_op, self.func))
             if sum(1 for _ in graph.nested_ops(block)) > LARGEST_WEIGHED:
                 return policy
-        problem = planning_problem(module_op, self.func, candidate("none"), self.region_regex,
-                                   state.region_policies, self.region_policy,
-                                   round_exact=self.round_exact)
-        lo, hi = minimum_bytes(problem), problem.no_remat_bytes()
-        budget = policy.budget.resolve(hi)
-        if not lo <= budget < hi:      # below the minimum: an error or scans in segments;
-            return policy              # at no remat: nothing recomputed, nothing to weigh
+        planned = self._within_range(policy, candidate("none"), module_op, state)
+        if planned is None:
+            return policy
+        problem, _, _, budget = planned
         first = solve(problem, budget, policy.solver)[0]
         others, seen = [], [first.recompute]
         for toward in TOWARD:
@@ -291,13 +300,10 @@ class TrialPlans:
             return auto(rb, offload=policy.offload, device=policy.device,
                         solver=policy.solver, monotone=False, ties=ties)
 
-        problem = planning_problem(module_op, self.func, candidate(0), self.region_regex,
-                                   state.region_policies, self.region_policy,
-                                   round_exact=self.round_exact)
-        lo, hi = minimum_bytes(problem), problem.no_remat_bytes()
-        budget = policy.budget.resolve(hi)
-        if not lo <= budget < hi:      # below the minimum: an error or scans in segments;
-            return policy              # at no remat: nothing recomputed, nothing to weigh
+        planned = self._within_range(policy, candidate(0), module_op, state)
+        if planned is None:
+            return policy
+        problem, lo, hi, budget = planned
         # (the budgets below this one are planned only where rule 'smaller' needs them)
         self._solve_ahead(problem, state, [budget] + [
             g for g in monotone_grid(lo, hi) if g > budget], policy.solver)
