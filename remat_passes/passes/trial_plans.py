@@ -294,7 +294,6 @@ class TrialPlans:
         where the plan for the budget
         peaks above a larger budget's, `monotone_peak` names the plan kept instead (of a
         larger budget or of a smaller one, as the rule says)."""
-        from remat_passes.planner.report import format_flop, format_seconds
         from remat_passes.policy.auto import auto
         def candidate(rb, ties="none"):
             return auto(rb, offload=policy.offload, device=policy.device,
@@ -342,13 +341,13 @@ class TrialPlans:
         chosen = candidate(m.chosen.budget)
         chosen.spec = f"{policy.spec} (residual budget {m.chosen.budget} B, monotone)"
         profile = policy.profile
-        price = format_flop if profile.name == "flops" else format_seconds
         over = f" ({m.chosen.kept - budget} B over the budget)" \
             if m.chosen.kept > budget else ""
         state.remarks.append(
             f"@{self.func}: {policy.spec}: {above}; planned at residual budget "
             f"{m.chosen.budget} B instead: {m.chosen.kept} B kept{over}, a peak of "
-            f"{m.chosen.peak} B, recomputation {price(m.own.cost)} -> {price(m.chosen.cost)} "
+            f"{m.chosen.peak} B, recomputation {format_cost(profile, m.own.cost)} -> "
+            f"{format_cost(profile, m.chosen.cost)} "
             f"on {profile.name} (of {m.trials} plans tried)")
         return chosen
 
