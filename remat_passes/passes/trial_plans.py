@@ -26,8 +26,9 @@ from remat_passes.policy.auto import AutoPolicy
 from remat_passes.policy.scopes import ScopePolicies, recorded_scope_policies
 from remat_passes.regions.rules import new_rules
 
-LARGEST_WEIGHED = 5000    # ops of the largest function whose equal-cost plans are weighed (each
-                          # weighed plan runs the rest of the pipeline in every compiled form)
+LARGEST_WEIGHED = 1500    # ops of the largest function whose equal-cost plans are weighed (each
+                          # weighed plan runs the rest of the pipeline in every compiled form:
+                          # at 2,500 ops that added 6 to 17 s on 2 cores, at 1,203, the GPT, 3.4 s)
 
 
 class TrialPlans:
